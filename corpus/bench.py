@@ -1,0 +1,151 @@
+"""The benchmark format: ``bench.jsonl``, one row per sentence, images beside it (DESIGN.md, "Benchmark")."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+LABELS = ("correct", "incorrect", "unknown")
+TYPES = ("Object", "Attribute", "Number", "Location", "Direction", "Text", "Relation", "Illusion", "Other")
+GENERATOR_TYPES = ("i2t", "t2i")
+SPLITS = ("train", "val", "test")
+
+
+class BenchFormatError(ValueError):
+    """A benchmark row breaks the schema; the message names file, line and field."""
+
+
+@dataclass
+class BenchRow:
+    """One annotated sentence of one caption of one image."""
+
+    id: str
+    image: str  # path relative to the bench file
+    image_id: str
+    generator: str
+    generator_type: str  # i2t | t2i
+    domain: str
+    caption_id: str
+    position: int  # 0-based sentence index within the caption
+    sentence: str
+    caption: str
+    label: str  # correct | incorrect | unknown
+    types: list[str] = field(default_factory=list)
+    spans: list[list[int]] = field(default_factory=list)  # [start_word, end_word) of hallucinated segments
+    split: str = "test"
+    extra: dict = field(default_factory=dict)  # optional extra fields (e.g. annotator counts), kept verbatim
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        extra = d.pop("extra")
+        d.update(extra)
+        return d
+
+
+# field -> (python types accepted, description used in errors)
+_SCHEMA: dict[str, tuple[tuple[type, ...], str]] = {
+    "id": ((str,), "a string"),
+    "image": ((str,), "a path string relative to the bench file"),
+    "image_id": ((str,), "a string"),
+    "generator": ((str,), "a string"),
+    "generator_type": ((str,), f"one of {GENERATOR_TYPES}"),
+    "domain": ((str,), "a string"),
+    "caption_id": ((str,), "a string"),
+    "position": ((int,), "a non-negative integer"),
+    "sentence": ((str,), "a non-empty string"),
+    "caption": ((str,), "a string"),
+    "label": ((str,), f"one of {LABELS}"),
+    "types": ((list,), f"a list of {TYPES}"),
+    "spans": ((list,), "a list of [start_word, end_word) integer pairs"),
+    "split": ((str,), f"one of {SPLITS}"),
+}
+_OPTIONAL = {"types": list, "spans": list, "split": lambda: "test"}
+
+
+def validate_row(obj: object, where: str) -> BenchRow:
+    """Check one decoded JSON object against the schema; ``where`` is ``file:line`` for messages."""
+    if not isinstance(obj, dict):
+        raise BenchFormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    values = {}
+    for name, (types, desc) in _SCHEMA.items():
+        if name not in obj:
+            if name in _OPTIONAL:
+                values[name] = _OPTIONAL[name]()
+                continue
+            raise BenchFormatError(f"{where}: field '{name}' is missing (expected {desc})")
+        v = obj[name]
+        if isinstance(v, bool) or not isinstance(v, types):
+            raise BenchFormatError(f"{where}: field '{name}' is {type(v).__name__} {v!r:.40}, expected {desc}")
+        values[name] = v
+    if values["position"] < 0:
+        raise BenchFormatError(f"{where}: field 'position' is {values['position']}, expected >= 0")
+    if values["label"] not in LABELS:
+        raise BenchFormatError(f"{where}: field 'label' is {values['label']!r}, expected one of {LABELS}")
+    if values["generator_type"] not in GENERATOR_TYPES:
+        raise BenchFormatError(
+            f"{where}: field 'generator_type' is {values['generator_type']!r}, expected one of {GENERATOR_TYPES}")
+    if values["split"] not in SPLITS:
+        raise BenchFormatError(f"{where}: field 'split' is {values['split']!r}, expected one of {SPLITS}")
+    if not values["sentence"].strip():
+        raise BenchFormatError(f"{where}: field 'sentence' is empty")
+    bad = [t for t in values["types"] if t not in TYPES]
+    if bad:
+        raise BenchFormatError(f"{where}: field 'types' has {bad}, expected a subset of {TYPES}")
+    for s in values["spans"]:
+        if (not isinstance(s, list) or len(s) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                              for x in s) or not 0 <= s[0] < s[1]):
+            raise BenchFormatError(f"{where}: field 'spans' has {s!r}, expected [start_word, end_word) with "
+                                   "0 <= start < end")
+    extra = {k: v for k, v in obj.items() if k not in _SCHEMA}
+    return BenchRow(**values, extra=extra)
+
+
+def iter_bench(path: str | os.PathLike) -> Iterator[BenchRow]:
+    """Stream and validate the rows of a bench file; errors name file, line and field."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"bench: {path} does not exist")
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BenchFormatError(f"{where}: not valid JSON ({e.msg})") from e
+            row = validate_row(obj, where)
+            if row.id in seen:
+                raise BenchFormatError(f"{where}: field 'id' {row.id!r} repeats an earlier row")
+            seen.add(row.id)
+            yield row
+
+
+def read_bench(path: str | os.PathLike) -> list[BenchRow]:
+    """Read and validate a whole bench file (a bench is sentences, small enough to hold)."""
+    return list(iter_bench(path))
+
+
+def write_bench(path: str | os.PathLike, rows: Iterable[BenchRow | dict]) -> int:
+    """Write rows as JSONL through a temporary file; returns the number of rows written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    n = 0
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            obj = row.to_json() if isinstance(row, BenchRow) else row
+            validate_row(obj, f"{path}:{n + 1}")
+            f.write(json.dumps(obj, ensure_ascii=False, sort_keys=True) + "\n")
+            n += 1
+    os.replace(tmp, path)
+    return n
+
+
+def image_path(bench_path: str | os.PathLike, row: BenchRow) -> Path:
+    """Absolute path of a row's image (``image`` is relative to the bench file)."""
+    return Path(bench_path).parent / row.image

@@ -1,0 +1,90 @@
+"""Score tables (DESIGN.md, "Scores"): parquet parts, one per (rank, shard), plus ``_manifest.json``.
+
+Columns: ``key`` (str), ``sentence_index`` (int32), ``score`` (float32, 0–100, higher = more likely correct),
+``parsed`` (bool; false where a judge's output could not be parsed and the score fell back to 50),
+``detector`` (str). A detector that localizes may add ``spans`` (list of [start_word, end_word) pairs).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCORE_COLUMNS = ("key", "sentence_index", "score", "parsed", "detector")
+SCHEMA = pa.schema([
+    ("key", pa.string()),
+    ("sentence_index", pa.int32()),
+    ("score", pa.float32()),
+    ("parsed", pa.bool_()),
+    ("detector", pa.string()),
+])
+
+
+class ScoresFormatError(ValueError):
+    """A score folder or part does not follow the contract; the message names the file and column."""
+
+
+def part_name(rank_or_tag: int | str, shard: str) -> str:
+    """Name of the parquet part for one (rank, shard): ``part-<shard basename>.parquet``.
+
+    The rank is not in the name so a rerun with a different world size still finds finished parts.
+    """
+    stem = Path(shard).name
+    for suffix in (".tar", ".jsonl"):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+    return f"part-{stem}.parquet"
+
+
+def scores_table(keys: Sequence[str], sentence_index: Sequence[int], score: Sequence[float],
+                 parsed: Sequence[bool], detector: str, extra: dict | None = None) -> pa.Table:
+    """Build a table with the contract schema (plus optional extra columns)."""
+    n = len(keys)
+    cols = {
+        "key": pa.array(list(keys), pa.string()),
+        "sentence_index": pa.array(list(sentence_index), pa.int32()),
+        "score": pa.array(list(score), pa.float32()),
+        "parsed": pa.array(list(parsed), pa.bool_()),
+        "detector": pa.array([detector] * n, pa.string()),
+    }
+    for name, values in (extra or {}).items():
+        cols[name] = pa.array(list(values))
+    return pa.table(cols)
+
+
+def write_part_atomic(table: pa.Table, path: str | os.PathLike) -> None:
+    """Write one parquet part through a temporary name, so a killed run never leaves a finished-looking part."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def read_scores(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table:
+    """Read every finished part of a score folder (or one parquet file) into one table, checking the columns."""
+    path = Path(path)
+    if path.is_dir():
+        parts = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
+        if not parts:
+            raise ScoresFormatError(f"scores: {path} holds no .parquet parts")
+    elif path.exists():
+        parts = [path]
+    else:
+        raise FileNotFoundError(f"scores: {path} does not exist")
+    tables = []
+    for p in parts:
+        t = pq.read_table(p, columns=list(columns) if columns else None)
+        missing = [c for c in (columns or SCORE_COLUMNS) if c not in t.column_names]
+        if missing:
+            raise ScoresFormatError(f"scores: {p} lacks column(s) {missing}; expected {list(SCORE_COLUMNS)}")
+        tables.append(t)
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def read_scores_df(path: str | os.PathLike, columns: Sequence[str] | None = None):
+    """:func:`read_scores` as a pandas DataFrame."""
+    return read_scores(path, columns).to_pandas()

@@ -1,0 +1,266 @@
+"""WebDataset shards in the img2dataset / open_clip layout (DESIGN.md, "Corpus shards").
+
+A shard folder holds ``NNNNNN.tar`` files, each with ``<key>.jpg|png|webp``, ``<key>.txt`` (the whole
+caption) and ``<key>.json`` (at least ``key``, ``captioner``, ``source``), a ``NNNNNN_stats.json`` per shard
+and ``sizes.json`` (shard basename -> sample count) so ``open_clip_train`` needs no ``--train-num-samples``.
+
+Writing and reading stream: nothing here holds more than one sample in memory. Tars are written with the
+stdlib ``tarfile`` (the format webdataset reads; its own ``ShardWriter`` has no atomic rename or stats).
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+import re
+import tarfile
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+REQUIRED_META = ("key", "captioner", "source")
+SOURCES = ("i2t", "t2i")
+_KEY_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+class ShardFormatError(ValueError):
+    """A shard or shard folder does not follow the contract; the message names the file and member."""
+
+
+@dataclass
+class Sample:
+    """One image–caption pair as stored in a shard."""
+
+    key: str
+    image: bytes
+    caption: str
+    meta: dict = field(default_factory=dict)
+    ext: str = "jpg"
+    shard: str = ""  # basename of the shard it was read from ("" when not read from a shard)
+
+    @property
+    def captioner(self) -> str:
+        return str(self.meta.get("captioner", ""))
+
+    @property
+    def source(self) -> str:
+        return str(self.meta.get("source", ""))
+
+
+def write_json_atomic(path: str | os.PathLike, obj, indent: int | None = 2) -> None:
+    """Write JSON to ``path`` through a temporary name, so a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=indent, sort_keys=True, ensure_ascii=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 0  # fixed, so the same samples give byte-identical shards
+    info.mode = 0o644
+    info.uname = info.gname = ""
+    tar.addfile(info, io.BytesIO(data))
+
+
+class ShardWriter:
+    """Write samples into ``out_dir/NNNNNN.tar`` shards of at most ``maxcount`` samples each.
+
+    Each shard is written to a temporary name and renamed when closed; ``sizes.json`` is merged with what the
+    folder already holds, so several writers (ranks) may fill one folder with disjoint ``start_index`` ranges.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, maxcount: int = 1000, start_index: int = 0) -> None:
+        if maxcount < 1:
+            raise ValueError(f"maxcount must be >= 1, got {maxcount}")
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.maxcount = maxcount
+        self.index = start_index
+        self.sizes: dict[str, int] = {}
+        self._tar: tarfile.TarFile | None = None
+        self._tmp: Path | None = None
+        self._count = 0
+        self._stats: Counter = Counter()
+        self._keys: set[str] = set()
+        self.total = 0
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def shard_name(self) -> str:
+        return f"{self.index:06d}.tar"
+
+    def _open(self) -> None:
+        self._tmp = self.out_dir / f".{self.shard_name}.tmp{os.getpid()}"
+        self._tar = tarfile.open(self._tmp, "w", format=tarfile.USTAR_FORMAT)
+        self._count = 0
+        self._stats = Counter()
+        self._keys = set()
+
+    def _finish(self) -> None:
+        if self._tar is None:
+            return
+        self._tar.close()
+        name = self.shard_name
+        os.replace(self._tmp, self.out_dir / name)
+        stats = {"shard": name, "count": self._count, **{k: v for k, v in sorted(self._stats.items())}}
+        write_json_atomic(self.out_dir / f"{self.index:06d}_stats.json", stats)
+        self.sizes[name] = self._count
+        self._tar = None
+        self.index += 1
+
+    def write(self, sample: Sample) -> None:
+        """Append one sample; validates the key, extension and required metadata."""
+        if not _KEY_RE.match(sample.key):
+            raise ShardFormatError(f"sample key {sample.key!r}: expected letters, digits, '_' or '-' only")
+        ext = sample.ext.lower().lstrip(".")
+        if ext not in IMAGE_EXTS:
+            raise ShardFormatError(f"sample {sample.key}: image extension {sample.ext!r} not in {IMAGE_EXTS}")
+        meta = {"key": sample.key, **sample.meta}
+        for k in REQUIRED_META:
+            if k not in meta:
+                raise ShardFormatError(f"sample {sample.key}: json field {k!r} is required")
+        if meta["source"] not in SOURCES:
+            raise ShardFormatError(f"sample {sample.key}: json field 'source' must be one of {SOURCES}")
+        if self._tar is None:
+            self._open()
+        if sample.key in self._keys:
+            raise ShardFormatError(f"sample key {sample.key!r} written twice to shard {self.shard_name}")
+        self._keys.add(sample.key)
+        _add_member(self._tar, f"{sample.key}.{ext}", sample.image)
+        _add_member(self._tar, f"{sample.key}.txt", sample.caption.encode("utf-8"))
+        _add_member(self._tar, f"{sample.key}.json",
+                    json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+        self._count += 1
+        self.total += 1
+        self._stats[f"captioner/{meta['captioner']}"] += 1
+        self._stats[f"source/{meta['source']}"] += 1
+        self._stats["image_bytes"] += len(sample.image)
+        if self._count >= self.maxcount:
+            self._finish()
+
+    def close(self) -> None:
+        """Finish the open shard and merge ``sizes.json``."""
+        self._finish()
+        update_sizes(self.out_dir, self.sizes)
+
+
+def update_sizes(out_dir: str | os.PathLike, sizes: dict[str, int]) -> None:
+    """Merge ``sizes`` into ``out_dir/sizes.json`` (atomic)."""
+    path = Path(out_dir) / "sizes.json"
+    current = json.loads(path.read_text()) if path.exists() else {}
+    current.update(sizes)
+    write_json_atomic(path, dict(sorted(current.items())))
+
+
+def expand_shards(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+    """Resolve a shard spec into a sorted list of tar paths.
+
+    Accepts a folder (all ``*.tar`` in it), a glob, a brace pattern (``/d/{000000..000009}.tar``), a single
+    tar, or a list of those. Raises ``FileNotFoundError`` naming the spec when nothing matches.
+    """
+    if not isinstance(spec, (str, os.PathLike)):
+        out: list[Path] = []
+        for s in spec:
+            out.extend(expand_shards(s))
+        return out
+    import braceexpand
+
+    s = os.fspath(spec)
+    paths: list[Path] = []
+    for pat in braceexpand.braceexpand(s):
+        p = Path(pat)
+        if p.is_dir():
+            paths.extend(sorted(p.glob("*.tar")))
+        elif any(c in pat for c in "*?["):
+            paths.extend(Path(x) for x in sorted(glob.glob(pat)))
+        elif p.exists():
+            paths.append(p)
+        elif "{" not in s:
+            raise FileNotFoundError(f"shards: {s} does not exist")
+    if not paths:
+        raise FileNotFoundError(f"shards: no .tar files match {s}")
+    return paths
+
+
+def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
+    """Stream the samples of one tar, grouping members by key (the text before the first dot).
+
+    A sample missing its image, caption or json is yielded with empty fields so that callers can skip it and
+    count the reason; a tar that cannot be opened raises ``ShardFormatError`` naming it.
+    """
+    path = Path(path)
+    try:
+        tar = tarfile.open(path, "r|*")
+    except (tarfile.TarError, OSError) as e:
+        raise ShardFormatError(f"{path}: not a readable tar ({e})") from e
+    cur_key: str | None = None
+    parts: dict[str, bytes] = {}
+
+    def build(key: str, parts: dict[str, bytes]) -> Sample:
+        ext = next((e for e in IMAGE_EXTS if e in parts), "")
+        meta: dict = {}
+        if "json" in parts:
+            try:
+                meta = json.loads(parts["json"].decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                meta = {"_bad_json": True}
+        caption = parts.get("txt", b"").decode("utf-8", errors="replace")
+        return Sample(key=key, image=parts.get(ext, b""), caption=caption, meta=meta, ext=ext, shard=path.name)
+
+    try:
+        for member in tar:
+            if not member.isfile():
+                continue
+            base = member.name.rsplit("/", 1)[-1]
+            if "." not in base:
+                continue
+            key, ext = base.split(".", 1)
+            ext = ext.lower()
+            if key != cur_key:
+                if cur_key is not None:
+                    yield build(cur_key, parts)
+                cur_key, parts = key, {}
+            f = tar.extractfile(member)
+            parts[ext] = f.read() if f is not None else b""
+    except (tarfile.TarError, OSError, EOFError) as e:
+        # A truncated shard: yield what was complete, then report the damage through the error.
+        last = cur_key
+        cur_key = None
+        raise ShardFormatError(f"{path}: truncated or corrupt tar after sample {last or '(none)'} ({e})") from e
+    finally:
+        tar.close()
+    if cur_key is not None:
+        yield build(cur_key, parts)
+
+
+def iter_samples(spec) -> Iterator[Sample]:
+    """Stream every sample of every shard in ``spec`` (see :func:`expand_shards`)."""
+    for path in expand_shards(spec):
+        yield from iter_shard(path)
+
+
+def read_sizes(shard_dir: str | os.PathLike) -> dict[str, int]:
+    """Return ``sizes.json`` of a shard folder; raises naming the file when missing or malformed."""
+    path = Path(shard_dir) / "sizes.json"
+    try:
+        sizes = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ShardFormatError(f"{path}: missing (every shard folder has sizes.json)") from None
+    except json.JSONDecodeError as e:
+        raise ShardFormatError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(sizes, dict) or not all(isinstance(v, int) for v in sizes.values()):
+        raise ShardFormatError(f"{path}: expected an object of shard name -> int count")
+    return sizes

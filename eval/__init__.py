@@ -1,0 +1,1 @@
+"""Metrics (retrieval, detection, localization, filtering precision, I-HallA, VOPE, VIGIL) and report rendering."""

@@ -1,0 +1,1 @@
+"""Detectors, the sharded resumable scoring runner, selection and re-sharding."""

@@ -1,0 +1,1 @@
+"""The halsift CLI, recipe runner and launchers."""

@@ -1,0 +1,114 @@
+"""The ``halsift`` command line.
+
+Each (sub)command lives in its own module ``halsift.launch.cmd_*`` exposing ``HELP`` (one line),
+``add_arguments(parser)`` and ``run(args) -> int``. Command modules import only argparse-level things at the
+top; torch, transformers and open_clip are imported inside ``run``, so ``halsift --help`` is instant.
+
+Exit codes: 0 on success; 2 with a one-line message naming the bad flag/key/file on a usage or config error
+(no traceback); 1 on an unexpected failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# command path -> module; a module that does not exist yet is simply not offered.
+COMMANDS: dict[tuple[str, ...], str] = {
+    ("synth",): "halsift.launch.cmd_synth",
+    ("stats",): "halsift.launch.cmd_stats",
+    ("score",): "halsift.launch.cmd_score",
+    ("select",): "halsift.launch.cmd_select",
+    ("train", "clip"): "halsift.launch.cmd_train_clip",
+    ("train", "detector"): "halsift.launch.cmd_train_detector",
+    ("eval", "bench"): "halsift.launch.cmd_eval_bench",
+    ("eval", "retrieval"): "halsift.launch.cmd_eval_retrieval",
+    ("eval", "ihalla"): "halsift.launch.cmd_eval_ihalla",
+    ("eval", "vope"): "halsift.launch.cmd_eval_vope",
+    ("eval", "vigil"): "halsift.launch.cmd_eval_vigil",
+    ("run",): "halsift.launch.cmd_run",
+    ("launch",): "halsift.launch.cmd_launch",
+}
+GROUP_HELP = {
+    "train": "train a CLIP model on shards or a detector on an annotated bench",
+    "eval": "evaluate: detection benchmark, retrieval, I-HallA, VOPE, VIGIL",
+}
+
+
+class UsageError(Exception):
+    """A bad flag, key, value or path given by the user: reported in one line, exit code 2."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean 'the input is wrong', reported without a traceback."""
+    from halsift.corpus.bench import BenchFormatError
+    from halsift.corpus.scores import ScoresFormatError
+    from halsift.corpus.shards import ShardFormatError
+
+    errs: list[type[BaseException]] = [UsageError, FileNotFoundError, NotADirectoryError, BenchFormatError,
+                                       ShardFormatError, ScoresFormatError]
+    for mod, name in (("halsift.launch.config", "ConfigError"), ("halsift.corpus.retrieval", "RetrievalFormatError"),
+                      ("halsift.filtering.spec", "SpecError")):
+        try:
+            errs.append(getattr(importlib.import_module(mod), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errs)
+
+
+def _load(module: str):
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name == module:
+            return None
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="halsift",
+        description="Curate image-caption data with hallucination detectors: synth, score, select, train, eval.")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for path, module in COMMANDS.items():
+        mod = _load(module)
+        if mod is None:
+            continue
+        if len(path) == 1:
+            p = sub.add_parser(path[0], help=mod.HELP, description=mod.HELP)
+        else:
+            group, leaf = path
+            if group not in groups:
+                gp = sub.add_parser(group, help=GROUP_HELP.get(group, ""), description=GROUP_HELP.get(group, ""))
+                groups[group] = gp.add_subparsers(dest="subcommand", metavar="<subcommand>")
+                gp.set_defaults(_group_parser=gp)
+            p = groups[group].add_parser(leaf, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: ``halsift <command> ...``; returns the exit code (also usable from tests)."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if getattr(args, "_run", None) is None:
+        (getattr(args, "_group_parser", None) or parser).print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except _user_errors() as e:
+        name = " ".join(x for x in (args.command, getattr(args, "subcommand", None)) if x)
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"halsift {name}: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("halsift: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

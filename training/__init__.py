@@ -1,0 +1,1 @@
+"""CLIP fine-tuning (open_clip + accelerate) and detector fine-tuning (peft LoRA)."""
