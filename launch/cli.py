@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                 gp.set_defaults(_group_parser=gp)
             p = groups[group].add_parser(leaf, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(_run=mod.run, _name=" ".join(path))
     return parser
 
 
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except _user_errors() as e:
-        name = " ".join(x for x in (args.command, getattr(args, "subcommand", None)) if x)
+        name = args._name
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"halsift {name}: error: {msg}", file=sys.stderr)
         return 2

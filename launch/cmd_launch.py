@@ -1,0 +1,83 @@
+"""``halsift launch``: run a halsift command on several processes, GPUs or nodes, or write/submit an sbatch script."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+HELP = "run a halsift command under torchrun / accelerate launch, or as a SLURM job (--slurm)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=int, default=None, help="processes per node, one per GPU")
+    p.add_argument("--cpu", type=int, default=None, metavar="N", help="N CPU processes (gloo) instead of GPUs")
+    p.add_argument("--nodes", type=int, default=1, help="number of nodes")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank (0 .. nodes-1)")
+    p.add_argument("--master-addr", default="127.0.0.1", help="address of the rank-0 node")
+    p.add_argument("--master-port", type=int, default=29500, help="rendezvous port")
+    p.add_argument("--backend", choices=("auto", "torchrun", "accelerate"), default="auto",
+                   help="launcher; auto = torchrun on CPU (accelerate --cpu starts a single process), accelerate on GPU")
+    p.add_argument("--dry-run", action="store_true", help="print the command or script, run nothing")
+    s = p.add_argument_group("SLURM")
+    s.add_argument("--slurm", action="store_true", help="write an sbatch script instead of running locally")
+    s.add_argument("--script", default="halsift_job.sbatch", help="where to write the sbatch script")
+    s.add_argument("--submit", action="store_true", help="submit the script with sbatch after writing it")
+    s.add_argument("--partition", default=None)
+    s.add_argument("--account", default=None)
+    s.add_argument("--qos", default=None)
+    s.add_argument("--time", default="24:00:00", help="wall-time limit")
+    s.add_argument("--cpus-per-task", type=int, default=32)
+    s.add_argument("--job-name", default="halsift")
+    s.add_argument("--setup", action="append", default=[], help="shell line run before srun (repeatable)")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- then the halsift command and its flags")
+
+
+def run(args: argparse.Namespace) -> int:
+    from halsift.launch.cli import UsageError
+    from halsift.launch.launchers import LaunchSpec, SlurmSpec, launch_command, sbatch_script
+
+    command = list(args.argv)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("no command given: use `halsift launch [options] -- <halsift command> ...`")
+    if command[0] in ("launch", "halsift"):
+        raise UsageError(f"command: give the halsift subcommand itself (e.g. `-- score ...`), not {command[0]!r}")
+    if args.gpus is not None and args.cpu is not None:
+        raise UsageError("--gpus and --cpu are exclusive")
+    if args.slurm:
+        if args.cpu is not None:
+            raise UsageError("--cpu: SLURM jobs run on GPUs; use --gpus")
+        spec = SlurmSpec(nodes=args.nodes, gpus_per_node=args.gpus or 1, cpus_per_task=args.cpus_per_task,
+                         time=args.time, partition=args.partition, account=args.account, qos=args.qos,
+                         job_name=args.job_name, master_port=args.master_port,
+                         backend="torchrun" if args.backend == "torchrun" else "accelerate", setup=args.setup)
+        text = sbatch_script(spec, command)
+        if args.dry_run:
+            print(text, end="")
+            return 0
+        path = Path(args.script)
+        path.write_text(text)
+        print(f"wrote {path}")
+        if args.submit:
+            return subprocess.call(["sbatch", str(path)])
+        return 0
+    spec = LaunchSpec(procs_per_node=args.cpu or args.gpus or 1, nodes=args.nodes, node_rank=args.node_rank,
+                      master_addr=args.master_addr, master_port=args.master_port, cpu=args.cpu is not None,
+                      backend=args.backend)
+    try:
+        argv = launch_command(spec, command)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print("+ " + " ".join(shlex.quote(a) for a in argv), file=sys.stderr)
+    if args.dry_run:
+        return 0
+    env = dict(os.environ)
+    if spec.cpu:
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["HALSIFT_FORCE_CPU"] = "1"
+    return subprocess.call(argv, env=env)

@@ -1,0 +1,117 @@
+"""Build launcher command lines (torchrun, ``accelerate launch``) and SLURM sbatch scripts.
+
+Launchers stay thin: every halsift command is the same module (``python -m halsift.launch.cli``) under
+``python``, ``torchrun``, ``accelerate launch`` or ``srun``; rank and world size come from the environment the
+launcher sets, read by accelerate's ``PartialState``. Nothing here schedules work itself.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+ENTRY = ["-m", "halsift.launch.cli"]
+
+
+@dataclass
+class LaunchSpec:
+    """Where and how many processes run one halsift command."""
+
+    procs_per_node: int = 1  # GPUs per node, or CPU processes with cpu=True
+    nodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    cpu: bool = False
+    backend: str = "auto"  # torchrun | accelerate | auto (torchrun on CPU: accelerate --cpu runs one process)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.procs_per_node < 1:
+            raise ValueError(f"--gpus/--procs must be >= 1, got {self.procs_per_node}")
+        if self.nodes < 1:
+            raise ValueError(f"--nodes must be >= 1, got {self.nodes}")
+        if not 0 <= self.node_rank < self.nodes:
+            raise ValueError(f"--node-rank must be in [0, {self.nodes}), got {self.node_rank}")
+        if self.backend not in ("auto", "torchrun", "accelerate"):
+            raise ValueError(f"--backend must be torchrun, accelerate or auto, got {self.backend!r}")
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "torchrun" if self.cpu else "accelerate"
+
+
+def launch_command(spec: LaunchSpec, command: Sequence[str], python: str = sys.executable) -> list[str]:
+    """The argv that starts ``halsift <command>`` on this node under the chosen launcher."""
+    spec.validate()
+    if spec.resolved_backend == "torchrun":
+        argv = [python, "-m", "torch.distributed.run", f"--nproc_per_node={spec.procs_per_node}",
+                f"--nnodes={spec.nodes}", f"--node_rank={spec.node_rank}",
+                f"--master_addr={spec.master_addr}", f"--master_port={spec.master_port}"]
+    else:
+        argv = [python, "-m", "accelerate.commands.launch", f"--num_processes={spec.procs_per_node * spec.nodes}",
+                f"--num_machines={spec.nodes}", f"--machine_rank={spec.node_rank}",
+                f"--main_process_ip={spec.master_addr}", f"--main_process_port={spec.master_port}"]
+        if spec.cpu:
+            argv.append("--cpu")
+        elif spec.procs_per_node * spec.nodes > 1:
+            argv.append("--multi_gpu")
+    return argv + ENTRY + list(command)
+
+
+@dataclass
+class SlurmSpec:
+    """sbatch options for a multi-node job: one task per node, the launcher inside spawns the per-GPU ranks."""
+
+    nodes: int = 1
+    gpus_per_node: int = 8
+    cpus_per_task: int = 32
+    time: str = "24:00:00"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    job_name: str = "halsift"
+    output: str = "slurm-%j.out"
+    master_port: int = 29500
+    backend: str = "accelerate"  # accelerate | torchrun
+    setup: list[str] = field(default_factory=list)  # shell lines before srun (module load, venv activate)
+    extra_sbatch: list[str] = field(default_factory=list)  # raw "--key=value" lines
+
+
+def sbatch_script(spec: SlurmSpec, command: Sequence[str], python: str = "python") -> str:
+    """Text of an sbatch script that runs ``halsift <command>`` across ``spec.nodes`` nodes.
+
+    ``srun`` starts one task per node; each task runs the launcher with the c10d rendezvous on the first node,
+    so node ranks come from SLURM (``$SLURM_NODEID``) and no rank bookkeeping is done here. tqdm is silenced
+    through ``HALSIFT_QUIET`` (bars in SLURM logs are noise).
+    """
+    if spec.backend not in ("accelerate", "torchrun"):
+        raise ValueError(f"--backend must be accelerate or torchrun, got {spec.backend!r}")
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={spec.job_name}", f"#SBATCH --nodes={spec.nodes}",
+             "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={spec.gpus_per_node}",
+             f"#SBATCH --cpus-per-task={spec.cpus_per_task}", f"#SBATCH --time={spec.time}",
+             f"#SBATCH --output={spec.output}"]
+    for key in ("partition", "account", "qos"):
+        if getattr(spec, key):
+            lines.append(f"#SBATCH --{key}={getattr(spec, key)}")
+    lines += [f"#SBATCH {x}" for x in spec.extra_sbatch]
+    lines += ["", "set -euo pipefail", *spec.setup,
+              'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              f"export MASTER_PORT={spec.master_port}", "export HALSIFT_QUIET=1 WANDB_MODE=${WANDB_MODE:-offline}",
+              ""]
+    cmd = " ".join(shlex.quote(c) for c in [*ENTRY, *command])
+    total = spec.nodes * spec.gpus_per_node
+    if spec.backend == "accelerate":
+        inner = (f"{python} -m accelerate.commands.launch --num_processes={total} --num_machines={spec.nodes} "
+                 f"--machine_rank=$SLURM_NODEID --main_process_ip=$MASTER_ADDR --main_process_port=$MASTER_PORT "
+                 f"--rdzv_backend=c10d {'--multi_gpu ' if total > 1 else ''}{cmd}")
+    else:
+        inner = (f"{python} -m torch.distributed.run --nnodes={spec.nodes} --nproc_per_node={spec.gpus_per_node} "
+                 f"--rdzv_id=$SLURM_JOB_ID --rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT {cmd}")
+    # single quotes: $SLURM_NODEID must expand inside each task, not once in the batch shell.
+    lines.append(f"srun --ntasks={spec.nodes} --ntasks-per-node=1 bash -c {shlex.quote(inner)}")
+    return "\n".join(lines) + "\n"
