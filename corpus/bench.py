@@ -8,6 +8,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from halsift.corpus.sentences import words
+
 LABELS = ("correct", "incorrect", "unknown")
 TYPES = ("Object", "Attribute", "Number", "Location", "Direction", "Text", "Relation", "Illusion", "Other")
 GENERATOR_TYPES = ("i2t", "t2i")
@@ -39,10 +41,10 @@ class BenchRow:
     extra: dict = field(default_factory=dict)  # optional extra fields (e.g. annotator counts), kept verbatim
 
     def to_json(self) -> dict:
+        """The JSON object of this row: schema fields plus ``extra`` (which cannot override them)."""
         d = asdict(self)
         extra = d.pop("extra")
-        d.update(extra)
-        return d
+        return {**extra, **d}
 
 
 # field -> (python types accepted, description used in errors)
@@ -94,11 +96,12 @@ def validate_row(obj: object, where: str) -> BenchRow:
     bad = [t for t in values["types"] if t not in TYPES]
     if bad:
         raise BenchFormatError(f"{where}: field 'types' has {bad}, expected a subset of {TYPES}")
+    n_words = len(words(values["sentence"]))
     for s in values["spans"]:
         if (not isinstance(s, list) or len(s) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                              for x in s) or not 0 <= s[0] < s[1]):
+                                                              for x in s) or not 0 <= s[0] < s[1] <= n_words):
             raise BenchFormatError(f"{where}: field 'spans' has {s!r}, expected [start_word, end_word) with "
-                                   "0 <= start < end")
+                                   f"0 <= start < end <= {n_words} (the sentence's whitespace-split words)")
     extra = {k: v for k, v in obj.items() if k not in _SCHEMA}
     return BenchRow(**values, extra=extra)
 
@@ -109,7 +112,7 @@ def iter_bench(path: str | os.PathLike) -> Iterator[BenchRow]:
     if not path.exists():
         raise FileNotFoundError(f"bench: {path} does not exist")
     seen: set[str] = set()
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -136,13 +139,21 @@ def write_bench(path: str | os.PathLike, rows: Iterable[BenchRow | dict]) -> int
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     n = 0
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            obj = row.to_json() if isinstance(row, BenchRow) else row
-            validate_row(obj, f"{path}:{n + 1}")
-            f.write(json.dumps(obj, ensure_ascii=False, sort_keys=True) + "\n")
-            n += 1
-    os.replace(tmp, path)
+    seen: set[str] = set()
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for row in rows:
+                obj = row.to_json() if isinstance(row, BenchRow) else row
+                where = f"{path}:{n + 1}"
+                checked = validate_row(obj, where)
+                if checked.id in seen:
+                    raise BenchFormatError(f"{where}: field 'id' {checked.id!r} repeats an earlier row")
+                seen.add(checked.id)
+                f.write(json.dumps(obj, ensure_ascii=False, sort_keys=True) + "\n")
+                n += 1
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only still there when writing failed
     return n
 
 

@@ -20,5 +20,6 @@ def quiet() -> bool:
 def progress(iterable: Iterable | None = None, *, desc: str = "", unit: str = "it", total: int | None = None,
              **kw) -> tqdm:
     """A tqdm bar (rate shown as ``unit/s``) that is disabled by :func:`quiet`."""
-    return tqdm(iterable, desc=desc, unit=unit, total=total, disable=quiet() or kw.pop("disable", False),
+    disable = kw.pop("disable", False)  # popped first: `quiet() or kw.pop(...)` left it in kw when quiet
+    return tqdm(iterable, desc=desc, unit=unit, total=total, disable=quiet() or disable,
                 dynamic_ncols=True, **kw)

@@ -55,10 +55,13 @@ def write_json_atomic(path: str | os.PathLike, obj, indent: int | None = 2) -> N
     """Write JSON to ``path`` through a temporary name, so a reader never sees half a file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=indent, sort_keys=True, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=indent, sort_keys=True, ensure_ascii=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only still there when writing failed
 
 
 def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -95,7 +98,11 @@ class ShardWriter:
     def __enter__(self) -> "ShardWriter":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:
+            # An interrupted writer must not leave a short shard that looks finished: drop the open one,
+            # keep (and record) the shards that were completed.
+            self.abort()
         self.close()
 
     @property
@@ -128,7 +135,10 @@ class ShardWriter:
         ext = sample.ext.lower().lstrip(".")
         if ext not in IMAGE_EXTS:
             raise ShardFormatError(f"sample {sample.key}: image extension {sample.ext!r} not in {IMAGE_EXTS}")
-        meta = {"key": sample.key, **sample.meta}
+        if "key" in sample.meta and sample.meta["key"] != sample.key:
+            raise ShardFormatError(f"sample {sample.key}: json field 'key' is {sample.meta['key']!r}, "
+                                   "expected the sample key")
+        meta = {**sample.meta, "key": sample.key}
         for k in REQUIRED_META:
             if k not in meta:
                 raise ShardFormatError(f"sample {sample.key}: json field {k!r} is required")
@@ -150,6 +160,14 @@ class ShardWriter:
         self._stats["image_bytes"] += len(sample.image)
         if self._count >= self.maxcount:
             self._finish()
+
+    def abort(self) -> None:
+        """Discard the shard being written (its temporary file); finished shards are kept."""
+        if self._tar is not None:
+            self._tar.close()
+            self._tmp.unlink(missing_ok=True)
+            self.total -= self._count
+            self._tar = None
 
     def close(self) -> None:
         """Finish the open shard and merge ``sizes.json``."""
@@ -195,19 +213,41 @@ def expand_shards(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> list
     return paths
 
 
+def _expected_count(path: Path) -> int | None:
+    """The count ``sizes.json`` beside ``path`` records for it, or None when there is none."""
+    sizes = path.parent / "sizes.json"
+    try:
+        value = json.loads(sizes.read_text()).get(path.name)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None
+
+
 def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
     """Stream the samples of one tar, grouping members by key (the text before the first dot).
 
     A sample missing its image, caption or json is yielded with empty fields so that callers can skip it and
-    count the reason; a tar that cannot be opened raises ``ShardFormatError`` naming it.
+    count the reason. A shard that cannot be opened, is truncated (a size that is not whole 512-byte tar
+    blocks, a cut member) or holds fewer samples than ``sizes.json`` records raises ``ShardFormatError``
+    naming it, after the samples that were complete before the damage have been yielded.
     """
     path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"shard {path} does not exist")
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        compressed = fh.read(6).startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ"))
+    # tarfile silently treats a header cut short as the end of the archive, so check the size as well
+    # (plain tars are whole 512-byte blocks; compressed ones are checked by their decompressor).
+    damage = f"size {size} is not a whole number of 512-byte tar blocks" if size % 512 and not compressed else ""
     try:
         tar = tarfile.open(path, "r|*")
     except (tarfile.TarError, OSError) as e:
         raise ShardFormatError(f"{path}: not a readable tar ({e})") from e
     cur_key: str | None = None
+    last_done = "(none)"
     parts: dict[str, bytes] = {}
+    count = 0
 
     def build(key: str, parts: dict[str, bytes]) -> Sample:
         ext = next((e for e in IMAGE_EXTS if e in parts), "")
@@ -216,6 +256,8 @@ def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
             try:
                 meta = json.loads(parts["json"].decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError):
+                meta = {"_bad_json": True}
+            if not isinstance(meta, dict):
                 meta = {"_bad_json": True}
         caption = parts.get("txt", b"").decode("utf-8", errors="replace")
         return Sample(key=key, image=parts.get(ext, b""), caption=caption, meta=meta, ext=ext, shard=path.name)
@@ -232,24 +274,39 @@ def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
             if key != cur_key:
                 if cur_key is not None:
                     yield build(cur_key, parts)
+                    last_done, count = cur_key, count + 1
                 cur_key, parts = key, {}
             f = tar.extractfile(member)
             parts[ext] = f.read() if f is not None else b""
     except (tarfile.TarError, OSError, EOFError) as e:
-        # A truncated shard: yield what was complete, then report the damage through the error.
-        last = cur_key
-        cur_key = None
-        raise ShardFormatError(f"{path}: truncated or corrupt tar after sample {last or '(none)'} ({e})") from e
+        damage = str(e)
     finally:
         tar.close()
+    if damage:
+        # The pending sample may be cut short: it is not yielded.
+        raise ShardFormatError(f"{path}: truncated or corrupt tar after sample {last_done} ({damage})")
     if cur_key is not None:
         yield build(cur_key, parts)
+        count += 1
+    expected = _expected_count(path)
+    if expected is not None and count < expected:
+        raise ShardFormatError(f"{path}: holds {count} samples but sizes.json records {expected} (truncated?)")
 
 
-def iter_samples(spec) -> Iterator[Sample]:
-    """Stream every sample of every shard in ``spec`` (see :func:`expand_shards`)."""
+def iter_samples(spec, skipped=None) -> Iterator[Sample]:
+    """Stream every sample of every shard in ``spec`` (see :func:`expand_shards`).
+
+    With ``skipped`` (a :class:`halsift.corpus.images.SkipCounter`), a corrupt or truncated shard is counted
+    (kind ``corrupt_shard``, key = shard path) after its readable samples, and the stream goes on; without it
+    the ``ShardFormatError`` propagates.
+    """
     for path in expand_shards(spec):
-        yield from iter_shard(path)
+        try:
+            yield from iter_shard(path)
+        except ShardFormatError as e:
+            if skipped is None:
+                raise
+            skipped.add(str(path), str(e), "corrupt_shard")
 
 
 def read_sizes(shard_dir: str | os.PathLike) -> dict[str, int]:

@@ -115,7 +115,9 @@ def from_dict(cls: type[T], data: Mapping[str, Any] | None, prefix: str = "") ->
         except ConfigError:
             raise
         except ValueError as e:
-            raise ConfigError(f"{prefix + ': ' if prefix else ''}{e}") from None
+            msg = str(e)
+            named = not prefix or msg.startswith(prefix) or msg.split(":")[0] in {f.name for f in dataclasses.fields(cls)}
+            raise ConfigError(msg if named else f"{prefix}: {msg}") from None
     return obj
 
 

@@ -1,0 +1,174 @@
+"""Image decoding that never crashes a run, and the counter that reports what was skipped.
+
+:func:`decode_image` turns the bytes of any image Pillow reads into an RGB ``PIL.Image`` (EXIF orientation
+applied, alpha composited on white, 16-bit greyscale scaled to 8 bits) or raises :class:`ImageDecodeError`
+with the sample key and a reason: zero bytes, not an image, truncated/corrupt, or a decompression bomb
+(more pixels than ``max_pixels``, checked from the header before any pixel is decoded).
+
+Scoring and selection runs catch the error, count it in a :class:`SkipCounter` and go on; the counter's
+``to_json()`` goes into the run's outputs so that skipped samples are reported with key and reason.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from collections import Counter
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+# Refuse images above this many pixels (Pillow's own bomb limit is ~89 MP; web corpora rarely need more
+# than 8k x 8k for CLIP-sized training, and a bomb can allocate gigabytes).
+DEFAULT_MAX_PIXELS = 8192 * 8192
+
+SKIP_KINDS = ("empty", "not_image", "truncated", "corrupt", "bomb", "empty_caption", "missing_image",
+              "corrupt_shard")
+
+
+class ImageDecodeError(ValueError):
+    """An image could not be decoded; ``key`` names the sample, ``reason`` says why, ``kind`` is the category
+    (one of :data:`SKIP_KINDS`) used for counting."""
+
+    def __init__(self, key: str, reason: str, kind: str = "corrupt") -> None:
+        super().__init__(f"image {key or '(no key)'}: {reason}")
+        self.key = key
+        self.reason = reason
+        self.kind = kind
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """Convert any Pillow mode to RGB: alpha over white, 16/32-bit and float greyscale scaled to 8 bits."""
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        arr = np.asarray(img, dtype=np.float64)
+        lo, hi = float(arr.min(initial=0.0)), float(arr.max(initial=0.0))
+        if mode.startswith("I;16") or (mode == "I" and lo >= 0 and 255 < hi <= 65535):
+            arr = arr / 257.0  # 16-bit range: 65535 -> 255 (Pillow may open 16-bit PNGs as "I")
+        elif lo < 0 or hi > 255:  # other wide ranges: stretch the used range onto 0..255
+            arr = (arr - lo) * (255.0 / (hi - lo))
+        grey = Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8), "L")
+        return grey.convert("RGB")
+    has_alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or (mode == "P" and "transparency" in img.info)
+    if has_alpha:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV
+
+
+def decode_image(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Decode image bytes to an RGB image, or raise :class:`ImageDecodeError` naming ``key`` and the reason."""
+    if not data:
+        raise ImageDecodeError(key, "zero-byte image", "empty")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        raise ImageDecodeError(key, f"not an image ({len(data)} bytes in no format Pillow reads)",
+                               "not_image") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise ImageDecodeError(key, f"decompression bomb refused ({e})", "bomb") from None
+    except Exception as e:  # noqa: BLE001 - any parser failure of a hostile file is a skip, not a crash
+        kind = "truncated" if "truncat" in str(e).lower() else "corrupt"
+        raise ImageDecodeError(key, f"{kind} image header ({type(e).__name__}: {e})", kind) from None
+    w, h = img.size
+    if w * h > max_pixels:
+        raise ImageDecodeError(key, f"decompression bomb refused: {w}x{h} = {w * h} pixels > limit {max_pixels}",
+                               "bomb")
+    if w == 0 or h == 0:
+        raise ImageDecodeError(key, f"empty image size {w}x{h}", "corrupt")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img.load()
+    except OSError as e:
+        kind = "truncated" if "truncat" in str(e).lower() else "corrupt"
+        raise ImageDecodeError(key, f"{kind} image data ({e})", kind) from None
+    except Exception as e:  # noqa: BLE001
+        raise ImageDecodeError(key, f"corrupt image data ({type(e).__name__}: {e})", "corrupt") from None
+    try:
+        img = ImageOps.exif_transpose(img)
+    except Exception:  # noqa: BLE001 - a broken EXIF block should not lose the pixels
+        pass
+    return _to_rgb(img)
+
+
+class SkipCounter:
+    """Counts skipped samples by kind and keeps up to ``max_examples`` (key, kind, reason) records."""
+
+    def __init__(self, max_examples: int = 10_000) -> None:
+        self.max_examples = max_examples
+        self.counts: Counter = Counter()
+        self.examples: list[dict] = []
+
+    def add(self, key: str, reason: str, kind: str | None = None) -> None:
+        """Record one skipped sample; ``kind`` defaults to ``reason`` (use a short category for counting)."""
+        kind = kind or reason
+        self.counts[kind] += 1
+        if len(self.examples) < self.max_examples:
+            self.examples.append({"key": key, "kind": kind, "reason": reason})
+
+    def add_error(self, err: ImageDecodeError) -> None:
+        """Record an :class:`ImageDecodeError`."""
+        self.add(err.key, err.reason, err.kind)
+
+    def merge(self, other: "SkipCounter") -> None:
+        """Add another counter's counts and examples (e.g. from another rank)."""
+        self.counts.update(other.counts)
+        room = self.max_examples - len(self.examples)
+        self.examples.extend(other.examples[:max(room, 0)])
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def __len__(self) -> int:
+        return self.total
+
+    def to_json(self) -> dict:
+        """``{"total", "by_kind", "samples": [{"key", "kind", "reason"}], "samples_omitted"}``."""
+        return {"total": self.total, "by_kind": dict(sorted(self.counts.items())),
+                "samples": list(self.examples), "samples_omitted": self.total - len(self.examples)}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "SkipCounter":
+        c = cls()
+        c.counts.update(obj.get("by_kind", {}))
+        c.examples = list(obj.get("samples", []))
+        return c
+
+    def summary(self) -> str:
+        """One line, e.g. ``skipped 3 (truncated=2, empty_caption=1)``."""
+        parts = ", ".join(f"{k}={v}" for k, v in self.counts.most_common())
+        return f"skipped {self.total}" + (f" ({parts})" if parts else "")
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Write :meth:`to_json` atomically."""
+        from halsift.corpus.shards import write_json_atomic
+
+        write_json_atomic(path, self.to_json())
+
+
+def decode_sample(sample, skipped: SkipCounter, max_pixels: int = DEFAULT_MAX_PIXELS,
+                  need_caption: bool = True) -> Image.Image | None:
+    """Decode a :class:`~halsift.corpus.shards.Sample`'s image, or count why it is skipped and return None.
+
+    Skips (with kind): no image member (``missing_image``), an empty/whitespace caption when
+    ``need_caption`` (``empty_caption``), and every :class:`ImageDecodeError` kind.
+    """
+    if not sample.image and not sample.ext:
+        skipped.add(sample.key, "sample has no image member", "missing_image")
+        return None
+    if need_caption and not sample.caption.strip():
+        skipped.add(sample.key, "empty caption", "empty_caption")
+        return None
+    try:
+        return decode_image(sample.image, sample.key, max_pixels)
+    except ImageDecodeError as e:
+        skipped.add_error(e)
+        return None

@@ -1,0 +1,226 @@
+"""Write a whole synthetic world: corpus shards, an annotated bench (i2t + t2i), a retrieval set, pre-training shards.
+
+Layout under ``out`` (the contract in the team notes):
+``corpus/`` shards to be filtered (one caption by one simulated captioner per image, ground-truth ``sentences``
+in the json), ``bench/bench.jsonl`` + ``bench/images/`` (every bench image captioned by all six captioners, every
+prompt drawn by all three t2i generators; train/val/test split by image), ``retrieval/retrieval.jsonl`` +
+``retrieval/images/`` (held-out images, five correct captions each), ``pretrain/`` shards of all-correct pairs,
+and ``world.json`` (seed, sizes, designed rates of every generator).
+
+Every item is drawn from its own ``random.Random(f"{seed}/{stream}/{index}")``, so items are independent of
+generation order (parallelisable) and the same seed gives byte-identical files. The world is built in a
+temporary folder and moved into place at the end, so an interrupted run leaves no half-written world.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+from ..bench import BenchRow, write_bench
+from ..progress import progress
+from ..shards import Sample, ShardWriter, write_json_atomic
+from .captioners import PROFILES, caption
+from .render import png_bytes, render
+from .scene import sample_scene
+from .t2i import T2I_PROFILES, make_prompt, sample_prompt_scene, t2i_sample
+
+PARTS = ("corpus", "bench", "retrieval", "pretrain", "world.json")
+SPLIT_P = (("train", 0.6), ("val", 0.1), ("test", 0.3))
+
+
+def _rng(seed: int, stream: str, index: int, *extra: str) -> random.Random:
+    return random.Random("/".join([str(seed), stream, str(index), *extra]))
+
+
+def _split(rng: random.Random) -> str:
+    u, acc = rng.random(), 0.0
+    for name, p in SPLIT_P:
+        acc += p
+        if u < acc:
+            return name
+    return SPLIT_P[-1][0]
+
+
+def _caption_text(sentences: list[dict]) -> str:
+    return " ".join(s["text"] for s in sentences)
+
+
+def _image(scene, size: int, rng: random.Random) -> bytes:
+    return png_bytes(render(scene, size, seed=rng.randrange(2**31)))
+
+
+def _write_png(path: Path, data: bytes) -> None:
+    path.write_bytes(data)  # inside the temporary world folder: the whole folder is moved at the end
+
+
+def corpus_sample(seed: int, index: int, image_size: int) -> Sample:
+    """The ``index``-th corpus pair: one image, one caption by a randomly chosen captioner."""
+    rng = _rng(seed, "corpus", index)
+    scene = sample_scene(rng)
+    img = _image(scene, image_size, rng)
+    prof = PROFILES[rng.randrange(len(PROFILES))]
+    sents = caption(scene, prof, rng)
+    key = f"c{index:07d}"
+    meta = {"captioner": prof.name, "source": "i2t", "image_id": key, "domain": scene.domain,
+            "sentences": sents, "scene": scene.to_json()}
+    return Sample(key, img, _caption_text(sents), meta, ext="png")
+
+
+def pretrain_sample(seed: int, index: int, image_size: int) -> Sample:
+    """The ``index``-th clean pre-training pair: 2-4 correct sentences."""
+    rng = _rng(seed, "pretrain", index)
+    scene = sample_scene(rng)
+    img = _image(scene, image_size, rng)
+    prof = PROFILES[rng.randrange(len(PROFILES))]
+    sents = caption(scene, prof, rng, clean=True, max_sentences=rng.randint(2, 4))
+    key = f"p{index:07d}"
+    meta = {"captioner": prof.name, "source": "i2t", "image_id": key, "domain": scene.domain,
+            "sentences": sents, "scene": scene.to_json()}
+    return Sample(key, img, _caption_text(sents), meta, ext="png")
+
+
+def bench_i2t(seed: int, index: int, image_size: int, images_dir: Path) -> list[BenchRow]:
+    """One bench image captioned by every i2t profile; writes the image, returns its rows."""
+    rng = _rng(seed, "bench", index)
+    scene = sample_scene(rng)
+    image_id = f"b{index:06d}"
+    _write_png(images_dir / f"{image_id}.png", _image(scene, image_size, rng))
+    split = _split(rng)
+    rows = []
+    for prof in PROFILES:
+        sents = caption(scene, prof, _rng(seed, "bench", index, prof.name))
+        rows += _rows(sents, image_id, prof.name, "i2t", scene.domain, split)
+    return rows
+
+
+def bench_t2i(seed: int, index: int, image_size: int, images_dir: Path) -> list[BenchRow]:
+    """One prompt drawn by every t2i generator (an image each); returns the labelled prompt sentences."""
+    rng = _rng(seed, "t2i", index)
+    scene = sample_prompt_scene(rng)
+    prompt = make_prompt(scene, rng)
+    split = _split(rng)
+    rows = []
+    for prof in T2I_PROFILES:
+        grng = _rng(seed, "t2i", index, prof.name)
+        drawn, sents = t2i_sample(scene, prof, grng, prompt)
+        image_id = f"t{index:06d}-{prof.name}"
+        _write_png(images_dir / f"{image_id}.png", _image(drawn, image_size, grng))
+        rows += _rows(sents, image_id, prof.name, "t2i", scene.domain, split)
+    return rows
+
+
+def _rows(sents: list[dict], image_id: str, gen: str, gtype: str, domain: str, split: str) -> list[BenchRow]:
+    caption_id = image_id if gtype == "t2i" else f"{image_id}-{gen}"
+    text = _caption_text(sents)
+    return [BenchRow(id=f"{caption_id}-{s['position']}", image=f"images/{image_id}.png", image_id=image_id,
+                     generator=gen, generator_type=gtype, domain=domain, caption_id=caption_id,
+                     position=s["position"], sentence=s["text"], caption=text, label=s["label"],
+                     types=list(s["types"]), spans=[list(sp) for sp in s["spans"]], split=split)
+            for s in sents]
+
+
+def retrieval_item(seed: int, index: int, image_size: int, images_dir: Path) -> dict:
+    """A held-out image with five correct captions, one by each of five captioners (1-3 sentences)."""
+    rng = _rng(seed, "retrieval", index)
+    scene = sample_scene(rng)
+    name = f"r{index:06d}.png"
+    _write_png(images_dir / name, _image(scene, image_size, rng))
+    profs = rng.sample(PROFILES, 5)
+    caps = [_caption_text(caption(scene, p, rng, clean=True, max_sentences=rng.randint(1, 3))) for p in profs]
+    return {"image": f"images/{name}", "captions": caps}
+
+
+def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, image_size: int = 64,
+                   bench_images: int | None = None, retrieval_images: int | None = None,
+                   pretrain_images: int | None = None, t2i_prompts: int | None = None, shard_size: int = 256,
+                   overwrite: bool = False, show_progress: bool = False) -> dict:
+    """Write a synthetic world under ``out`` and return what ``world.json`` holds.
+
+    ``images`` corpus pairs; ``bench_images`` (default ``max(24, images // 4)``) bench images, each captioned
+    by the six captioners; ``t2i_prompts`` (default ``max(12, bench_images // 2)``) prompts drawn by the three
+    t2i generators; ``retrieval_images`` (default ``max(20, images // 10)``); ``pretrain_images`` (default
+    ``images``) clean pairs. Raises ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
+    """
+    if images < 1:
+        raise ValueError(f"images must be >= 1, got {images}")
+    if image_size < 32:
+        raise ValueError(f"image_size must be >= 32 pixels, got {image_size}")
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    bench_images = max(24, images // 4) if bench_images is None else bench_images
+    t2i_prompts = max(12, bench_images // 2) if t2i_prompts is None else t2i_prompts
+    retrieval_images = max(20, images // 10) if retrieval_images is None else retrieval_images
+    pretrain_images = images if pretrain_images is None else pretrain_images
+    for name, v in (("bench_images", bench_images), ("t2i_prompts", t2i_prompts),
+                    ("retrieval_images", retrieval_images), ("pretrain_images", pretrain_images)):
+        if v < 0:
+            raise ValueError(f"{name} must be >= 0, got {v}")
+
+    out = Path(out)
+    existing = [p for p in PARTS if (out / p).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"{out}: already holds {', '.join(existing)} (overwrite=True replaces them)")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".world.tmp{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / "bench" / "images").mkdir(parents=True)
+    (tmp / "retrieval" / "images").mkdir(parents=True)
+
+    total = images + bench_images + t2i_prompts + retrieval_images + pretrain_images
+    bar = progress(total=total, desc="synth", unit="img", disable=not show_progress)
+    try:
+        with ShardWriter(tmp / "corpus", maxcount=shard_size) as w:
+            for i in range(images):
+                w.write(corpus_sample(seed, i, image_size))
+                bar.update()
+        rows: list[BenchRow] = []
+        for i in range(bench_images):
+            rows += bench_i2t(seed, i, image_size, tmp / "bench" / "images")
+            bar.update()
+        for i in range(t2i_prompts):
+            rows += bench_t2i(seed, i, image_size, tmp / "bench" / "images")
+            bar.update()
+        n_rows = write_bench(tmp / "bench" / "bench.jsonl", rows)
+        retrieval = []
+        for i in range(retrieval_images):
+            retrieval.append(retrieval_item(seed, i, image_size, tmp / "retrieval" / "images"))
+            bar.update()
+        _write_jsonl(tmp / "retrieval" / "retrieval.jsonl", retrieval)
+        with ShardWriter(tmp / "pretrain", maxcount=shard_size) as w:
+            for i in range(pretrain_images):
+                w.write(pretrain_sample(seed, i, image_size))
+                bar.update()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        bar.close()
+
+    world = {
+        "seed": seed, "image_size": image_size, "version": 1,
+        "sizes": {"corpus": images, "bench_images": bench_images, "t2i_prompts": t2i_prompts,
+                  "bench_rows": n_rows, "retrieval": retrieval_images, "pretrain": pretrain_images,
+                  "shard_size": shard_size},
+        "generators": {**{p.name: p.design() for p in PROFILES}, **{p.name: p.design() for p in T2I_PROFILES}},
+    }
+    write_json_atomic(tmp / "world.json", world)
+    for part in PARTS:  # move into place; world.json last, so its presence means the world is complete
+        target = out / part
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+        os.replace(tmp / part, target)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return world
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n")

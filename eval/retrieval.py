@@ -1,0 +1,114 @@
+"""Image–text retrieval recall (DESIGN.md, "Metrics"): R@k in both directions with several captions per image.
+
+Image→text (``i2t``): an image query is a hit at k if ANY of its captions is among the k most similar texts.
+Text→image (``t2i``): every caption is a query; a hit at k if its own image is among the k most similar images.
+Values are on a 0–100 scale, like the papers (CLIP, ALIGN, COCO/Flickr Karpathy-split evaluations).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from halsift.corpus.retrieval import read_retrieval
+
+_CHUNK = 1024  # rows of the similarity matrix computed at once (bounded memory on 5k x 25k COCO)
+
+
+def recall_at_k(image_emb, text_emb, text_to_image, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+    """R@k for ``i2t`` and ``t2i`` from embeddings (cosine similarity; rows are normalised here).
+
+    ``image_emb``: (n_images, d); ``text_emb``: (n_texts, d); ``text_to_image[j]`` is the image index of caption
+    ``j``. Returns ``{"i2t/r@1": ..., "t2i/r@1": ..., ...}`` on a 0–100 scale. Ties count against the query
+    (a competitor with an equal score ranks ahead), so a constant model scores ~0, not 100.
+    """
+    img = _normalise(np.asarray(image_emb, dtype=np.float64), "image_emb")
+    txt = _normalise(np.asarray(text_emb, dtype=np.float64), "text_emb")
+    t2i = np.asarray(text_to_image, dtype=np.int64).reshape(-1)
+    n_img, n_txt = len(img), len(txt)
+    if img.shape[1] != txt.shape[1]:
+        raise ValueError(f"image_emb has dim {img.shape[1]} but text_emb has dim {txt.shape[1]}")
+    if len(t2i) != n_txt:
+        raise ValueError(f"text_to_image has {len(t2i)} entries, expected one per text ({n_txt})")
+    if n_txt and (t2i.min() < 0 or t2i.max() >= n_img):
+        raise ValueError(f"text_to_image values must be image indices in [0, {n_img}), got "
+                         f"[{t2i.min()}, {t2i.max()}]")
+    ks = sorted({int(k) for k in ks})
+    if not ks or ks[0] < 1:
+        raise ValueError(f"ks must be positive integers, got {ks}")
+
+    # i2t: rank of the best-ranked correct caption = number of texts scoring strictly higher than it, plus the
+    # number of *wrong* texts tying with it (ties count against the query).
+    has_caption = np.bincount(t2i, minlength=n_img) > 0
+    i2t_rank = np.full(n_img, np.iinfo(np.int64).max, dtype=np.int64)
+    for lo in range(0, n_img, _CHUNK):
+        sim = img[lo:lo + _CHUNK] @ txt.T  # (b, n_txt)
+        own = t2i[None, :] == np.arange(lo, lo + len(sim))[:, None]
+        best = np.where(own, sim, -np.inf).max(axis=1)
+        higher = (sim > best[:, None]).sum(axis=1)
+        ties = ((sim == best[:, None]) & ~own).sum(axis=1)
+        i2t_rank[lo:lo + len(sim)] = higher + ties
+    # t2i: rank of the caption's own image among all images.
+    t2i_rank = np.empty(n_txt, dtype=np.int64)
+    for lo in range(0, n_txt, _CHUNK):
+        sim = txt[lo:lo + _CHUNK] @ img.T  # (b, n_img)
+        rows = np.arange(len(sim))
+        own = sim[rows, t2i[lo:lo + len(sim)]]
+        ge = (sim >= own[:, None]).sum(axis=1) - 1  # minus the own image itself
+        t2i_rank[lo:lo + len(sim)] = ge
+    out: dict[str, float] = {}
+    for k in ks:
+        out[f"i2t/r@{k}"] = 100.0 * float((i2t_rank[has_caption] < k).mean()) if has_caption.any() else 0.0
+        out[f"t2i/r@{k}"] = 100.0 * float((t2i_rank < k).mean()) if n_txt else 0.0
+    out["i2t/mean_r"] = float(np.mean([out[f"i2t/r@{k}"] for k in ks]))
+    out["t2i/mean_r"] = float(np.mean([out[f"t2i/r@{k}"] for k in ks]))
+    return out
+
+
+def _normalise(x: np.ndarray, name: str) -> np.ndarray:
+    if x.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D array (n, dim), got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name}: contains NaN or inf")
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.PathLike, device="cpu",
+                       batch_size: int = 64, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+    """Encode the retrieval set's images and captions with an open_clip ``model`` and return :func:`recall_at_k`.
+
+    ``retrieval_set``: ``retrieval.jsonl`` or its folder, read by ``halsift.corpus.retrieval.read_retrieval``.
+    Unreadable images are an error naming the file: an evaluation set must be complete. Adds ``retrieval/images`` and
+    ``retrieval/captions`` counts.
+    """
+    import torch
+    from PIL import Image
+
+    rs = read_retrieval(retrieval_set)
+    captions, t2i = rs.flat_captions()
+    was_training = model.training
+    model.eval()
+    img_feats, txt_feats = [], []
+    try:
+        with torch.inference_mode():
+            for lo in range(0, len(rs), batch_size):
+                ims = []
+                for p in rs.images[lo:lo + batch_size]:
+                    try:
+                        with Image.open(p) as im:
+                            ims.append(preprocess(im.convert("RGB")))
+                    except (OSError, ValueError) as e:
+                        raise ValueError(f"retrieval set: cannot read image {p} ({e})") from e
+                x = torch.stack(ims).to(device)
+                img_feats.append(model.encode_image(x).float().cpu())
+            for lo in range(0, len(captions), batch_size):
+                toks = tokenizer(captions[lo:lo + batch_size]).to(device)
+                txt_feats.append(model.encode_text(toks).float().cpu())
+    finally:
+        model.train(was_training)
+    out = recall_at_k(torch.cat(img_feats).numpy(), torch.cat(txt_feats).numpy(), np.array(t2i), ks)
+    out["retrieval/images"] = float(len(rs))
+    out["retrieval/captions"] = float(len(captions))
+    return out

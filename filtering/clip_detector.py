@@ -1,0 +1,155 @@
+"""``clip`` detector: cosine similarity of an open_clip image and sentence embedding, mapped to 0–100.
+
+Score maps (option ``map``):
+
+* ``linear`` (default): ``score = 50 * (cos + 1)``, clamped to [0, 100]. Monotone in the cosine, so ranking
+  metrics (AUROC, top-k selection) equal those of raw CLIPScore; absolute values bunch near 55–70 because CLIP
+  cosines of matching pairs are small.
+* ``sigmoid``: ``score = 100 * sigmoid(logit_scale * (cos - center))`` with the model's own learned logit
+  scale (≈100 for trained CLIP) and ``center`` (default 0.25): spreads typical cosines over the full range.
+
+Each distinct image in a batch is encoded once; all of its sentences are scored against that embedding.
+``arch=halsift-tiny`` is a built-in 2-layer config (no download) for tests and CPU smoke runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from halsift.filtering.base import Detector, Item, Result
+
+_CONFIG_DIR = Path(__file__).parent / "model_configs"
+_registered = False
+
+
+def register_builtin_configs() -> None:
+    """Add halsift's tiny open_clip configs (``halsift-tiny``) to open_clip's registry, once."""
+    global _registered
+    if not _registered:
+        import open_clip
+
+        open_clip.add_model_config(_CONFIG_DIR)
+        _registered = True
+
+
+class ClipDetector(Detector):
+    """Score (image, sentence) by open_clip cosine similarity.
+
+    Options: ``arch`` (open_clip model name), ``pretrained`` (open_clip tag), ``checkpoint`` (local
+    ``.safetensors`` or an open_clip checkpoint), neither = random init seeded by ``seed``; ``device``,
+    ``precision`` (fp32|bf16|fp16), ``map`` (linear|sigmoid), ``center`` (sigmoid map), ``delay`` (seconds to
+    sleep per batch; for interruption tests only).
+    """
+
+    family = "clip"
+
+    def __init__(self, arch: str = "ViT-B-32", pretrained: str | None = None, checkpoint: str | None = None,
+                 seed: int = 0, device: str = "cpu", precision: str = "fp32", map: str = "linear",
+                 center: float = 0.25, delay: float = 0.0) -> None:
+        super().__init__()
+        if map not in ("linear", "sigmoid"):
+            raise ValueError(f"map={map!r}: expected 'linear' or 'sigmoid'")
+        if pretrained and checkpoint:
+            raise ValueError("give pretrained= or checkpoint=, not both")
+        if precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"precision={precision!r}: expected fp32, bf16 or fp16")
+        import open_clip
+        import torch
+
+        register_builtin_configs()
+        if arch not in open_clip.list_models():
+            raise ValueError(f"arch={arch!r}: not an open_clip architecture (see open_clip.list_models())")
+        if checkpoint and not Path(checkpoint).exists():
+            raise ValueError(f"checkpoint={checkpoint!r}: file does not exist")
+        with torch.random.fork_rng(devices=[]):  # random init is the same in every process
+            torch.manual_seed(int(seed))
+            model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained or None)
+        if checkpoint:
+            if str(checkpoint).endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                state = load_file(checkpoint)
+                state = {k.removeprefix("module."): v for k, v in state.items()}
+                model.load_state_dict(state)
+            else:
+                open_clip.load_checkpoint(model, checkpoint, weights_only=True)
+        self._setup(model, preprocess, open_clip.get_tokenizer(arch), map=map, center=center, delay=delay,
+                    precision=precision)
+        self.to(device)
+
+    @classmethod
+    def from_model(cls, model: Any, preprocess: Any, tokenizer: Any, *, map: str = "linear",
+                   center: float = 0.25, name: str = "clip:in-memory") -> "ClipDetector":
+        """Wrap an in-memory open_clip model (e.g. during training) as a detector."""
+        self = cls.__new__(cls)
+        Detector.__init__(self, name)
+        self._setup(model, preprocess, tokenizer, map=map, center=center, delay=0.0, precision="fp32")
+        self.device = next(model.parameters()).device
+        return self
+
+    def _setup(self, model, preprocess, tokenizer, *, map: str, center: float, delay: float,
+               precision: str) -> None:
+        self.model = model.eval()
+        self.preprocess = preprocess
+        self.tokenizer = tokenizer
+        self.map = map
+        self.center = float(center)
+        self.delay = float(delay)
+        self.precision = precision
+        self.device = "cpu"
+
+    def to(self, device: Any) -> "ClipDetector":
+        import torch
+
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+        self.model.to(device=device, dtype=dtype)
+        self.device = device
+        return self
+
+    def cosines(self, items: Sequence[Item]):
+        """Cosine similarity per item (a float32 CPU tensor); each distinct image is encoded once."""
+        import torch
+
+        slot: dict[tuple[str, str, int], int] = {}
+        images = []
+        idx = []
+        for it in items:
+            if it.image is None:
+                raise ValueError(f"clip detector: item {it.key}/{it.sentence_index} has no image")
+            k = (it.key, it.image_id, id(it.image))
+            if k not in slot:
+                slot[k] = len(images)
+                images.append(self.preprocess(it.image))
+            idx.append(slot[k])
+        dtype = next(self.model.parameters()).dtype
+        with torch.inference_mode():
+            pix = torch.stack(images).to(self.device, dtype=dtype)
+            tok = self.tokenizer([it.sentence for it in items]).to(self.device)
+            img = torch.nn.functional.normalize(self.model.encode_image(pix).float(), dim=-1)
+            txt = torch.nn.functional.normalize(self.model.encode_text(tok).float(), dim=-1)
+            cos = (img[torch.as_tensor(idx, device=img.device)] * txt).sum(-1)
+        return cos.cpu()
+
+    def score_batch(self, items: Sequence[Item]) -> list[Result]:
+        if not items:
+            return []
+        cos = self.cosines(items)
+        if self.map == "linear":
+            scores = ((cos + 1) * 50).clamp(0, 100)
+        else:
+            scale = float(self.model.logit_scale.exp().item()) if hasattr(self.model, "logit_scale") else 100.0
+            scores = 100 * (scale * (cos - self.center)).sigmoid()
+        if self.delay:
+            time.sleep(self.delay)
+        return [Result(float(s)) for s in scores.tolist()]
+
+
+def cosine_to_score(cos: float) -> float:
+    """The default (linear) map, for documentation and tests: ``clamp(50 * (cos + 1), 0, 100)``."""
+    return min(100.0, max(0.0, 50.0 * (cos + 1.0)))
+
+
+__all__ = ["ClipDetector", "cosine_to_score", "register_builtin_configs"]

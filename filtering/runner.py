@@ -1,0 +1,386 @@
+"""The sharded, resumable scoring runner behind ``halsift score`` and ``eval bench``.
+
+Work is split into *parts*: one per input shard (or per chunk of a ``bench.jsonl``). Parts are dealt
+round-robin to the processes of an accelerate ``PartialState`` (``torchrun``/``accelerate launch``, any number
+of nodes; gloo on CPU), so no two ranks score the same shard. Each finished part is one parquet file written
+atomically (:mod:`halsift.corpus.scores`) whose schema metadata carries its own counts (samples, sentences,
+skipped samples with reasons, parse failures, timings). A rerun skips finished parts; ``_manifest.json``
+records detector spec, unit and inputs, and a rerun with a different spec or inputs raises :class:`RunMismatch`.
+
+Memory: one part's rows and one batch of decoded images at a time, whatever the number of shards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_image, decode_sample
+from halsift.corpus.progress import progress
+from halsift.corpus.scores import part_name, scores_table, write_part_atomic
+from halsift.corpus.sentences import sentence_texts
+from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, write_json_atomic
+from halsift.filtering.base import CAPTION_INDEX, Detector, Item
+from halsift.filtering.spec import load_detector
+
+UNITS = ("sentence", "caption")
+MANIFEST = "_manifest.json"
+_META_KEY = b"halsift"
+BENCH_CHUNK = 512  # captions per part when scoring a bench file
+
+
+class RunMismatch(ValueError):
+    """An output folder already holds scores from a different detector spec, unit or inputs."""
+
+
+@dataclass
+class Part:
+    name: str  # parquet file name
+    source: str  # shard path, or "bench.jsonl#i"
+    captions: list | None = None  # bench: list of row groups (one per caption)
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+def _is_bench(data) -> bool:
+    return isinstance(data, (str, os.PathLike)) and os.fspath(data).endswith(".jsonl")
+
+
+def plan_parts(data) -> tuple[list[Part], dict]:
+    """Split the input into parts; returns ``(parts, inputs)`` where ``inputs`` identifies the data."""
+    if _is_bench(data):
+        from halsift.corpus.bench import read_bench
+
+        path = Path(data).resolve()
+        groups: dict[str, list] = {}
+        for row in read_bench(path):
+            groups.setdefault(row.caption_id, []).append(row)
+        caps = [sorted(g, key=lambda r: r.position) for g in groups.values()]
+        parts = [Part(part_name(0, f"bench-{i // BENCH_CHUNK:05d}"), f"{path}#{i // BENCH_CHUNK}",
+                      caps[i:i + BENCH_CHUNK]) for i in range(0, len(caps), BENCH_CHUNK)]
+        return parts, {"kind": "bench", "paths": [str(path)], "size": path.stat().st_size}
+    shards = expand_shards(data)
+    names = [part_name(0, s.name) for s in shards]
+    if len(set(names)) != len(names):
+        raise ValueError(f"data: shard basenames repeat across folders in {data!r}; score each folder separately")
+    parts = [Part(n, str(s)) for n, s in zip(names, shards)]
+    return parts, {"kind": "shards", "paths": [str(s.resolve()) for s in shards]}
+
+
+def _caption_label(labels: Sequence) -> str | None:
+    if not labels or any(lab is None for lab in labels):
+        return None
+    if "incorrect" in labels:
+        return "incorrect"
+    return "correct" if all(lab == "correct" for lab in labels) else "unknown"
+
+
+def _sample_items(sample, image, unit: str) -> list[Item]:
+    meta = sample.meta
+    sents = meta.get("sentences")
+    if isinstance(sents, list) and sents and all(isinstance(s, dict) and "text" in s for s in sents):
+        texts = [str(s["text"]) for s in sents]
+        gts = [{k: s[k] for k in ("label", "types", "spans") if k in s} for s in sents]
+    else:
+        texts, gts = sentence_texts(sample.caption), None
+        gts = [{} for _ in texts]
+    base = {"captioner": sample.captioner, "source": sample.source}
+    image_id = str(meta.get("image_id", sample.key))
+    if unit == "caption":
+        label = _caption_label([g.get("label") for g in gts])
+        m = {**base, **({"label": label} if label else {})}
+        return [Item(sample.key, CAPTION_INDEX, sample.caption, [], image, image_id, m)]
+    return [Item(sample.key, i, t, texts[:i], image, image_id, {**base, **g}) for i, (t, g) in enumerate(zip(texts, gts))]
+
+
+def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: bool = True) -> Iterator[list[Item]]:
+    """Yield the items of one caption at a time; bad samples are counted in ``skipped`` and left out."""
+    if part.captions is not None:
+        if unit != "sentence":
+            raise ValueError("unit: a bench file is scored per sentence (its rows), not per caption")
+        bench_dir = Path(part.source.rsplit("#", 1)[0]).parent
+        for rows in part.captions:
+            first = rows[0]
+            image = None
+            if decode:
+                try:
+                    image = decode_image((bench_dir / first.image).read_bytes(), first.id)
+                except (ImageDecodeError, OSError) as e:
+                    for r in rows:
+                        skipped.add(r.id, f"image {first.image}: {getattr(e, 'reason', e)}",
+                                    getattr(e, "kind", "missing_image"))
+                    continue
+            texts = [r.sentence for r in rows]
+            yield [Item(r.id, r.position, r.sentence, texts[:i], image, r.image_id,
+                        {"captioner": r.generator, "source": r.generator_type, "label": r.label,
+                         "types": r.types, "spans": r.spans}) for i, r in enumerate(rows)]
+        return
+    try:
+        for sample in iter_shard(part.source):
+            if sample.meta.get("_bad_json"):
+                skipped.add(sample.key, "json member is not valid JSON", "corrupt")
+                continue
+            if decode:
+                image = decode_sample(sample, skipped)
+                if image is None:
+                    continue
+            else:
+                image = None
+                if not sample.caption.strip():
+                    skipped.add(sample.key, "empty caption", "empty_caption")
+                    continue
+            items = _sample_items(sample, image, unit)
+            if not items:
+                skipped.add(sample.key, "caption has no sentences", "empty_caption")
+                continue
+            yield items
+    except ShardFormatError as e:
+        skipped.add(Path(part.source).name, str(e), "corrupt_shard")
+
+
+def _batches(groups: Iterator[list[Item]], batch_size: int) -> Iterator[list[Item]]:
+    """Pack whole captions into batches of at most ``batch_size`` items (a longer caption is one batch)."""
+    batch: list[Item] = []
+    for g in groups:
+        if batch and len(batch) + len(g) > batch_size:
+            yield batch
+            batch = []
+        batch.extend(g)
+    if batch:
+        yield batch
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_size: int, bar=None,
+               rank: int = 0, world: int = 1) -> dict:
+    """Score one part and write it atomically; returns its stats (also stored in the parquet metadata)."""
+    t0 = time.perf_counter()
+    skipped = SkipCounter(max_examples=1000)
+    cols: dict[str, list] = {"key": [], "sentence_index": [], "score": [], "parsed": [], "captioner": []}
+    spans: list = []
+    t_model = 0.0
+    samples = 0
+    # Images are decoded even for detectors that ignore them, so every detector skips the same samples.
+    groups = iter_caption_groups(part, unit, skipped)
+
+    def counted(gs):
+        nonlocal samples
+        for g in gs:
+            samples += 1
+            yield g
+
+    for batch in _batches(counted(groups), batch_size):
+        tm = time.perf_counter()
+        results = detector.score_batch(batch)
+        t_model += time.perf_counter() - tm
+        if len(results) != len(batch):
+            raise RuntimeError(f"detector {detector.name} returned {len(results)} results for {len(batch)} items")
+        for it, r in zip(batch, results):
+            cols["key"].append(it.key)
+            cols["sentence_index"].append(it.sentence_index)
+            cols["score"].append(min(100.0, max(0.0, float(r.score))))
+            cols["parsed"].append(bool(r.parsed))
+            cols["captioner"].append(it.meta.get("captioner", ""))
+            spans.append(r.spans or [])
+        if bar is not None:
+            bar.update(len(batch))
+    extra = {"captioner": cols["captioner"]}
+    if detector.localizes:
+        extra["spans"] = spans
+    table = scores_table(cols["key"], cols["sentence_index"], cols["score"], cols["parsed"], detector.name, extra)
+    wall = time.perf_counter() - t0
+    stats = {"part": part.name, "source": part.source, "rank": rank, "world_size": world, "samples": samples,
+             "sentences": len(cols["key"]), "parse_failures": cols["parsed"].count(False),
+             "skipped": skipped.to_json(), "time_model_s": round(t_model, 4),
+             "time_data_s": round(wall - t_model, 4), "wall_s": round(wall, 4)}
+    table = table.replace_schema_metadata({_META_KEY: json.dumps(stats).encode()})
+    write_part_atomic(table, out_path)
+    return stats
+
+
+def part_stats(path: Path) -> dict:
+    """The stats a finished part carries in its parquet metadata."""
+    meta = pq.read_schema(path).metadata or {}
+    return json.loads(meta.get(_META_KEY, b"{}"))
+
+
+def _check_or_start(out: Path, ident: dict, state) -> None:
+    """Refuse to mix runs; write the 'running' manifest on rank 0."""
+    path = out / MANIFEST
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise RunMismatch(f"{path}: not valid JSON ({e}); remove the folder or choose another --out") from e
+        for k in ("detector", "unit", "inputs"):
+            if old.get(k) != ident[k]:
+                raise RunMismatch(f"{out}: holds scores with a different {k} ({json.dumps(old.get(k))[:200]} vs "
+                                  f"{json.dumps(ident[k])[:200]}); use a new --out folder")
+    elif any(out.glob("part-*.parquet")):
+        raise RunMismatch(f"{out}: holds score parts but no {MANIFEST}; use a new --out folder")
+    state.wait_for_everyone()
+    if state.is_main_process and not path.exists():
+        write_json_atomic(path, {**ident, "status": "running"})
+    state.wait_for_everyone()
+
+
+def _finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, scored_now: int,
+                     resumed: int, world: int, t_scoring: float | None = None) -> dict:
+    """Aggregate the parts' own stats into ``_manifest.json`` (rank 0, after all parts exist)."""
+    stats = [part_stats(out / p.name) for p in parts]
+    skipped = SkipCounter(max_examples=10_000)
+    for s in stats:
+        skipped.merge(SkipCounter.from_json(s["skipped"]))
+    sentences = sum(s["sentences"] for s in stats)
+    t_model = sum(s["time_model_s"] for s in stats)
+    t_data = sum(s["time_data_s"] for s in stats)
+    manifest = {
+        **ident, "status": "complete", "parts": len(parts), "parts_resumed": resumed,
+        "world_size": world, "ranks": sorted({s["rank"] for s in stats}),
+        "part_world_sizes": sorted({s["world_size"] for s in stats}),
+        "samples": sum(s["samples"] for s in stats), "sentences": sentences,
+        "parse_failures": sum(s["parse_failures"] for s in stats),
+        "skipped": skipped.to_json(), "wall_time_s": round(wall, 3),
+        "sentences_scored_this_run": scored_now,
+        "scoring_time_s": round(t_scoring if t_scoring is not None else wall, 3),
+        # throughput of this invocation's scoring loop (model loading excluded), all ranks together
+        "sentences_per_s": round(scored_now / (t_scoring or wall), 2) if (t_scoring or wall) > 0 else None,
+        "time_share": {"model": round(t_model / max(t_model + t_data, 1e-9), 4),
+                       "data": round(t_data / max(t_model + t_data, 1e-9), 4)},
+    }
+    write_json_atomic(out / MANIFEST, manifest)
+    return manifest
+
+
+def _state(device: str | None):
+    from accelerate import PartialState
+
+    return PartialState(cpu=(device == "cpu"))
+
+
+def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sentence", batch_size: int = 64,
+          device: str | None = None, show_progress: bool = True) -> Path:
+    """Score ``data`` (a shard spec or a ``bench.jsonl``) with a detector into ``out_dir``; returns ``out_dir``.
+
+    Runs on every process of the current accelerate/torchrun launch (each scores its round-robin share of
+    the parts); finished parts are skipped, so rerunning the same call resumes. ``device`` defaults to the
+    process's accelerate device ("cpu" forces CPU).
+    """
+    if unit not in UNITS:
+        raise ValueError(f"unit={unit!r}: expected one of {UNITS}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size}: expected >= 1")
+    t0 = time.perf_counter()
+    detector = load_detector(spec_or_detector)
+    state = _state(device)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    parts, inputs = plan_parts(data)
+    ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
+    resumed = sum(1 for p in parts if (out / p.name).exists())
+    _check_or_start(out, ident, state)
+
+    from halsift.filtering.ensemble import EnsembleDetector
+
+    if isinstance(detector, EnsembleDetector) and detector.norm != "none":
+        return _score_ensemble(detector, data, out, ident, parts, unit, batch_size, device, show_progress, state, t0)
+
+    rank, world = state.process_index, state.num_processes
+    mine = parts[rank::world]
+    todo = [p for p in mine if not (out / p.name).exists()]
+    scored_now, t_scoring = 0, 0.0
+    if todo:
+        detector.to(device or state.device)
+        ts = time.perf_counter()
+        bar = progress(desc=f"score rank {rank}", unit="sent", disable=not show_progress)
+        for p in todo:
+            scored_now += score_part(detector, p, out / p.name, unit, batch_size, bar, rank, world)["sentences"]
+        bar.close()
+        t_scoring = time.perf_counter() - ts
+    scored_now = int(_reduce(state, scored_now, "sum"))
+    t_scoring = _reduce(state, t_scoring, "max")
+    state.wait_for_everyone()
+    if state.is_main_process:
+        missing = [p.name for p in parts if not (out / p.name).exists()]
+        if missing:
+            raise RuntimeError(f"{out}: parts {missing[:5]} were not written; rerun the same command to finish")
+        _finish_manifest(out, ident, parts, time.perf_counter() - t0, scored_now, resumed, world, t_scoring)
+    state.wait_for_everyone()
+    return out
+
+
+def _reduce(state, value: float, op: str) -> float:
+    """Sum or max of a number over all processes."""
+    if state.num_processes == 1:
+        return value
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(value)], dtype=torch.float64,
+                     device=state.device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _score_ensemble(det, data, out: Path, ident: dict, parts: list[Part], unit: str, batch_size: int, device,
+                    show_progress: bool, state, t0: float) -> Path:
+    """Set-level normalisation: score every member over the whole input, then combine once (rank 0)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from halsift.filtering.ensemble import combine
+
+    member_dirs = []
+    for i, m in enumerate(det.members):
+        d = out / "_members" / f"{i}"
+        score(m, data, d, unit=unit, batch_size=batch_size, device=device, show_progress=show_progress)
+        member_dirs.append(d)
+    if state.is_main_process:
+        tables = []
+        for d in member_dirs:
+            ts = []
+            for p in parts:
+                t = pq.read_table(d / p.name, columns=["key", "sentence_index", "score", "parsed", "captioner"])
+                ts.append(t.append_column("_part", pa.array([p.name] * len(t))))
+            t = pa.concat_tables(ts)
+            tables.append(t.take(pc.sort_indices(t, [("key", "ascending"), ("sentence_index", "ascending")])))
+        ref = tables[0]
+        for d, t in zip(member_dirs[1:], tables[1:]):
+            if not (t["key"].equals(ref["key"]) and t["sentence_index"].equals(ref["sentence_index"])):
+                raise RuntimeError(f"ensemble members scored different rows ({member_dirs[0]} vs {d})")
+        scores = combine(np.stack([t["score"].to_numpy() for t in tables]), det.weights, det.norm)
+        parsed = np.logical_and.reduce([t["parsed"].to_numpy(zero_copy_only=False) for t in tables])
+        names = ref["_part"].to_numpy(zero_copy_only=False)
+        for p in parts:
+            sel = np.flatnonzero(names == p.name)
+            sub = ref.take(pa.array(sel))
+            table = scores_table(sub["key"].to_pylist(), sub["sentence_index"].to_pylist(), scores[sel].tolist(),
+                                 parsed[sel].tolist(), det.name, {"captioner": sub["captioner"].to_pylist()})
+            stats = {**part_stats(member_dirs[0] / p.name), "parse_failures": int((~parsed[sel]).sum())}
+            write_part_atomic(table.replace_schema_metadata({_META_KEY: json.dumps(stats).encode()}), out / p.name)
+        _finish_manifest(out, ident, parts, time.perf_counter() - t0, len(ref), 0, state.num_processes)
+    state.wait_for_everyone()
+    return out
+
+
+def score_bench(detector, bench_path: str | os.PathLike, out_dir: str | os.PathLike | None = None,
+                batch_size: int = 64, device: str | None = None, show_progress: bool = True):
+    """Score every row of a bench file; returns a DataFrame with ``key`` (row id), ``sentence_index``
+    (position), ``score``, ``parsed``, ``detector`` (and ``spans`` when the detector localizes)."""
+    from halsift.corpus.scores import read_scores_df
+
+    if out_dir is None:
+        if _state(device).num_processes > 1:
+            raise ValueError("score_bench: pass out_dir when running on several processes (they must share it)")
+        with tempfile.TemporaryDirectory(prefix="halsift-bench-") as tmp:
+            score(detector, bench_path, tmp, batch_size=batch_size, device=device, show_progress=show_progress)
+            return read_scores_df(tmp)
+    score(detector, bench_path, out_dir, batch_size=batch_size, device=device, show_progress=show_progress)
+    return read_scores_df(out_dir)

@@ -1,0 +1,294 @@
+"""Selection: keep the best-scored image–sentence pairs (or captions) and write them as new shards.
+
+Two steps, so that neither holds the corpus in memory (DataComp's apply_filter -> resharder split):
+
+1. :func:`select_keys` reads only the score columns (pyarrow) and picks the kept units: a fraction
+   (``keep``), a count (``top_k``) or a ``threshold``; per captioner if asked. Ties at the cut-off are
+   broken by (key, sentence_index) ascending, so the same scores always give the same selection.
+   ``random_baseline`` keeps the same number of units chosen uniformly at random (seeded).
+2. :func:`select` streams the input shards once and writes the kept units as new shards (``sizes.json``),
+   ``kept.parquet`` (the subset, usable without resharding) and ``manifest.json``.
+
+Units: ``sentence`` (one output sample per kept image–sentence pair, key ``<key>_s<idx>``) or ``caption``
+with ``agg``: ``min`` / ``mean`` of the sentence scores, ``prob`` (100 x product of score/100, i.e. the
+probability that every sentence is correct), or ``prune`` (select sentences, then write each caption with
+only its kept sentences).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from halsift.corpus.progress import progress
+from halsift.corpus.scores import read_scores, write_part_atomic
+from halsift.corpus.sentences import sentence_texts
+from halsift.corpus.shards import Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard, write_json_atomic
+from halsift.filtering.base import CAPTION_INDEX
+
+UNITS = ("sentence", "caption")
+AGGS = ("min", "mean", "prob", "prune")
+
+
+class SelectError(ValueError):
+    """Bad selection arguments or inputs (names the argument and what was expected)."""
+
+
+def _top_n(score: np.ndarray, n: int, table: pa.Table) -> tuple[np.ndarray, float | None]:
+    """Indices of the ``n`` highest scores; ties at the cut-off go to the smallest (key, sentence_index)."""
+    if n <= 0:
+        return np.empty(0, np.int64), None
+    if n >= len(score):
+        return np.arange(len(score)), float(score.min()) if len(score) else None
+    cut = np.partition(score, len(score) - n)[len(score) - n]
+    above = np.flatnonzero(score > cut)
+    ties = np.flatnonzero(score == cut)
+    need = n - len(above)
+    if need < len(ties):
+        sub = table.select(["key", "sentence_index"]).take(pa.array(ties))
+        order = pc.sort_indices(sub, [("key", "ascending"), ("sentence_index", "ascending")]).to_numpy()
+        ties = ties[order[:need]]
+    return np.sort(np.concatenate([above, ties])), float(cut)
+
+
+def _aggregate(t: pa.Table, agg: str) -> pa.Table:
+    """Sentence scores -> one row per caption (sentence_index = -1)."""
+    cols = ["key"] + (["captioner"] if "captioner" in t.column_names else [])
+    if agg == "prob":
+        p = pc.max_element_wise(pc.divide(pc.cast(t["score"], pa.float64()), 100.0), 1e-9)
+        t = t.append_column("_logp", pc.ln(p))
+        g = t.group_by(cols, use_threads=False).aggregate([("_logp", "sum")])
+        score = pc.multiply(pc.exp(g["_logp_sum"]), 100.0)
+    else:
+        g = t.group_by(cols, use_threads=False).aggregate([("score", agg)])
+        score = g[f"score_{agg}"]
+    out = {c: g[c] for c in cols}
+    out["sentence_index"] = pa.array(np.full(len(g), CAPTION_INDEX, np.int32))
+    out["score"] = pc.cast(score, pa.float64())
+    return pa.table(out)
+
+
+def _random_scores(t: pa.Table, seed: int) -> np.ndarray:
+    """Uniform scores assigned in (key, sentence_index) order: independent of part order."""
+    order = pc.sort_indices(t, [("key", "ascending"), ("sentence_index", "ascending")]).to_numpy()
+    r = np.empty(len(t))
+    r[order] = np.random.default_rng(seed).random(len(t))
+    return r
+
+
+def select_keys(scores: str | os.PathLike | pa.Table, *, keep: float | None = None, top_k: int | None = None,
+                threshold: float | None = None, unit: str = "sentence", agg: str = "min",
+                per_captioner: bool = False, random_baseline: bool = False, seed: int = 0,
+                captioners: pa.Table | None = None) -> tuple[pa.Table, dict]:
+    """Pick the kept units from a score table; returns ``(kept, info)``.
+
+    ``kept`` has ``key``, ``sentence_index`` (-1 for whole captions), ``score`` (and ``captioner``), sorted
+    by key and sentence_index. ``info`` holds the threshold actually used and candidate/kept counts.
+    """
+    given = [x is not None for x in (keep, top_k, threshold)]
+    if sum(given) != 1:
+        raise SelectError("give exactly one of keep (fraction), top_k (count) or threshold (score)")
+    if keep is not None and not 0 < keep <= 1:
+        raise SelectError(f"keep={keep}: expected a fraction in (0, 1]")
+    if top_k is not None and top_k < 0:
+        raise SelectError(f"top_k={top_k}: expected >= 0")
+    if unit not in UNITS:
+        raise SelectError(f"unit={unit!r}: expected one of {UNITS}")
+    if agg not in AGGS:
+        raise SelectError(f"agg={agg!r}: expected one of {AGGS}")
+    if isinstance(scores, pa.Table):
+        t = scores
+    else:
+        t = read_scores(scores, columns=["key", "sentence_index", "score"])
+        if per_captioner and captioners is None:
+            try:
+                t = read_scores(scores, columns=["key", "sentence_index", "score", "captioner"])
+            except Exception:  # noqa: BLE001 - older tables without the column: caller passes `captioners`
+                pass
+    if per_captioner and "captioner" not in t.column_names:
+        if captioners is None:
+            raise SelectError("per_captioner: the score table has no 'captioner' column; pass captioners")
+        t = t.join(captioners, "key", join_type="left outer")
+    n_rows = len(t)
+    caption_level = pc.equal(t["sentence_index"], CAPTION_INDEX)
+    n_caption_rows = pc.sum(caption_level).as_py() or 0
+    if unit == "sentence" or agg == "prune":
+        if n_caption_rows:
+            if n_caption_rows == n_rows:
+                raise SelectError("scores are caption-level (scored with unit=caption): use unit='caption' "
+                                  "with agg min/mean/prob")
+            t = t.filter(pc.invert(caption_level))
+    elif n_caption_rows == n_rows:
+        pass  # already one score per caption
+    else:
+        t = _aggregate(t.filter(pc.invert(caption_level)), agg)
+    score = t["score"].to_numpy().astype(np.float64)
+    groups = ([("all", np.arange(len(t)))] if not per_captioner else
+              [(str(c), np.flatnonzero(pc.equal(t["captioner"], c).to_numpy(zero_copy_only=False)))
+               for c in sorted(pc.unique(t["captioner"]).to_pylist(), key=str)])
+    if random_baseline:
+        rand = _random_scores(t, seed)
+    kept_idx, thresholds = [], {}
+    for name, idx in groups:
+        s = score[idx]
+        n = (int(round(keep * len(idx))) if keep is not None else min(top_k, len(idx)) if top_k is not None
+             else int((s >= threshold).sum()))
+        sub = t.take(pa.array(idx))
+        if random_baseline:
+            sel, _ = _top_n(rand[idx], n, sub)
+            thresholds[name] = None
+        elif threshold is not None:
+            sel = np.flatnonzero(s >= threshold)
+            thresholds[name] = float(threshold)
+        else:
+            sel, thresholds[name] = _top_n(s, n, sub)
+        kept_idx.append(idx[sel])
+    kept_idx = np.sort(np.concatenate(kept_idx)) if kept_idx else np.empty(0, np.int64)
+    kept = t.take(pa.array(kept_idx))
+    kept = kept.take(pc.sort_indices(kept, [("key", "ascending"), ("sentence_index", "ascending")]))
+    info = {"score_rows": n_rows, "candidates": len(t), "selected": len(kept),
+            "threshold_used": thresholds if per_captioner else thresholds.get("all")}
+    return kept, info
+
+
+def _labels(meta: dict, caption: str) -> tuple[list[str], list[str | None], list[dict] | None]:
+    sents = meta.get("sentences")
+    if isinstance(sents, list) and sents and all(isinstance(s, dict) and "text" in s for s in sents):
+        return [str(s["text"]) for s in sents], [s.get("label") for s in sents], sents
+    texts = sentence_texts(caption)
+    return texts, [None] * len(texts), None
+
+
+def _caption_label(labels: list) -> str | None:
+    if not labels or any(x is None for x in labels):
+        return None
+    if "incorrect" in labels:
+        return "incorrect"
+    return "correct" if all(x == "correct" for x in labels) else "unknown"
+
+
+def _precision(c: Counter) -> float | None:
+    denom = c["correct"] + c["incorrect"]
+    return round(c["correct"] / denom, 6) if denom else None
+
+
+def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, keep: float | None = None,
+           top_k: int | None = None, threshold: float | None = None, unit: str = "sentence", agg: str = "min",
+           per_captioner: bool = False, random_baseline: bool = False, seed: int = 0, maxcount: int = 1000,
+           show_progress: bool = True) -> dict:
+    """Select from ``scores_dir`` and write the kept units of the shards ``data`` into ``out_dir``.
+
+    Returns the manifest (also written to ``out_dir/manifest.json``). Keys present only in the scores or only
+    in the shards are counted and reported (with examples), never silently dropped.
+    """
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    if out.exists() and (any(out.glob("*.tar")) or (out / "manifest.json").exists()):
+        raise SelectError(f"out: {out} already holds shards or a manifest; choose a new folder")
+    shards = expand_shards(data)
+    kept, info = select_keys(scores_dir, keep=keep, top_k=top_k, threshold=threshold, unit=unit, agg=agg,
+                             per_captioner=per_captioner, random_baseline=random_baseline, seed=seed)
+    want: dict[str, list[int]] = defaultdict(list)
+    for k, i in zip(kept["key"].to_pylist(), kept["sentence_index"].to_pylist()):
+        want[k].append(i)
+    score_keys = pc.unique(read_scores(scores_dir, columns=["key"])["key"])
+    out.mkdir(parents=True, exist_ok=True)
+    sentence_level = unit == "sentence" or agg == "prune"
+    inp, got = defaultdict(Counter), defaultdict(Counter)  # captioner -> label counts (input / kept)
+    kept_units, kept_samples_by_cap = Counter(), Counter()
+    shard_keys: list[pa.Array] = []
+    bad_index: list[str] = []
+    corrupt_shards: list[str] = []
+    bar = progress(desc="select", unit="sample", disable=not show_progress)
+    with ShardWriter(out, maxcount=maxcount) as writer:
+        for path in shards:
+            keys_here: list[str] = []
+            try:
+                for s in iter_shard(path):
+                    bar.update(1)
+                    keys_here.append(s.key)
+                    texts, labels, gts = _labels(s.meta, s.caption)
+                    cap = s.captioner
+                    unit_labels = labels if sentence_level else [_caption_label(labels)]
+                    inp[cap].update(x for x in unit_labels if x)
+                    if s.key not in want:
+                        continue
+                    idxs = sorted(want[s.key])
+                    if sentence_level and any(not 0 <= i < len(texts) for i in idxs):
+                        bad_index.append(s.key)
+                        idxs = [i for i in idxs if 0 <= i < len(texts)]
+                        if not idxs:
+                            continue
+                    base = {k: v for k, v in s.meta.items() if k not in ("key", "sentences")}
+                    if unit == "sentence":
+                        for i in idxs:
+                            meta = {**base, "parent_key": s.key, "sentence_index": i}
+                            if gts is not None:
+                                meta["sentences"] = [{**gts[i], "position": 0}]
+                            writer.write(Sample(f"{s.key}_s{i}", s.image, texts[i], meta, s.ext or "jpg"))
+                            if labels[i]:
+                                got[cap][labels[i]] += 1
+                        kept_units[cap] += len(idxs)
+                    elif agg == "prune":
+                        meta = {**base, "kept_sentence_indices": idxs}
+                        if gts is not None:
+                            meta["sentences"] = [{**gts[i], "position": j} for j, i in enumerate(idxs)]
+                        writer.write(Sample(s.key, s.image, " ".join(texts[i] for i in idxs), meta, s.ext or "jpg"))
+                        got[cap].update(labels[i] for i in idxs if labels[i])
+                        kept_units[cap] += len(idxs)
+                    else:
+                        meta = dict(s.meta)
+                        meta.pop("key", None)
+                        writer.write(Sample(s.key, s.image, s.caption, meta, s.ext or "jpg"))
+                        lab = _caption_label(labels)
+                        if lab:
+                            got[cap][lab] += 1
+                        kept_units[cap] += 1
+                    kept_samples_by_cap[cap] += 1
+            except ShardFormatError as e:
+                corrupt_shards.append(f"{path.name}: {e}")
+            shard_keys.append(pa.array(keys_here, pa.string()))
+    bar.close()
+    all_shard_keys = pa.concat_arrays(shard_keys) if shard_keys else pa.array([], pa.string())
+    in_scores = pc.is_in(all_shard_keys, value_set=score_keys)
+    shard_only = pc.filter(all_shard_keys, pc.invert(in_scores))
+    score_only = pc.filter(score_keys, pc.invert(pc.is_in(score_keys, value_set=all_shard_keys)))
+    kept_path = out / "kept.parquet"
+    write_part_atomic(kept, kept_path)
+    total_in, total_kept = sum(inp.values(), Counter()), sum(got.values(), Counter())
+    caps = sorted(set(inp) | set(kept_units))
+    manifest = {
+        "filter": {"scores": str(Path(scores_dir).resolve()), "data": [str(p.resolve()) for p in shards],
+                   "keep": keep, "top_k": top_k, "threshold": threshold, "unit": unit,
+                   "agg": agg if unit == "caption" else None, "per_captioner": per_captioner,
+                   "random_baseline": random_baseline, "seed": seed},
+        **info,
+        "kept_units": sum(kept_units.values()), "kept_samples_written": sum(kept_samples_by_cap.values()),
+        "kept_units_per_captioner": {c: kept_units[c] for c in caps},
+        "precision": {"input": _precision(total_in), "kept": _precision(total_kept),
+                      **{f"input/{c}": _precision(inp[c]) for c in caps},
+                      **{f"kept/{c}": _precision(got[c]) for c in caps}},
+        "labelled_units": {"input": total_in["correct"] + total_in["incorrect"],
+                           "kept": total_kept["correct"] + total_kept["incorrect"]},
+        "keys": {"shards": len(all_shard_keys), "scores": len(score_keys),
+                 "only_in_shards": len(shard_only), "only_in_scores": len(score_only),
+                 "only_in_shards_examples": shard_only.slice(0, 20).to_pylist(),
+                 "only_in_scores_examples": score_only.slice(0, 20).to_pylist()},
+        "sentence_index_out_of_range": {"count": len(bad_index), "examples": bad_index[:20]},
+        "corrupt_shards": corrupt_shards,
+        "wall_time_s": round(time.perf_counter() - t0, 3),
+    }
+    write_json_atomic(out / "manifest.json", manifest)
+    return manifest
+
+
+def read_kept(out_dir: str | os.PathLike) -> pa.Table:
+    """The kept-units table of a selection folder."""
+    return pq.read_table(Path(out_dir) / "kept.parquet")

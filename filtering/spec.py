@@ -1,0 +1,196 @@
+"""Detector specs: a short string or a YAML file naming a detector family and its options.
+
+Short form ``family[:key=value,key=value,...]``, e.g.::
+
+    clip:arch=ViT-B-32,pretrained=openai
+    clip:arch=halsift-tiny,checkpoint=/runs/clip/model.safetensors
+    random:seed=0
+    oracle
+    ensemble:members=[clip:arch=halsift-tiny,random:seed=1],weights=[0.7,0.3],norm=rank
+
+Values are read as YAML scalars/lists (``seed=0`` is an int, ``weights=[1,2]`` a list). Inside ``members=[...]``
+the member specs are separated by ``;`` or by commas (a piece whose text before its first ``=`` holds a ``:``,
+or that has no ``=`` at all, starts a new member). A YAML file holds the same fields::
+
+    family: ensemble
+    members: ["clip:arch=halsift-tiny", {family: random, seed: 1}]
+    weights: [0.7, 0.3]
+    norm: zscore
+
+Families are registered by name -> ``"module:Class"`` (imported lazily); a later issue adds its own with
+:func:`register_family`. Each class's ``__init__`` keyword arguments are its options: unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from halsift.filtering.base import Detector
+
+
+class SpecError(ValueError):
+    """A detector spec is malformed; the message names the spec, key and value, and what was expected."""
+
+
+_REGISTRY: dict[str, str | type] = {
+    "clip": "halsift.filtering.clip_detector:ClipDetector",
+    "random": "halsift.filtering.baselines:RandomDetector",
+    "oracle": "halsift.filtering.baselines:OracleDetector",
+    "ensemble": "halsift.filtering.ensemble:EnsembleDetector",
+}
+
+
+def register_family(name: str, target: str | type) -> None:
+    """Register detector family ``name`` as a class or a lazy ``"module:Class"`` path."""
+    _REGISTRY[name] = target
+
+
+def families() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def _family_class(name: str, spec: str) -> type:
+    if name not in _REGISTRY:
+        raise SpecError(f"detector spec {spec!r}: unknown family {name!r}, expected one of {families()}")
+    target = _REGISTRY[name]
+    if isinstance(target, str):
+        mod, cls = target.split(":")
+        target = getattr(importlib.import_module(mod), cls)
+        _REGISTRY[name] = target
+    return target
+
+
+def _split_top(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside brackets."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+            if depth < 0:
+                raise SpecError(f"unbalanced brackets in {text!r}")
+        if ch == sep and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth != 0:
+        raise SpecError(f"unbalanced brackets in {text!r}")
+    out.append("".join(cur))
+    return out
+
+
+def _split_members(text: str) -> list[str]:
+    """``[a:x=1,y=2,b,c:z=3]`` -> ``["a:x=1,y=2", "b", "c:z=3"]`` (``;`` also separates)."""
+    inner = text.strip()
+    if not (inner.startswith("[") and inner.endswith("]")):
+        raise SpecError(f"members={text!r}: expected a bracketed list like [clip:arch=ViT-B-32,random:seed=0]")
+    members: list[str] = []
+    for chunk in _split_top(inner[1:-1], ";"):
+        for piece in _split_top(chunk, ","):
+            piece = piece.strip()
+            if not piece:
+                continue
+            head = piece.split("=", 1)[0]
+            if members and "=" in piece and ":" not in head:
+                members[-1] += "," + piece
+            else:
+                members.append(piece)
+    return members
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """Parse a short spec string into ``(family, options)``."""
+    spec = spec.strip()
+    if not spec:
+        raise SpecError("detector spec is empty; expected e.g. 'clip:arch=ViT-B-32,pretrained=openai'")
+    family, _, rest = spec.partition(":")
+    family = family.strip()
+    opts: dict[str, Any] = {}
+    for piece in (_split_top(rest) if rest.strip() else []):
+        if not piece.strip():
+            continue
+        if "=" not in piece:
+            raise SpecError(f"detector spec {spec!r}: option {piece!r} is not key=value")
+        k, v = (s.strip() for s in piece.split("=", 1))
+        if k in opts:
+            raise SpecError(f"detector spec {spec!r}: option {k!r} given twice")
+        if k == "members":
+            opts[k] = _split_members(v)
+        else:
+            try:
+                opts[k] = yaml.safe_load(v) if v else ""
+            except yaml.YAMLError as e:
+                raise SpecError(f"detector spec {spec!r}: option {k}={v!r} is not a valid value ({e})") from e
+    return family, opts
+
+
+def format_spec(family: str, opts: dict[str, Any]) -> str:
+    """Canonical spec string (options sorted, ``None`` dropped), used to compare runs."""
+    parts = []
+    for k in sorted(opts):
+        v = opts[k]
+        if v is None:
+            continue
+        if isinstance(v, (list, tuple)):
+            v = "[" + ",".join(str(x) for x in v) + "]"
+        elif isinstance(v, bool):
+            v = str(v).lower()
+        parts.append(f"{k}={v}")
+    return family + (":" + ",".join(parts) if parts else "")
+
+
+def _build(family: str, opts: dict[str, Any], where: str) -> Detector:
+    cls = _family_class(family, where)
+    params = inspect.signature(cls.__init__).parameters
+    allowed = [p for p in params if p not in ("self", "spec") and params[p].kind is not inspect.Parameter.VAR_KEYWORD]
+    bad = [k for k in opts if k not in allowed]
+    if bad:
+        raise SpecError(f"detector spec {where!r}: unknown option {bad[0]!r} for family {family!r}; "
+                        f"expected one of {allowed}")
+    try:
+        det = cls(**opts)
+    except SpecError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise SpecError(f"detector spec {where!r}: {e}") from e
+    canon = dict(opts)
+    if "members" in canon and hasattr(det, "members"):  # members by their canonical specs, ';'-separated
+        canon["members"] = "[" + ";".join(m.spec for m in det.members) + "]"
+    det.spec = format_spec(family, canon)
+    return det
+
+
+def load_detector(spec: str | os.PathLike | dict | Detector) -> Detector:
+    """Build a detector from a spec string, a YAML file path, a dict with ``family``, or return a detector as is."""
+    if isinstance(spec, Detector):
+        return spec
+    if isinstance(spec, dict):
+        opts = dict(spec)
+        family = opts.pop("family", None) or opts.pop("detector", None)
+        if not isinstance(family, str):
+            raise SpecError(f"detector spec {spec!r}: field 'family' is missing (expected e.g. 'clip')")
+        return _build(family, opts, str(spec))
+    text = os.fspath(spec)
+    if text.endswith((".yaml", ".yml")) or (os.path.isfile(text) and ":" not in Path(text).name):
+        path = Path(text)
+        if not path.exists():
+            raise FileNotFoundError(f"detector spec: {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise SpecError(f"detector spec {path}: not valid YAML ({e})") from e
+        if not isinstance(data, dict):
+            raise SpecError(f"detector spec {path}: expected a mapping with 'family' and options")
+        if "family" not in data and "detector" not in data:
+            raise SpecError(f"detector spec {path}: field 'family' is missing (expected one of {families()})")
+        return load_detector(data)
+    family, opts = parse_spec(text)
+    return _build(family, opts, text)

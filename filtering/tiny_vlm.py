@@ -1,0 +1,173 @@
+"""Tiny randomly initialised VLMs built from configs, with processors built locally (no hub access).
+
+:func:`build_tiny_vlm` saves model + processor with ``save_pretrained`` so that
+``VlmDetector(model=path)`` (and ``AutoModelForImageTextToText.from_pretrained``) loads them like real ones.
+Used by the tests and the throughput benchmark; a later issue pre-trains a tiny judge from them.
+
+Architectures (``arch``):
+
+* ``qwen2-vl``: Qwen2-VL (2 text layers, hidden 64; 2-block vision tower), byte-level BPE that splits numbers
+  into single digits like Qwen2's own tokenizer (so the ``logits`` mode takes its digit path).
+* ``llava``: LLaVA-1.5 layout (tiny CLIP vision tower + tiny Llama), byte-level BPE with the numbers
+  ``0``–``100`` as single tokens (the ``logits`` mode's single-token path).
+
+``size`` scales the text model (``tiny``: hidden 64, 2 layers; ``small``: hidden 256, 4 layers) for the
+throughput benchmark. The tokenizer is trained by ``tokenizers`` on the judge prompts plus a small caption
+vocabulary, so every prompt word is a few tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_WORDS = ("a an the and of in on at to with is are was red green blue yellow white black small large big dog cat "
+          "bird car tree house person man woman child kid ball table chair sky grass road left right top bottom "
+          "next under above behind front two three four one several sitting standing running park street water "
+          "image shows there picture photo sign text reads near holding wearing shirt hat").split()
+
+_SPECIALS = {
+    "qwen2-vl": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                 "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"],
+    "llava": ["<unk>", "<s>", "</s>", "<pad>", "<image>"],
+}
+
+QWEN_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for c in message['content'] %}{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+LLAVA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}USER: {% else %}ASSISTANT: "
+    "{% endif %}{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for c in message['content'] %}{% if c['type'] == 'image' %}<image>\n{% elif c['type'] == 'text' %}"
+    "{{ c['text'] }}{% endif %}{% endfor %}{% endif %}{% if message['role'] != 'user' %}</s>{% endif %} "
+    "{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+
+ARCHS = ("qwen2-vl", "llava")
+
+
+def _corpus() -> list[str]:
+    from halsift.filtering import vlm_prompts as P
+
+    lines = [P.SCORE_PROMPT, P.COT_PROMPT, P.LOCALIZE_PROMPT, P.YES_NO_PROMPT, P.CONTEXT_TEMPLATE,
+             'USER: ASSISTANT: {"score": 85} {"score": 100} Score: 42/100 Yes No yes no "output": "**[red]**"']
+    lines += [" ".join(_WORDS[i:i + 12]) + "." for i in range(0, len(_WORDS), 6)]
+    lines += [" ".join(str(n) for n in range(k, k + 10)) for k in range(0, 101, 10)]
+    return lines * 3
+
+
+def _tokenizer(arch: str, vocab_size: int):
+    """Train a byte-level BPE on :func:`_corpus` and wrap it as a transformers fast tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = _SPECIALS[arch]
+    tok = Tokenizer(models.BPE())
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if arch == "qwen2-vl":  # Qwen2 splits every digit on its own
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"), byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(), trainer)
+    if arch == "llava":  # numbers 0..100 as single (non-special) tokens, like Llama-3-style tokenizers
+        from tokenizers import AddedToken
+
+        tok.add_tokens([AddedToken(str(n), single_word=False, normalized=False) for n in range(101)])
+    if arch == "qwen2-vl":
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                       extra_special_tokens={"image_token": "<|image_pad|>",
+                                                             "video_token": "<|video_pad|>"})
+    else:
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                       pad_token="<pad>", extra_special_tokens={"image_token": "<image>"})
+    return fast
+
+
+def _text_dims(size: str) -> dict:
+    if size == "tiny":
+        return dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2)
+    if size == "small":
+        return dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2)
+    raise ValueError(f"size={size!r}: expected 'tiny' or 'small'")
+
+
+def _build_qwen2_vl(tokenizer, size: str):
+    from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor,
+                              Qwen2VLProcessor, Qwen2VLVideoProcessor)
+
+    dims = _text_dims(size)
+    head_dim = dims["hidden_size"] // dims["num_attention_heads"]
+    q = head_dim // 2  # mrope sections (temporal, height, width) sum to head_dim / 2
+    sections = [q - 2 * (q // 3), q // 3, q // 3]
+    ids = tokenizer.convert_tokens_to_ids
+    cfg = Qwen2VLConfig(
+        text_config=dict(vocab_size=len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "mrope_section": sections}, **dims),
+        vision_config=dict(depth=2, embed_dim=32, hidden_size=dims["hidden_size"], num_heads=2, mlp_ratio=2,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+        bos_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"))
+    model = Qwen2VLForConditionalGeneration(cfg)
+    pixels = dict(min_pixels=56 * 56, max_pixels=56 * 56 * 4)  # 4..16 merged image tokens
+    processor = Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, **pixels),
+        tokenizer=tokenizer,
+        video_processor=Qwen2VLVideoProcessor(patch_size=14, merge_size=2, temporal_patch_size=2),
+        chat_template=QWEN_TEMPLATE)
+    return model, processor
+
+
+def _build_llava(tokenizer, size: str):
+    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                              LlavaForConditionalGeneration, LlavaProcessor)
+
+    dims = _text_dims(size)
+    ids = tokenizer.convert_tokens_to_ids
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                              image_size=32, patch_size=8, projection_dim=32)
+    text = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=4096, bos_token_id=ids("<s>"),
+                       eos_token_id=ids("</s>"), pad_token_id=ids("<pad>"), **dims)
+    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_id=ids("<image>"),
+                      vision_feature_layer=-1, vision_feature_select_strategy="default",
+                      projector_hidden_act="gelu", pad_token_id=ids("<pad>"))
+    model = LlavaForConditionalGeneration(cfg)
+    improc = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor = LlavaProcessor(image_processor=improc, tokenizer=tokenizer, patch_size=8,
+                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                               chat_template=LLAVA_TEMPLATE)
+    return model, processor
+
+
+def build_tiny_vlm(arch: str, out_dir: str | os.PathLike, seed: int = 0, size: str = "tiny",
+                   vocab_size: int = 400) -> Path:
+    """Build a random ``arch`` VLM + processor, save both to ``out_dir`` (safetensors) and return the path."""
+    import torch
+
+    if arch not in ARCHS:
+        raise ValueError(f"arch={arch!r}: expected one of {ARCHS}")
+    out = Path(out_dir)
+    tokenizer = _tokenizer(arch, vocab_size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model, processor = (_build_qwen2_vl if arch == "qwen2-vl" else _build_llava)(tokenizer, size)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+__all__ = ["ARCHS", "build_tiny_vlm"]

@@ -1,0 +1,71 @@
+"""``halsift run RECIPE [key=value ...]``: run a recipe's stages in order, resuming where it stopped."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "run a YAML recipe (synth -> pretrain -> score -> select -> finetune -> eval -> report); reruns resume"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", nargs="?", help="recipe YAML path, or the name of a shipped recipe (e.g. quickstart)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe fields (dotted keys)")
+    p.add_argument("--dry-run", action="store_true", help="resolve and check the recipe, load no model, run nothing")
+    p.add_argument("--force", action="append", default=[], metavar="STAGE", help="rerun this stage even if complete")
+    p.add_argument("--describe", action="store_true", help="print every recipe field with its default and meaning")
+    p.add_argument("--list", action="store_true", help="list the shipped recipes")
+
+
+def shipped_recipes() -> dict[str, Path]:
+    """Name -> path of the YAML recipes installed with halsift (found recursively)."""
+    import halsift.recipes as pkg
+
+    root = Path(pkg.__file__).parent
+    return {str(p.relative_to(root).with_suffix("")): p for p in sorted(root.rglob("*.yaml"))
+            if not p.name.startswith("_")}
+
+
+def resolve_recipe_path(name: str) -> Path:
+    path = Path(name)
+    if path.exists():
+        return path
+    shipped = shipped_recipes()
+    if name in shipped:
+        return shipped[name]
+    raise FileNotFoundError(f"recipe: {name} is neither a file nor a shipped recipe ({', '.join(shipped)})")
+
+
+def load_recipe(name: str, overrides: list[str]):
+    """Read a recipe file, apply ``key=value`` overrides and validate (errors name the key)."""
+    from halsift.launch.config import deep_merge, from_dict, load_yaml, parse_overrides
+    from halsift.launch.recipe_config import Recipe
+
+    data = deep_merge(load_yaml(resolve_recipe_path(name)), parse_overrides(overrides))
+    return from_dict(Recipe, data)
+
+
+def run(args: argparse.Namespace) -> int:
+    from halsift.launch.cli import UsageError
+
+    if args.describe:
+        from halsift.launch.config import describe
+        from halsift.launch.recipe_config import Recipe
+
+        print(describe(Recipe))
+        return 0
+    if args.list:
+        for name, path in shipped_recipes().items():
+            print(f"{name}\t{path}")
+        return 0
+    if not args.recipe:
+        raise UsageError("RECIPE: give a recipe path or a shipped recipe name (see --list)")
+    recipe = load_recipe(args.recipe, args.overrides)
+    from halsift.launch.recipe import run_recipe
+
+    report = run_recipe(recipe, dry_run=args.dry_run, force=tuple(args.force))
+    if args.dry_run:
+        print(f"recipe {args.recipe}: ok (stages: {', '.join(recipe.stages)}; run folder {recipe.run_dir})")
+    else:
+        print(f"report: {report / 'report.md'}")
+    return 0

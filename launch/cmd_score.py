@@ -1,0 +1,47 @@
+"""``halsift score``: score every image–sentence pair of shards (or every row of a bench file) with a detector."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "score shards or a bench.jsonl with a detector spec (sharded over ranks, resumable)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--detector", required=True, metavar="SPEC",
+                   help="detector spec or YAML file, e.g. clip:arch=ViT-B-32,pretrained=openai | random:seed=0 | oracle")
+    p.add_argument("--data", required=True, help="shard folder / glob / brace pattern, or a bench.jsonl")
+    p.add_argument("--out", required=True, help="output folder: parquet parts + _manifest.json")
+    p.add_argument("--unit", choices=("sentence", "caption"), default="sentence",
+                   help="score each sentence against its image (default) or the whole caption")
+    p.add_argument("--batch-size", type=int, default=64, help="items per detector call")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: the process's accelerate device)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from halsift.launch.cli import UsageError
+
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size: expected >= 1, got {args.batch_size}")
+    from halsift.filtering.base import DetectorError
+    from halsift.filtering.runner import MANIFEST, RunMismatch, score
+
+    try:
+        out = score(args.detector, args.data, args.out, unit=args.unit, batch_size=args.batch_size,
+                    device=args.device, show_progress=not args.no_progress)
+    except RunMismatch as e:
+        raise UsageError(f"--out: {e}") from e
+    except DetectorError as e:
+        raise UsageError(f"--detector: {e}") from e
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
+        m = json.loads((Path(out) / MANIFEST).read_text())
+        print(f"scored {m['sentences']} items of {m['samples']} samples in {m['parts']} parts "
+              f"({m['sentences_per_s']} items/s this run); skipped {m['skipped']['total']}, "
+              f"parse failures {m['parse_failures']} -> {out}")
+    return 0

@@ -1,0 +1,318 @@
+"""Run a recipe: world -> pretrain -> score -> select -> finetune -> eval -> report, in one run folder.
+
+Reads top to bottom like the loop it runs. Each stage writes into ``<run_dir>/<stage>/`` and marks itself
+complete with ``<run_dir>/<stage>/_done.json`` (written last, atomically); a rerun skips complete stages, and
+the stages themselves skip their finished parts (score parts, checkpoints), so a killed run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from halsift.corpus.shards import write_json_atomic
+from halsift.launch.config import ConfigError, to_dict
+from halsift.launch.recipe_config import Recipe
+
+log = logging.getLogger("halsift.run")
+
+
+@dataclass
+class Paths:
+    """Where each stage reads and writes, resolved once from the recipe."""
+
+    run: Path
+    corpus: str
+    bench: str
+    retrieval: dict[str, str]
+    pretrain_data: str
+    base: str  # base CLIP weights (pretrained tag or file), '' until the pretrain stage has run
+
+    def stage(self, name: str) -> Path:
+        return self.run / name
+
+
+def resolve_paths(r: Recipe) -> Paths:
+    run = Path(r.run_dir)
+    world = run / "world"
+    corpus = r.data.corpus or (str(world / "corpus") if r.world.enabled else "")
+    bench = r.data.bench or (str(world / "bench" / "bench.jsonl") if r.world.enabled else "")
+    retrieval = dict(r.data.retrieval) or ({"synthetic": str(world / "retrieval")} if r.world.enabled else {})
+    pretrain = r.data.pretrain or (str(world / "pretrain") if r.world.enabled else "")
+    base = r.model.pretrained or str(run / "pretrain" / "final" / "open_clip_model.safetensors")
+    return Paths(run, corpus, bench, retrieval, pretrain, base)
+
+
+def detector_specs(r: Recipe, p: Paths) -> dict[str, str]:
+    """Detector name -> spec with ``{run_dir}``, ``{base}`` and ``{arch}`` substituted."""
+    subs = {"run_dir": str(p.run), "base": p.base, "arch": r.model.arch}
+    out = {}
+    for name, spec in r.score.detectors.items():
+        try:
+            out[name] = spec.format(**subs)
+        except KeyError as e:
+            raise ConfigError(f"score.detectors.{name}: unknown placeholder {{{e.args[0]}}}; "
+                              f"known: {sorted(subs)}") from None
+    return out
+
+
+def check(r: Recipe) -> Paths:
+    """Validate everything that can be checked without loading models (the dry run)."""
+    from halsift.filtering.spec import families, parse_spec
+    from halsift.training.clip_config import check_model_name
+
+    p = resolve_paths(r)
+    for name, spec in detector_specs(r, p).items():
+        if spec.endswith((".yaml", ".yml")):
+            if not Path(spec).exists():
+                raise ConfigError(f"score.detectors.{name}: spec file {spec} does not exist")
+            continue
+        try:
+            family, _ = parse_spec(spec)
+        except ValueError as e:
+            raise ConfigError(f"score.detectors.{name}: {e}") from None
+        if family not in families():
+            raise ConfigError(f"score.detectors.{name}: unknown detector family {family!r}; known: {families()}")
+    if not r.world.enabled:  # user data must exist now; the world's is produced by the first stage
+        for key, path in (("data.corpus", p.corpus), ("data.bench", p.bench)):
+            if path:
+                _check_exists(key, path)
+        for name, path in p.retrieval.items():
+            _check_exists(f"data.retrieval.{name}", path)
+        if r.data.pretrain:
+            _check_exists("data.pretrain", r.data.pretrain)
+    if r.model.pretrained and ("/" in r.model.pretrained or r.model.pretrained.endswith((".safetensors", ".pt",
+                                                                                           ".bin"))):
+        _check_exists("model.pretrained", r.model.pretrained)
+    try:  # last: it imports open_clip (and torch), the slowest check
+        check_model_name(r.model.arch)
+    except ValueError as e:
+        raise ConfigError(f"model.arch: {e}") from None
+    return p
+
+
+def _check_exists(key: str, path: str) -> None:
+    import glob
+
+    import braceexpand
+
+    if not any(Path(x).exists() or glob.glob(x) for x in braceexpand.braceexpand(path)):
+        raise ConfigError(f"{key}: {path} does not exist")
+
+
+# ------------------------------------------------------------------------------------------------ stages
+def _done(stage_dir: Path) -> bool:
+    return (stage_dir / "_done.json").exists()
+
+
+def _mark_done(stage_dir: Path, info: dict, started: float) -> None:
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(stage_dir / "_done.json", {**info, "wall_s": round(time.time() - started, 2)})
+
+
+def stage_world(r: Recipe, p: Paths) -> dict:
+    from halsift.corpus.synth.world import generate_world
+
+    info = generate_world(p.stage("world"), images=r.world.images, seed=r.seed, image_size=r.world.image_size)
+    return {"world": info if isinstance(info, dict) else {}}
+
+
+def _train_cfg(r: Recipe, t, data: list[str], out: Path, pretrained: str, seed: int):
+    from halsift.training.clip_config import ClipTrainConfig
+
+    first_retrieval = next(iter(_retrieval_sets(r, resolve_paths(r)).values()), "")
+    return ClipTrainConfig(data=data, out=str(out), model=r.model.arch, pretrained=pretrained, loss=t.loss,
+                           steps=t.steps, batch_size=t.batch_size, lr=t.lr, warmup=t.warmup, wd=t.wd,
+                           workers=t.workers, eval_every=t.eval_every, retrieval=first_retrieval,
+                           bench=resolve_paths(r).bench, eval_batch_size=r.eval.batch_size, seed=seed,
+                           wandb_mode=r.wandb.mode, wandb_project=r.wandb.project,
+                           wandb_run=f"{r.name}-{out.parent.name}-{out.name}", resume=True)
+
+
+def _retrieval_sets(r: Recipe, p: Paths) -> dict[str, str]:
+    return {name: path for name, path in p.retrieval.items()}
+
+
+def stage_pretrain(r: Recipe, p: Paths) -> dict:
+    from halsift.training.clip_train import train
+
+    if r.model.pretrained or not r.pretrain.enabled:
+        return {"skipped": "model.pretrained is set" if r.model.pretrained else "pretrain.enabled is false"}
+    cfg = _train_cfg(r, r.pretrain, [p.pretrain_data], p.stage("pretrain"), "", r.seed)
+    return {"metrics": train(cfg)}
+
+
+def _scores_dir(p: Paths, name: str, what: str) -> Path:
+    return p.stage("score") / name / what
+
+
+def stage_score(r: Recipe, p: Paths) -> dict:
+    from halsift.filtering.runner import score, score_bench
+    from halsift.filtering.spec import load_detector
+
+    info = {}
+    for name, spec in detector_specs(r, p).items():
+        detector = load_detector(spec)
+        if p.corpus and "select" in r.stages:
+            score(detector, p.corpus, _scores_dir(p, name, "corpus"), unit=r.score.unit,
+                  batch_size=r.score.batch_size)
+        if p.bench:
+            score_bench(detector, p.bench, _scores_dir(p, name, "bench"))
+        info[name] = spec
+        del detector
+    for name, members in r.score.ensembles.items():
+        for what in ("corpus", "bench"):
+            if not all(_scores_dir(p, m, what).exists() for m in members):
+                continue
+            write_ensemble(name, [_scores_dir(p, m, what) for m in members], _scores_dir(p, name, what))
+        info[name] = "mean(" + ", ".join(members) + ")"
+    return {"detectors": info}
+
+
+def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
+    """Mean of member scores per (key, sentence_index), written as a score folder (seeds' Table 6 ensembles)."""
+    import pandas as pd
+
+    from halsift.corpus.scores import read_scores_df, scores_table, write_part_atomic
+
+    merged = None
+    for i, d in enumerate(member_dirs):
+        df = read_scores_df(d, ["key", "sentence_index", "score", "parsed"]).rename(
+            columns={"score": f"s{i}", "parsed": f"p{i}"})
+        merged = df if merged is None else merged.merge(df, on=["key", "sentence_index"], how="inner")
+    cols = [f"s{i}" for i in range(len(member_dirs))]
+    merged = merged.sort_values(["key", "sentence_index"]).reset_index(drop=True)
+    out.mkdir(parents=True, exist_ok=True)
+    parsed = merged[[f"p{i}" for i in range(len(member_dirs))]].all(axis=1)
+    table = scores_table(merged["key"], merged["sentence_index"], merged[cols].mean(axis=1), parsed, name)
+    write_part_atomic(table, out / "part-ensemble.parquet")
+    write_json_atomic(out / "_manifest.json", {"detector": name, "members": [str(d) for d in member_dirs],
+                                               "rows": int(len(merged)), "complete": True})
+    del pd
+
+
+def _filters(r: Recipe) -> list[str]:
+    return list(r.score.detectors) + list(r.score.ensembles)
+
+
+def stage_select(r: Recipe, p: Paths) -> dict:
+    from halsift.filtering.select import select
+
+    info = {}
+    for name in _filters(r):
+        manifest = select(_scores_dir(p, name, "corpus"), p.corpus, p.stage("select") / name, keep=r.select.keep,
+                          unit=r.select.unit, agg=r.select.agg, per_captioner=r.select.per_captioner, seed=r.seed)
+        info[name] = manifest
+    return {"selections": info}
+
+
+def _finetune_runs(r: Recipe, p: Paths) -> dict[str, list[Path]]:
+    runs = {name: [p.stage("finetune") / name / f"seed{s}" for s in r.finetune.seeds] for name in _filters(r)}
+    if r.finetune.unfiltered:
+        runs["unfiltered"] = [p.stage("finetune") / "unfiltered" / f"seed{s}" for s in r.finetune.seeds]
+    return runs
+
+
+def stage_finetune(r: Recipe, p: Paths) -> dict:
+    from halsift.training.clip_train import train
+
+    out = {}
+    for name, runs in _finetune_runs(r, p).items():
+        data = [p.corpus] if name == "unfiltered" else [str(p.stage("select") / name)]
+        for run_dir, seed in zip(runs, r.finetune.seeds):
+            if (run_dir / "final" / "open_clip_model.safetensors").exists():
+                continue
+            out[f"{name}/seed{seed}"] = train(_train_cfg(r, r.finetune, data, run_dir, p.base, seed))
+    return {"runs": sorted(out)}
+
+
+def _device(r: Recipe) -> str:
+    import torch
+
+    if r.device != "auto":
+        return r.device
+    return "cuda" if torch.cuda.is_available() and not os.environ.get("HALSIFT_FORCE_CPU") else "cpu"
+
+
+def stage_eval(r: Recipe, p: Paths) -> dict:
+    import open_clip
+    import torch
+
+    from halsift.corpus.scores import read_scores_df
+    from halsift.eval.bench_eval import evaluate_bench
+    from halsift.eval.retrieval import evaluate_retrieval
+
+    out_dir = p.stage("eval")
+    bench_metrics = {}
+    if p.bench:
+        scores = {name: read_scores_df(_scores_dir(p, name, "bench")) for name in _filters(r)}
+        bench_metrics = evaluate_bench(p.bench, scores, out_dir / "bench", keep=r.eval.keep, seed=r.seed)
+    device = _device(r)
+    models = {"no-tune": [p.base]} if r.finetune.no_tune and p.retrieval else {}
+    if "finetune" in r.stages and p.retrieval:
+        for name, runs in _finetune_runs(r, p).items():
+            models[name] = [str(d / "final" / "open_clip_model.safetensors") for d in runs]
+    retrieval: dict[str, list[dict]] = {}
+    for name, weights in models.items():
+        for w in weights:
+            model, _, preprocess = open_clip.create_model_and_transforms(r.model.arch, pretrained=w, device=device)
+            tokenizer = open_clip.get_tokenizer(r.model.arch)
+            model.eval()
+            res = {}
+            for set_name, path in _retrieval_sets(r, p).items():
+                with torch.no_grad():
+                    m = evaluate_retrieval(model, preprocess, tokenizer, path, device, r.eval.batch_size)
+                res.update({f"{set_name}/{k}": v for k, v in m.items()})
+            retrieval.setdefault(name, []).append(res)
+    write_json_atomic(out_dir / "retrieval.json", retrieval)
+    return {"bench": bench_metrics, "retrieval_models": sorted(retrieval)}
+
+
+def stage_report(r: Recipe, p: Paths) -> dict:
+    from halsift.eval.compare import compare_filters_report
+
+    retrieval = json.loads((p.stage("eval") / "retrieval.json").read_text())
+    bench_file = p.stage("eval") / "bench" / "metrics.json"
+    bench = json.loads(bench_file.read_text()) if bench_file.exists() else {}
+    selections = {}
+    for name in _filters(r):
+        mpath = p.stage("select") / name / "manifest.json"
+        selections[name] = json.loads(mpath.read_text()) if mpath.exists() else {}
+    metrics = compare_filters_report(r.name, retrieval, bench, selections, list(_retrieval_sets(r, p)),
+                                     p.stage("report"), wandb_mode=r.wandb.mode, wandb_project=r.wandb.project,
+                                     filters=_filters(r))
+    return {"metrics": metrics}
+
+
+STAGE_FUNCS = {"world": stage_world, "pretrain": stage_pretrain, "score": stage_score, "select": stage_select,
+               "finetune": stage_finetune, "eval": stage_eval, "report": stage_report}
+
+
+def run_recipe(r: Recipe, dry_run: bool = False, force: tuple[str, ...] = ()) -> Path:
+    """Run (or with ``dry_run`` only check) a recipe; returns the report folder."""
+    p = check(r)
+    if dry_run:
+        return p.stage("report")
+    p.run.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(p.run / "recipe.resolved.json", to_dict(r))
+    import yaml
+
+    (p.run / "recipe.resolved.yaml").write_text(yaml.safe_dump(to_dict(r), sort_keys=False))
+    for stage in r.stages:
+        if stage == "world" and not r.world.enabled:
+            continue
+        d = p.stage(stage)
+        if _done(d) and stage not in force:
+            log.info("stage %s: complete, skipped", stage)
+            print(f"[halsift run] {stage}: already complete, skipped")
+            continue
+        print(f"[halsift run] {stage}: running")
+        started = time.time()
+        info = STAGE_FUNCS[stage](r, p)
+        _mark_done(d, info, started)
+        print(f"[halsift run] {stage}: done in {time.time() - started:.1f}s")
+    return p.stage("report")

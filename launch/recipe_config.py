@@ -1,0 +1,163 @@
+"""The recipe schema: one YAML drives synth -> pretrain -> score -> select -> fine-tune -> eval -> report.
+
+Every field has a default here and a one-line meaning (``halsift run --describe`` prints them as YAML).
+Paths in a recipe are relative to the current directory; ``{run_dir}`` and ``{base}`` (the base CLIP weights
+the pretrain stage produced or ``model.pretrained``) are substituted in detector specs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from halsift.launch.config import ConfigError, field
+
+STAGES = ("world", "pretrain", "score", "select", "finetune", "eval", "report")
+
+
+@dataclass
+class WorldCfg:
+    enabled: bool = field(True, help="generate the synthetic world into <run_dir>/world (data.* default to it)")
+    images: int = field(2000, help="corpus images to generate")
+    image_size: int = field(64, help="rendered image side in pixels")
+
+    def validate(self) -> None:
+        if self.images < 10:
+            raise ValueError(f"world.images: must be >= 10, got {self.images}")
+
+
+@dataclass
+class DataCfg:
+    corpus: str = field("", help="shards to filter (folder, glob or brace pattern); '' = the synthetic world's")
+    bench: str = field("", help="annotated bench.jsonl for detector AUROC; '' = the synthetic world's")
+    retrieval: dict[str, str] = field(default_factory=dict,
+                                      help="retrieval sets name -> retrieval.jsonl (COCO, Flickr8k ...); "
+                                           "empty = the synthetic world's")
+    pretrain: str = field("", help="clean shards to pre-train the base CLIP on; '' = the world's (if pretrain runs)")
+
+
+@dataclass
+class ModelCfg:
+    arch: str = field("halsift-tiny", help="open_clip architecture (open_clip.list_models()) or halsift-tiny")
+    pretrained: str = field("", help="open_clip pretrained tag or weights path of the base model; '' = pre-train it")
+
+
+@dataclass
+class TrainCfg:
+    steps: int = field(200, help="optimizer steps")
+    batch_size: int = field(64, help="samples per step per process")
+    lr: float = field(5e-4, help="peak AdamW learning rate")
+    warmup: int = field(20, help="linear warmup steps before cosine decay")
+    wd: float = field(0.1, help="weight decay")
+    loss: str = field("clip", help="clip | siglip")
+    workers: int = field(0, help="dataloader workers per process")
+    eval_every: int = field(0, help="in-loop retrieval + bench eval every N steps (0 = at the end)")
+
+    def validate(self) -> None:
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(f"steps/batch_size: must be >= 1, got {self.steps}/{self.batch_size}")
+        if self.loss not in ("clip", "siglip"):
+            raise ValueError(f"loss: expected clip or siglip, got {self.loss!r}")
+
+
+@dataclass
+class PretrainCfg(TrainCfg):
+    enabled: bool = field(True, help="pre-train the base CLIP (skipped when model.pretrained is set)")
+
+
+@dataclass
+class FinetuneCfg(TrainCfg):
+    seeds: list[int] = field(default_factory=lambda: [0], help="fine-tune each selection once per seed")
+    no_tune: bool = field(True, help="also evaluate the base model without fine-tuning")
+    unfiltered: bool = field(False, help="also fine-tune on the whole corpus (every sentence)")
+
+
+@dataclass
+class ScoreCfg:
+    detectors: dict[str, str] = field(
+        default_factory=lambda: {"clip": "clip:arch={arch},checkpoint={base}", "random": "random:seed=0",
+                                 "oracle": "oracle"},
+        help="detector name -> spec (or YAML path); scored on the corpus and on the bench")
+    ensembles: dict[str, list[str]] = field(default_factory=dict,
+                                            help="ensemble name -> member detector names (mean of scores)")
+    unit: str = field("sentence", help="sentence | caption")
+    batch_size: int = field(64, help="sentences per detector batch")
+
+    def validate(self) -> None:
+        if not self.detectors:
+            raise ValueError("score.detectors: at least one detector is required")
+        if self.unit not in ("sentence", "caption"):
+            raise ValueError(f"score.unit: expected sentence or caption, got {self.unit!r}")
+        for name, members in self.ensembles.items():
+            missing = [m for m in members if m not in self.detectors]
+            if missing or len(members) < 2:
+                raise ValueError(f"score.ensembles.{name}: needs >= 2 members from score.detectors; "
+                                 f"unknown {missing}")
+
+
+@dataclass
+class SelectCfg:
+    keep: float = field(0.2, help="fraction of units kept per detector (the seeds' top 20%)")
+    unit: str = field("sentence", help="sentence (image-sentence pairs) | caption")
+    agg: str = field("min", help="caption unit: min | mean | prob | prune")
+    per_captioner: bool = field(False, help="keep the same fraction within each captioner")
+
+    def validate(self) -> None:
+        if not 0 < self.keep <= 1:
+            raise ValueError(f"select.keep: expected a fraction in (0, 1], got {self.keep}")
+        if self.unit not in ("sentence", "caption"):
+            raise ValueError(f"select.unit: expected sentence or caption, got {self.unit!r}")
+
+
+@dataclass
+class EvalCfg:
+    keep: float = field(0.2, help="top fraction whose precision is reported on the bench")
+    bench_split: str = field("", help="evaluate detectors on this bench split only ('' = all rows)")
+    batch_size: int = field(128, help="evaluation batch size")
+
+
+@dataclass
+class WandbCfg:
+    mode: str = field("offline", help="offline | online | disabled")
+    project: str = field("halsift", help="wandb project")
+
+    def validate(self) -> None:
+        if self.mode not in ("offline", "online", "disabled"):
+            raise ValueError(f"wandb.mode: expected offline, online or disabled, got {self.mode!r}")
+
+
+@dataclass
+class Recipe:
+    name: str = field("quickstart", help="recipe name (report title)")
+    run_dir: str = field("runs/quickstart", help="one folder for everything this recipe writes")
+    seed: int = field(0, help="seed for the world, random detectors, selection and training")
+    device: str = field("auto", help="auto | cpu | cuda")
+    stages: list[str] = field(default_factory=lambda: list(STAGES), help=f"stages to run, in order: {STAGES}")
+    world: WorldCfg = field(default_factory=WorldCfg, help="the embedded synthetic world")
+    data: DataCfg = field(default_factory=DataCfg, help="user data (overrides the world)")
+    model: ModelCfg = field(default_factory=ModelCfg, help="the CLIP architecture and base weights")
+    pretrain: PretrainCfg = field(default_factory=lambda: PretrainCfg(steps=400, lr=1e-3),
+                                  help="pre-training of the base CLIP")
+    score: ScoreCfg = field(default_factory=ScoreCfg, help="detectors scored on the corpus and the bench")
+    select: SelectCfg = field(default_factory=SelectCfg, help="top-k selection per detector")
+    finetune: FinetuneCfg = field(default_factory=FinetuneCfg, help="CLIP fine-tuning on each selection")
+    eval: EvalCfg = field(default_factory=EvalCfg, help="benchmark and retrieval evaluation")
+    wandb: WandbCfg = field(default_factory=WandbCfg, help="logging")
+
+    def validate(self) -> None:
+        bad = [s for s in self.stages if s not in STAGES]
+        if bad:
+            raise ConfigError(f"stages: unknown stage {bad[0]!r}; expected some of {STAGES}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"device: expected auto, cpu or cuda, got {self.device!r}")
+        if not self.world.enabled:
+            needs = {"corpus": "select" in self.stages or "finetune" in self.stages,
+                     "bench": "eval" in self.stages and not self.data.retrieval}
+            for key, needed in needs.items():
+                if needed and not getattr(self.data, key):
+                    raise ConfigError(f"data.{key}: required when world.enabled is false (stages {self.stages})")
+            if "finetune" in self.stages and not self.data.retrieval:
+                raise ConfigError("data.retrieval: at least one retrieval set is required to compare fine-tuned "
+                                  "models when world.enabled is false")
+            if not self.model.pretrained and ("pretrain" in self.stages or "finetune" in self.stages) \
+                    and not self.data.pretrain:
+                raise ConfigError("model.pretrained: set base weights, or data.pretrain to pre-train on")

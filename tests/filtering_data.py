@@ -1,0 +1,89 @@
+"""Tiny labelled shards and bench files for the filtering tests (until/besides the synthetic world)."""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+
+from PIL import Image
+
+from halsift.corpus.bench import write_bench
+from halsift.corpus.shards import Sample, ShardWriter
+
+CAPTIONERS = ("capA", "capB", "capC")
+WORDS = ("dog", "cat", "red", "tree", "car", "blue", "house", "two", "bird", "sky")
+
+
+def png(rng: random.Random, size: int = 32) -> bytes:
+    img = Image.new("RGB", (size, size), tuple(rng.randrange(256) for _ in range(3)))
+    img.putpixel((rng.randrange(size), rng.randrange(size)), (0, 0, 0))
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def sentences(rng: random.Random, n: int) -> list[dict]:
+    out = []
+    for i in range(n):
+        text = "A " + " ".join(rng.choice(WORDS) for _ in range(4)) + f" number {i}."
+        label = rng.choices(("correct", "incorrect", "unknown"), (0.65, 0.3, 0.05))[0]
+        out.append({"text": text, "position": i, "label": label,
+                    "types": ["Object"] if label == "incorrect" else [], "spans": [[1, 2]] if label == "incorrect" else []})
+    return out
+
+
+def make_corpus(out: Path, shards: int = 4, per_shard: int = 6, seed: int = 0, corrupt: dict | None = None) -> Path:
+    """Write ``shards`` x ``per_shard`` samples; ``corrupt`` maps key -> "image" | "caption" to break samples."""
+    rng = random.Random(seed)
+    corrupt = corrupt or {}
+    with ShardWriter(out, maxcount=per_shard) as w:
+        for i in range(shards * per_shard):
+            key = f"s{seed}_{i:05d}"
+            sents = sentences(rng, rng.randint(1, 4))
+            caption = " ".join(s["text"] for s in sents)
+            image = png(rng)
+            if corrupt.get(key) == "image":
+                image = image[:40]  # truncated PNG
+            if corrupt.get(key) == "caption":
+                caption, sents = "", []
+            w.write(Sample(key=key, image=image, caption=caption, ext="png",
+                           meta={"captioner": CAPTIONERS[i % 3], "source": "i2t", "image_id": f"img{i}",
+                                 "sentences": sents}))
+    return out
+
+
+def make_bench(out: Path, captions: int = 8, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for c in range(captions):
+        (out / "images" / f"im{c}.png").write_bytes(png(rng))
+        sents = [s for s in sentences(rng, rng.randint(1, 3))]
+        caption = " ".join(s["text"] for s in sents)
+        for s in sents:
+            rows.append({"id": f"c{c}_p{s['position']}", "image": f"images/im{c}.png", "image_id": f"im{c}",
+                         "generator": CAPTIONERS[c % 3], "generator_type": "i2t", "domain": "synthetic",
+                         "caption_id": f"c{c}", "position": s["position"], "sentence": s["text"],
+                         "caption": caption, "label": s["label"], "types": s["types"], "spans": s["spans"],
+                         "split": "test"})
+    write_bench(out / "bench.jsonl", rows)
+    return out / "bench.jsonl"
+
+
+def reshard(src: Path, dst: Path, maxcount: int) -> Path:
+    """Copy the samples of shard folder ``src`` into ``dst`` with ``maxcount`` samples per shard."""
+    from halsift.corpus.shards import iter_samples
+
+    with ShardWriter(dst, maxcount=maxcount) as w:
+        for s in iter_samples(src):
+            w.write(Sample(s.key, s.image, s.caption, {k: v for k, v in s.meta.items() if k != "key"}, s.ext))
+    return dst
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

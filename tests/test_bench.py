@@ -1,0 +1,121 @@
+"""Benchmark JSONL: round trip, and every schema error names file:line and the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from halsift.corpus.bench import BenchFormatError, BenchRow, image_path, read_bench, write_bench
+
+
+def _row(i: int = 0, **kw) -> dict:
+    d = {"id": f"r{i}", "image": "images/a.png", "image_id": "a", "generator": "cap-terse", "generator_type": "i2t",
+         "domain": "plain", "caption_id": "a-cap", "position": i, "sentence": "Two red cubes face left.",
+         "caption": "Two red cubes face left.", "label": "incorrect", "types": ["Number", "Direction"],
+         "spans": [[0, 1], [3, 5]], "split": "val"}
+    d.update(kw)
+    return d
+
+
+def test_round_trip_keeps_fields_and_extra(tmp_path):
+    rows = [BenchRow(**_row(0)), _row(1, label="correct", types=[], spans=[], n_correct=4, note={"a": 1})]
+    p = tmp_path / "bench" / "bench.jsonl"
+    assert write_bench(p, rows) == 2
+    back = read_bench(p)
+    assert back[0] == BenchRow(**_row(0))
+    assert back[1].label == "correct" and back[1].extra == {"n_correct": 4, "note": {"a": 1}}
+    assert [r.to_json() for r in back] == [BenchRow(**_row(0)).to_json(), _row(1, label="correct", types=[], spans=[],
+                                                                                 n_correct=4, note={"a": 1})]
+    assert image_path(p, back[0]) == tmp_path / "bench" / "images" / "a.png"
+    write_bench(tmp_path / "again.jsonl", back)
+    assert (tmp_path / "again.jsonl").read_text() == p.read_text()
+    assert [x.name for x in p.parent.iterdir()] == ["bench.jsonl"]  # no temp file left
+
+
+def test_optional_fields_default(tmp_path):
+    d = _row(0)
+    for k in ("types", "spans", "split"):
+        d.pop(k)
+    p = tmp_path / "b.jsonl"
+    p.write_text(json.dumps(d) + "\n")
+    (r,) = read_bench(p)
+    assert (r.types, r.spans, r.split) == ([], [], "test")
+
+
+def test_extra_cannot_override_schema_fields():
+    r = BenchRow(**_row(0))
+    r.extra = {"label": "correct", "votes": 3}
+    assert r.to_json()["label"] == "incorrect" and r.to_json()["votes"] == 3
+
+
+BAD = [
+    (lambda d: d.pop("sentence"), "field 'sentence' is missing"),
+    (lambda d: d.pop("label"), "field 'label' is missing"),
+    (lambda d: d.update(position="2"), "field 'position' is str"),
+    (lambda d: d.update(position=True), "field 'position' is bool"),
+    (lambda d: d.update(position=-1), "field 'position' is -1"),
+    (lambda d: d.update(types="Number"), "field 'types' is str"),
+    (lambda d: d.update(image=None), "field 'image' is NoneType"),
+    (lambda d: d.update(label="wrong"), "field 'label' is 'wrong'"),
+    (lambda d: d.update(generator_type="x2y"), "field 'generator_type' is 'x2y'"),
+    (lambda d: d.update(split="dev"), "field 'split' is 'dev'"),
+    (lambda d: d.update(types=["Colour"]), "field 'types' has ['Colour']"),
+    (lambda d: d.update(sentence="  "), "field 'sentence' is empty"),
+    (lambda d: d.update(spans=[[2, 1]]), "field 'spans' has [2, 1]"),
+    (lambda d: d.update(spans=[[0, 6]]), "field 'spans' has [0, 6]"),  # the sentence has 5 words
+    (lambda d: d.update(spans=[[0]]), "field 'spans' has [0]"),
+    (lambda d: d.update(spans=[[0.0, 1]]), "field 'spans' has [0.0, 1]"),
+    (lambda d: d.update(spans=[[-1, 1]]), "field 'spans' has [-1, 1]"),
+]
+
+
+@pytest.mark.parametrize("mutate, needle", BAD, ids=[b[1] for b in BAD])
+def test_schema_errors_name_file_line_and_field(tmp_path, mutate, needle):
+    bad = _row(1)
+    mutate(bad)
+    p = tmp_path / "bench.jsonl"
+    p.write_text(json.dumps(_row(0)) + "\n\n" + json.dumps(bad) + "\n")
+    with pytest.raises(BenchFormatError) as ei:
+        read_bench(p)
+    assert str(ei.value).startswith(f"{p}:3: ") and needle in str(ei.value)
+
+
+def test_span_at_sentence_end_is_valid(tmp_path):
+    p = tmp_path / "b.jsonl"
+    write_bench(p, [_row(0, spans=[[4, 5]])])
+    assert read_bench(p)[0].spans == [[4, 5]]
+
+
+def test_invalid_json_and_non_object(tmp_path):
+    p = tmp_path / "bench.jsonl"
+    p.write_text(json.dumps(_row(0)) + "\n" + '{"id": "r1", ' + "\n")
+    with pytest.raises(BenchFormatError, match=rf"^{p}:2: not valid JSON"):
+        read_bench(p)
+    p.write_text("[1, 2]\n")
+    with pytest.raises(BenchFormatError, match=rf"^{p}:1: expected a JSON object, got list"):
+        read_bench(p)
+
+
+def test_duplicate_id(tmp_path):
+    p = tmp_path / "bench.jsonl"
+    p.write_text(json.dumps(_row(0)) + "\n" + json.dumps(_row(0, position=3)) + "\n")
+    with pytest.raises(BenchFormatError, match=rf"^{p}:2: field 'id' 'r0' repeats an earlier row"):
+        read_bench(p)
+
+
+def test_write_validates_and_is_atomic(tmp_path):
+    p = tmp_path / "bench.jsonl"
+    write_bench(p, [_row(0)])
+    before = p.read_text()
+    with pytest.raises(BenchFormatError, match=rf"^{p}:2: field 'label'"):
+        write_bench(p, [_row(0), _row(1, label="nope")])
+    with pytest.raises(BenchFormatError, match=rf"^{p}:2: field 'id' 'r0' repeats"):
+        write_bench(p, [_row(0), _row(0)])
+    assert p.read_text() == before  # the old file is untouched
+    assert [x.name for x in tmp_path.iterdir()] == ["bench.jsonl"]
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        read_bench(tmp_path / "nope.jsonl")

@@ -1,0 +1,188 @@
+"""Detector interface, spec parsing, and the clip / random / oracle / ensemble detectors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+from scipy.stats import rankdata
+
+from halsift.filtering.base import Item
+from halsift.filtering.baselines import OracleDetector, RandomDetector, hash_uniform
+from halsift.filtering.base import DetectorError
+from halsift.filtering.ensemble import combine, normalise
+from halsift.filtering.spec import SpecError, load_detector, parse_spec
+
+
+def _items(n_images=3, per=3, labels=("correct", "incorrect", "unknown")):
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n_images):
+        img = Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8))
+        for j in range(per):
+            out.append(Item(f"k{i}", j, f"a photo of thing {i} {j}", [], img, f"img{i}",
+                            {"label": labels[(i + j) % len(labels)]}))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- specs
+def test_parse_short_specs():
+    assert parse_spec("oracle") == ("oracle", {})
+    assert parse_spec("random:seed=3") == ("random", {"seed": 3})
+    fam, opts = parse_spec("clip:arch=ViT-B-32,pretrained=openai")
+    assert fam == "clip" and opts == {"arch": "ViT-B-32", "pretrained": "openai"}
+    fam, opts = parse_spec("ensemble:members=[clip:arch=halsift-tiny,seed=2,random:seed=1,oracle],weights=[1,2.5,3],"
+                           "norm=rank")
+    assert opts["members"] == ["clip:arch=halsift-tiny,seed=2", "random:seed=1", "oracle"]
+    assert opts["weights"] == [1, 2.5, 3] and opts["norm"] == "rank"
+    _, opts = parse_spec("ensemble:members=[random:seed=1;clip:checkpoint=/a/b:c.pt,arch=x]")
+    assert opts["members"] == ["random:seed=1", "clip:checkpoint=/a/b:c.pt,arch=x"]
+
+
+def test_canonical_spec_ignores_option_order():
+    a = load_detector("random:seed=4,delay=0")
+    b = load_detector("random:delay=0,seed=4")
+    assert a.spec == b.spec == "random:delay=0,seed=4"
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("", "empty"),
+    ("nosuch:x=1", "unknown family 'nosuch'"),
+    ("random:sed=1", "unknown option 'sed'"),
+    ("random:seed", "not key=value"),
+    ("random:seed=abc", "seed='abc'"),
+    ("random:seed=1,seed=2", "given twice"),
+    ("ensemble:members=[oracle,random:seed=0],weights=[1]", "expected 2 values"),
+    ("ensemble:members=[oracle],norm=softmax", "norm='softmax'"),
+    ("ensemble:members=[oracle", "unbalanced"),
+    ("clip:arch=NoSuchArch", "arch='NoSuchArch'"),
+    ("clip:arch=halsift-tiny,map=cubic", "map='cubic'"),
+])
+def test_spec_errors_name_key_and_value(spec, needle):
+    with pytest.raises(SpecError, match=None) as e:
+        load_detector(spec)
+    assert needle in str(e.value)
+
+
+def test_yaml_spec(tmp_path):
+    p = tmp_path / "det.yaml"
+    p.write_text("family: ensemble\nmembers: ['random:seed=1', {family: random, seed: 2}]\nweights: [1, 3]\n")
+    det = load_detector(p)
+    assert [m.seed for m in det.members] == [1, 2] and det.weights == [1.0, 3.0]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: 1\n")
+    with pytest.raises(SpecError, match="'family' is missing"):
+        load_detector(bad)
+    with pytest.raises(FileNotFoundError):
+        load_detector(tmp_path / "missing.yaml")
+
+
+# ------------------------------------------------------------------------------------------- baselines
+def test_random_is_a_function_of_key_and_seed():
+    items = _items()
+    det = RandomDetector(seed=7)
+    full = [r.score for r in det.score_batch(items)]
+    one_by_one = [det.score_batch([it])[0].score for it in reversed(items)][::-1]
+    assert full == one_by_one
+    assert full[0] == pytest.approx(100 * hash_uniform(7, "k0", 0))
+    assert all(0 <= s < 100 for s in full) and len(set(full)) == len(full)
+    assert full != [r.score for r in RandomDetector(seed=8).score_batch(items)]
+
+
+def test_oracle_scores_and_errors():
+    items = _items()
+    res = OracleDetector().score_batch(items)
+    want = {"correct": 100.0, "incorrect": 0.0, "unknown": 50.0}
+    assert [r.score for r in res] == [want[it.meta["label"]] for it in items]
+    with pytest.raises(DetectorError, match="k9 sentence 2 has no ground-truth label"):
+        OracleDetector().score_batch([Item("k9", 2, "x")])
+
+
+# ------------------------------------------------------------------------------------------- ensemble
+def test_normalise_and_combine_by_hand():
+    a = np.array([10.0, 30.0, 30.0, 90.0])
+    b = np.array([80.0, 20.0, 50.0, 0.0])
+    # rank: average ranks (1, 2.5, 2.5, 4) -> 100*(r-1)/3
+    np.testing.assert_allclose(normalise(a, "rank"), [0, 50, 50, 100])
+    z = (a - a.mean()) / a.std()
+    np.testing.assert_allclose(normalise(a, "zscore"), np.clip(50 + 50 * z / 3, 0, 100))
+    np.testing.assert_allclose(combine(np.stack([a, b]), [1, 3], "none"), (a + 3 * b) / 4)
+    rb = 100 * (rankdata(b) - 1) / 3
+    np.testing.assert_allclose(combine(np.stack([a, b]), [2, 1], "rank"), (2 * np.array([0, 50, 50, 100]) + rb) / 3)
+    np.testing.assert_allclose(normalise(np.array([5.0, 5.0]), "zscore"), [50, 50])
+
+
+def test_ensemble_detector_weighted_mean():
+    items = _items()
+    det = load_detector("ensemble:members=[oracle,random:seed=1],weights=[3,1]")
+    got = [r.score for r in det.score_batch(items)]
+    o = [r.score for r in OracleDetector().score_batch(items)]
+    r = [r.score for r in RandomDetector(seed=1).score_batch(items)]
+    np.testing.assert_allclose(got, [(3 * x + y) / 4 for x, y in zip(o, r)], rtol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------- clip
+@pytest.fixture(scope="module")
+def tiny_clip():
+    return load_detector("clip:arch=halsift-tiny,seed=0")
+
+
+def test_clip_scores_match_independent_cosine(tiny_clip):
+    import torch
+
+    items = _items()
+    res = tiny_clip.score_batch(items)
+    m = tiny_clip.model
+    with torch.no_grad():
+        for it, r in zip(items, res):
+            img = m.encode_image(tiny_clip.preprocess(it.image)[None])
+            txt = m.encode_text(tiny_clip.tokenizer([it.sentence]))
+            cos = torch.nn.functional.cosine_similarity(img, txt).item()
+            assert r.score == pytest.approx(50 * (cos + 1), abs=1e-3)
+            assert r.parsed
+
+
+def test_clip_encodes_each_image_once(tiny_clip, monkeypatch):
+    calls = []
+    orig = tiny_clip.model.encode_image
+    monkeypatch.setattr(tiny_clip.model, "encode_image", lambda x, **kw: calls.append(len(x)) or orig(x, **kw))
+    tiny_clip.score_batch(_items(n_images=3, per=4))
+    assert calls == [3]
+
+
+def test_clip_random_init_is_seeded_and_batch_independent(tiny_clip):
+    items = _items()
+    a = [r.score for r in tiny_clip.score_batch(items)]
+    b = [r.score for r in load_detector("clip:arch=halsift-tiny,seed=0").score_batch(items[::-1])][::-1]
+    c = [r.score for r in load_detector("clip:arch=halsift-tiny,seed=1").score_batch(items)]
+    np.testing.assert_allclose(a, b, atol=1e-4)
+    assert not np.allclose(a, c, atol=1e-3)
+
+
+def test_clip_checkpoint_and_from_model(tiny_clip, tmp_path):
+    import open_clip
+    from safetensors.torch import save_file
+
+    from halsift.filtering.clip_detector import ClipDetector
+
+    path = tmp_path / "m.safetensors"
+    save_file({k: v.contiguous() for k, v in tiny_clip.model.state_dict().items()}, str(path))
+    loaded = load_detector(f"clip:arch=halsift-tiny,seed=5,checkpoint={path}")
+    items = _items()
+    want = [r.score for r in tiny_clip.score_batch(items)]
+    np.testing.assert_allclose([r.score for r in loaded.score_batch(items)], want, atol=1e-4)
+    mem = ClipDetector.from_model(tiny_clip.model, tiny_clip.preprocess, open_clip.get_tokenizer("halsift-tiny"))
+    np.testing.assert_allclose([r.score for r in mem.score_batch(items)], want, atol=1e-4)
+    with pytest.raises(SpecError, match="does not exist"):
+        load_detector(f"clip:arch=halsift-tiny,checkpoint={tmp_path / 'nope.safetensors'}")
+
+
+def test_clip_sigmoid_map(tiny_clip):
+    import torch
+
+    det = load_detector("clip:arch=halsift-tiny,map=sigmoid,center=0.1")
+    items = _items(n_images=1, per=2)
+    cos = det.cosines(items)
+    scale = det.model.logit_scale.exp().item()
+    want = 100 * torch.sigmoid(scale * (cos - 0.1))
+    np.testing.assert_allclose([r.score for r in det.score_batch(items)], want.numpy(), atol=1e-4)

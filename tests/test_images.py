@@ -1,0 +1,154 @@
+"""Every odd image kind is converted to RGB or refused with a key and a reason, and skips are counted."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_image, decode_sample
+from halsift.corpus.shards import Sample
+
+
+def _bytes(img: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def _rgb(img: Image.Image) -> np.ndarray:
+    assert img.mode == "RGB"
+    return np.asarray(img)
+
+
+def test_rgb_png_is_unchanged():
+    arr = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    out = decode_image(_bytes(Image.fromarray(arr, "RGB"), "PNG"), "k")
+    assert np.array_equal(_rgb(out), arr)
+
+
+def test_greyscale_L_becomes_three_equal_channels():
+    arr = np.arange(12, dtype=np.uint8).reshape(3, 4) * 20
+    out = _rgb(decode_image(_bytes(Image.fromarray(arr, "L"), "PNG")))
+    for c in range(3):
+        assert np.array_equal(out[..., c], arr)
+
+
+def test_LA_alpha_is_composited_on_white():
+    img = Image.new("LA", (2, 1))
+    img.putpixel((0, 0), (0, 0))      # black, fully transparent -> white
+    img.putpixel((1, 0), (0, 255))    # black, opaque -> black
+    out = _rgb(decode_image(_bytes(img, "PNG")))
+    assert out[0, 0].tolist() == [255, 255, 255]
+    assert out[0, 1].tolist() == [0, 0, 0]
+
+
+def test_RGBA_half_transparent_red_over_white():
+    img = Image.new("RGBA", (3, 3), (255, 0, 0, 128))
+    out = _rgb(decode_image(_bytes(img, "PNG")))
+    # alpha 128/255 red over white: G = B = 255 * (1 - 128/255) = 127
+    assert out[1, 1].tolist() == [255, 127, 127]
+
+
+def test_palette_P_and_transparent_palette():
+    img = Image.new("P", (2, 2))
+    img.putpalette([10, 20, 30, 200, 100, 50] + [0] * 762)
+    img.putpixel((0, 0), 1)
+    out = _rgb(decode_image(_bytes(img, "PNG")))
+    assert out[0, 0].tolist() == [200, 100, 50] and out[1, 1].tolist() == [10, 20, 30]
+    img.info["transparency"] = 0  # index 0 transparent -> white
+    out = _rgb(decode_image(_bytes(img, "PNG", transparency=0)))
+    assert out[1, 1].tolist() == [255, 255, 255] and out[0, 0].tolist() == [200, 100, 50]
+
+
+def test_CMYK_jpeg_to_rgb():
+    img = Image.new("CMYK", (8, 8), (0, 255, 255, 0))  # pure red in CMYK
+    out = _rgb(decode_image(_bytes(img, "JPEG", quality=100)))
+    r, g, b = out[4, 4].tolist()
+    assert r > 230 and g < 25 and b < 25
+
+
+def test_I16_scaled_to_8_bits():
+    arr = np.array([[0, 257, 65535]], dtype=np.uint16)
+    img = Image.frombytes("I;16", (3, 1), arr.astype("<u2").tobytes())
+    assert img.mode == "I;16"
+    out = _rgb(decode_image(_bytes(img, "PNG")))
+    assert out[0, :, 0].tolist() == [0, 1, 255]
+
+
+def test_exif_orientation_is_applied():
+    # 4 wide x 2 high, left half black, right half white; EXIF 6 = "rotate 90 CW to display"
+    arr = np.zeros((2, 4, 3), dtype=np.uint8)
+    arr[:, 2:] = 255
+    img = Image.fromarray(arr, "RGB")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    out = decode_image(_bytes(img, "JPEG", quality=100, exif=exif.tobytes()))
+    assert out.size == (2, 4)  # rotated: 2 wide x 4 high
+    a = _rgb(out)
+    # rotating 90 clockwise moves the left (black) half to the top
+    assert a[0].mean() < 60 and a[-1].mean() > 200
+
+
+def test_truncated_jpeg_is_refused_with_reason():
+    data = _bytes(Image.new("RGB", (64, 64), (1, 2, 3)), "JPEG")
+    for cut in (len(data) // 2, len(data) - 10):  # cut in the header tables / in the scan data
+        with pytest.raises(ImageDecodeError) as ei:
+            decode_image(data[:cut], "cut")
+        assert ei.value.key == "cut" and ei.value.kind == "truncated" and "truncated" in ei.value.reason
+        assert "cut" in str(ei.value)
+
+
+def test_zero_bytes_and_text_bytes_are_refused():
+    with pytest.raises(ImageDecodeError) as ei:
+        decode_image(b"", "z")
+    assert ei.value.kind == "empty" and ei.value.key == "z"
+    with pytest.raises(ImageDecodeError) as ei:
+        decode_image(b"this is a caption, not an image\n", "t")
+    assert ei.value.kind == "not_image" and "not an image" in ei.value.reason
+
+
+def test_decompression_bomb_refused_before_decoding():
+    data = _bytes(Image.new("L", (100, 100)), "PNG")
+    assert decode_image(data, "ok", max_pixels=10_000).size == (100, 100)
+    with pytest.raises(ImageDecodeError) as ei:
+        decode_image(data, "bomb", max_pixels=9_999)
+    assert ei.value.kind == "bomb" and "10000 pixels" in ei.value.reason
+
+
+def test_skip_counter_counts_and_reports(tmp_path):
+    good = _bytes(Image.new("RGB", (4, 4)), "PNG")
+    samples = [
+        Sample("a", good, "a caption"),
+        Sample("b", b"", "a caption"),
+        Sample("c", b"not an image", "x"),
+        Sample("d", good, "   "),
+        Sample("e", b"", "cap", ext=""),
+        Sample("f", good[:40], "cap", ext="png"),
+    ]
+    skipped = SkipCounter()
+    decoded = [decode_sample(s, skipped) for s in samples]
+    assert [d is not None for d in decoded] == [True, False, False, False, False, False]
+    js = skipped.to_json()
+    assert js["total"] == 5 and len(skipped) == 5
+    # a 40-byte PNG prefix holds no complete header chunk: Pillow does not recognise it at all
+    assert js["by_kind"] == {"empty": 1, "not_image": 2, "empty_caption": 1, "missing_image": 1}
+    assert [s["key"] for s in js["samples"]] == ["b", "c", "d", "e", "f"]
+    skipped.write(tmp_path / "skipped.json")
+    again = SkipCounter.from_json(json.loads((tmp_path / "skipped.json").read_text()))
+    assert again.to_json() == js
+    other = SkipCounter()
+    other.add("g", "too dark", "other")
+    skipped.merge(other)
+    assert skipped.total == 6 and "skipped 6" in skipped.summary()
+
+
+def test_skip_counter_bounds_examples():
+    c = SkipCounter(max_examples=2)
+    for i in range(5):
+        c.add(str(i), "bad", "corrupt")
+    js = c.to_json()
+    assert js["total"] == 5 and len(js["samples"]) == 2 and js["samples_omitted"] == 3

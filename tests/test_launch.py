@@ -1,0 +1,82 @@
+"""Launcher command lines and sbatch scripts (the multi-process runs themselves are tested with score/train)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from halsift.launch.cli import main
+from halsift.launch.launchers import LaunchSpec, SlurmSpec, launch_command, sbatch_script
+
+
+def test_torchrun_command_on_cpu_names_every_rank_setting():
+    argv = launch_command(LaunchSpec(procs_per_node=2, cpu=True), ["score", "--out", "x y"], python="py")
+    assert argv[:3] == ["py", "-m", "torch.distributed.run"]
+    assert "--nproc_per_node=2" in argv and "--nnodes=1" in argv and "--node_rank=0" in argv
+    # the halsift command follows the module entry unchanged, spaces kept inside one argument
+    assert argv[-5:] == ["-m", "halsift.launch.cli", "score", "--out", "x y"]
+
+
+def test_accelerate_command_for_multi_node_gpus():
+    spec = LaunchSpec(procs_per_node=8, nodes=2, node_rank=1, master_addr="10.0.0.1", master_port=1234)
+    argv = launch_command(spec, ["train", "clip"], python="py")
+    assert argv[2] == "accelerate.commands.launch"
+    for flag in ("--num_processes=16", "--num_machines=2", "--machine_rank=1", "--main_process_ip=10.0.0.1",
+                 "--main_process_port=1234", "--multi_gpu"):
+        assert flag in argv
+
+
+@pytest.mark.parametrize("spec", [LaunchSpec(procs_per_node=0), LaunchSpec(nodes=2, node_rank=2),
+                                  LaunchSpec(backend="mpi")])
+def test_bad_launch_specs_are_rejected(spec):
+    with pytest.raises(ValueError):
+        launch_command(spec, ["score"])
+
+
+@pytest.mark.parametrize("backend", ["accelerate", "torchrun"])
+def test_sbatch_script_runs_one_task_per_node_with_rendezvous(tmp_path, backend):
+    text = sbatch_script(SlurmSpec(nodes=4, gpus_per_node=8, partition="gpu", account="proj", backend=backend),
+                         ["score", "--data", "s/{000000..000099}.tar", "--out", "o"])
+    assert "#SBATCH --nodes=4" in text and "#SBATCH --ntasks-per-node=1" in text
+    assert "#SBATCH --gpus-per-node=8" in text and "#SBATCH --partition=gpu" in text
+    srun = [line for line in text.splitlines() if line.startswith("srun")]
+    assert len(srun) == 1
+    inner = shlex.split(srun[0])[-1]  # what each node's task runs
+    assert "$SLURM_NODEID" in inner or "$SLURM_JOB_ID" in inner  # expanded per task, not in the batch shell
+    assert "s/{000000..000099}.tar" in shlex.split(inner)  # brace pattern reaches halsift unexpanded
+    if backend == "accelerate":
+        assert "--num_processes=32" in inner and "--num_machines=4" in inner
+    else:
+        assert "--nproc_per_node=8" in inner and "--nnodes=4" in inner
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_launch_cli_writes_script_and_rejects_bad_usage(tmp_path, capsys):
+    script = tmp_path / "j.sbatch"
+    assert main(["launch", "--slurm", "--nodes", "2", "--gpus", "4", "--script", str(script), "--",
+                 "select", "--keep", "0.2"]) == 0
+    assert "select --keep 0.2" in script.read_text()
+    assert main(["launch", "--dry-run"]) == 2
+    assert "no command given" in capsys.readouterr().err
+    assert main(["launch", "--cpu", "2", "--gpus", "1", "--", "score"]) == 2
+
+
+def test_launch_dry_run_prints_the_command(capsys):
+    assert main(["launch", "--cpu", "2", "--dry-run", "--", "stats", "x"]) == 0
+    err = capsys.readouterr().err
+    assert "torch.distributed.run" in err and "--nproc_per_node=2" in err and "stats x" in err
+
+
+def test_help_is_instant_and_lists_commands():
+    out = subprocess.run([sys.executable, "-m", "halsift.launch.cli", "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "launch" in out.stdout
+    mods = subprocess.run([sys.executable, "-c", "import sys, halsift.launch.cli as c; c.build_parser(); "
+                           "print(sorted(m for m in ('torch','open_clip','transformers') if m in sys.modules))"],
+                          capture_output=True, text=True, timeout=60)
+    assert mods.stdout.strip() == "[]", mods.stdout + mods.stderr

@@ -1,0 +1,155 @@
+"""The scoring runner: distributed equality, resume after SIGKILL, corrupt samples, manifests, bench scoring."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from filtering_data import free_port, make_bench, make_corpus, reshard
+from scipy.stats import rankdata
+
+from halsift.corpus.scores import read_scores_df
+from halsift.filtering.runner import RunMismatch, score, score_bench
+from halsift.launch.cli import main
+
+ENV = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+
+
+def _rows(folder) -> pd.DataFrame:
+    df = read_scores_df(folder)[["key", "sentence_index", "score"]]
+    assert not df.duplicated(["key", "sentence_index"]).any()
+    return df.sort_values(["key", "sentence_index"]).reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def world_shards(synth_world, tmp_path_factory):
+    """The synthetic corpus split into 4 shards, so ranks have work to share."""
+    return reshard(synth_world / "corpus", tmp_path_factory.mktemp("resharded"), maxcount=40)
+
+
+def test_two_process_torchrun_matches_one_process(world_shards, tmp_path):
+    spec = "clip:arch=halsift-tiny,seed=0"
+    score(spec, world_shards, tmp_path / "one", batch_size=16, device="cpu", show_progress=False)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "halsift.launch.cli", "score", "--detector", spec, "--data", str(world_shards),
+           "--out", str(tmp_path / "two"), "--batch-size", "16", "--device", "cpu", "--no-progress"]
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((tmp_path / "two" / "_manifest.json").read_text())
+    assert m["world_size"] == 2 and m["ranks"] == [0, 1] and m["part_world_sizes"] == [2]
+    one, two = _rows(tmp_path / "one"), _rows(tmp_path / "two")
+    assert len(one) == m["sentences"] > 100
+    pd.testing.assert_frame_equal(one[["key", "sentence_index"]], two[["key", "sentence_index"]])
+    np.testing.assert_allclose(one["score"], two["score"], atol=1e-4)
+
+
+def test_sigkill_then_rerun_gives_identical_output(tmp_path):
+    data = make_corpus(tmp_path / "c", shards=6, per_shard=5, seed=1)
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "halsift.launch.cli", "score", "--detector", "random:seed=0,delay=0.25",
+           "--data", str(data), "--out", str(out), "--batch-size", "4", "--no-progress"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not list(out.glob("part-*.parquet")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = list(out.glob("part-*.parquet"))
+    assert 1 <= len(done) < 6, "the run should have been killed part-way"
+    assert json.loads((out / "_manifest.json").read_text())["status"] == "running"
+    assert subprocess.run(cmd, env=ENV, capture_output=True, timeout=120).returncode == 0
+    m = json.loads((out / "_manifest.json").read_text())
+    assert m["status"] == "complete" and m["parts_resumed"] == len(done)
+    score("random:seed=0", data, tmp_path / "clean", batch_size=4, show_progress=False)
+    pd.testing.assert_frame_equal(_rows(out), _rows(tmp_path / "clean"))
+
+
+def test_corrupt_samples_are_skipped_and_counted(tmp_path):
+    data = make_corpus(tmp_path / "c", shards=3, per_shard=4, seed=2,
+                       corrupt={"s2_00001": "image", "s2_00006": "caption"})
+    tars = sorted(data.glob("*.tar"))
+    raw = tars[2].read_bytes()
+    tars[2].write_bytes(raw[: len(raw) // 2 + 100])  # truncated shard: keeps its first samples
+    out = score("oracle", data, tmp_path / "o", show_progress=False)
+    m = json.loads((out / "_manifest.json").read_text())
+    by_kind = m["skipped"]["by_kind"]
+    assert by_kind["not_image"] == 1 and by_kind["empty_caption"] == 1 and by_kind["corrupt_shard"] == 1
+    keys = {s["key"] for s in m["skipped"]["samples"]}
+    assert {"s2_00001", "s2_00006", "000002.tar"} <= keys
+    df = read_scores_df(out)
+    assert "s2_00001" not in set(df["key"]) and m["samples"] == df["key"].nunique()
+    from halsift.corpus.shards import ShardFormatError, iter_shard
+
+    readable = []
+    with pytest.raises(ShardFormatError):
+        for smp in iter_shard(tars[2]):
+            readable.append(smp.key)
+    assert len(readable) < 4 and m["samples"] == 8 - 2 + len(readable)
+
+
+def test_other_spec_or_inputs_in_same_folder_is_an_error(tmp_path):
+    data = make_corpus(tmp_path / "c", shards=2, per_shard=3)
+    other = make_corpus(tmp_path / "d", shards=1, per_shard=3, seed=5)
+    score("random:seed=0", data, tmp_path / "o", show_progress=False)
+    with pytest.raises(RunMismatch, match="different detector"):
+        score("random:seed=1", data, tmp_path / "o", show_progress=False)
+    with pytest.raises(RunMismatch, match="different inputs"):
+        score("random:seed=0", other, tmp_path / "o", show_progress=False)
+    with pytest.raises(RunMismatch, match="different unit"):
+        score("random:seed=0", data, tmp_path / "o", unit="caption", show_progress=False)
+    args = ["score", "--detector", "random:seed=1", "--data", str(data), "--out", str(tmp_path / "o"), "--no-progress"]
+    assert main(args) == 2
+    assert main(["score", "--detector", "random:seed=0", "--data", str(data), "--out", str(tmp_path / "o"),
+                 "--no-progress"]) == 0  # same command again: resumes (nothing to do)
+    m = json.loads((tmp_path / "o" / "_manifest.json").read_text())
+    assert m["parts_resumed"] == 2 and m["sentences_scored_this_run"] == 0
+    assert main(["score", "--detector", "oracle:x=1", "--data", str(data), "--out", str(tmp_path / "p")]) == 2
+
+
+def test_manifest_and_caption_unit(tmp_path):
+    data = make_corpus(tmp_path / "c", shards=2, per_shard=5, seed=3)
+    out = score("oracle", data, tmp_path / "o", unit="caption", show_progress=False)
+    df = read_scores_df(out)
+    m = json.loads((out / "_manifest.json").read_text())
+    assert (df["sentence_index"] == -1).all() and len(df) == 10 == m["samples"] == m["sentences"]
+    from halsift.corpus.shards import iter_samples
+
+    for s in iter_samples(data):
+        labels = [x["label"] for x in s.meta["sentences"]]
+        want = 0.0 if "incorrect" in labels else 100.0 if set(labels) == {"correct"} else 50.0
+        assert df.loc[df["key"] == s.key, "score"].item() == want
+    for k in ("detector", "inputs", "wall_time_s", "sentences_per_s", "parse_failures", "skipped", "time_share"):
+        assert k in m
+    assert m["detector"] == "oracle" and len(m["inputs"]["paths"]) == 2
+
+
+def test_score_bench_rows(tmp_path):
+    bench = make_bench(tmp_path / "b", captions=7)
+    df = score_bench("oracle", bench)
+    rows = [json.loads(x) for x in bench.read_text().splitlines()]
+    want = {r["id"]: {"correct": 100, "incorrect": 0, "unknown": 50}[r["label"]] for r in rows}
+    assert len(df) == len(rows)
+    assert dict(zip(df["key"], df["score"])) == want
+    assert dict(zip(df["key"], df["sentence_index"])) == {r["id"]: r["position"] for r in rows}
+    assert set(df.columns) >= {"key", "sentence_index", "score", "parsed", "detector"}
+    clip = score_bench("clip:arch=halsift-tiny", bench, tmp_path / "clip")
+    assert len(clip) == len(rows) and clip["score"].between(0, 100).all()
+
+
+def test_ensemble_rank_norm_is_over_the_whole_run(tmp_path):
+    data = make_corpus(tmp_path / "c", shards=3, per_shard=4, seed=4)
+    out = score("ensemble:members=[oracle,random:seed=2],weights=[1,3],norm=rank", data, tmp_path / "e",
+                batch_size=3, show_progress=False)
+    o = _rows(score("oracle", data, tmp_path / "o", show_progress=False))
+    r = _rows(score("random:seed=2", data, tmp_path / "r", show_progress=False))
+    n = len(o)
+    want = (100 * (rankdata(o["score"]) - 1) / (n - 1) + 3 * 100 * (rankdata(r["score"]) - 1) / (n - 1)) / 4
+    np.testing.assert_allclose(_rows(out)["score"], want, rtol=1e-5)

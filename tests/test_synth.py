@@ -1,0 +1,178 @@
+"""The synthetic world: layout, determinism, ground truth that matches the scene graph, CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from halsift.corpus.bench import read_bench
+from halsift.corpus.shards import iter_samples, read_sizes
+from halsift.corpus.synth.scene import CELLS, COLOURS, SIGN_WORDS
+from halsift.corpus.synth.text import COLOUR_SYNONYMS, DIR_WORDS
+from halsift.corpus.synth.world import generate_world
+from halsift.launch.cli import main
+
+COLOUR_OF = {**{c: c for c in COLOURS}, **{v: k for k, v in COLOUR_SYNONYMS.items()}}
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_layout(synth_world):
+    w = synth_world
+    for part in ("corpus", "bench/bench.jsonl", "bench/images", "retrieval/retrieval.jsonl", "pretrain",
+                 "world.json"):
+        assert (w / part).exists(), part
+    assert not list(w.glob(".world.tmp*"))
+    world = json.loads((w / "world.json").read_text())
+    assert world["seed"] == 0 and world["sizes"]["corpus"] == 160
+    gens = world["generators"]
+    assert sum(g["generator_type"] == "i2t" for g in gens.values()) == 6
+    assert sum(g["generator_type"] == "t2i" for g in gens.values()) == 3
+    rates = sorted(g["incorrect_rate"] for g in gens.values() if g["generator_type"] == "i2t")
+    assert rates[0] <= 0.06 and rates[-1] >= 0.3
+
+
+def test_same_seed_identical_other_seed_differs(tmp_path, synth_world):
+    a, b = tmp_path / "a", tmp_path / "b"
+    generate_world(a, images=160, seed=0)
+    generate_world(b, images=160, seed=1)
+    ha, hw = _hashes(a), _hashes(synth_world)
+    assert ha == hw and len(ha) > 100
+    hb = _hashes(b)
+    assert hb.keys() == ha.keys()
+    assert sum(ha[k] != hb[k] for k in ha) > 0.9 * len(ha)
+
+
+def test_corpus_shards_read_back(synth_world):
+    samples = list(iter_samples(synth_world / "corpus"))
+    assert len(samples) == 160 == sum(read_sizes(synth_world / "corpus").values())
+    captioners = {s.captioner for s in samples}
+    assert len(captioners) == 6
+    for s in samples:
+        assert s.source == "i2t" and s.ext == "png" and s.image[:8] == b"\x89PNG\r\n\x1a\n"
+        sents = s.meta["sentences"]
+        assert s.caption == " ".join(x["text"] for x in sents)
+        assert [x["position"] for x in sents] == list(range(len(sents)))
+        assert {"scene", "domain", "image_id"} <= s.meta.keys()
+
+
+def test_pretrain_all_correct(synth_world):
+    samples = list(iter_samples(synth_world / "pretrain"))
+    assert len(samples) == 160
+    labels = {x["label"] for s in samples for x in s.meta["sentences"]}
+    assert labels == {"correct"}
+
+
+def test_retrieval_rows(synth_world):
+    rows = [json.loads(l) for l in (synth_world / "retrieval" / "retrieval.jsonl").read_text().splitlines()]
+    assert len(rows) == 20
+    for r in rows:
+        assert len(r["captions"]) == 5 and all(c.strip() for c in r["captions"])
+        assert (synth_world / "retrieval" / r["image"]).is_file()
+
+
+def test_bench_validates_and_has_t2i(synth_world):
+    rows = read_bench(synth_world / "bench" / "bench.jsonl")
+    assert all((synth_world / "bench" / r.image).is_file() for r in rows)
+    assert {r.split for r in rows} == {"train", "val", "test"}
+    # an image never straddles splits
+    split_of = {}
+    for r in rows:
+        assert split_of.setdefault(r.image_id, r.split) == r.split
+    t2i = [r for r in rows if r.generator_type == "t2i"]
+    assert len({r.generator for r in t2i}) == 3
+    by_caption = {}
+    for r in t2i:
+        by_caption.setdefault(r.caption_id, []).append(r)
+    assert all(3 <= len(v) <= 4 for v in by_caption.values())
+    t2i_types = {t for r in t2i for t in r.types}
+    assert {"Direction", "Number"} <= t2i_types
+    # each t2i direction error flips the direction word the prompt states
+    for r in t2i:
+        if "Direction" in r.types:
+            words = r.sentence.split()
+            assert any(words[a].strip(",.") in DIR_WORDS.values() for a, b in r.spans)
+    for r in rows:
+        for a, b in r.spans:
+            assert b <= len(r.sentence.split())
+        assert (r.label == "incorrect") == bool(r.types)
+        assert (r.label == "incorrect") == bool(r.spans)
+
+
+def _scene_of_bench(world: Path) -> dict:
+    """i2t bench image id -> scene graph, rebuilt from the same per-image seeds the world used."""
+    import random
+
+    from halsift.corpus.synth.scene import sample_scene
+
+    return {f"b{i:06d}": sample_scene(random.Random(f"0/bench/{i}")) for i in range(40)}
+
+
+def test_spans_point_at_wrong_words(synth_world):
+    rows = [r for r in read_bench(synth_world / "bench" / "bench.jsonl") if r.generator_type == "i2t"]
+    scenes = _scene_of_bench(synth_world)
+    checked = {"Attribute": 0, "Direction": 0, "Text": 0, "Location": 0}
+    for r in rows:
+        if r.label != "incorrect":
+            continue
+        scene = scenes[r.image_id]
+        words = r.sentence.split()
+        wrong = [w.strip('",.').lower() for a, b in r.spans for w in words[a:b]]
+        if r.types == ["Attribute"]:
+            colours = [COLOUR_OF[w] for w in wrong if w in COLOUR_OF]
+            if colours and r.position > 0:  # a wrong colour: no group of that shape has that colour
+                assert not any(g.colour == colours[0] and re.search(g.shape[:3], r.sentence.lower())
+                               for g in scene.groups), r.sentence
+                checked["Attribute"] += 1
+            elif not colours:
+                assert set(wrong) <= {"small", "large"}, r.sentence
+        elif r.types == ["Direction"]:
+            assert len(wrong) == 1 and wrong[0] in DIR_WORDS.values()
+            checked["Direction"] += 1
+        elif r.types == ["Text"]:
+            assert len(wrong) == 1 and wrong[0].upper() in SIGN_WORDS
+            assert scene.sign is None or wrong[0].upper() != scene.sign.text
+            checked["Text"] += 1
+        elif r.types == ["Location"]:
+            assert " ".join(wrong) in {c[1] for c in CELLS}
+            checked["Location"] += 1
+    assert all(v > 0 for v in checked.values()), checked
+    # correct sentences naming a colour + shape name a group that exists
+    matched = 0
+    for r in rows:
+        if r.label == "correct" and r.position > 0:
+            m = re.match(r"^The (\w+) (circle|square|triangle|star|diamond|hexagon)s? (is|are) facing (\w+)",
+                         r.sentence)
+            if m:
+                g = [g for g in scenes[r.image_id].groups if g.colour == COLOUR_OF.get(m.group(1))
+                     and g.shape == m.group(2)]
+                assert len(g) == 1 and DIR_WORDS[g[0].facing] == m.group(4).rstrip(",.")
+                matched += 1
+    assert matched >= 20
+
+
+def test_cli_synth_and_bad_flags(tmp_path, capsys):
+    out = tmp_path / "w"
+    assert main(["synth", "--out", str(out), "--images", "12", "--bench-images", "4", "--t2i-prompts", "2",
+                 "--retrieval-images", "5", "--pretrain-images", "6", "--shard-size", "5", "--seed", "3"]) == 0
+    assert read_bench(out / "bench" / "bench.jsonl")
+    assert sum(read_sizes(out / "corpus").values()) == 12 and len(list((out / "corpus").glob("*.tar"))) == 3
+    assert main(["synth", "--out", str(out), "--images", "12"]) == 2  # exists, no --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["synth", "--out", str(out), "--images", "12", "--overwrite", "--pretrain-images", "2"]) == 0
+    assert sum(read_sizes(out / "pretrain").values()) == 2
+    assert main(["synth", "--out", str(tmp_path / "x"), "--images", "0"]) == 2
+    assert main(["synth", "--out", str(tmp_path / "x"), "--image-size", "8"]) == 2
+    with pytest.raises(SystemExit) as e:
+        main(["synth", "--out", str(tmp_path / "x"), "--images", "many"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main(["synth", "--images", "3"])  # --out is required
+    assert e.value.code == 2

@@ -1,0 +1,259 @@
+"""`halsift train clip` / `halsift eval retrieval` end to end on tiny shards (CPU, halsift-tiny, 32-px images)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from halsift.corpus.shards import Sample, ShardWriter
+from halsift.launch.cli import main
+
+COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30),
+          "white": (240, 240, 240), "black": (10, 10, 10)}
+NAMES = list(COLORS)
+
+
+def _png(fg: str, bg: str, pos: int) -> bytes:
+    from PIL import Image
+
+    a = np.zeros((32, 32, 3), np.uint8)
+    a[:] = COLORS[bg]
+    y, x = divmod(pos, 2)
+    a[y * 16:(y + 1) * 16, x * 16:(x + 1) * 16] = COLORS[fg]
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _pair(rng, i: int) -> tuple[bytes, str, str, str, int]:
+    fg, bg = rng.choice(len(NAMES), size=2, replace=False)
+    pos = int(rng.integers(4))
+    where = ["top left", "top right", "bottom left", "bottom right"][pos]
+    return _png(NAMES[fg], NAMES[bg], pos), f"a {NAMES[fg]} square at the {where} on {NAMES[bg]}", NAMES[fg], \
+        NAMES[bg], pos
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """shards/: 4 shards x 16 samples (one with a corrupt image); retrieval/: 12 images x 2 captions."""
+    root = tmp_path_factory.mktemp("tiny")
+    rng = np.random.default_rng(0)
+    with ShardWriter(root / "shards", maxcount=16) as w:
+        for i in range(64):
+            img, cap, *_ = _pair(rng, i)
+            if i == 5:
+                img = b"\x89PNG not really"
+            w.write(Sample(key=f"s{i:04d}", image=img, caption=cap, ext="png",
+                           meta={"captioner": "test", "source": "i2t"}))
+    (root / "retrieval" / "images").mkdir(parents=True)
+    with open(root / "retrieval" / "retrieval.jsonl", "w") as f:
+        for i in range(12):
+            img, cap, fg, bg, _ = _pair(rng, i)
+            (root / "retrieval" / "images" / f"{i}.png").write_bytes(img)
+            f.write(json.dumps({"image": f"images/{i}.png", "captions": [cap, f"{fg} on {bg}"]}) + "\n")
+    return root
+
+
+def _args(tiny: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "clip", "--data", str(tiny / "shards"), "--out", str(out), "--model", "halsift-tiny",
+            "--batch-size", "8", "--lr", "1e-3", "--warmup", "1", "--workers", "0", "--wandb-mode", "disabled",
+            "--retrieval", str(tiny / "retrieval"), *extra]
+
+
+def _lines(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _env() -> dict:
+    env = dict(os.environ, HALSIFT_QUIET="1", WANDB_MODE="disabled", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_train_writes_checkpoints_metrics_and_loads_back(tiny, tmp_path):
+    import open_clip
+    import torch
+    from safetensors.torch import load_file
+
+    from halsift.eval.retrieval import evaluate_retrieval
+
+    out = tmp_path / "run"
+    assert main(_args(tiny, out, "--steps", "4", "--checkpoint-every", "2", "--eval-every", "2")) == 0
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert ckpts == ["step_000002", "step_000004"]
+    for c in ckpts:
+        assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json"} <= \
+            {p.name for p in (out / "checkpoints" / c).iterdir()}
+    lines = _lines(out)
+    train = [x for x in lines if "train/loss" in x]
+    evals = [x for x in lines if "i2t/r@5" in x]
+    assert [x["step"] for x in train] == [1, 2, 3, 4]
+    assert [x["step"] for x in evals] == [2, 4]
+    assert all(np.isfinite(x["train/loss"]) and x["train/samples_per_s"] > 0 for x in train)
+    assert train[-1]["train/skipped_samples"] >= 1  # the corrupt png (counted each time the stream reads it)
+    assert json.loads((out / "run_info.json").read_text())["world_size"] == 1
+
+    weights = out / "final" / "open_clip_model.safetensors"
+    model, _, preprocess = open_clip.create_model_and_transforms("halsift-tiny", pretrained=str(weights))
+    saved = load_file(str(weights))
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    fresh = open_clip.create_model("halsift-tiny")
+    assert not torch.equal(fresh.visual.conv1.weight, model.visual.conv1.weight)  # trained weights, not init
+    again = evaluate_retrieval(model, preprocess, open_clip.get_tokenizer("halsift-tiny"), tiny / "retrieval")
+    for k in ("i2t/r@1", "i2t/r@5", "t2i/r@1", "t2i/r@5"):
+        assert again[k] == pytest.approx(evals[-1][k], abs=1e-6), k
+
+    # the same weights through the CLI
+    ev = tmp_path / "eval"
+    assert main(["eval", "retrieval", "--model", "halsift-tiny", "--pretrained", str(weights),
+                 "--data", str(tiny / "retrieval"), "--out", str(ev)]) == 0
+    metrics = json.loads((ev / "metrics.json").read_text())
+    assert metrics["t2i/r@5"] == pytest.approx(evals[-1]["t2i/r@5"], abs=1e-6)
+    assert "R@5" in (ev / "report.md").read_text()
+
+
+def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path):
+    common = ["--steps", "6", "--checkpoint-every", "3", "--workers", "2", "--grad-accum", "2", "--lr", "1e-3"]
+    straight = tmp_path / "straight"
+    assert main(_args(tiny, straight, *common)) == 0
+
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "halsift.launch.cli", *_args(tiny, killed, *common)]
+    proc = subprocess.run(cmd, env={**_env(), "HALSIFT_FAULT_KILL_AFTER_STEP": "4"}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert [p.name for p in (killed / "checkpoints").iterdir()] == ["step_000003"]
+    assert not (killed / "final").exists()
+    # a half-written checkpoint (temp folder) and a step folder without state.json must never be picked up
+    half = killed / "checkpoints" / ".step_000005.tmp-12345"
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"garbage")
+    (half / "state.json").write_text(json.dumps({"step": 5}))
+    partial = killed / "checkpoints" / "step_000005"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"garbage")
+
+    assert main(_args(tiny, killed, *common, "--resume")) == 0
+    a, b = _lines(straight), _lines(killed)
+    assert [x["step"] for x in b if "train/loss" in x] == [1, 2, 3, 4, 5, 6]  # lines after step 3 rewritten
+    la = {x["step"]: x for x in a if "train/loss" in x}
+    lb = {x["step"]: x for x in b if "train/loss" in x}
+    for s in (4, 5, 6):
+        assert lb[s]["train/loss"] == pytest.approx(la[s]["train/loss"], rel=1e-4, abs=1e-5), s
+    ea, eb = a[-1], b[-1]
+    assert ea["step"] == eb["step"] == 6
+    for k in ("i2t/r@1", "i2t/r@5", "t2i/r@1", "t2i/r@5"):
+        assert eb[k] == pytest.approx(ea[k], abs=1e-6), k
+    assert json.loads((killed / "checkpoints" / "step_000006" / "state.json").read_text())["step"] == 6
+
+
+def test_nan_loss_stops_cleanly_with_last_checkpoint_intact(tiny, tmp_path, monkeypatch, capsys):
+    import torch
+    from safetensors.torch import load_file
+
+    from halsift.training import clip_train
+
+    real = clip_train.build_loss
+    calls = {"n": 0}
+
+    def poisoned(cfg, rank, world):
+        loss = real(cfg, rank, world)
+
+        def fn(**kw):
+            calls["n"] += 1
+            value = loss(**kw)
+            return value * float("nan") if calls["n"] >= 3 else value
+        return fn
+
+    monkeypatch.setattr(clip_train, "build_loss", poisoned)
+    out = tmp_path / "nan"
+    assert main(_args(tiny, out, "--steps", "6", "--checkpoint-every", "2", "--retrieval", "")) == 1
+    err = capsys.readouterr().err
+    assert "loss is nan at step 3" in err and "step_000002" in err
+    ckpts = sorted((out / "checkpoints").iterdir())
+    assert [p.name for p in ckpts] == ["step_000002"]
+    sd = load_file(str(ckpts[0] / "model.safetensors"))
+    assert all(torch.isfinite(v).all() for v in sd.values())
+    assert json.loads((ckpts[0] / "state.json").read_text())["step"] == 2
+    assert not (out / "final").exists()
+    assert _lines(out)[-1]["event"] == "nonfinite_loss"
+
+
+def test_two_process_cpu_ddp(tiny, tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0",
+           "-m", "halsift.launch.cli", *_args(tiny, out, "--steps", "2", "--workers", "1")]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["world_size"] == 2 and "MULTI_CPU" in info["distributed_type"]
+    assert (out / "final" / "open_clip_model.safetensors").exists()
+    state = json.loads((out / "checkpoints" / "step_000002" / "state.json").read_text())
+    assert state["world_size"] == 2 and state["samples_seen"] == 2 * 8 * 2
+
+
+def _unique_shards(folder: Path, n_shards: int, per_shard: int, prefix: str) -> None:
+    with ShardWriter(folder, maxcount=per_shard) as w:
+        for i in range(n_shards * per_shard):
+            w.write(Sample(key=f"{prefix}{i:04d}", image=_png("red", "blue", 0), caption=f"{prefix}{i}", ext="png",
+                           meta={"captioner": "test", "source": "i2t"}))
+
+
+def _read(ds, n: int) -> list[str]:
+    it = iter(ds)
+    out: list[str] = []
+    while len(out) < n:
+        out.extend(next(it)["text"])
+    return out[:n]
+
+
+def test_ranks_and_workers_read_disjoint_shards(tmp_path, monkeypatch):
+    """Each (rank, worker) of a 2 x 2 split reads its own shards: one epoch covers every sample exactly once."""
+    import torch
+
+    from halsift.training.clip_data import ShardStream
+
+    _unique_shards(tmp_path / "u", n_shards=8, per_shard=3, prefix="c")
+    seen: list[str] = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("NUM_WORKERS", "2")
+    for rank in range(2):
+        for worker in range(2):
+            monkeypatch.setenv("RANK", str(rank))
+            monkeypatch.setenv("WORKER", str(worker))
+            ds = ShardStream([str(tmp_path / "u")], preprocess=lambda im: torch.zeros(1),
+                             tokenizer=lambda caps: caps, batch_size=2, shuffle_buffer=0, seed=3)
+            seen.extend(_read(ds, 6))  # 2 shards x 3 samples = this reader's epoch
+    assert sorted(seen) == sorted(f"c{i}" for i in range(24))
+    monkeypatch.setenv("NUM_WORKERS", "5")  # 10 readers > 8 shards: refused rather than duplicated
+    with pytest.raises(ValueError, match="8 shard"):
+        _read(ShardStream([str(tmp_path / "u")], lambda im: torch.zeros(1), lambda c: c, 2), 1)
+
+
+def test_mixture_follows_weights(tmp_path):
+    import torch
+
+    from halsift.training.clip_data import ShardStream
+
+    _unique_shards(tmp_path / "a", 2, 5, "a")
+    _unique_shards(tmp_path / "b", 2, 5, "b")
+    ds = ShardStream([str(tmp_path / "a"), str(tmp_path / "b")], lambda im: torch.zeros(1), lambda c: c,
+                     batch_size=50, weights=[3, 1], shuffle_buffer=0)
+    got = _read(ds, 2000)
+    frac_a = sum(c.startswith("a") for c in got) / len(got)
+    assert abs(frac_a - 0.75) < 0.04  # binomial sd ~0.01
+
+
+def test_bad_flags_exit_2(tiny, tmp_path, capsys):
+    assert main(["train", "clip", "--data", str(tiny / "shards"), "--out", str(tmp_path), "--model", "nope"]) == 2
+    assert "--model" in capsys.readouterr().err
+    assert main(["train", "clip", "--data", str(tiny / "shards"), "--out", str(tmp_path), "--loss", "l2"]) == 2
+    assert "--loss" in capsys.readouterr().err
+    assert main(["train", "clip", "--data", str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2

@@ -1,0 +1,111 @@
+"""Typed config of ``halsift train clip``; field help strings become ``--help`` and YAML comments.
+
+Validation lives in :meth:`ClipTrainConfig.validate`; unknown YAML keys are rejected by
+``halsift.launch.config.from_dict``. The built-in tiny architecture ``halsift-tiny`` (for tests and CPU runs)
+(the clip detector's, in ``filtering/model_configs``) is registered with open_clip by :func:`ensure_model_configs`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+TINY_MODEL = "halsift-tiny"  # 2-layer open_clip config shipped in halsift/filtering/model_configs
+
+
+def _f(default=dataclasses.MISSING, *, help: str, default_factory=dataclasses.MISSING):
+    """A dataclass field carrying a one-line ``help`` (same metadata key as halsift.launch.config.field)."""
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata={"help": help})
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass
+class ClipTrainConfig:
+    """Everything one CLIP fine-tuning run needs; saved as ``config.json`` in the run folder."""
+
+    data: list[str] = _f(default_factory=list, help="shard specs: folder, glob or brace pattern (one per source)")
+    data_weights: list[float] = _f(default_factory=list,
+                                   help="mixture weight per data spec (several specs: resampled mixture)")
+    out: str = _f("", help="run folder: checkpoints/, final/, metrics.jsonl, config.json")
+    model: str = _f(TINY_MODEL, help="open_clip architecture (open_clip.list_models()) or halsift-tiny")
+    pretrained: str = _f("", help="open_clip pretrained tag, a local weights file, or '' for random init")
+    loss: str = _f("clip", help="clip (softmax InfoNCE) or siglip (sigmoid)")
+    steps: int = _f(100, help="optimizer steps")
+    batch_size: int = _f(64, help="samples per micro-batch per process")
+    grad_accum: int = _f(1, help="micro-batches per optimizer step (negatives stay within a micro-batch)")
+    lr: float = _f(5e-5, help="peak learning rate (AdamW)")
+    wd: float = _f(0.1, help="weight decay (not applied to gains, biases, logit scale)")
+    beta1: float = _f(0.9, help="AdamW beta1")
+    beta2: float = _f(0.98, help="AdamW beta2")
+    eps: float = _f(1e-6, help="AdamW epsilon")
+    warmup: int = _f(10, help="linear warmup steps, then cosine decay to 0")
+    grad_clip: float = _f(1.0, help="max gradient norm (0 = off)")
+    precision: str = _f("auto", help="auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32")
+    lock_image: bool = _f(False, help="freeze the image tower")
+    lock_text: bool = _f(False, help="freeze the text tower except its last lock_text_unlocked layers")
+    lock_text_unlocked: int = _f(0, help="text layers left trainable when lock_text is set")
+    augment: bool = _f(False, help="train with open_clip's random-resized-crop transform instead of the eval one")
+    workers: int = _f(2, help="dataloader workers per process (0 = in the main process)")
+    shuffle_buffer: int = _f(256, help="sample shuffle buffer per worker (0 = off)")
+    checkpoint_every: int = _f(0, help="save a checkpoint every N steps (0 = only at the end)")
+    keep_checkpoints: int = _f(0, help="keep only the newest K step checkpoints (0 = keep all)")
+    eval_every: int = _f(0, help="evaluate every N steps (0 = only at the end)")
+    retrieval: str = _f("", help="retrieval set (retrieval.jsonl or its folder) evaluated in the loop")
+    bench: str = _f("", help="benchmark bench.jsonl: the model's own detection AUROC, evaluated in the loop")
+    eval_batch_size: int = _f(64, help="batch size for evaluation")
+    log_every: int = _f(1, help="write a metrics.jsonl line every N steps")
+    wandb_project: str = _f("halsift", help="wandb project")
+    wandb_run: str = _f("", help="wandb run name ('' = the run folder's name)")
+    wandb_mode: str = _f("offline", help="wandb mode: offline | online | disabled")
+    seed: int = _f(0, help="seed for init, shard order and sample shuffling")
+    resume: bool = _f(False, help="continue from the newest complete checkpoint in out/checkpoints")
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field on a bad value."""
+        if not self.data:
+            raise ValueError("data: at least one shard spec is required")
+        if self.data_weights and len(self.data_weights) != len(self.data):
+            raise ValueError(f"data_weights: {len(self.data_weights)} weights for {len(self.data)} data specs")
+        if any(w <= 0 for w in self.data_weights):
+            raise ValueError("data_weights: weights must be > 0")
+        if not self.out:
+            raise ValueError("out: a run folder is required")
+        if self.loss not in ("clip", "siglip"):
+            raise ValueError(f"loss: expected clip or siglip, got {self.loss!r}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision: expected auto, bf16 or fp32, got {self.precision!r}")
+        if self.wandb_mode not in ("offline", "online", "disabled"):
+            raise ValueError(f"wandb_mode: expected offline, online or disabled, got {self.wandb_mode!r}")
+        for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup", "workers", "shuffle_buffer", "checkpoint_every", "eval_every", "keep_checkpoints",
+                     "lock_text_unlocked"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("lr", "wd", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def ensure_model_configs() -> None:
+    """Make halsift's built-in open_clip configs (``halsift-tiny``) known to open_clip."""
+    from halsift.filtering.clip_detector import register_builtin_configs
+
+    register_builtin_configs()
+
+
+def check_model_name(name: str) -> None:
+    """Raise ValueError when ``name`` is not an open_clip architecture (after registering ours)."""
+    import open_clip
+
+    ensure_model_configs()
+    if name.startswith(("hf-hub:", "local-dir:")):
+        return
+    if name not in open_clip.list_models():
+        close = [m for m in open_clip.list_models() if name.lower()[:4] in m.lower()][:5]
+        raise ValueError(f"model: {name!r} is not an open_clip architecture"
+                         + (f" (close: {', '.join(close)})" if close else "; see open_clip.list_models()"))

@@ -1,0 +1,153 @@
+"""The training stream for ``halsift train clip``: WebDataset shards -> shuffled, decoded, tokenized batches.
+
+Per-rank and per-dataloader-worker splitting, as in open_clip_train:
+
+* **One data spec** (epoch mode): every epoch the whole shard list is shuffled with ``seed + epoch`` (the same
+  order on every rank and worker) and global worker ``g = rank * workers + worker`` takes shards ``g::total``,
+  so within an epoch no sample is seen twice. Epochs repeat forever; training is bounded by ``steps``. The spec
+  needs at least ``world_size * workers`` shards (an error says so otherwise).
+* **Several specs** (mixture mode): each global worker resamples shards of every spec with replacement
+  (RNG seeded by ``(seed, g)``) and draws each sample's source with probability ∝ ``data_weights``, like
+  webdataset's ``ResampledShards`` + ``RandomMix``.
+
+Corrupt samples (undecodable image, missing caption, unreadable tar member) are skipped and counted; each
+batch carries the count of samples skipped since the previous batch from that worker (``batch["skipped"]``).
+
+Resume (data position): the stream is a pure function of ``(seed, rank, worker)``. A resumed run rebuilds
+the same stream and each worker discards the batches it had already produced (``skip_batches``) before the
+image transform and tokenizer run, so it continues exactly where the checkpoint left off, provided world
+size, workers and batch size are unchanged (the trainer checks this and otherwise reseeds the stream with
+``seed + step``, with a warning). Fast-forwarding costs reading and decoding the skipped samples.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from halsift.corpus.shards import IMAGE_EXTS, expand_shards
+
+
+def decode_image(data: bytes):
+    """Bytes -> RGB PIL image, or None when the bytes are not a readable image."""
+    try:
+        from halsift.corpus.images import decode_image as corpus_decode
+    except ImportError:
+        corpus_decode = None
+    try:
+        if corpus_decode is not None:
+            im = corpus_decode(data)
+            return None if im is None else im.convert("RGB")
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as im:
+            return im.convert("RGB")  # convert() forces a full decode, so truncated files fail here
+    except Exception:  # noqa: BLE001 - any decoder failure means "corrupt sample"
+        return None
+
+
+class ShardStream(IterableDataset):
+    """Infinite stream of ``{"image": (B,3,H,W), "text": (B,L), "skipped": int}`` batches for one process."""
+
+    def __init__(self, specs: Sequence[str], preprocess: Callable, tokenizer: Callable, batch_size: int,
+                 weights: Sequence[float] | None = None, seed: int = 0, shuffle_buffer: int = 256,
+                 skip_batches: int = 0, num_workers: int = 1) -> None:
+        self.shards = [[str(p) for p in expand_shards(s)] for s in specs]
+        self.specs = list(specs)
+        self.weights = list(weights) if weights else [1.0] * len(specs)
+        self.preprocess, self.tokenizer = preprocess, tokenizer
+        self.batch_size, self.seed, self.shuffle_buffer = batch_size, seed, shuffle_buffer
+        self.skip_batches = skip_batches  # batches already consumed by this rank (all its workers together)
+        self.num_workers = max(1, num_workers)
+
+    # -- shard order -------------------------------------------------------------------------------
+    def _epoch_urls(self, g: int, total: int) -> Iterator[str]:
+        shards = self.shards[0]
+        if len(shards) < total:
+            raise ValueError(f"data {self.specs[0]}: {len(shards)} shard(s) cannot be split without duplicates "
+                             f"over {total} readers (processes x workers); lower workers or write more shards")
+        epoch = 0
+        while True:
+            order = list(shards)
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            yield from order[g::total]
+            epoch += 1
+
+    def _resampled_urls(self, i: int, rng: random.Random) -> Iterator[str]:
+        while True:
+            yield rng.choice(self.shards[i])
+
+    # -- samples -----------------------------------------------------------------------------------
+    def _samples(self, urls: Iterator[str], counter: list[int]) -> Iterator[tuple]:
+        import webdataset as wds
+
+        def on_error(exc: Exception) -> bool:
+            counter[0] += 1
+            return True  # skip and continue
+
+        for s in wds.tarfile_to_samples(handler=on_error)({"url": u} for u in urls):
+            ext = next((e for e in IMAGE_EXTS if e in s), None)
+            caption = s.get("txt", b"")
+            caption = caption.decode("utf-8", errors="replace").strip() if isinstance(caption, bytes) else ""
+            image = decode_image(s[ext]) if ext else None
+            if image is None or not caption:
+                counter[0] += 1
+                continue
+            yield image, caption
+
+    def __iter__(self) -> Iterator[dict]:
+        import webdataset as wds
+
+        rank, world, worker, nworkers = wds.utils.pytorch_worker_info()
+        g, total = rank * nworkers + worker, world * nworkers
+        counter = [0]
+        rng = random.Random(f"{self.seed}/{g}")
+        if len(self.shards) == 1:
+            stream = self._samples(self._epoch_urls(g, total), counter)
+        else:
+            sources = [self._samples(self._resampled_urls(i, random.Random(f"{self.seed}/{g}/{i}")), counter)
+                       for i in range(len(self.shards))]
+            stream = (next(sources[rng.choices(range(len(sources)), weights=self.weights)[0]])
+                      for _ in iter(int, 1))
+        if self.shuffle_buffer > 1:
+            stream = _shuffle(stream, self.shuffle_buffer, rng)
+        # batches this worker produced before the checkpoint: DataLoader takes batch i from worker i % nworkers
+        mine = (self.skip_batches - worker + nworkers - 1) // nworkers if self.skip_batches > worker else 0
+        for _ in range(mine * self.batch_size):
+            next(stream)
+        last_reported = 0
+        while True:
+            items = [next(stream) for _ in range(self.batch_size)]
+            images = torch.stack([self.preprocess(im) for im, _ in items])
+            text = self.tokenizer([c for _, c in items])
+            yield {"image": images, "text": text, "skipped": counter[0] - last_reported}
+            last_reported = counter[0]
+
+
+def _shuffle(stream: Iterator, bufsize: int, rng: random.Random) -> Iterator:
+    """Reservoir-style shuffle buffer (what ``wds.shuffle`` does, with our own seeded RNG)."""
+    buf: list = []
+    for item in stream:
+        if len(buf) < bufsize:
+            buf.append(item)
+            continue
+        j = rng.randrange(bufsize)
+        buf[j], item = item, buf[j]
+        yield item
+    rng.shuffle(buf)
+    yield from buf
+
+
+def make_loader(specs: Sequence[str], preprocess: Callable, tokenizer: Callable, batch_size: int,
+                weights: Sequence[float] | None = None, seed: int = 0, workers: int = 2, shuffle_buffer: int = 256,
+                skip_batches: int = 0) -> DataLoader:
+    """A DataLoader over :class:`ShardStream` (batches are built inside the workers)."""
+    ds = ShardStream(specs, preprocess, tokenizer, batch_size, weights=weights, seed=seed,
+                     shuffle_buffer=shuffle_buffer, skip_batches=skip_batches, num_workers=workers)
+    return DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=False,
+                      prefetch_factor=2 if workers else None)
+
