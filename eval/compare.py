@@ -45,7 +45,8 @@ def compare_table(retrieval: Mapping[str, list[dict]], bench: Mapping[str, float
                   filters: Sequence[str] | None = None) -> list[dict]:
     """One row per filter (``no-tune`` first): R@k per set and direction (mean, std over seeds), AUROC, precision."""
     rows = []
-    names = list(retrieval) + [n for n in (filters or []) if n not in retrieval]
+    names = [n for n in ("no-tune", "unfiltered") if n in retrieval] + list(filters or [])
+    names += [n for n in retrieval if n not in names]
     for name in names:
         runs = retrieval.get(name, [])
         row: dict = {"filter": name, "seeds": len(runs)}
@@ -60,7 +61,7 @@ def compare_table(retrieval: Mapping[str, list[dict]], bench: Mapping[str, float
         man = selections.get(name, {})
         prec = _kept_precision(man)
         row["kept_precision"] = prec if prec is not None else float("nan")
-        kept = man.get("kept", man.get("kept_count"))
+        kept = man.get("kept_units", man.get("kept"))
         row["kept"] = int(kept) if isinstance(kept, (int, float)) else None
         rows.append(row)
     return rows
@@ -74,6 +75,8 @@ def _fmt(v, std=None) -> str:
 
 def render_markdown(title: str, rows: list[dict], sets: Sequence[str], input_precision: float | None,
                     k: int = 5) -> str:
+    if not rows:
+        return f"# Report: {title}\n\nNo filters were compared in this run (no score/select/finetune stages).\n"
     head = ["Filter", *[f"{s} {d} R@{k}" for s in sets for d in ("i2t", "t2i")], "bench AUROC",
             "kept precision", "kept", "seeds"]
     lines = [f"# Compare filters: {title}", "",
@@ -104,6 +107,8 @@ def plot_rows(rows: list[dict], sets: Sequence[str], out: Path, k: int = 5) -> l
     import matplotlib.pyplot as plt
 
     paths = []
+    if not rows:
+        return paths
     names = [r["filter"] for r in rows]
     cols = [(s, d) for s in sets for d in ("i2t", "t2i")]
     fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(names) * len(cols) / 2), 3.5))
@@ -143,7 +148,8 @@ def plot_rows(rows: list[dict], sets: Sequence[str], out: Path, k: int = 5) -> l
 def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], bench: Mapping[str, float],
                            selections: Mapping[str, Mapping], sets: Sequence[str], out_dir: str | os.PathLike,
                            wandb_mode: str = "offline", wandb_project: str = "halsift", k: int = 5,
-                           filters: Sequence[str] | None = None) -> dict:
+                           filters: Sequence[str] | None = None,
+                           extra_reports: Mapping[str, Path] | None = None) -> dict:
     """Write ``metrics.json``, ``report.md``, plots and (unless disabled) an offline wandb run; returns metrics."""
     from halsift.corpus.shards import write_json_atomic
 
@@ -154,6 +160,15 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
                if key not in ("filter",) and isinstance(v, (int, float)) and np.isfinite(v)}
     write_json_atomic(out / "metrics.json", metrics)
     text = render_markdown(title, rows, sets, _input_precision(selections), k)
+    bench_report = Path(out_dir).parent / "eval" / "bench" / "report.md"
+    links = ({"detection benchmark": bench_report} if bench_report.exists() else {}) | dict(extra_reports or {})
+    if links:
+        text += "\n## Other reports\n\n" + "".join(
+            f"- {name}: `{os.path.relpath(path, out)}`\n" for name, path in links.items()) + "\n"
+        for name, path in (extra_reports or {}).items():
+            if Path(path).exists():
+                text += f"\n---\n\n" + Path(path).read_text().replace("\n# ", "\n## ", 1) + "\n"
+
     tmp = out / ".report.md.tmp"
     tmp.write_text(text)
     os.replace(tmp, out / "report.md")

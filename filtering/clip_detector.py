@@ -8,7 +8,8 @@ Score maps (option ``map``):
 * ``sigmoid``: ``score = 100 * sigmoid(logit_scale * (cos - center))`` with the model's own learned logit
   scale (≈100 for trained CLIP) and ``center`` (default 0.25): spreads typical cosines over the full range.
 
-Each distinct image in a batch is encoded once; all of its sentences are scored against that embedding.
+Each distinct image in a batch (same ``image_id``, or ``key`` when it is empty, and the same image object) is
+encoded once; all of its sentences are scored against that embedding.
 ``arch=halsift-tiny`` is a built-in 2-layer config (no download) for tests and CPU smoke runs.
 """
 
@@ -110,16 +111,18 @@ class ClipDetector(Detector):
         return self
 
     def cosines(self, items: Sequence[Item]):
-        """Cosine similarity per item (a float32 CPU tensor); each distinct image is encoded once."""
+        """Cosine similarity per item (a float32 CPU tensor); each distinct image (``image_id`` or else ``key``, and
+        the image object) is encoded once."""
         import torch
 
-        slot: dict[tuple[str, str, int], int] = {}
+        slot: dict[tuple[str, int], int] = {}
         images = []
         idx = []
         for it in items:
             if it.image is None:
                 raise ValueError(f"clip detector: item {it.key}/{it.sentence_index} has no image")
-            k = (it.key, it.image_id, id(it.image))
+            # image identity: bench rows of one image have distinct keys (row ids) but one image_id and object
+            k = (it.image_id or it.key, id(it.image))
             if k not in slot:
                 slot[k] = len(images)
                 images.append(self.preprocess(it.image))

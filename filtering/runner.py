@@ -62,6 +62,10 @@ def plan_parts(data) -> tuple[list[Part], dict]:
         for row in read_bench(path):
             groups.setdefault(row.caption_id, []).append(row)
         caps = [sorted(g, key=lambda r: r.position) for g in groups.values()]
+        # Captions of one image next to each other (in first-appearance order), so that they share one decoded
+        # image and land in the same batches: detectors encode each distinct image once per batch.
+        first = {img: i for i, img in enumerate(dict.fromkeys(c[0].image for c in caps))}
+        caps.sort(key=lambda c: first[c[0].image])
         parts = [Part(part_name(0, f"bench-{i // BENCH_CHUNK:05d}"), f"{path}#{i // BENCH_CHUNK}",
                       caps[i:i + BENCH_CHUNK]) for i in range(0, len(caps), BENCH_CHUNK)]
         return parts, {"kind": "bench", "paths": [str(path)], "size": path.stat().st_size}
@@ -105,10 +109,13 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
         if unit != "sentence":
             raise ValueError("unit: a bench file is scored per sentence (its rows), not per caption")
         bench_dir = Path(part.source.rsplit("#", 1)[0]).parent
+        last: tuple[str, object] | None = None  # (image path, decoded image): consecutive captions share it
         for rows in part.captions:
             first = rows[0]
             image = None
-            if decode:
+            if decode and last is not None and last[0] == first.image:
+                image = last[1]
+            elif decode:
                 try:
                     image = decode_image((bench_dir / first.image).read_bytes(), first.id)
                 except (ImageDecodeError, OSError) as e:
@@ -116,6 +123,7 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
                         skipped.add(r.id, f"image {first.image}: {getattr(e, 'reason', e)}",
                                     getattr(e, "kind", "missing_image"))
                     continue
+                last = (first.image, image)
             texts = [r.sentence for r in rows]
             yield [Item(r.id, r.position, r.sentence, texts[:i], image, r.image_id,
                         {"captioner": r.generator, "source": r.generator_type, "label": r.label,

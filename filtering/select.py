@@ -3,7 +3,7 @@
 Two steps, so that neither holds the corpus in memory (DataComp's apply_filter -> resharder split):
 
 1. :func:`select_keys` reads only the score columns (pyarrow) and picks the kept units: a fraction
-   (``keep``), a count (``top_k``) or a ``threshold``; per captioner if asked. Ties at the cut-off are
+   (``keep``, rounded half up), a count (``top_k``) or a ``threshold``; per captioner if asked. Ties at the cut-off are
    broken by (key, sentence_index) ascending, so the same scores always give the same selection.
    ``random_baseline`` keeps the same number of units chosen uniformly at random (seeded).
 2. :func:`select` streams the input shards once and writes the kept units as new shards (``sizes.json``),
@@ -32,6 +32,7 @@ from halsift.corpus.scores import read_scores, write_part_atomic
 from halsift.corpus.sentences import sentence_texts
 from halsift.corpus.shards import Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard, write_json_atomic
 from halsift.filtering.base import CAPTION_INDEX
+from halsift.filtering.baselines import hash_uniform
 
 UNITS = ("sentence", "caption")
 AGGS = ("min", "mean", "prob", "prune")
@@ -41,8 +42,14 @@ class SelectError(ValueError):
     """Bad selection arguments or inputs (names the argument and what was expected)."""
 
 
-def _top_n(score: np.ndarray, n: int, table: pa.Table) -> tuple[np.ndarray, float | None]:
-    """Indices of the ``n`` highest scores; ties at the cut-off go to the smallest (key, sentence_index)."""
+def _top_n(score: np.ndarray, n: int, table: pa.Table, rows: np.ndarray,
+           seed: int = 0) -> tuple[np.ndarray, float | None]:
+    """Positions (into ``score``) of the ``n`` highest scores. ``rows`` maps positions to rows of ``table``.
+
+    Ties at the cut-off are broken by ``hash_uniform(seed, key, sentence_index)`` (lowest first): deterministic
+    and independent of part order, yet spread over the corpus. Breaking them by key order instead would keep
+    all of a coarse detector's tied units (e.g. every ``oracle`` 100) from the first images only, and a CLIP
+    fine-tuned on that sees a fraction of the images."""
     if n <= 0:
         return np.empty(0, np.int64), None
     if n >= len(score):
@@ -52,9 +59,11 @@ def _top_n(score: np.ndarray, n: int, table: pa.Table) -> tuple[np.ndarray, floa
     ties = np.flatnonzero(score == cut)
     need = n - len(above)
     if need < len(ties):
-        sub = table.select(["key", "sentence_index"]).take(pa.array(ties))
-        order = pc.sort_indices(sub, [("key", "ascending"), ("sentence_index", "ascending")]).to_numpy()
-        ties = ties[order[:need]]
+        sub = table.select(["key", "sentence_index"]).take(pa.array(rows[ties]))
+        h = np.fromiter((hash_uniform(seed, k, i) for k, i in zip(sub["key"].to_pylist(),
+                                                                   sub["sentence_index"].to_pylist())),
+                        np.float64, len(ties))
+        ties = ties[np.argsort(h, kind="stable")[:need]]
     return np.sort(np.concatenate([above, ties])), float(cut)
 
 
@@ -138,17 +147,16 @@ def select_keys(scores: str | os.PathLike | pa.Table, *, keep: float | None = No
     kept_idx, thresholds = [], {}
     for name, idx in groups:
         s = score[idx]
-        n = (int(round(keep * len(idx))) if keep is not None else min(top_k, len(idx)) if top_k is not None
+        n = (int(np.floor(keep * len(idx) + 0.5)) if keep is not None else min(top_k, len(idx)) if top_k is not None
              else int((s >= threshold).sum()))
-        sub = t.take(pa.array(idx))
         if random_baseline:
-            sel, _ = _top_n(rand[idx], n, sub)
+            sel, _ = _top_n(rand[idx], n, t, idx)
             thresholds[name] = None
         elif threshold is not None:
             sel = np.flatnonzero(s >= threshold)
             thresholds[name] = float(threshold)
         else:
-            sel, thresholds[name] = _top_n(s, n, sub)
+            sel, thresholds[name] = _top_n(s, n, t, idx, seed)
         kept_idx.append(idx[sel])
     kept_idx = np.sort(np.concatenate(kept_idx)) if kept_idx else np.empty(0, np.int64)
     kept = t.take(pa.array(kept_idx))
@@ -193,8 +201,17 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
     if out.exists() and (any(out.glob("*.tar")) or (out / "manifest.json").exists()):
         raise SelectError(f"out: {out} already holds shards or a manifest; choose a new folder")
     shards = expand_shards(data)
-    kept, info = select_keys(scores_dir, keep=keep, top_k=top_k, threshold=threshold, unit=unit, agg=agg,
-                             per_captioner=per_captioner, random_baseline=random_baseline, seed=seed)
+    args = dict(keep=keep, top_k=top_k, threshold=threshold, unit=unit, agg=agg, per_captioner=per_captioner,
+                random_baseline=random_baseline, seed=seed)
+    try:
+        kept, info = select_keys(scores_dir, **args)
+    except SelectError as e:
+        if not (per_captioner and "captioner" in str(e)):
+            raise
+        # score tables without a captioner column: read it from the shards' json (one extra pass)
+        pairs = [(smp.key, smp.captioner) for path in shards for smp in iter_shard(path)]
+        caps = pa.table({"key": [k for k, _ in pairs], "captioner": [c for _, c in pairs]})
+        kept, info = select_keys(scores_dir, **args, captioners=caps)
     want: dict[str, list[int]] = defaultdict(list)
     for k, i in zip(kept["key"].to_pylist(), kept["sentence_index"].to_pylist()):
         want[k].append(i)
@@ -270,7 +287,8 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
                    "agg": agg if unit == "caption" else None, "per_captioner": per_captioner,
                    "random_baseline": random_baseline, "seed": seed},
         **info,
-        "kept_units": sum(kept_units.values()), "kept_samples_written": sum(kept_samples_by_cap.values()),
+        "kept_units": sum(kept_units.values()), "samples_written": writer.total,
+        "source_samples_kept": sum(kept_samples_by_cap.values()),
         "kept_units_per_captioner": {c: kept_units[c] for c in caps},
         "precision": {"input": _precision(total_in), "kept": _precision(total_kept),
                       **{f"input/{c}": _precision(inp[c]) for c in caps},

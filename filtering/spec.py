@@ -43,7 +43,12 @@ _REGISTRY: dict[str, str | type] = {
     "random": "halsift.filtering.baselines:RandomDetector",
     "oracle": "halsift.filtering.baselines:OracleDetector",
     "ensemble": "halsift.filtering.ensemble:EnsembleDetector",
+    "vlm": "halsift.filtering.vlm_detector:VlmDetector",
+    "api": "halsift.filtering.api_detector:ApiDetector",
+    "lora": "halsift.filtering.lora_detector:LoraDetector",
 }
+# families whose first option may be given without its key: ``lora:DIR`` == ``lora:path=DIR``
+_POSITIONAL = {"lora": "path"}
 
 
 def register_family(name: str, target: str | type) -> None:
@@ -114,7 +119,10 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     family, _, rest = spec.partition(":")
     family = family.strip()
     opts: dict[str, Any] = {}
-    for piece in (_split_top(rest) if rest.strip() else []):
+    pieces = _split_top(rest) if rest.strip() else []
+    if family in _POSITIONAL and pieces and "=" not in pieces[0]:
+        opts[_POSITIONAL[family]] = pieces.pop(0).strip()
+    for piece in pieces:
         if not piece.strip():
             continue
         if "=" not in piece:

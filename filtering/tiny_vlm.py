@@ -8,6 +8,10 @@ Architectures (``arch``):
 
 * ``qwen2-vl``: Qwen2-VL (2 text layers, hidden 64; 2-block vision tower), byte-level BPE that splits numbers
   into single digits like Qwen2's own tokenizer (so the ``logits`` mode takes its digit path).
+* ``idefics3``: Idefics3 / SmolVLM layout (tiny SigLIP-style tower, pixel-shuffle connector, tiny Llama),
+  no image splitting, byte-level BPE splitting digits like SmolLM2's.
+* ``gemma3``: Gemma 3 (tiny SigLIP tower, 4 pooled image tokens, tiny Gemma 3 text model with sliding-window
+  layers and bidirectional attention over image tokens), digit-splitting BPE like Gemma's.
 * ``llava``: LLaVA-1.5 layout (tiny CLIP vision tower + tiny Llama), byte-level BPE with the numbers
   ``0``–``100`` as single tokens (the ``logits`` mode's single-token path).
 
@@ -30,6 +34,10 @@ _SPECIALS = {
     "qwen2-vl": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                  "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"],
     "llava": ["<unk>", "<s>", "</s>", "<pad>", "<image>"],
+    "idefics3": ["<|endoftext|>", "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>",
+                 "<global-img>"] + [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)],
+    "gemma3": ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
+               "<end_of_image>", "<image_soft_token>"],
 }
 
 QWEN_TEMPLATE = (
@@ -47,14 +55,31 @@ LLAVA_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"
 )
 
-ARCHS = ("qwen2-vl", "llava")
+IDEFICS3_TEMPLATE = (  # SmolVLM's layout
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}:"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for c in message['content'] %}{% if c['type'] == 'image' %}<image>{% elif c['type'] == 'text' %}"
+    "{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<end_of_utterance>\n{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>{{ 'model' if message['role'] == 'assistant' "
+    "else message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for c in message['content'] %}{% if c['type'] == 'image' %}<start_of_image>{% elif c['type'] == 'text' %}"
+    "{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+ARCHS = ("qwen2-vl", "llava", "idefics3", "gemma3")
 
 
 def _corpus() -> list[str]:
     from halsift.filtering import vlm_prompts as P
 
     lines = [P.SCORE_PROMPT, P.COT_PROMPT, P.LOCALIZE_PROMPT, P.YES_NO_PROMPT, P.CONTEXT_TEMPLATE,
-             'USER: ASSISTANT: {"score": 85} {"score": 100} Score: 42/100 Yes No yes no "output": "**[red]**"']
+             'USER: ASSISTANT: {"score": 85} {"score": 100} Score: 42/100 "output": "**[red]**"']
+    lines += ["Yes No yes no"] * 4
     lines += [" ".join(_WORDS[i:i + 12]) + "." for i in range(0, len(_WORDS), 6)]
     lines += [" ".join(str(n) for n in range(k, k + 10)) for k in range(0, 101, 10)]
     return lines * 3
@@ -68,7 +93,7 @@ def _tokenizer(arch: str, vocab_size: int):
     specials = _SPECIALS[arch]
     tok = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if arch == "qwen2-vl":  # Qwen2 splits every digit on its own
+    if arch in ("qwen2-vl", "idefics3", "gemma3"):  # Qwen2, SmolLM2 and Gemma split every digit on its own
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"), byte_level])
     else:
@@ -85,6 +110,15 @@ def _tokenizer(arch: str, vocab_size: int):
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                        extra_special_tokens={"image_token": "<|image_pad|>",
                                                              "video_token": "<|video_pad|>"})
+    elif arch == "gemma3":
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<end_of_turn>",
+                                       pad_token="<pad>", unk_token="<unk>",
+                                       extra_special_tokens={"image_token": "<image_soft_token>",
+                                                             "boi_token": "<start_of_image>",
+                                                             "eoi_token": "<end_of_image>"})
+    elif arch == "idefics3":
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<end_of_utterance>",
+                                       pad_token="<|endoftext|>", extra_special_tokens={"image_token": "<image>"})
     else:
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                        pad_token="<pad>", extra_special_tokens={"image_token": "<image>"})
@@ -101,7 +135,7 @@ def _text_dims(size: str) -> dict:
     raise ValueError(f"size={size!r}: expected 'tiny' or 'small'")
 
 
-def _build_qwen2_vl(tokenizer, size: str):
+def _build_qwen2_vl(tokenizer, size: str, init_std: float):
     from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor,
                               Qwen2VLProcessor, Qwen2VLVideoProcessor)
 
@@ -112,15 +146,18 @@ def _build_qwen2_vl(tokenizer, size: str):
     ids = tokenizer.convert_tokens_to_ids
     cfg = Qwen2VLConfig(
         text_config=dict(vocab_size=len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=True,
+                         initializer_range=init_std, bos_token_id=ids("<|endoftext|>"),
+                         eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"),
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                           "mrope_section": sections}, **dims),
         vision_config=dict(depth=2, embed_dim=32, hidden_size=dims["hidden_size"], num_heads=2, mlp_ratio=2,
-                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
+                           initializer_range=init_std),
         image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
         vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
         bos_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"))
     model = Qwen2VLForConditionalGeneration(cfg)
-    pixels = dict(min_pixels=56 * 56, max_pixels=56 * 56 * 4)  # 4..16 merged image tokens
+    pixels = dict(size={"shortest_edge": 56 * 56, "longest_edge": 56 * 56 * 4})  # 4..16 merged image tokens (pixels)
     processor = Qwen2VLProcessor(
         image_processor=Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, **pixels),
         tokenizer=tokenizer,
@@ -129,19 +166,19 @@ def _build_qwen2_vl(tokenizer, size: str):
     return model, processor
 
 
-def _build_llava(tokenizer, size: str):
+def _build_llava(tokenizer, size: str, init_std: float):
     from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
                               LlavaForConditionalGeneration, LlavaProcessor)
 
     dims = _text_dims(size)
     ids = tokenizer.convert_tokens_to_ids
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                              image_size=32, patch_size=8, projection_dim=32)
+                              image_size=32, patch_size=8, projection_dim=32, initializer_range=init_std)
     text = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=4096, bos_token_id=ids("<s>"),
-                       eos_token_id=ids("</s>"), pad_token_id=ids("<pad>"), **dims)
+                       eos_token_id=ids("</s>"), pad_token_id=ids("<pad>"), initializer_range=init_std, **dims)
     cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_id=ids("<image>"),
                       vision_feature_layer=-1, vision_feature_select_strategy="default",
-                      projector_hidden_act="gelu", pad_token_id=ids("<pad>"))
+                      projector_hidden_act="gelu", pad_token_id=ids("<pad>"), initializer_range=init_std)
     model = LlavaForConditionalGeneration(cfg)
     improc = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     processor = LlavaProcessor(image_processor=improc, tokenizer=tokenizer, patch_size=8,
@@ -150,9 +187,55 @@ def _build_llava(tokenizer, size: str):
     return model, processor
 
 
+def _build_idefics3(tokenizer, size: str, init_std: float):
+    from transformers import (Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessor,
+                              Idefics3Processor, LlamaConfig)
+
+    dims = _text_dims(size)
+    ids = tokenizer.convert_tokens_to_ids
+    text = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=4096, bos_token_id=ids("<|im_start|>"),
+                       eos_token_id=ids("<end_of_utterance>"), pad_token_id=ids("<|endoftext|>"),
+                       initializer_range=init_std, **dims)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                  patch_size=8, initializer_range=init_std)
+    cfg = Idefics3Config(vision_config=vision, text_config=text.to_dict(), image_token_id=ids("<image>"),
+                         scale_factor=2, pad_token_id=ids("<|endoftext|>"), initializer_range=init_std)
+    model = Idefics3ForConditionalGeneration(cfg)
+    improc = Idefics3ImageProcessor(do_image_splitting=False, size={"longest_edge": 32},
+                                    max_image_size={"longest_edge": 32})
+    processor = Idefics3Processor(image_processor=improc, tokenizer=tokenizer, image_seq_len=4,  # (32/8)^2 / 2^2
+                                  chat_template=IDEFICS3_TEMPLATE)
+    return model, processor
+
+
+def _build_gemma3(tokenizer, size: str, init_std: float):
+    from transformers import (Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor,
+                              Gemma3Processor, Gemma3TextConfig, SiglipVisionConfig)
+
+    dims = _text_dims(size)
+    ids = tokenizer.convert_tokens_to_ids
+    text = Gemma3TextConfig(vocab_size=len(tokenizer), max_position_embeddings=4096, head_dim=16,
+                            sliding_window=64, bos_token_id=ids("<bos>"), eos_token_id=ids("<end_of_turn>"),
+                            pad_token_id=ids("<pad>"), initializer_range=init_std, **dims)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                image_size=32, patch_size=8, vision_use_head=False)
+    cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                       boi_token_index=ids("<start_of_image>"), eoi_token_index=ids("<end_of_image>"),
+                       image_token_index=ids("<image_soft_token>"), initializer_range=init_std)
+    model = Gemma3ForConditionalGeneration(cfg)
+    improc = Gemma3ImageProcessor(size={"height": 32, "width": 32}, do_pan_and_scan=False)
+    processor = Gemma3Processor(image_processor=improc, tokenizer=tokenizer, image_seq_length=4,
+                                chat_template=GEMMA3_TEMPLATE)
+    return model, processor
+
+
 def build_tiny_vlm(arch: str, out_dir: str | os.PathLike, seed: int = 0, size: str = "tiny",
-                   vocab_size: int = 400) -> Path:
-    """Build a random ``arch`` VLM + processor, save both to ``out_dir`` (safetensors) and return the path."""
+                   vocab_size: int = 600, init_std: float = 0.02) -> Path:
+    """Build a random ``arch`` VLM + processor, save both to ``out_dir`` (safetensors) and return the path.
+
+    ``init_std`` is the weights' init std; tests use a large one (e.g. 0.5) so that the random model's
+    next-token distributions are peaked and scores spread over the range instead of sitting near 50.
+    """
     import torch
 
     if arch not in ARCHS:
@@ -161,7 +244,9 @@ def build_tiny_vlm(arch: str, out_dir: str | os.PathLike, seed: int = 0, size: s
     tokenizer = _tokenizer(arch, vocab_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
-        model, processor = (_build_qwen2_vl if arch == "qwen2-vl" else _build_llava)(tokenizer, size)
+        builder = {"qwen2-vl": _build_qwen2_vl, "llava": _build_llava, "idefics3": _build_idefics3,
+                   "gemma3": _build_gemma3}[arch]
+        model, processor = builder(tokenizer, size, init_std)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     out.mkdir(parents=True, exist_ok=True)

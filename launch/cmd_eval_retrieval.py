@@ -38,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch-size: must be >= 1, got {args.batch_size}")
     if args.pretrained and os.sep in args.pretrained and not os.path.isfile(args.pretrained):
         raise FileNotFoundError(f"--pretrained: {args.pretrained} is not a file")
+    from halsift.corpus.retrieval import read_retrieval
+
+    read_retrieval(args.data)  # validate the set (errors name file:line:field) before building the model
     import open_clip
     import torch
 
@@ -50,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(f"--{e}") from None
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    model, _, preprocess = open_clip.create_model_and_transforms(args.model, pretrained=args.pretrained or None,
-                                                                 device=device)
+    from halsift.training.clip_train import load_model
+
+    model, _, preprocess = load_model(args.model, args.pretrained or None, device=device)
     tokenizer = open_clip.get_tokenizer(args.model)
     with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=device != "cpu"):
         metrics = evaluate_retrieval(model, preprocess, tokenizer, args.data, device, args.batch_size)

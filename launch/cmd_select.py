@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     except SelectError as e:
         raise UsageError(str(e)) from e
     k = m["keys"]
-    print(f"kept {m['kept_units']} of {m['candidates']} units ({m['kept_samples_written']} samples written); "
+    print(f"kept {m['kept_units']} of {m['candidates']} units ({m['samples_written']} samples written); "
           f"precision {m['precision']['input']} -> {m['precision']['kept']}; keys only in shards "
           f"{k['only_in_shards']}, only in scores {k['only_in_scores']} -> {args.out}")
     return 0

@@ -70,5 +70,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"halsift train clip: {e}", file=sys.stderr)
         return 1
     if metrics:
-        print(" ".join(f"{k}={v:.2f}" for k, v in sorted(metrics.items()) if "/" in k))
+        print(" ".join(f"{k}={v:.2f}" for k, v in sorted(metrics.items()) if "@" in k or k.startswith("auroc/")))
     return 0

@@ -117,18 +117,43 @@ def _mark_done(stage_dir: Path, info: dict, started: float) -> None:
 def stage_world(r: Recipe, p: Paths) -> dict:
     from halsift.corpus.synth.world import generate_world
 
-    info = generate_world(p.stage("world"), images=r.world.images, seed=r.seed, image_size=r.world.image_size)
+    info = generate_world(p.stage("world"), images=r.world.images, seed=r.seed, image_size=r.world.image_size,
+                          bench_images=r.world.bench_images or None,
+                          retrieval_images=r.world.retrieval_images or None, overwrite=True)
     return {"world": info if isinstance(info, dict) else {}}
+
+
+def bench_subset(bench: str, split: str, out: Path) -> str:
+    """``bench`` restricted to one split, written under ``out`` with absolute image paths ('' if none left)."""
+    from halsift.corpus.bench import iter_bench, write_bench
+
+    if not bench or split == "none":
+        return ""
+    if not split:
+        return bench
+    target = out / f"bench_{split}" / "bench.jsonl"
+    if not target.exists():
+        root = Path(bench).parent.resolve()
+        rows = []
+        for row in iter_bench(bench):
+            if row.split == split:
+                row.image = str(root / row.image)
+                rows.append(row)
+        if not rows:
+            return ""
+        write_bench(target, rows)
+    return str(target)
 
 
 def _train_cfg(r: Recipe, t, data: list[str], out: Path, pretrained: str, seed: int):
     from halsift.training.clip_config import ClipTrainConfig
 
     first_retrieval = next(iter(_retrieval_sets(r, resolve_paths(r)).values()), "")
+    bench = bench_subset(resolve_paths(r).bench, t.bench_split, Path(r.run_dir))
     return ClipTrainConfig(data=data, out=str(out), model=r.model.arch, pretrained=pretrained, loss=t.loss,
                            steps=t.steps, batch_size=t.batch_size, lr=t.lr, warmup=t.warmup, wd=t.wd,
                            workers=t.workers, eval_every=t.eval_every, retrieval=first_retrieval,
-                           bench=resolve_paths(r).bench, eval_batch_size=r.eval.batch_size, seed=seed,
+                           bench=bench, eval_batch_size=r.eval.batch_size, seed=seed,
                            wandb_mode=r.wandb.mode, wandb_project=r.wandb.project,
                            wandb_run=f"{r.name}-{out.parent.name}-{out.name}", resume=True)
 
@@ -247,8 +272,9 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
     from halsift.eval.retrieval import evaluate_retrieval
 
     out_dir = p.stage("eval")
+    out_dir.mkdir(parents=True, exist_ok=True)
     bench_metrics = {}
-    if p.bench:
+    if p.bench and "score" in r.stages:
         scores = {name: read_scores_df(_scores_dir(p, name, "bench")) for name in _filters(r)}
         bench_metrics = evaluate_bench(p.bench, scores, out_dir / "bench", keep=r.eval.keep, seed=r.seed)
     device = _device(r)
@@ -269,13 +295,32 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
                 res.update({f"{set_name}/{k}": v for k, v in m.items()})
             retrieval.setdefault(name, []).append(res)
     write_json_atomic(out_dir / "retrieval.json", retrieval)
-    return {"bench": bench_metrics, "retrieval_models": sorted(retrieval)}
+    extra = run_extra_evals(r, out_dir)
+    return {"bench": bench_metrics, "retrieval_models": sorted(retrieval), "evals": extra}
+
+
+def run_extra_evals(r: Recipe, out_dir: Path) -> dict:
+    """I-HallA / VOPE / VIGIL through their own commands (same code path as `halsift eval NAME`)."""
+    from halsift.launch.cli import main
+
+    done = {}
+    for name, flags in r.evals.items():
+        target = out_dir / name
+        if (target / "metrics.json").exists():
+            done[name] = str(target)
+            continue
+        code = main(["eval", name, *flags, "--out", str(target)])
+        if code != 0:
+            raise RuntimeError(f"evals.{name}: `halsift eval {name} {' '.join(flags)}` exited with {code}")
+        done[name] = str(target)
+    return done
 
 
 def stage_report(r: Recipe, p: Paths) -> dict:
     from halsift.eval.compare import compare_filters_report
 
-    retrieval = json.loads((p.stage("eval") / "retrieval.json").read_text())
+    rfile = p.stage("eval") / "retrieval.json"
+    retrieval = json.loads(rfile.read_text()) if rfile.exists() else {}
     bench_file = p.stage("eval") / "bench" / "metrics.json"
     bench = json.loads(bench_file.read_text()) if bench_file.exists() else {}
     selections = {}
@@ -284,7 +329,8 @@ def stage_report(r: Recipe, p: Paths) -> dict:
         selections[name] = json.loads(mpath.read_text()) if mpath.exists() else {}
     metrics = compare_filters_report(r.name, retrieval, bench, selections, list(_retrieval_sets(r, p)),
                                      p.stage("report"), wandb_mode=r.wandb.mode, wandb_project=r.wandb.project,
-                                     filters=_filters(r))
+                                     filters=[n for n in _filters(r) if (p.stage("score") / n).exists()],
+                                     extra_reports={n: p.stage("eval") / n / "report.md" for n in r.evals})
     return {"metrics": metrics}
 
 

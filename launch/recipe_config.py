@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from halsift.launch.config import ConfigError, field
 
 STAGES = ("world", "pretrain", "score", "select", "finetune", "eval", "report")
+EXTRA_EVALS = ("ihalla", "vope", "vigil")
 
 
 @dataclass
@@ -19,6 +20,8 @@ class WorldCfg:
     enabled: bool = field(True, help="generate the synthetic world into <run_dir>/world (data.* default to it)")
     images: int = field(2000, help="corpus images to generate")
     image_size: int = field(64, help="rendered image side in pixels")
+    bench_images: int = field(0, help="bench images, each captioned by every simulated captioner (0 = images/4)")
+    retrieval_images: int = field(0, help="held-out retrieval images, 5 captions each (0 = images/10)")
 
     def validate(self) -> None:
         if self.images < 10:
@@ -51,6 +54,8 @@ class TrainCfg:
     loss: str = field("clip", help="clip | siglip")
     workers: int = field(0, help="dataloader workers per process")
     eval_every: int = field(0, help="in-loop retrieval + bench eval every N steps (0 = at the end)")
+    bench_split: str = field("test", help="bench split for the model's own detection AUROC in the loop "
+                                          "('' = all rows, 'none' = skip)")
 
     def validate(self) -> None:
         if self.steps < 1 or self.batch_size < 1:
@@ -142,16 +147,25 @@ class Recipe:
     finetune: FinetuneCfg = field(default_factory=FinetuneCfg, help="CLIP fine-tuning on each selection")
     eval: EvalCfg = field(default_factory=EvalCfg, help="benchmark and retrieval evaluation")
     wandb: WandbCfg = field(default_factory=WandbCfg, help="logging")
+    evals: dict[str, list[str]] = field(default_factory=dict,
+                                        help=f"extra evaluations run in the eval stage: {EXTRA_EVALS} -> their "
+                                             "`halsift eval NAME` flags (e.g. [--synthetic]); output in eval/NAME")
 
     def validate(self) -> None:
         bad = [s for s in self.stages if s not in STAGES]
         if bad:
             raise ConfigError(f"stages: unknown stage {bad[0]!r}; expected some of {STAGES}")
+        bad = [e for e in self.evals if e not in EXTRA_EVALS]
+        if bad:
+            raise ConfigError(f"evals.{bad[0]}: unknown evaluation; expected some of {EXTRA_EVALS}")
+        for name, flags in self.evals.items():
+            if "--out" in flags:
+                raise ConfigError(f"evals.{name}: do not set --out; the recipe writes to <run_dir>/eval/{name}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device: expected auto, cpu or cuda, got {self.device!r}")
         if not self.world.enabled:
             needs = {"corpus": "select" in self.stages or "finetune" in self.stages,
-                     "bench": "eval" in self.stages and not self.data.retrieval}
+                     "bench": "score" in self.stages and not self.data.retrieval}
             for key, needed in needs.items():
                 if needed and not getattr(self.data, key):
                     raise ConfigError(f"data.{key}: required when world.enabled is false (stages {self.stages})")

@@ -166,9 +166,9 @@ def test_nan_loss_stops_cleanly_with_last_checkpoint_intact(tiny, tmp_path, monk
     def poisoned(cfg, rank, world):
         loss = real(cfg, rank, world)
 
-        def fn(**kw):
+        def fn(feats):
             calls["n"] += 1
-            value = loss(**kw)
+            value = loss(feats)
             return value * float("nan") if calls["n"] >= 3 else value
         return fn
 
@@ -186,10 +186,31 @@ def test_nan_loss_stops_cleanly_with_last_checkpoint_intact(tiny, tmp_path, monk
     assert _lines(out)[-1]["event"] == "nonfinite_loss"
 
 
+def test_siglip_with_locked_image_tower(tiny, tmp_path):
+    import open_clip
+    import torch
+
+    out = tmp_path / "siglip"
+    assert main(_args(tiny, out, "--steps", "2", "--loss", "siglip", "--lock-image", "--retrieval", "",
+                      "--seed", "7")) == 0
+    # the arch has no logit bias of its own: open_clip loads the SigLIP fine-tune given init_logit_bias
+    model, _, _ = open_clip.create_model_and_transforms(
+        "halsift-tiny", pretrained=str(out / "final" / "open_clip_model.safetensors"), init_logit_bias=0.0)
+    torch.manual_seed(7)  # the trainer seeds before building the model: the same init
+    init = open_clip.create_model("halsift-tiny", init_logit_bias=-10.0)
+    assert float(model.logit_bias.detach()) != -10.0  # SigLIP's bias was trained
+    for (n, p), (_, q) in zip(model.named_parameters(), init.named_parameters()):
+        if n.startswith("visual."):
+            assert torch.equal(p, q), n  # locked
+    assert not torch.equal(model.token_embedding.weight, init.token_embedding.weight)
+    assert all(np.isfinite(x["train/loss"]) for x in _lines(out) if "train/loss" in x)
+
+
 def test_two_process_cpu_ddp(tiny, tmp_path):
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0",
-           "-m", "halsift.launch.cli", *_args(tiny, out, "--steps", "2", "--workers", "1")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "halsift.launch.cli", *_args(tiny, out, "--steps", "2", "--workers", "1",
+                                              "--data", str(tiny / "shards" / "{000000..000003}.tar"))]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads((out / "run_info.json").read_text())
@@ -257,3 +278,52 @@ def test_bad_flags_exit_2(tiny, tmp_path, capsys):
     assert main(["train", "clip", "--data", str(tiny / "shards"), "--out", str(tmp_path), "--loss", "l2"]) == 2
     assert "--loss" in capsys.readouterr().err
     assert main(["train", "clip", "--data", str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
+    assert main(["eval", "retrieval", "--model", "halsift-tiny", "--data", str(tmp_path / "none"),
+                 "--out", str(tmp_path / "ev")]) == 2
+
+
+def test_retrieval_and_bench_detection_logged_together(synth_world, tmp_path):
+    """On the synthetic world: one metrics line holds retrieval recall AND the model's own detection AUROC, and
+    the AUROC matches sklearn on raw image-sentence cosine similarities of the saved model."""
+    import open_clip
+    import torch
+    from PIL import Image
+    from sklearn.metrics import roc_auc_score
+
+    from halsift.corpus.bench import read_bench
+
+    out = tmp_path / "run"
+    bench = synth_world / "bench" / "bench.jsonl"
+    assert main(["train", "clip", "--data", str(synth_world / "corpus"), "--out", str(out), "--model",
+                 "halsift-tiny", "--batch-size", "16", "--steps", "2", "--workers", "0", "--wandb-mode", "disabled",
+                 "--retrieval", str(synth_world / "retrieval"), "--bench", str(bench)]) == 0
+    last = _lines(out)[-1]
+    assert last["step"] == 2 and "i2t/r@5" in last and "t2i/r@5" in last and "auroc/mean" in last
+    assert not (out / "eval_tmp" / "bench_step_000002").exists()
+
+    model, _, preprocess = open_clip.create_model_and_transforms(
+        "halsift-tiny", pretrained=str(out / "final" / "open_clip_model.safetensors"))
+    tok = open_clip.get_tokenizer("halsift-tiny")
+    rows = [r for r in read_bench(bench) if r.label in ("correct", "incorrect")]
+    with torch.no_grad():
+        paths = sorted({r.image for r in rows})
+        ims = torch.stack([preprocess(Image.open(bench.parent / p).convert("RGB")) for p in paths])
+        img = dict(zip(paths, torch.nn.functional.normalize(model.encode_image(ims), dim=-1)))
+        txt = torch.nn.functional.normalize(model.encode_text(tok([r.sentence for r in rows])), dim=-1)
+    by_gen: dict[str, tuple[list, list]] = {}
+    for r, t in zip(rows, txt):
+        labels, scores = by_gen.setdefault(r.generator, ([], []))
+        labels.append(r.label == "correct")
+        scores.append(float(img[r.image] @ t))
+    want = {g: 100 * roc_auc_score(l, s) for g, (l, s) in by_gen.items() if 0 < sum(l) < len(l)}
+    for g, v in want.items():
+        assert last[f"auroc/{g}"] == pytest.approx(v, abs=0.5), g
+    assert last["auroc/mean"] == pytest.approx(sum(want.values()) / len(want), abs=0.5)
+
+
+def test_more_workers_than_shards_uses_fewer_workers(tiny, tmp_path):
+    out = tmp_path / "w"
+    two = str(tiny / "shards" / "{000000..000001}.tar")
+    with pytest.warns(UserWarning, match="using 2 dataloader worker"):
+        assert main(_args(tiny, out, "--steps", "1", "--workers", "8", "--retrieval", "", "--data", two)) == 0
+    assert json.loads((out / "checkpoints" / "step_000001" / "state.json").read_text())["workers"] == 2

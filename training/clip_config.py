@@ -1,8 +1,8 @@
 """Typed config of ``halsift train clip``; field help strings become ``--help`` and YAML comments.
 
 Validation lives in :meth:`ClipTrainConfig.validate`; unknown YAML keys are rejected by
-``halsift.launch.config.from_dict``. The built-in tiny architecture ``halsift-tiny`` (for tests and CPU runs)
-(the clip detector's, in ``filtering/model_configs``) is registered with open_clip by :func:`ensure_model_configs`.
+``halsift.launch.config.from_dict``. The built-in tiny architecture ``halsift-tiny`` (for tests and CPU runs;
+shipped with the clip detector in ``filtering/model_configs``) is registered by :func:`ensure_model_configs`.
 """
 
 from __future__ import annotations

@@ -27,13 +27,14 @@ import re
 import shutil
 import signal
 import time
+import uuid
 import warnings
 from pathlib import Path
 
 import torch
 
 from halsift.corpus.progress import progress
-from halsift.corpus.shards import write_json_atomic
+from halsift.corpus.shards import ShardFormatError, expand_shards, write_json_atomic
 from halsift.training.clip_config import ClipTrainConfig, check_model_name, ensure_model_configs
 
 _CKPT_RE = re.compile(r"^step_(\d{6,})$")
@@ -46,12 +47,14 @@ class NonFiniteLossError(RuntimeError):
 
 # ---------------------------------------------------------------------------------------------- helpers
 def build_loss(cfg: ClipTrainConfig, rank: int, world_size: int):
-    """open_clip's ClipLoss (global negatives gathered across ranks) or SigLipLoss."""
+    """``feats -> loss`` with open_clip's ClipLoss (negatives gathered across ranks) or SigLipLoss."""
     from open_clip.loss import ClipLoss, SigLipLoss
 
     if cfg.loss == "siglip":
-        return SigLipLoss(rank=rank, world_size=world_size)
-    return ClipLoss(local_loss=False, gather_with_grad=True, cache_labels=True, rank=rank, world_size=world_size)
+        siglip = SigLipLoss(rank=rank, world_size=world_size)
+        return lambda f: siglip(f["image_features"], f["text_features"], f["logit_scale"], f["logit_bias"])
+    clip = ClipLoss(local_loss=False, gather_with_grad=True, cache_labels=True, rank=rank, world_size=world_size)
+    return lambda f: clip(f["image_features"], f["text_features"], f["logit_scale"])
 
 
 def cosine_with_warmup(optimizer, warmup: int, total: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -83,6 +86,21 @@ def complete_checkpoints(out: str | os.PathLike) -> list[Path]:
     found = [p for p in root.iterdir() if p.is_dir() and _CKPT_RE.match(p.name)
              and (p / "state.json").is_file() and (p / "model.safetensors").is_file()]
     return sorted(found, key=lambda p: int(_CKPT_RE.match(p.name).group(1)))
+
+
+def load_model(arch: str, pretrained: str | None = None, device="cpu", **kw):
+    """``open_clip.create_model_and_transforms`` for our checkpoints: a SigLIP-loss fine-tune of an arch without
+    a logit bias stores ``logit_bias``; plain open_clip loads such a file with ``init_logit_bias=<any>`` too."""
+    import open_clip
+
+    ensure_model_configs()
+    if pretrained and str(pretrained).endswith(".safetensors") and os.path.isfile(pretrained):
+        from safetensors import safe_open
+
+        with safe_open(str(pretrained), framework="pt") as f:
+            if "logit_bias" in f.keys():
+                kw.setdefault("init_logit_bias", -10.0)  # overwritten by the stored value
+    return open_clip.create_model_and_transforms(arch, pretrained=pretrained, device=device, **kw)
 
 
 def save_state_dict_safetensors(model: torch.nn.Module, path: Path) -> None:
@@ -153,7 +171,7 @@ class MetricsLog:
             import wandb
 
             id_file = out / "wandb_id.txt"
-            run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+            run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
             id_file.write_text(run_id)
             self.wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run or out.name, id=run_id,
                                     dir=str(out), mode=cfg.wandb_mode, config=cfg.to_dict(), resume="allow")
@@ -220,6 +238,15 @@ def train(cfg: ClipTrainConfig) -> dict:
     accelerator = Accelerator(mixed_precision="bf16" if bf16 else "no", cpu=not cuda,
                               gradient_accumulation_steps=cfg.grad_accum, kwargs_handlers=handlers)
     rank, world = accelerator.process_index, accelerator.num_processes
+    n_shards = [len(expand_shards(spec)) for spec in cfg.data]  # fail before building the model
+    workers = cfg.workers  # one data spec: every (rank, worker) reader needs a shard of its own
+    if len(n_shards) == 1 and n_shards[0] < world * max(1, workers):
+        if n_shards[0] < world:
+            raise ShardFormatError(f"data {cfg.data[0]}: {n_shards[0]} shard(s) cannot be split without "
+                                   f"duplicates over {world} processes; write at least {world} shards")
+        workers = n_shards[0] // world
+        warnings.warn(f"data {cfg.data[0]}: {n_shards[0]} shard(s) for {world} process(es): using {workers} "
+                      f"dataloader worker(s) per process instead of {cfg.workers}", stacklevel=2)
     out = Path(cfg.out)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -233,8 +260,7 @@ def train(cfg: ClipTrainConfig) -> dict:
     if looks_like_path and not os.path.isfile(pretrained):
         raise FileNotFoundError(f"pretrained: {pretrained} is not a file")
     extra = {"init_logit_bias": -10.0} if cfg.loss == "siglip" else {}  # SigLIP's init (ignored if loaded)
-    model, preprocess_train, preprocess_eval = open_clip.create_model_and_transforms(
-        cfg.model, pretrained=pretrained, output_dict=True, **extra)
+    model, preprocess_train, preprocess_eval = load_model(cfg.model, pretrained, output_dict=True, **extra)
     tokenizer = open_clip.get_tokenizer(cfg.model)
     if cfg.lock_image:
         model.lock_image_tower(unlocked_groups=0, freeze_bn_stats=True)
@@ -250,7 +276,7 @@ def train(cfg: ClipTrainConfig) -> dict:
         state = load_checkpoint(ckpts[-1], model, optimizer, scheduler)
         start_step = int(state["step"])
         same_stream = (state.get("world_size"), state.get("workers"), state.get("batch_size"),
-                       state.get("grad_accum"), state.get("seed")) == (world, cfg.workers, cfg.batch_size,
+                       state.get("grad_accum"), state.get("seed")) == (world, workers, cfg.batch_size,
                                                                         cfg.grad_accum, cfg.seed)
         if same_stream:
             skip = start_step * cfg.grad_accum  # batches this rank consumed; workers fast-forward past them
@@ -265,7 +291,7 @@ def train(cfg: ClipTrainConfig) -> dict:
     unwrapped = accelerator.unwrap_model(model)
     loss_fn = build_loss(cfg, rank, world)
     loader = make_loader(cfg.data, preprocess_train if cfg.augment else preprocess_eval, tokenizer,
-                         cfg.batch_size, weights=cfg.data_weights or None, seed=data_seed, workers=cfg.workers,
+                         cfg.batch_size, weights=cfg.data_weights or None, seed=data_seed, workers=workers,
                          shuffle_buffer=cfg.shuffle_buffer, skip_batches=skip)
     log = MetricsLog(out, cfg, accelerator.is_main_process, start_step if ckpts else None)
     global_batch = cfg.batch_size * cfg.grad_accum * world
@@ -275,7 +301,7 @@ def train(cfg: ClipTrainConfig) -> dict:
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             save_checkpoint(out, step, unwrapped, optimizer.optimizer, scheduler,
-                            {"world_size": world, "workers": cfg.workers, "batch_size": cfg.batch_size,
+                            {"world_size": world, "workers": workers, "batch_size": cfg.batch_size,
                              "grad_accum": cfg.grad_accum, "seed": cfg.seed, "model": cfg.model,
                              "samples_seen": step * global_batch}, keep=cfg.keep_checkpoints)
         accelerator.wait_for_everyone()
@@ -316,22 +342,24 @@ def train(cfg: ClipTrainConfig) -> dict:
                 with accelerator.accumulate(model):
                     with accelerator.autocast():
                         feats = model(images, texts)
-                        loss = loss_fn(**feats)
-                    bad = torch.tensor(0.0 if torch.isfinite(loss.detach()).all() else 1.0, device=accelerator.device)
-                    if world > 1:
-                        bad = accelerator.reduce(bad, reduction="sum")
-                    if bad.item() > 0:
+                        loss = loss_fn(feats)
+                    loss_val = float(loss.detach())  # one host sync per micro-batch, also used for logging
+                    bad = not math.isfinite(loss_val)
+                    if world > 1:  # every rank must stop together, or the others hang in the next all-gather
+                        flag = torch.tensor(float(bad), device=accelerator.device)
+                        bad = accelerator.reduce(flag, reduction="sum").item() > 0
+                    if bad:
                         last = complete_checkpoints(out)
-                        log.log(step + 1, {"event": "nonfinite_loss", "train/loss": float(loss.detach())})
+                        log.log(step + 1, {"event": "nonfinite_loss", "train/loss": loss_val})
                         raise NonFiniteLossError(
-                            f"loss is {float(loss.detach())} at step {step + 1}; stopped without saving. "
+                            f"loss is {loss_val} at step {step + 1}; stopped without saving. "
                             f"Last good checkpoint: {last[-1] if last else 'none'}")
                     accelerator.backward(loss)
                     if accelerator.sync_gradients and cfg.grad_clip > 0:
                         accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
-                loss_sum += float(loss.detach()) / cfg.grad_accum
+                loss_sum += loss_val / cfg.grad_accum
             scheduler.step()
             with torch.no_grad():  # open_clip_train clamps the temperature to 100
                 unwrapped.logit_scale.clamp_(0, math.log(100))

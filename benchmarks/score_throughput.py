@@ -1,0 +1,119 @@
+"""Throughput of the ``clip`` detector through the scoring runner: sentences/s over batch sizes, 1 vs 2
+processes, the share of time in data loading (tar read + image decode + parquet write) vs the model, and peak
+memory for 1x vs 10x the shards (scoring streams, so it should not grow).
+
+    python benchmarks/score_throughput.py                      # CPU: halsift-tiny, small corpus
+    python benchmarks/score_throughput.py --device cuda        # GPU: ViT-B-32, random weights
+
+Prints numbers; never passes or fails on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from PIL import Image
+
+
+def make_corpus(out: Path, samples: int, per_shard: int, image_size: int, seed: int = 0) -> Path:
+    """JPEG noise images with 3 sentences each (decode cost like real photos)."""
+    import numpy as np
+
+    from halsift.corpus.shards import Sample, ShardWriter
+
+    rng = np.random.default_rng(seed)
+    r = random.Random(seed)
+    base = rng.integers(0, 255, (image_size, image_size, 3), dtype=np.uint8)
+    with ShardWriter(out, maxcount=per_shard) as w:
+        for i in range(samples):
+            arr = np.roll(base, i * 7, axis=1)
+            buf = io.BytesIO()
+            Image.fromarray(arr).save(buf, "JPEG", quality=85)
+            sents = [{"text": f"A photo of {r.choice(['a dog', 'two cats', 'a red car'])} number {i}-{j}.",
+                      "position": j, "label": "correct", "types": [], "spans": []} for j in range(3)]
+            w.write(Sample(f"b{i:07d}", buf.getvalue(), " ".join(s["text"] for s in sents), ext="jpg",
+                           meta={"captioner": "bench", "source": "i2t", "sentences": sents}))
+    return out
+
+
+def run_one(spec: str, data: Path, out: Path, batch: int, device: str) -> dict:
+    from halsift.filtering.runner import score
+
+    score(spec, data, out, batch_size=batch, device=device, show_progress=False)
+    return json.loads((out / "_manifest.json").read_text())
+
+
+def run_torchrun(spec: str, data: Path, out: Path, batch: int, device: str, nproc: int) -> dict:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(port),
+           "-m", "halsift.launch.cli", "score", "--detector", spec, "--data", str(data), "--out", str(out),
+           "--batch-size", str(batch), "--device", device, "--no-progress"]
+    env = {**os.environ, "HALSIFT_QUIET": "1"}
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 2) // nproc))
+    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    return json.loads((out / "_manifest.json").read_text())
+
+
+def peak_rss_mb(spec: str, data: Path, out: Path, batch: int, device: str) -> float:
+    code = ("import resource,sys;from halsift.filtering.runner import score;"
+            f"score({spec!r},{str(data)!r},{str(out)!r},batch_size={batch},device={device!r},show_progress=False);"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    res = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                         env={**os.environ, "HALSIFT_QUIET": "1"})
+    return int(res.stdout.strip().splitlines()[-1]) / 1024
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--arch", default=None, help="default: halsift-tiny on cpu, ViT-B-32 on cuda")
+    p.add_argument("--samples", type=int, default=None, help="samples (3 sentences each); default 96 cpu / 2000 cuda")
+    p.add_argument("--per-shard", type=int, default=None)
+    p.add_argument("--image-size", type=int, default=256)
+    p.add_argument("--batch-sizes", default=None, help="comma list; default 8,32,96 cpu / 32,128,512 cuda")
+    p.add_argument("--procs", default="1,2", help="process counts to compare")
+    p.add_argument("--no-memory", action="store_true", help="skip the 1x vs 10x shards memory check")
+    a = p.parse_args(argv)
+    gpu = a.device.startswith("cuda")
+    arch = a.arch or ("ViT-B-32" if gpu else "halsift-tiny")
+    samples = a.samples or (2000 if gpu else 96)
+    per_shard = a.per_shard or max(1, samples // 8)
+    batches = [int(x) for x in (a.batch_sizes or ("32,128,512" if gpu else "8,32,96")).split(",")]
+    spec = f"clip:arch={arch},seed=0" + (",precision=bf16" if gpu else "")
+    tmp = Path(tempfile.mkdtemp(prefix="halsift-bench-score-"))
+    data = make_corpus(tmp / "data", samples, per_shard, a.image_size)
+    print(f"device={a.device} arch={arch} samples={samples} sentences={3 * samples} shards="
+          f"{len(list(data.glob('*.tar')))} image={a.image_size}px cpus={os.cpu_count()}")
+    print(f"{'procs':>5} {'batch':>6} {'sent/s':>10} {'data %':>7} {'model %':>8}")
+    for procs in [int(x) for x in a.procs.split(",")]:
+        for b in batches:
+            out = tmp / f"out-p{procs}-b{b}"
+            m = (run_one(spec, data, out, b, a.device) if procs == 1 else
+                 run_torchrun(spec, data, out, b, a.device, procs))
+            ts = m["time_share"]
+            print(f"{procs:>5} {b:>6} {m['sentences_per_s']:>10.1f} {100 * ts['data']:>7.1f} {100 * ts['model']:>8.1f}",
+                  flush=True)
+    if not a.no_memory:
+        small = make_corpus(tmp / "m1", per_shard * 2, per_shard, a.image_size, seed=1)
+        big = make_corpus(tmp / "m10", per_shard * 20, per_shard, a.image_size, seed=1)
+        r1 = peak_rss_mb(spec, small, tmp / "mo1", batches[-1], a.device)
+        r10 = peak_rss_mb(spec, big, tmp / "mo10", batches[-1], a.device)
+        print(f"peak RSS: {r1:.0f} MB for 2 shards, {r10:.0f} MB for 20 shards (ratio {r10 / r1:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

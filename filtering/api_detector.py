@@ -1,0 +1,197 @@
+"""``api`` detector: a judge behind an OpenAI-compatible chat-completions endpoint (a vLLM server, a hosted model).
+
+Each item is one request: the image as a base64 PNG data URL, then the seeds' 0–100 prompt (AlignBench E.1,
+``cot``/``context`` as in the ``vlm`` family). Requests run in a thread pool of ``concurrency`` workers; HTTP 429,
+5xx, timeouts and connection errors are retried ``max_retries`` times with exponential backoff
+(``backoff · 2^attempt`` seconds, or the server's ``Retry-After`` if larger, capped at 60 s); other 4xx errors
+raise :class:`~halsift.filtering.base.DetectorError` at once with the server's message.
+
+Modes:
+
+* ``logprobs`` (default): asks for ``logprobs`` + ``top_logprobs`` (greedy, temperature 0). In the reply's
+  token list the first token that starts with a digit after ``score`` (or at the start) is the number's first token; its
+  ``top_logprobs`` alternatives give the score as an expected value. Alternatives count if they spell a
+  number: when the reply's number is a single token (Llama-3-style vocabularies), an alternative spelling
+  ``0``..``100`` counts as that number; when the server's tokenizer splits numbers into digits, the greedy
+  first digit counts as the number actually written and another digit ``d`` as ``10d + 4.5`` (``0`` as 0).
+  Probabilities are renormalised over the counted alternatives. A reply without logprobs (the server does
+  not offer them) or without a number token falls back to the prompt protocol.
+* ``prompt``: the seeds' protocol: parse the reply with
+  :func:`~halsift.filtering.vlm_prompts.parse_score`; unparseable -> 50 with ``parsed=False``.
+
+Only the stdlib (urllib) is used. The API key is read from the environment variable named by ``api_key_env``
+(none is sent if it is unset, e.g. for a local vLLM server).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from halsift.filtering import vlm_prompts as P
+from halsift.filtering.base import Detector, DetectorError, Item, Result
+
+_RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+def image_data_url(image) -> str:
+    """A PIL image as a ``data:image/png;base64,...`` URL."""
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _canon_int(s: str) -> int | None:
+    s = s.strip()
+    if s.isascii() and s.isdigit() and s == str(int(s)) and int(s) <= 100:
+        return int(s)
+    return None
+
+
+def score_from_logprobs(content: list[dict]) -> float | None:
+    """Expected score from a chat-completions ``logprobs.content`` list, or ``None`` if no number token is found."""
+    text_so_far = ""
+    for i, tok in enumerate(content):
+        t = tok.get("token", "")
+        if t.strip()[:1].isdigit() and ("score" in text_so_far.lower() or text_so_far.strip() in ("", "{")):
+            digits = ""  # the number as written greedily, possibly over several tokens
+            for nxt in content[i:]:
+                s = nxt.get("token", "")
+                s = s.strip() if not digits else s
+                if s and s.isdigit() and len(digits + s) <= 3:
+                    digits += s
+                else:
+                    break
+            written = _canon_int(digits) if digits else None
+            single = written is not None and _canon_int(t) == written
+            alts = tok.get("top_logprobs") or [{"token": t, "logprob": tok.get("logprob", 0.0)}]
+            num = den = 0.0
+            for alt in alts:
+                a, lp = alt.get("token", ""), alt.get("logprob")
+                if lp is None:
+                    continue
+                if single:
+                    v = _canon_int(a)
+                else:
+                    d = _canon_int(a)
+                    v = None if d is None or d > 9 else (written if a.strip() == t.strip() and written is not None
+                                                         else 0.0 if d == 0 else 10 * d + 4.5)
+                if v is None:
+                    continue
+                p = math.exp(lp)
+                num, den = num + p * v, den + p
+            return num / den if den > 0 else None
+        text_so_far += t
+    return None
+
+
+class ApiDetector(Detector):
+    """Judge through an OpenAI-compatible ``/chat/completions`` endpoint (see the module docstring)."""
+
+    family = "api"
+
+    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", mode: str = "logprobs",
+                 concurrency: int = 8, max_retries: int = 5, timeout: float = 60, backoff: float = 1.0,
+                 top_logprobs: int = 20, max_tokens: int | None = None, cot: bool = False,
+                 context: bool = False) -> None:
+        super().__init__()
+        if mode not in ("logprobs", "prompt"):
+            raise ValueError(f"mode={mode!r}: expected 'logprobs' or 'prompt'")
+        if not str(base_url).startswith(("http://", "https://")):
+            raise ValueError(f"base_url={base_url!r}: expected an http(s) URL like http://localhost:8000/v1")
+        if int(concurrency) < 1 or int(max_retries) < 0:
+            raise ValueError(f"concurrency={concurrency!r}, max_retries={max_retries!r}: expected >= 1 and >= 0")
+        if cot and mode != "prompt":
+            raise ValueError("cot=true needs mode=prompt: the score follows the reasoning")
+        self.url = str(base_url).rstrip("/") + "/chat/completions"
+        self.model, self.mode, self.api_key_env = model, mode, api_key_env
+        self.concurrency, self.max_retries = int(concurrency), int(max_retries)
+        self.timeout, self.backoff, self.top_logprobs = float(timeout), float(backoff), int(top_logprobs)
+        self.max_tokens = int(max_tokens or (256 if cot else 16 if mode == "logprobs" else 64))
+        self.cot, self.context = bool(cot), bool(context)
+        self.retries = 0  # retried requests so far (for logs and tests)
+        self._lock = threading.Lock()
+
+    def _payload(self, item: Item, url: str) -> dict:
+        prompt = P.COT_PROMPT if self.cot else P.SCORE_PROMPT
+        text = prompt + P.CAPTION_LEAD + " " + P.caption_text(item.sentence, item.context if self.context else None)
+        body = {"model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                          {"type": "text", "text": text}]}]}
+        if self.mode == "logprobs":
+            body.update(logprobs=True, top_logprobs=self.top_logprobs)
+        return body
+
+    def _post(self, body: dict) -> dict:
+        data = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        for attempt in range(self.max_retries + 1):
+            wait = self.backoff * 2 ** attempt
+            try:
+                req = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    return json.loads(resp.read().decode())
+            except urllib.error.HTTPError as e:
+                detail = e.read().decode(errors="replace")[:300]
+                if e.code not in _RETRY_STATUS or attempt == self.max_retries:
+                    raise DetectorError(f"api detector: POST {self.url} -> HTTP {e.code} after {attempt + 1} "
+                                        f"attempt(s): {detail}") from None
+                try:
+                    wait = max(wait, float(e.headers.get("Retry-After", 0)))
+                except (TypeError, ValueError):
+                    pass
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+                if attempt == self.max_retries:
+                    raise DetectorError(f"api detector: POST {self.url} failed after {attempt + 1} attempt(s): "
+                                        f"{getattr(e, 'reason', e)}") from None
+            except json.JSONDecodeError as e:
+                raise DetectorError(f"api detector: POST {self.url} returned invalid JSON ({e})") from None
+            with self._lock:
+                self.retries += 1
+            time.sleep(min(wait, 60.0))
+        raise AssertionError("unreachable")
+
+    def _result(self, reply: dict) -> Result:
+        try:
+            choice = reply["choices"][0]
+            text = choice["message"].get("content") or ""
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise DetectorError(f"api detector: reply from {self.url} has no choices[0].message: "
+                                f"{json.dumps(reply)[:300]}") from None
+        if self.mode == "logprobs":
+            content = (choice.get("logprobs") or {}).get("content") or []
+            s = score_from_logprobs(content) if content else None
+            if s is not None:
+                return Result(s)
+        v = P.parse_score(text)
+        return Result(v) if v is not None else Result(50.0, parsed=False)
+
+    def score_batch(self, items: Sequence[Item]) -> list[Result]:
+        if not items:
+            return []
+        urls: dict[tuple, str] = {}
+        for it in items:
+            if it.image is None:
+                raise DetectorError(f"api detector: item {it.key}/{it.sentence_index} has no image")
+            k = (it.image_id, id(it.image))
+            if k not in urls:
+                urls[k] = image_data_url(it.image)
+        bodies = [self._payload(it, urls[(it.image_id, id(it.image))]) for it in items]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(bodies))) as pool:
+            replies = list(pool.map(self._post, bodies))
+        return [self._result(r) for r in replies]
+
+
+__all__ = ["ApiDetector", "image_data_url", "score_from_logprobs"]

@@ -1,0 +1,51 @@
+"""A whole recipe, tiny: every stage runs, the report lists every filter, a rerun skips finished stages."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from PIL import Image
+
+from halsift.launch.cli import main
+
+TINY = ["world.images=60", "world.bench_images=12", "world.retrieval_images=20", "pretrain.steps=3",
+        "pretrain.batch_size=16", "finetune.steps=2", "finetune.batch_size=16", "finetune.seeds=[0]",
+        "score.batch_size=32", "evals.ihalla=[--synthetic, --prompts, '6']", "evals.vope=[--synthetic, --images, '6']",
+        "evals.vigil=[--synthetic, --per-category, '4']", "wandb.mode=disabled"]
+
+
+def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["run", "quickstart", f"run_dir={run}", *TINY]) == 0
+    for stage in ("world", "pretrain", "score", "select", "finetune", "eval", "report"):
+        assert (run / stage / "_done.json").exists(), stage
+    assert (run / "recipe.resolved.yaml").exists()
+    filters = ["clip", "random", "oracle", "clip+oracle"]
+    for name in filters:
+        assert (run / "score" / name / "corpus").exists() and (run / "score" / name / "bench").exists()
+        manifest = json.loads((run / "select" / name / "manifest.json").read_text())
+        assert manifest["kept_units"] > 0
+        assert (run / "finetune" / name / "seed0" / "final" / "open_clip_model.safetensors").exists()
+    oracle = json.loads((run / "select" / "oracle" / "manifest.json").read_text())
+    assert oracle["precision"]["kept"] == 1.0
+
+    report = (run / "report" / "report.md").read_text()
+    table = [line for line in report.splitlines() if line.startswith("| ")]
+    assert [row.split("|")[1].strip() for row in table[1:len(filters) + 2]] == ["no-tune", *filters]
+    metrics = json.loads((run / "report" / "metrics.json").read_text())
+    assert metrics["oracle/auroc/mean"] == 100.0 and metrics["oracle/kept_precision"] == 1.0
+    for name in ["no-tune", *filters]:
+        assert 0 <= metrics[f"{name}/synthetic/i2t/r@5"] <= 100
+    for png in (run / "report").glob("*.png"):
+        Image.open(png).verify()
+    for extra in ("ihalla", "vope", "vigil"):
+        assert (run / "eval" / extra / "metrics.json").exists() and f"{extra}: " in report
+
+    capsys.readouterr()
+    start = time.perf_counter()
+    assert main(["run", "quickstart", f"run_dir={run}", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert out.count("already complete, skipped") == 7
+    assert time.perf_counter() - start < 20
+    assert (run / "report" / "report.md").read_text() == report

@@ -1,0 +1,245 @@
+"""The ``vlm`` judge detector on tiny random Qwen2-VL / LLaVA models built locally (no hub access)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from PIL import Image  # noqa: E402
+
+from halsift.filtering.base import Item  # noqa: E402
+from halsift.filtering.vlm_prompts import parse_score  # noqa: E402
+
+ARCHS = ["qwen2-vl", "llava", "idefics3", "gemma3"]
+
+
+@pytest.fixture(scope="session")
+def tiny_vlms(tmp_path_factory):
+    """arch -> path of a saved tiny random VLM (large init std so that scores spread over 0..100)."""
+    from halsift.filtering.tiny_vlm import build_tiny_vlm
+
+    root = tmp_path_factory.mktemp("tiny_vlm")
+    return {a: build_tiny_vlm(a, root / a, seed=0, init_std=0.5) for a in ARCHS}
+
+
+def _items(n_captions: int = 3) -> list[Item]:
+    sents = ["a red dog is sitting on the grass.", "the cat is next to a kid in the park.", "two birds fly.",
+             "a sign reads stop.", "there is a blue car behind the tree.", "one man wearing a hat."]
+    items = []
+    for g in range(n_captions):
+        img = Image.new("RGB", (56 + 14 * g, 56 + 7 * g), (40 * g % 255, 200 - 30 * g, 90))
+        caption = sents[g:g + 2 + g % 3]
+        items += [Item(f"k{g}", i, s, caption[:i], img, f"img{g}") for i, s in enumerate(caption)]
+    return items
+
+
+def _det(path, **kw):
+    from halsift.filtering.vlm_detector import VlmDetector
+
+    return VlmDetector(model=str(path), dtype="float32", device="cpu", **kw)
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [('{"score": 85}', 85), ('"score": 85, "reason": "x"', 85), ("\u201cscore\u201d: 40. The caption...", 40),
+     ("Score: 85/100", 85), ("```json\n{\"score\": 7}\n```", 7), ("The score is 62 because", 62), ("90", 90),
+     ("I give it 77/100.", 77), ("{'score': 30}", 30), ("no number here", None), ("score: 250", None), ("", None)])
+def test_parse_score(text, expected):
+    assert parse_score(text) == expected
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode", ["logits", "yes_prob"])
+def test_batch_padding_and_prefix_reuse_match_single_items(tiny_vlms, arch, mode):
+    items = _items()
+    single = _det(tiny_vlms[arch], mode=mode, reuse_prefix=False, batch_size=1)
+    ref = [single.score_batch([it])[0].score for it in items]
+    batched = [r.score for r in _det(tiny_vlms[arch], mode=mode, reuse_prefix=False, batch_size=16).score_batch(items)]
+    reused = _det(tiny_vlms[arch], mode=mode, reuse_prefix=True, batch_size=16).score_batch(items)
+    assert batched == pytest.approx(ref, abs=1e-3)
+    assert [r.score for r in reused] == pytest.approx(ref, abs=1e-3)
+    assert all(r.parsed for r in reused)
+    assert max(ref) - min(ref) > 0.1  # the check is not vacuous: scores differ between items
+
+
+def test_prefix_reuse_right_padding_path(tiny_vlms):
+    """The right-padded continuation layout (used for sliding-window models) on a model without windows."""
+    items = _items()
+    det = _det(tiny_vlms["qwen2-vl"], batch_size=16)
+    assert det._mid_pad  # Qwen2-VL has no sliding window: pads go between prefix and continuation
+    mid = [r.score for r in det.score_batch(items)]
+    det._mid_pad = False
+    right = [r.score for r in det.score_batch(items)]
+    assert _det(tiny_vlms["gemma3"])._mid_pad is False
+    ref = [r.score for r in _det(tiny_vlms["qwen2-vl"], reuse_prefix=False).score_batch(items)]
+    assert right == pytest.approx(ref, abs=1e-3) and mid == pytest.approx(ref, abs=1e-3)
+
+
+def _manual_next_probs(det, item, extra=()):
+    """Next-token distribution after prefix + continuation (+ extra tokens), by one plain forward pass."""
+    pre = det._prefix(item.image)
+    cont = det.tokenizer(" " + item.sentence + det._tail, add_special_tokens=False)["input_ids"] + list(extra)
+    ids = torch.cat([pre["input_ids"], torch.tensor([cont])], 1)
+    batch = {k: v for k, v in pre.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
+    if "mm_token_type_ids" in pre:
+        zeros = torch.zeros((1, len(cont)), dtype=torch.long)
+        batch["mm_token_type_ids"] = torch.cat([pre["mm_token_type_ids"], zeros], 1)
+    with torch.no_grad():
+        logits = det.model(input_ids=ids, attention_mask=torch.ones_like(ids), **batch).logits[0, -1]
+    return logits.float().softmax(-1)
+
+
+def test_logits_single_token_numbers_expected_value(tiny_vlms):
+    det = _det(tiny_vlms["llava"])
+    assert det.number_mode == "single"
+    tok = det.tokenizer
+    # every token that spells a number counts ("85" and " 85"); the added single tokens are among them
+    strings = [tok.decode([i]).strip() for i in range(len(tok))]
+    spelled = {n: [i for i, t in enumerate(strings) if t == str(n)] for n in range(101)}
+    assert all(tok.convert_tokens_to_ids(str(n)) in spelled[n] for n in range(101))
+    assert any(len(v) > 1 for v in spelled.values())
+    for it in _items(2):
+        p = _manual_next_probs(det, it)
+        m = torch.stack([p[spelled[n]].sum() for n in range(101)])
+        m = m / m.sum()
+        expected = float((m * torch.arange(101)).sum())
+        assert det.score_batch([it])[0].score == pytest.approx(expected, abs=1e-3)
+
+
+def test_logits_digit_tokenizer_resolves_1_10_100(tiny_vlms):
+    det = _det(tiny_vlms["qwen2-vl"])
+    assert det.number_mode == "digits"  # Qwen2-style tokenizers split numbers into digits
+    tok = det.tokenizer
+    assert tok.tokenize("100") == ["1", "0", "0"]
+    d = [tok.convert_tokens_to_ids(str(i)) for i in range(10)]
+    for it in _items(2):  # three separate passes instead of the detector's teacher-forced single pass
+        p1 = _manual_next_probs(det, it)[d]
+        p1 = p1 / p1.sum()
+        q = _manual_next_probs(det, it, [d[1]])[d]
+        r0 = float(_manual_next_probs(det, it, [d[1], d[0]])[d[0]])
+        v1 = (1 - float(q.sum())) * 1 + sum(float(q[e]) * (10 + e) for e in range(1, 10)) \
+            + float(q[0]) * (r0 * 100 + (1 - r0) * 10)
+        values = [0.0, v1] + [10 * k + 4.5 for k in range(2, 10)]
+        expected = sum(float(p1[k]) * values[k] for k in range(10))
+        assert det.score_batch([it])[0].score == pytest.approx(expected, abs=1e-3)
+
+
+def test_prompt_mode_parses_greedy_text_and_batch_invariant(tiny_vlms):
+    items = _items(2)
+    det = _det(tiny_vlms["qwen2-vl"], mode="prompt", max_new_tokens=6, batch_size=16)
+    res = det.score_batch(items)
+    texts = list(det.last_texts)
+    one = _det(tiny_vlms["qwen2-vl"], mode="prompt", max_new_tokens=6, batch_size=1)
+    singles = []
+    for it in items:
+        one.score_batch([it])
+        singles += one.last_texts
+    assert texts == singles  # greedy decoding is the same with left padding
+    for r, t in zip(res, texts):
+        v = parse_score(t)
+        assert (r.score, r.parsed) == ((v, True) if v is not None else (50.0, False))
+
+
+def test_prompt_self_ensemble_and_cot_parse(tiny_vlms, monkeypatch):
+    items = _items(1)[:2]
+    det = _det(tiny_vlms["llava"], mode="prompt", self_ensemble=3, cot=True, max_new_tokens=4)
+    replies = ['{"score": 80}', "Score: 60/100", "garbled", "nothing", "still nothing", "?"]
+    calls = {}
+
+    def fake_decode(ids, **kw):
+        calls["rows"] = ids.shape[0]
+        return replies
+
+    monkeypatch.setattr(det.tokenizer, "batch_decode", fake_decode)
+    res = det.score_batch(items)
+    assert calls["rows"] == 6  # 3 samples per item
+    assert (res[0].score, res[0].parsed) == (70.0, True)
+    assert (res[1].score, res[1].parsed) == (50.0, False)
+    assert "two or three" in det._head
+
+
+def test_localize_parses_marked_spans(tiny_vlms, monkeypatch):
+    items = _items(1)[:2]  # "a red dog is sitting on the grass.", "the cat is next to a kid in the park."
+    det = _det(tiny_vlms["qwen2-vl"], mode="localize", max_new_tokens=4)
+    assert det.localizes
+    replies = ['```json\n{"output": "a **[red dog]** is sitting on the grass."}\n```', "the cat is next to a kid."]
+    monkeypatch.setattr(det.tokenizer, "batch_decode", lambda ids, **kw: replies)
+    res = det.score_batch(items)
+    assert res[0].spans == [[1, 3]] and res[0].score == 0.0 and res[0].parsed
+    assert res[1].spans == [] and res[1].score == 100.0
+
+
+def test_context_option_uses_table_d_text(tiny_vlms):
+    items = _items(1)
+    det = _det(tiny_vlms["llava"], context=True)
+    text = det.tokenizer.decode(det._continuation(items[1]))
+    assert text.startswith(" a red dog is sitting on the grass. the cat is next to a kid in the park. "
+                           "Think about the correctness of **the cat is next to a kid in the park.**")
+    no_ctx = _det(tiny_vlms["llava"])
+    assert no_ctx.tokenizer.decode(no_ctx._continuation(items[1])).startswith(" the cat is next")
+    assert det.score_batch(items)[1].score != pytest.approx(no_ctx.score_batch(items)[1].score, abs=1e-6)
+
+
+def test_spec_options_and_trust_remote_code_default(tiny_vlms, monkeypatch):
+    import transformers
+
+    from halsift.filtering.spec import SpecError, load_detector
+
+    seen = []
+    orig = transformers.AutoModelForImageTextToText.from_pretrained.__func__
+
+    def spy(cls, *a, **kw):
+        seen.append(kw.get("trust_remote_code"))
+        return orig(cls, *a, **kw)
+
+    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_pretrained", classmethod(spy))
+    det = load_detector(f"vlm:model={tiny_vlms['llava']},mode=yes_prob,dtype=float32")
+    assert det.spec.startswith("vlm:") and "mode=yes_prob" in det.spec
+    load_detector({"family": "vlm", "model": str(tiny_vlms["llava"]), "trust_remote_code": True})
+    assert seen == [False, True]
+    with pytest.raises(SpecError, match="mode"):
+        load_detector(f"vlm:model={tiny_vlms['llava']},mode=bogus")
+    with pytest.raises(SpecError, match="cot=true needs mode=prompt"):
+        load_detector(f"vlm:model={tiny_vlms['llava']},cot=true")
+    with pytest.raises(SpecError, match="unknown option"):
+        load_detector(f"vlm:model={tiny_vlms['llava']},temperature=2")
+
+
+def test_sentence_loglik_and_own_vs_random(tiny_vlms):
+    from halsift.filtering.vlm_likelihood import DESCRIBE_PROMPT, own_vs_random, sentence_logliks
+
+    det = _det(tiny_vlms["qwen2-vl"])
+    items = _items()
+    got = sentence_logliks(det, items, batch_size=5)
+    it = items[1]  # independently: one unpadded sequence, summed log-probs of the sentence tokens
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": DESCRIBE_PROMPT}]}]
+    head = det.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    pre = det.processor(text=[head], images=[it.image], return_tensors="pt", add_special_tokens=False)
+    ctx = det.tokenizer(" ".join(it.context), add_special_tokens=False)["input_ids"]
+    sent = det.tokenizer(" " + it.sentence, add_special_tokens=False)["input_ids"]
+    ids = torch.cat([pre["input_ids"], torch.tensor([ctx + sent])], 1)
+    mm = torch.cat([pre["mm_token_type_ids"], torch.zeros((1, len(ctx) + len(sent)), dtype=torch.long)], 1)
+    with torch.no_grad():
+        lp = det.model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm,
+                       pixel_values=pre["pixel_values"], image_grid_thw=pre["image_grid_thw"]).logits[0].log_softmax(-1)
+    n = len(sent)
+    expected = float(lp[-n - 1:-1].gather(-1, ids[0, -n:].view(-1, 1)).mean())
+    assert got[1] == pytest.approx(expected, abs=1e-4)
+    res = own_vs_random(det, items, seed=0)
+    assert res["likelihood/own/all"] == pytest.approx(sum(got) / len(got), abs=1e-4)
+    assert {"likelihood/gap/pos0", "likelihood/gap/pos1", "likelihood/gap/pos3"} <= set(res)
+    assert res["likelihood/random/all"] != pytest.approx(res["likelihood/own/all"], abs=1e-6)
+
+
+def test_from_model_wraps_in_memory_model(tiny_vlms):
+    from halsift.filtering.vlm_detector import VlmDetector
+
+    loaded = _det(tiny_vlms["llava"], mode="yes_prob")
+    wrapped = VlmDetector.from_model(loaded.model, loaded.processor, mode="yes_prob", reuse_prefix=False)
+    items = _items(2)
+    assert [r.score for r in wrapped.score_batch(items)] == pytest.approx([r.score for r in loaded.score_batch(items)],
+                                                                          abs=1e-3)
+    with pytest.raises(ValueError, match="mode"):
+        VlmDetector.from_model(loaded.model, loaded.processor, mode="nope")

@@ -1,0 +1,87 @@
+"""VOPE: the four sets and Eqs. 1-4 on hand-computed cases, the CHAIR_i identity, extraction with synonyms, and
+the recovery of designed rates from simulated responders."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from PIL import Image
+
+from halsift.eval.vope import (ObjectVocabulary, chair_i, classify, parse_yes_no, vope_metrics, vope_rates)
+from halsift.launch.cli import main
+
+
+def test_rates_hand_computed():
+    r = vope_rates({"D_T": 6, "D_H": 2, "I_T": 3, "I_H": 1})
+    assert r["hal_d"] == pytest.approx(2 / 8) and r["hal_i"] == pytest.approx(1 / 4)
+    assert r["exp"] == pytest.approx(4 / 12) and r["chair_i"] == pytest.approx(5 / 12)
+    assert math.isnan(vope_rates({"D_T": 3})["hal_i"])
+
+
+def test_classify_and_extraction():
+    vocab = ObjectVocabulary({"dog": ["puppy"], "circle": ["disc"], "traffic light": [], "car": []})
+    text = "A puppy chases two discs past a traffic light; the dogs bark. No cars? Cartoon."
+    assert vocab.extract(text) == ["dog", "circle", "traffic light", "car"]
+    sets = classify(["dog", "circle", "traffic light", "car"],
+                    {"dog": True, "circle": True, "traffic light": False, "car": None}, present={"dog", "traffic light"})
+    assert sets == {"D_T": ["dog"], "D_H": ["circle"], "I_T": [], "I_H": ["traffic light"], "unparsed": ["car"]}
+    assert parse_yes_no("Yes, there is.") is True and parse_yes_no("no") is False and parse_yes_no("maybe") is None
+
+
+def test_synthetic_recovers_designed_rates_and_chair_identity():
+    from halsift.eval.vope_synth import PROFILES, TASKS, designed_rates, run_synthetic
+
+    records, truth = run_synthetic(120, seed=0)
+    m = vope_metrics(records)
+    for p in PROFILES:
+        assert m[f"{p.name}/all/hal_d"] == pytest.approx(p.hal_d, abs=0.04)
+        assert m[f"{p.name}/all/hal_i"] == pytest.approx(p.hal_i, abs=0.06)
+        for t in TASKS:
+            d = designed_rates(p, t)
+            assert m[f"{p.name}/{t}/exp"] == pytest.approx(d["exp"], abs=0.07)
+            sub = [r for r in records if r.model == p.name and r.task == t]
+            # CHAIR_i computed from the ground truth alone equals (|D_H| + |I_T|) / all (Eq. 4)
+            assert chair_i(sub, truth) == pytest.approx(m[f"{p.name}/{t}/chair_i"], abs=1e-12)
+    # CHAIR_i overstates hallucination where imagination is voluntary (story), Hal-D does not
+    careful = PROFILES[0].name
+    assert m[f"{careful}/story/chair_i"] > 3 * m[f"{careful}/story/hal_d"]
+    # relevance: hallucinated shapes are always scored 3 by the synthetic judge
+    assert m.get(f"{careful}/all/relevance/D_H/1", 0) == 0 and m[f"{careful}/all/relevance/I_T/1"] > 0
+
+
+def test_unparsed_rechecks_are_excluded_and_counted():
+    from halsift.eval.vope_synth import PROFILES, run_synthetic
+
+    records, _ = run_synthetic(20, seed=1, profiles=PROFILES[:1], judge=False, unparsed=0.2)
+    m = vope_metrics(records)
+    assert m[f"{PROFILES[0].name}/all/unparsed_rate"] == pytest.approx(0.2, abs=0.08)
+    n = sum(m[f"{PROFILES[0].name}/all/n/{s}"] for s in ("D_T", "D_H", "I_T", "I_H"))
+    assert n == sum(len(o) for r in records for o in r.objects.values())
+
+
+def test_cli_synthetic_and_file(tmp_path):
+    out = tmp_path / "vope"
+    assert main(["eval", "vope", "--synthetic", "--images", "15", "--out", str(out)]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert 0 <= m["sloppy-vlm/story/hal_d"] <= 1 and "careful-vlm/all/chair_i" in m
+    assert "Hal-D" in (out / "report.md").read_text()
+    with Image.open(out / "plots" / "vope_rates.png") as im:
+        assert im.size[0] > 100
+    rows = [{"model": "m", "task": "story", "image_id": "i1", "response": "A dog met a cat near a circle.",
+             "present": ["circle", "cat"], "presence": {"dog": "No.", "cat": "no", "circle": "Yes"},
+             "relevance": {"dog": 2}},
+            {"model": "m", "task": "story", "image_id": "i2", "response": "A star and a tree.",
+             "present": ["tree"], "presence": {"star": "yes", "tree": "yes"}}]
+    f = tmp_path / "resp.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["eval", "vope", "--responses", str(f), "--out", str(tmp_path / "u")]) == 0
+    m = json.loads((tmp_path / "u" / "metrics.json").read_text())
+    # D_T = {circle, tree}, D_H = {star}, I_T = {dog}, I_H = {cat}
+    assert m["m/story/hal_d"] == pytest.approx(1 / 3) and m["m/story/hal_i"] == pytest.approx(1 / 2)
+    assert m["m/story/exp"] == pytest.approx(2 / 5) and m["m/story/chair_i"] == pytest.approx(2 / 5)
+    assert m["m/story/relevance/I_T/2"] == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"model": "m"}\n')
+    assert main(["eval", "vope", "--responses", str(bad), "--out", str(tmp_path / "b")]) == 2

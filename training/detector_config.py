@@ -1,0 +1,105 @@
+"""Typed config of ``halsift train detector``; field help strings become ``--help`` and YAML comments.
+
+One config drives both detector kinds: ``kind=clip`` (LoRA on both open_clip towers + a small binary head on
+``[cosine, image*text]``) and ``kind=vlm`` (LoRA on a transformers VLM judge, trained so that its own score,
+``P(yes)`` or the expected 0-100 number, separates correct from incorrect sentences). ``kind=auto`` takes the
+family of the ``base`` spec. Validation lives in :meth:`DetectorTrainConfig.validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from halsift.training.clip_config import _f
+
+KINDS = ("auto", "clip", "vlm")
+BALANCE = ("loss", "sample", "none")
+# open_clip blocks: nn.MultiheadAttention "attn" (peft wraps in_proj and out_proj together) and the MLP linears
+CLIP_TARGETS = ["attn", "c_fc", "c_proj"]
+# transformers decoders (Llama / Qwen2 / Gemma naming): attention and MLP projections of the language model
+VLM_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclasses.dataclass
+class DetectorTrainConfig:
+    """Everything one detector fine-tuning run needs; saved as ``config.json`` in the run folder."""
+
+    base: str = _f("", help="base detector spec: clip:arch=...,checkpoint=... or vlm:model=DIR,mode=yes_prob|logits")
+    bench: str = _f("", help="annotated bench.jsonl; rows of train_split train, rows of val_split select the best step")
+    out: str = _f("", help="run folder: adapter/ (the lora:DIR detector), checkpoints/, metrics.jsonl, config.json")
+    kind: str = _f("auto", help="auto (from the base spec's family) | clip | vlm")
+    target_modules: list[str] = _f(default_factory=list,
+                                   help="module names LoRA adapts ([] = attn,c_fc,c_proj for clip; "
+                                        "q/k/v/o/gate/up/down_proj for vlm)")
+    modules_to_save: list[str] = _f(default_factory=list,
+                                    help="modules trained in full next to LoRA (vlm: e.g. multi_modal_projector)")
+    lora_r: int = _f(8, help="LoRA rank")
+    lora_alpha: float = _f(16.0, help="LoRA alpha (scale = alpha / r)")
+    lora_dropout: float = _f(0.0, help="dropout on the LoRA input")
+    head_hidden: int = _f(64, help="clip: hidden width of the head on [cosine, image*text] (0 = linear head)")
+    head_lr: float = _f(0.0, help="clip: learning rate of the head (0 = same as lr)")
+    steps: int = _f(200, help="optimizer steps (at most)")
+    batch_size: int = _f(32, help="sentences per batch per process")
+    lr: float = _f(1e-3, help="peak learning rate of the adapter (AdamW)")
+    wd: float = _f(0.0, help="weight decay")
+    warmup: int = _f(10, help="linear warmup steps, then cosine decay to 0")
+    grad_clip: float = _f(1.0, help="max gradient norm (0 = off)")
+    balance: str = _f("loss", help="class balance: loss (weight each class by half its inverse frequency) | "
+                                   "sample (class-balanced sampling) | none")
+    train_split: str = _f("train", help="bench split used for training")
+    val_split: str = _f("val", help="bench split used for early stopping ('' = no validation, keep the last step)")
+    max_val_rows: int = _f(0, help="evaluate on at most this many val rows (0 = all)")
+    eval_every: int = _f(50, help="evaluate val AUROC every N steps (and at the end)")
+    patience: int = _f(3, help="stop after this many evaluations without a better val AUROC (0 = never stop early)")
+    checkpoint_every: int = _f(0, help="save a resumable checkpoint every N steps (0 = only with evaluations)")
+    keep_checkpoints: int = _f(2, help="keep the newest K step checkpoints (0 = all)")
+    merge: bool = _f(False, help="also write merged/: the adapter merged into the base weights")
+    mode: str = _f("", help="vlm: judge mode trained and scored (yes_prob | logits; '' = the base spec's, else yes_prob)")
+    eval_batch_size: int = _f(64, help="batch size for validation scoring")
+    workers: int = _f(0, help="dataloader workers per process")
+    log_every: int = _f(10, help="write a metrics.jsonl line every N steps")
+    wandb_project: str = _f("halsift", help="wandb project")
+    wandb_run: str = _f("", help="wandb run name ('' = the run folder's name)")
+    wandb_mode: str = _f("offline", help="wandb mode: offline | online | disabled")
+    seed: int = _f(0, help="seed for LoRA/head init and batch order")
+    resume: bool = _f(False, help="continue from the newest complete checkpoint in out/checkpoints")
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field on a bad value."""
+        for name in ("base", "bench", "out"):
+            if not getattr(self, name):
+                raise ValueError(f"{name}: required")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind: expected one of {KINDS}, got {self.kind!r}")
+        if self.balance not in BALANCE:
+            raise ValueError(f"balance: expected one of {BALANCE}, got {self.balance!r}")
+        if self.mode not in ("", "yes_prob", "logits"):
+            raise ValueError(f"mode: expected yes_prob or logits (or '' for the base spec's), got {self.mode!r}")
+        if self.wandb_mode not in ("offline", "online", "disabled"):
+            raise ValueError(f"wandb_mode: expected offline, online or disabled, got {self.wandb_mode!r}")
+        if self.train_split == self.val_split:
+            raise ValueError(f"val_split: must differ from train_split ({self.train_split!r})")
+        for name in ("steps", "batch_size", "lora_r", "eval_every", "eval_batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("head_hidden", "warmup", "max_val_rows", "patience", "checkpoint_every", "keep_checkpoints",
+                     "workers", "lr", "head_lr", "wd", "grad_clip", "lora_alpha"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"lora_dropout: expected 0 <= p < 1, got {self.lora_dropout}")
+
+    def resolved_kind(self) -> str:
+        """``clip`` or ``vlm``: ``kind``, or the base spec's family when ``kind=auto``."""
+        if self.kind != "auto":
+            return self.kind
+        family = self.base.split(":", 1)[0].strip()
+        if family not in ("clip", "vlm"):
+            raise ValueError(f"base: family {family!r} cannot be LoRA-tuned; expected a clip:... or vlm:... spec")
+        return family
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+__all__ = ["BALANCE", "CLIP_TARGETS", "KINDS", "VLM_TARGETS", "DetectorTrainConfig"]

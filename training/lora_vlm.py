@@ -1,0 +1,172 @@
+"""LoRA (peft) on a transformers VLM judge: the ``vlm`` kind of ``train detector``.
+
+Train and score agree by construction: the inputs are built by the base
+:class:`~halsift.filtering.vlm_detector.VlmDetector` itself (its chat template, prompt, prefill and continuation
+tokens, via ``_prefix`` / ``_continuation`` / ``_full_batch``), and the training target is the detector's own
+score read from the same next-token distribution with the same token sets:
+
+* ``yes_prob``: logit = ``log P(yes tokens) - log P(no tokens)`` at the answer position, so
+  ``sigmoid(logit) = score / 100`` exactly; binary cross-entropy pushes the mass to "Yes" for correct sentences
+  and to "No" for incorrect ones.
+* ``logits``: ``p = score / 100`` with the expected-number formula of the detector (single-token numbers or the
+  digit path), differentiable; binary cross-entropy on ``p`` pushes the mass to high numbers for correct
+  sentences and low ones for incorrect ones.
+
+:func:`judge_scores` is that formula on tensors; a test checks it equals the detector's ``_scores_from_logits``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from halsift.filtering.base import Item
+from halsift.training.detector_config import VLM_TARGETS, DetectorTrainConfig
+
+_EPS = 1e-4
+
+
+def judge_scores(det, logits: torch.Tensor) -> torch.Tensor:
+    """Scores (0-100, ``[B]``) from the last ``k`` logits ``[B, k, V]``, as ``det._scores_from_logits`` but on
+    tensors (so gradients flow)."""
+    probs = logits.float().softmax(-1)
+    if det.mode == "yes_prob":
+        py = probs[:, -1, det._yes_ids].sum(-1)
+        pn = probs[:, -1, det._no_ids].sum(-1)
+        return 100 * py / (py + pn).clamp_min(1e-30)
+    ids = det._num_ids
+
+    def mass(p, n):
+        return p[:, ids[n]].sum(-1)
+
+    if det.number_mode == "single":
+        m = torch.stack([mass(probs[:, -1], n) for n in range(101)], -1)
+        m = m / m.sum(-1, keepdim=True).clamp_min(1e-30)
+        return (m * torch.arange(101, dtype=m.dtype, device=m.device)).sum(-1)
+    p1 = torch.stack([mass(probs[:, 0], d) for d in range(10)], -1)
+    p1 = p1 / p1.sum(-1, keepdim=True).clamp_min(1e-30)
+    q = torch.stack([mass(probs[:, 1], d) for d in range(10)], -1)
+    q_end = (1 - q.sum(-1)).clamp_min(0)
+    r0 = mass(probs[:, 2], 0)
+    v1 = q_end + (q[:, 1:] * torch.arange(11, 20, dtype=q.dtype, device=q.device)).sum(-1) \
+        + q[:, 0] * (r0 * 100 + (1 - r0) * 10)
+    v = (torch.arange(10, dtype=p1.dtype, device=p1.device) * 10 + 4.5).expand_as(p1)
+    v = torch.cat([torch.zeros_like(v[:, :1]), v1[:, None], v[:, 2:]], -1)
+    return (p1 * v).sum(-1)
+
+
+def judge_logits(det, logits: torch.Tensor) -> torch.Tensor:
+    """Binary logits whose sigmoid is the judge's score / 100 (exact log-odds for ``yes_prob``)."""
+    if det.mode == "yes_prob":
+        logp = logits[:, -1].float().log_softmax(-1)
+        return torch.logsumexp(logp[:, det._yes_ids], -1) - torch.logsumexp(logp[:, det._no_ids], -1)
+    p = (judge_scores(det, logits) / 100).clamp(_EPS, 1 - _EPS)
+    return torch.log(p) - torch.log1p(-p)
+
+
+class JudgeModule(nn.Module):
+    """The (LoRA-injected) VLM; ``forward(**batch)`` returns one binary logit per row."""
+
+    def __init__(self, model: nn.Module, det) -> None:
+        super().__init__()
+        self.model = model
+        self._det = [det]  # not a submodule: the detector only lends its token tables
+        self.k = 3 if det.mode == "logits" and det.number_mode == "digits" else 1
+
+    def forward(self, **batch) -> torch.Tensor:
+        logits = self.model(**batch, use_cache=False, logits_to_keep=self.k).logits[:, -self.k:]
+        return judge_logits(self._det[0], logits)
+
+
+class VlmTask:
+    """The ``vlm`` half of a ``train detector`` run (see :func:`halsift.training.detector_train.build_task`)."""
+
+    kind = "vlm"
+
+    def __init__(self, cfg: DetectorTrainConfig) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        from halsift.filtering.spec import format_spec, load_detector, parse_spec
+        from halsift.filtering.vlm_detector import VlmDetector
+        from halsift.training.detector_train import absolute_spec
+
+        family, opts = parse_spec(absolute_spec(cfg.base))
+        if family != "vlm":
+            raise ValueError(f"base: {cfg.base!r} is not a vlm detector spec")
+        opts["mode"] = cfg.mode or opts.get("mode") or "yes_prob"
+        if opts["mode"] not in ("yes_prob", "logits"):
+            raise ValueError(f"mode: a judge is trained in mode yes_prob or logits, not {opts['mode']!r}")
+        opts.setdefault("device", "cpu")  # the training loop moves the model to its accelerator device
+        det = load_detector(format_spec("vlm", opts))
+        assert isinstance(det, VlmDetector)
+        self.det, self.base_spec = det, det.spec
+        if not torch.cuda.is_available():
+            det.model.float()
+        names = {n.rsplit(".", 1)[-1] for n, _ in det.model.named_modules()}
+        targets = [t for t in (cfg.target_modules or VLM_TARGETS) if t in names]
+        if not targets:
+            raise ValueError(f"target_modules: none of {cfg.target_modules or VLM_TARGETS} is a module of "
+                             f"{type(det.model).__name__}")
+        missing = [m for m in cfg.modules_to_save if m not in names]
+        if missing:
+            raise ValueError(f"modules_to_save: {missing} not found in {type(det.model).__name__}")
+        lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules=targets, modules_to_save=list(cfg.modules_to_save) or None)
+        self.targets = targets
+        self.peft = get_peft_model(det.model, lcfg)
+        self.module = JudgeModule(self.peft.base_model.model, det)
+
+    def param_groups(self, cfg: DetectorTrainConfig) -> list[dict]:
+        return [{"params": [p for p in self.module.parameters() if p.requires_grad]}]
+
+    def collate(self, examples: Sequence[tuple[Item, int]]) -> dict:
+        """The detector's own full-sequence inputs (left-padded prefix + continuation) and the labels."""
+        det = self.det
+        prefixes = [det._prefix(it.image) for it, _ in examples]
+        conts = [det._continuation(it) for it, _ in examples]
+        batch = det._full_batch(prefixes, conts)
+        batch["labels"] = torch.tensor([y for _, y in examples], dtype=torch.float32)
+        return batch
+
+    def forward(self, model: nn.Module, batch: dict, device) -> torch.Tensor:
+        return model(**{k: v.to(device) for k, v in batch.items()})
+
+    def detector(self, module: JudgeModule):
+        self.det.model = module.model
+        self.det.device = next(module.parameters()).device
+        return self.det
+
+    def export(self, folder: Path) -> dict:
+        self.peft.save_pretrained(str(folder))
+        return {"kind": "vlm", "base": self.base_spec, "adapter": True, "mode": self.det.mode,
+                "target_modules": self.targets}
+
+    def load_export(self, folder: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(self.peft, load_file(str(folder / "adapter_model.safetensors")))
+
+    def export_merged(self, folder: Path) -> None:
+        """``merged/``: the merged model + processor (``save_pretrained``) and a detector.yaml without adapter."""
+        import copy
+
+        import yaml
+
+        from halsift.filtering.spec import format_spec, parse_spec
+
+        folder.mkdir(parents=True, exist_ok=True)
+        merged = copy.deepcopy(self.peft).merge_and_unload()
+        merged.save_pretrained(str(folder))
+        self.det.processor.save_pretrained(str(folder))
+        family, opts = parse_spec(self.base_spec)
+        opts["model"] = "./"
+        (folder / "detector.yaml").write_text(yaml.safe_dump(
+            {"format": "halsift-lora-detector/1", "kind": "vlm", "base": format_spec(family, opts), "adapter": False,
+             "mode": self.det.mode}, sort_keys=False))
+
+
+__all__ = ["JudgeModule", "VlmTask", "judge_logits", "judge_scores"]

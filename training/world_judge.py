@@ -1,0 +1,185 @@
+"""A VLM judge for the embedded synthetic world, trained offline on CPU in a few minutes.
+
+:func:`build_world_judge` (what the quickstart calls) does three things and caches the result under ``out_dir``:
+
+1. ``base/``: a tiny random VLM of a real transformers architecture (LLaVA-1.5 layout by default) with a local
+   tokenizer, from :func:`halsift.filtering.tiny_vlm.build_tiny_vlm`.
+2. ``pretrained/``: that model pre-trained on the world's clean ``pretrain/`` shards by caption generation
+   (next-token loss on the caption after a "Describe the image." turn): :func:`pretrain_captioner`.
+3. ``judge/``: a ``train detector`` run (LoRA on the language and vision towers, the projector trained in full)
+   on the world's bench ``train`` split, early-stopped on ``val``; its ``adapter/`` is the detector.
+
+The returned spec is ``lora:OUT_DIR/judge/adapter``. ``judge.json`` records the seed, the world's fingerprint and
+the settings; a second call with the same ones returns the cached spec without training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from halsift.corpus.progress import progress
+from halsift.corpus.shards import write_json_atomic
+
+DESCRIBE = "Describe the image."
+
+
+@dataclass
+class WorldJudgeSettings:
+    """Knobs of :func:`build_world_judge` (defaults: a few CPU minutes on the default world)."""
+
+    arch: str = "llava"
+    image_size: int = 32  # llava: vision input size (patch 8: (size/8)^2 image tokens); 64 keeps small shapes
+    pretrain_steps: int = 300
+    pretrain_batch: int = 16
+    pretrain_lr: float = 2e-3
+    judge_steps: int = 400
+    judge_batch: int = 32
+    judge_lr: float = 2e-3
+    lora_r: int = 16
+    eval_every: int = 50
+    patience: int = 3
+
+
+def _prefix(processor, image, prompt: str) -> dict:
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    head = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    return dict(processor(text=[head], images=[image], return_tensors="pt", add_special_tokens=False))
+
+
+def pretrain_captioner(model_dir: str | os.PathLike, shards: str | os.PathLike, out_dir: str | os.PathLike,
+                       steps: int = 300, batch_size: int = 16, lr: float = 2e-3, seed: int = 0,
+                       show_progress: bool = True) -> dict:
+    """Caption-generation pre-training of a saved VLM on shards; saves model + processor to ``out_dir``.
+
+    Each sample is the chat turn ``[image, "Describe the image."]`` followed by its caption; the loss is the
+    next-token cross-entropy on the caption tokens only. Returns ``{"loss_first", "loss_last", "cpu_seconds"}``.
+    """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from halsift.corpus.images import SkipCounter, decode_sample
+    from halsift.corpus.shards import iter_samples
+    from halsift.filtering.vlm_detector import VlmDetector
+
+    t0 = time.process_time()
+    torch.manual_seed(seed)
+    processor = AutoProcessor.from_pretrained(str(model_dir))
+    model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32)
+    batcher = VlmDetector.from_model(model, processor, mode="yes_prob")  # lends its left-padded batch builder
+    tok = processor.tokenizer
+    skipped = SkipCounter()
+    pairs = []
+    for s in iter_samples(shards, skipped):
+        img = decode_sample(s, skipped)
+        if img is not None and s.caption.strip():
+            pairs.append((img, " " + s.caption.strip() + (tok.eos_token or "")))
+    if not pairs:
+        raise ValueError(f"pretrain: no usable samples in {shards} ({skipped.summary()})")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    losses = []
+    bar = progress(total=steps, desc="pretrain judge", unit="step", disable=not show_progress)
+    for step in range(steps):
+        idx = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()
+        prefixes = [_prefix(processor, pairs[i][0], DESCRIBE) for i in idx]
+        conts = [tok(pairs[i][1], add_special_tokens=False)["input_ids"] for i in idx]
+        batch = batcher._full_batch(prefixes, conts)
+        n = max(len(c) for c in conts)
+        logits = model(**batch, use_cache=False, logits_to_keep=n + 1).logits[:, :-1].float()
+        target = batch["input_ids"][:, -n:].clone()
+        for r, c in enumerate(conts):  # rows are left-padded: each continuation ends at the last column
+            target[r, :n - len(c)] = -100
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                                 ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        bar.update()
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    bar.close()
+    out = Path(out_dir)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.eval().save_pretrained(str(tmp))
+    processor.save_pretrained(str(tmp))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    k = max(1, min(20, steps // 5))
+    return {"loss_first": sum(losses[:k]) / k, "loss_last": sum(losses[-k:]) / k,
+            "cpu_seconds": time.process_time() - t0, "samples": len(pairs)}
+
+
+def resize_llava_vision(model_dir: Path, image_size: int, seed: int = 0) -> None:
+    """Re-initialise a saved tiny LLaVA with a vision tower for ``image_size`` pixels (same layout otherwise)."""
+    from transformers import AutoConfig, AutoProcessor, LlavaForConditionalGeneration
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    config.vision_config.image_size = int(image_size)
+    processor = AutoProcessor.from_pretrained(str(model_dir))
+    processor.image_processor.size = {"shortest_edge": int(image_size)}
+    processor.image_processor.crop_size = {"height": int(image_size), "width": int(image_size)}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlavaForConditionalGeneration(config)
+    model.save_pretrained(str(model_dir))
+    processor.save_pretrained(str(model_dir))
+
+
+def _fingerprint(world: Path) -> str:
+    return hashlib.sha256((world / "world.json").read_bytes()).hexdigest()[:16]
+
+
+def build_world_judge(world_dir: str | os.PathLike, out_dir: str | os.PathLike, seed: int = 0,
+                      settings: WorldJudgeSettings | None = None, show_progress: bool = False) -> str:
+    """Build (or reuse from ``out_dir``) the synthetic world's VLM judge; returns its spec ``lora:DIR``."""
+    from halsift.filtering.tiny_vlm import build_tiny_vlm
+    from halsift.training.detector_config import DetectorTrainConfig
+    from halsift.training.detector_train import train_detector
+
+    world, out = Path(world_dir), Path(out_dir)
+    settings = settings or WorldJudgeSettings()
+    for part in ("world.json", "pretrain", "bench/bench.jsonl"):
+        if not (world / part).exists():
+            raise FileNotFoundError(f"world_dir: {world / part} does not exist (expected a synthetic world)")
+    ident = {"seed": int(seed), "world": _fingerprint(world), "settings": asdict(settings)}
+    record = out / "judge.json"
+    adapter = out / "judge" / "adapter"
+    if record.is_file() and (adapter / "detector.yaml").is_file():
+        saved = json.loads(record.read_text())
+        if {k: saved.get(k) for k in ident} == ident:
+            return f"lora:{adapter.resolve()}"
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.process_time()
+    build_tiny_vlm(settings.arch, out / "base", seed=seed)
+    if settings.arch == "llava" and settings.image_size != 32:
+        resize_llava_vision(out / "base", settings.image_size, seed)
+    pre = pretrain_captioner(out / "base", world / "pretrain", out / "pretrained", steps=settings.pretrain_steps,
+                             batch_size=settings.pretrain_batch, lr=settings.pretrain_lr, seed=seed,
+                             show_progress=show_progress)
+    cfg = DetectorTrainConfig(
+        base=f"vlm:model={(out / 'pretrained').resolve()},mode=yes_prob", bench=str(world / "bench" / "bench.jsonl"),
+        out=str(out / "judge"), kind="vlm", lora_r=settings.lora_r, lora_alpha=2.0 * settings.lora_r,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj", "down_proj",
+                        "fc1", "fc2"],
+        modules_to_save=["multi_modal_projector"], steps=settings.judge_steps, batch_size=settings.judge_batch,
+        lr=settings.judge_lr, warmup=20, eval_every=settings.eval_every, patience=settings.patience,
+        wandb_mode="disabled", seed=seed)
+    result = train_detector(cfg)
+    write_json_atomic(record, {**ident, "pretrain": pre, "judge": {k: v for k, v in result.items()},
+                               "cpu_seconds": time.process_time() - t0})
+    return f"lora:{adapter.resolve()}"
+
+
+__all__ = ["WorldJudgeSettings", "build_world_judge", "pretrain_captioner"]
