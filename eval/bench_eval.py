@@ -8,7 +8,8 @@ Metric keys (DESIGN.md "Metrics"); ``P`` is empty with one detector and ``<detec
 ``P position/<i>/correct|incorrect``, ``P localization/ap|miou`` (mean over generators) and
 ``P localization/ap|miou/<generator>``, ``<ensemble>/auroc_gain/<generator>|mean``,
 ``self_preference/<detector>/<generator>``, ``bench/...`` (sizes, incorrect rate by position),
-``agreement/kappa`` when the bench carries annotator counts.
+``agreement/kappa`` when the bench carries annotator counts, ``likelihood/...`` with a likelihood table
+(:mod:`halsift.eval.likelihood`).
 """
 
 from __future__ import annotations
@@ -230,13 +231,14 @@ def collect_metrics(bench: pd.DataFrame, results: Sequence[DetectorResult], keep
 def evaluate_bench(bench_path: str | os.PathLike, scores: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike,
                    keep: float = 0.2, self_pref_map: Mapping[str, str] | None = None,
                    ensembles: Sequence[str] = (), n_boot: int = 1000, seed: int = 0,
-                   plots: bool = True) -> dict[str, float]:
+                   plots: bool = True, likelihood: pd.DataFrame | None = None) -> dict[str, float]:
     """Evaluate detectors on a bench and write ``metrics.json``, ``report.md`` and ``plots/*.png`` to ``out_dir``.
 
     ``scores`` maps a detector name to its score table (columns ``key``, ``sentence_index``, ``score``, optional
     ``parsed``, ``spans`` or ``output``). ``self_pref_map`` maps detector -> the generator that is the same model
-    (the self-preference diagonal). ``ensembles`` are ``"A+B"`` specs over the detector names. Returns the
-    flat metrics.
+    (the self-preference diagonal). ``ensembles`` are ``"A+B"`` specs over the detector names. ``likelihood`` (a
+    :func:`halsift.eval.likelihood.likelihood_table`) adds the ``likelihood/...`` metrics and the Fig. 7 section.
+    Returns the flat metrics.
     """
     from halsift.corpus.shards import write_json_atomic
     from halsift.eval.report import write_report
@@ -262,7 +264,11 @@ def evaluate_bench(bench_path: str | os.PathLike, scores: Mapping[str, pd.DataFr
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics = collect_metrics(bench, list(results.values()), keep, self_pref)
+    if likelihood is not None:
+        from halsift.eval.likelihood import likelihood_metrics
+
+        metrics.update(likelihood_metrics(likelihood))
     write_json_atomic(out_dir / "metrics.json", metrics)
     write_report(out_dir, bench, list(results.values()), metrics, keep=keep, self_pref=self_pref,
-                 self_pref_map=self_pref_map, plots=plots)
+                 self_pref_map=self_pref_map, plots=plots, likelihood=likelihood)
     return metrics

@@ -99,9 +99,9 @@ def parse_letter(text: str, choices: Sequence[str] = ()) -> str | None:
 
 def mc_prompt(question: str, choices: Sequence[str]) -> str:
     """The evaluation-agent prompt: the question, lettered choices, and the instruction to answer with a letter."""
-    opts = " ".join(f"{l}) {c}" for l, c in zip(LETTERS, choices))
-    return (f"Look at the image and answer the question. If none of the choices is right or you are unsure, choose "
-            f"E) {NONE_CHOICE}.\nQuestion: {question}\nChoices: {opts}\nAnswer with the letter only.")
+    from halsift.filtering.vlm_prompts import choice_prompt
+
+    return choice_prompt(question, tuple(choices))
 
 
 class ChoiceVlmAnswerer:
@@ -130,6 +130,50 @@ class ChoiceVlmAnswerer:
             self.failures += 1
             return None, False
         return letter, True
+
+
+def _pixels(image: Any) -> Any:
+    """A PIL image from what :func:`answer_all` passes (a PIL image, or a synthetic image with ``.image``)."""
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        return image
+    if hasattr(image, "image"):
+        return image.image
+    raise TypeError(f"VLM answerer: expected a PIL image (or an object with .image), got {type(image).__name__}")
+
+
+ANSWER_MODES = ("logits", "generate")
+
+
+def vlm_answerer(detector_or_spec: Any, mode: str = "logits") -> ChoiceVlmAnswerer:
+    """A :class:`ChoiceVlmAnswerer` backed by a :class:`~halsift.filtering.vlm_detector.VlmDetector` (or a
+    ``vlm:...`` spec string).
+
+    ``mode="logits"``: one forward pass per question, the answer is the letter with the highest log-probability
+    (:meth:`VlmDetector.letter_logprobs`; never fails). ``mode="generate"``: greedy reply
+    (:meth:`VlmDetector.generate_text`) parsed by :func:`parse_letter`; unparsable replies count as failures.
+    """
+    if mode not in ANSWER_MODES:
+        raise ValueError(f"mode={mode!r}: expected one of {ANSWER_MODES}")
+    det = detector_or_spec
+    if isinstance(det, (str, os.PathLike)):
+        from halsift.filtering.spec import load_detector
+
+        det = load_detector(det)
+    if not (hasattr(det, "letter_logprobs") and hasattr(det, "generate_text")):
+        raise ValueError(f"VLM answerer: {getattr(det, 'spec', det)!r} is not a vision-language model detector "
+                         "(expected a vlm:... spec)")
+    if mode == "generate":
+        ans = ChoiceVlmAnswerer(generate=lambda image, prompt: det.generate_text(_pixels(image), prompt))
+    else:
+        def score(image: Any, prompt: str, letters: Sequence[str]) -> list[float]:
+            lp = det.letter_logprobs(_pixels(image), prompt, letters)
+            return [lp[l] for l in letters]
+
+        ans = ChoiceVlmAnswerer(score_letters=score)
+    ans.detector = det
+    return ans
 
 
 def answer_all(qa_sets: Sequence[PromptQA], images: Mapping[str, Mapping[str, Any]], answerer: VqaAnswerer,
@@ -363,6 +407,6 @@ def load_reference(path: str | os.PathLike) -> pd.DataFrame:
 
 
 __all__ = ["LETTERS", "NONE_CHOICE", "COIS", "QAFormatError", "QAItem", "PromptQA", "VqaAnswerer",
-           "ChoiceVlmAnswerer", "parse_letter", "mc_prompt", "answer_all", "prompt_scores", "ihalla_scores",
+           "ChoiceVlmAnswerer", "ANSWER_MODES", "vlm_answerer", "parse_letter", "mc_prompt", "answer_all", "prompt_scores", "ihalla_scores",
            "correlations", "ihalla_metrics", "load_qa", "load_predictions", "load_reference", "split_choices",
            "normalize_coi", "read_table"]

@@ -94,7 +94,8 @@ def ensemble_md(bench: pd.DataFrame, results: Sequence) -> str | None:
 
 
 def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.DataFrame | None,
-           self_pref_map: Mapping[str, str] | None, keep: float) -> list[tuple[str, str]]:
+           self_pref_map: Mapping[str, str] | None, keep: float,
+           likelihood: pd.DataFrame | None = None) -> list[tuple[str, str]]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -204,13 +205,21 @@ def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.Data
         ax.set_ylabel("detector")
         fig.colorbar(im, ax=ax)
         save(fig, "self_preference.png", "Self-preference: AUROC / detector mean (diagonal boxed; Fig. 8)")
+    if likelihood is not None:
+        from halsift.eval.likelihood import plot_likelihood
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        plot_likelihood(likelihood)(fig, ax)
+        save(fig, "likelihood.png", "Sentence log-likelihood by position, own vs random image (HalDec Fig. 7)")
     return made
 
 
 def write_report(out_dir: str | os.PathLike, bench: pd.DataFrame, results: Sequence, metrics: Mapping[str, float],
                  keep: float = 0.2, self_pref: pd.DataFrame | None = None,
-                 self_pref_map: Mapping[str, str] | None = None, plots: bool = True) -> Path:
-    """Write ``report.md`` (and ``plots/*.png``) for a list of :class:`bench_eval.DetectorResult`."""
+                 self_pref_map: Mapping[str, str] | None = None, plots: bool = True,
+                 likelihood: pd.DataFrame | None = None) -> Path:
+    """Write ``report.md`` (and ``plots/*.png``) for a list of :class:`bench_eval.DetectorResult`; ``likelihood``
+    (a :func:`halsift.eval.likelihood.likelihood_table`) adds the Fig. 7 likelihood section."""
     out = Path(out_dir)
     gens = generator_order(bench)
     n_lab = int(bench["label"].isin(("correct", "incorrect")).sum())
@@ -254,6 +263,14 @@ def write_report(out_dir: str | os.PathLike, bench: pd.DataFrame, results: Seque
                                                        else NA for i in range(max_pos + 1)])
     md += ["## Mean score by sentence position (Fig. 7)", "",
            _table(["Detector", "label"] + [str(i + 1) for i in range(max_pos + 1)], pos_rows), ""]
+    if likelihood is not None:
+        from halsift.eval.likelihood import likelihood_md
+
+        md += ["## Sentence log-likelihood under the judge's language model (HalDec Fig. 7)", "",
+               "Mean log-likelihood (nats/token) of each sentence after its caption's preceding sentences, given its "
+               "own image or a random other image of the bench, by position (1 = first sentence). A gap (own − "
+               "random) that shrinks with the position means later sentences lean on the language prior.", "",
+               likelihood_md(likelihood), ""]
     if self_pref is not None:
         srows = [[d] + [f"**{_fmt(v, 2)}**" if self_pref_map.get(d) == g else _fmt(v, 2) for g, v in row.items()]
                  for d, row in self_pref.iterrows()]
@@ -267,7 +284,7 @@ def write_report(out_dir: str | os.PathLike, bench: pd.DataFrame, results: Seque
     if notes:
         md += ["## Notes (n/a cells and data problems)", ""] + notes + [""]
     if plots:
-        made = _plots(out / "plots", bench, results, self_pref, self_pref_map, keep)
+        made = _plots(out / "plots", bench, results, self_pref, self_pref_map, keep, likelihood)
         md += ["## Plots", ""] + [f"### {t}\n\n![{t}]({p})\n" for t, p in made]
     path = out / "report.md"
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

@@ -7,6 +7,7 @@ Short form ``family[:key=value,key=value,...]``, e.g.::
     random:seed=0
     oracle
     ensemble:members=[clip:arch=halsift-tiny,random:seed=1],weights=[0.7,0.3],norm=rank
+    lora:/runs/det/adapter                       (= lora:path=/runs/det/adapter; `halsift train detector` output)
 
 Values are read as YAML scalars/lists (``seed=0`` is an int, ``weights=[1,2]`` a list). Inside ``members=[...]``
 the member specs are separated by ``;`` or by commas (a piece whose text before its first ``=`` holds a ``:``,

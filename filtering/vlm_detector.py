@@ -43,6 +43,11 @@ instruction text (the user content is ``[image, text]``), so the image is always
 M-RoPE offsets (``rope_deltas``) are gathered per row and passed as explicit 3-D position ids.
 
 Without reuse, full sequences are left-padded into one batch (``batch_size`` rows per forward/generate call).
+
+**Free-form use** (any mode; I-HallA's multiple-choice answerer, :func:`halsift.eval.ihalla.vlm_answerer`):
+:meth:`VlmDetector.letter_logprobs` / :meth:`VlmDetector.choice_logprobs` give the next-token log-probabilities
+of the answer letters after a multiple-choice prompt (one forward pass; a letter counts every token that
+decodes to it up to whitespace, e.g. ``"A"`` and ``" A"``), and :meth:`VlmDetector.generate_text` a greedy reply.
 """
 
 from __future__ import annotations
@@ -390,6 +395,70 @@ class VlmDetector(Detector):
             res.append(Result(sum(vals) / len(vals), True) if vals else Result(50.0, parsed=False))
         self.last_texts = texts
         return res
+
+    # ------------------------------------------------------------------------------------------ free-form use
+    def _chat_inputs(self, image, prompt: str, prefill: str = "") -> dict:
+        """Processor features of one chat turn (``[image, prompt]`` as the user, generation prompt + ``prefill``)."""
+        if image is None:
+            raise DetectorError("vlm detector: no image given")
+        msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+        text = self.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) + prefill
+        feats = dict(self.processor(text=[text], images=[image], return_tensors="pt", add_special_tokens=False))
+        return {k: v.to(self.device) if not v.is_floating_point() else v.to(self.device, self.model.dtype)
+                for k, v in feats.items()}
+
+    def letter_ids(self, letters: Sequence[str]) -> dict[str, list[int]]:
+        """Token ids that count for each answer letter: every token whose decoded text, stripped of whitespace,
+        is exactly the letter (case-sensitive): ``"A"``, ``" A"``, ``"\\nA"``; not ``"a"``, ``"A)"`` or ``"AB"``."""
+        cache = self.__dict__.setdefault("_letter_cache", {})
+        key = tuple(letters)
+        if key not in cache:
+            want = set(key)
+            ids: dict[str, list[int]] = {l: [] for l in key}
+            for i, t in enumerate(self._vocab_strings()):
+                if t.strip() in want:
+                    ids[t.strip()].append(i)
+            empty = [l for l in key if not ids[l]]
+            if empty:
+                raise ValueError(f"letters {empty}: no token of the vocabulary spells them")
+            cache[key] = ids
+        return cache[key]
+
+    def letter_logprobs(self, image, prompt: str, letters: Sequence[str] = P.CHOICE_LETTERS,
+                        prefill: str = "") -> dict[str, float]:
+        """Log-probability of each answer letter as the next token, in one forward pass.
+
+        The user turn is ``[image, prompt]`` in the model's chat template; the assistant turn is prefilled with
+        ``prefill`` (default empty: the reply starts at the letter). A letter's probability sums its tokens
+        (:meth:`letter_ids`: ``"A"`` and ``" A"`` ...) under the full next-token softmax, so the values are not
+        renormalised over the letters.
+        """
+        import torch
+
+        ids = self.letter_ids(letters)
+        feats = self._chat_inputs(image, prompt, prefill)
+        with torch.inference_mode():
+            logits = self.model(**feats, use_cache=False, logits_to_keep=1).logits[0, -1].float()
+        logp = logits.log_softmax(-1)
+        return {l: float(torch.logsumexp(logp[ids[l]], 0)) for l in letters}
+
+    def choice_logprobs(self, image, question: str, choices: Sequence[str]) -> dict[str, float]:
+        """Multiple-choice VQA: log-probabilities of the letters A.. (one per choice) after
+        :func:`~halsift.filtering.vlm_prompts.choice_prompt` (see :meth:`letter_logprobs`)."""
+        return self.letter_logprobs(image, P.choice_prompt(question, tuple(choices)),
+                                    P.CHOICE_LETTERS[:len(choices)])
+
+    def generate_text(self, image, prompt: str, max_new_tokens: int | None = None) -> str:
+        """Greedy reply to ``[image, prompt]`` (special tokens stripped); ``max_new_tokens`` defaults to the
+        detector's own."""
+        import torch
+
+        feats = self._chat_inputs(image, prompt)
+        with torch.inference_mode():
+            out = self.model.generate(**feats, max_new_tokens=int(max_new_tokens or self.max_new_tokens),
+                                      do_sample=False, temperature=None, top_p=None, top_k=None,
+                                      pad_token_id=self.pad_id)
+        return self.tokenizer.decode(out[0, feats["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
 __all__ = ["MODES", "VlmDetector"]

@@ -56,25 +56,37 @@ def sentence_logliks(det, items: Sequence[Item], batch_size: int = 16) -> list[f
     return out
 
 
-def own_vs_random(det, items: Sequence[Item], seed: int = 0, batch_size: int = 16) -> dict:
-    """Per-position mean log-likelihood given the own image and a random other caption's image.
+def image_key(it: Item) -> str:
+    """An item's image identity: ``image_id`` when set, else its ``key`` (bench rows of one image share it)."""
+    return it.image_id or it.key
 
-    Returns flat metrics: ``likelihood/own/pos<k>``, ``likelihood/random/pos<k>``, ``likelihood/gap/pos<k>``
-    (own − random) and the same over all positions (``.../all``). Needs items from at least two images.
-    """
-    groups = list(dict.fromkeys((it.key, it.image_id) for it in items))
+
+def with_random_images(items: Sequence[Item], seed: int = 0) -> list[Item]:
+    """The items with every image replaced by another image of the set (a seeded derangement over the distinct
+    images, so no sentence keeps its own); ``meta["random_image"]`` names the image swapped in."""
+    groups = list(dict.fromkeys(image_key(it) for it in items))
     if len(groups) < 2:
-        raise ValueError("own_vs_random: needs sentences from at least two images")
-    image_of = {}
+        raise ValueError("random images: needs sentences from at least two images")
+    image_of: dict[str, object] = {}
     for it in items:
-        image_of.setdefault((it.key, it.image_id), it.image)
+        image_of.setdefault(image_key(it), it.image)
     rng = random.Random(seed)
     perm = groups[:]
     while any(a == b for a, b in zip(groups, perm)):  # a derangement: never the own image
         rng.shuffle(perm)
     swap = dict(zip(groups, perm))
-    swapped = [Item(it.key, it.sentence_index, it.sentence, it.context, image_of[swap[(it.key, it.image_id)]],
-                    it.image_id, it.meta) for it in items]
+    return [Item(it.key, it.sentence_index, it.sentence, it.context, image_of[swap[image_key(it)]], it.image_id,
+                 {**it.meta, "random_image": swap[image_key(it)]}) for it in items]
+
+
+def own_vs_random(det, items: Sequence[Item], seed: int = 0, batch_size: int = 16) -> dict:
+    """Per-position mean log-likelihood given the own image and a random other caption's image.
+
+    Returns flat metrics: ``likelihood/own/pos<k>``, ``likelihood/random/pos<k>``, ``likelihood/gap/pos<k>``
+    (own − random) and the same over all positions (``.../all``). Needs items from at least two images
+    (:func:`image_key`).
+    """
+    swapped = with_random_images(items, seed)
     own = sentence_logliks(det, items, batch_size)
     rnd = sentence_logliks(det, swapped, batch_size)
     res: dict[str, float] = {}
@@ -88,4 +100,4 @@ def own_vs_random(det, items: Sequence[Item], seed: int = 0, batch_size: int = 1
     return res
 
 
-__all__ = ["DESCRIBE_PROMPT", "own_vs_random", "sentence_logliks"]
+__all__ = ["DESCRIBE_PROMPT", "image_key", "own_vs_random", "sentence_logliks", "with_random_images"]

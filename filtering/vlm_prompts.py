@@ -44,6 +44,21 @@ CAPTION_LEAD = "\n\nCaption:"  # the caption text follows after one space
 SCORE_PREFILL = '{"score": '  # mode ``logits``: the assistant turn up to where the number goes
 
 
+# Multiple-choice VQA (I-HallA's evaluation agent): the question, lettered choices, "answer with the letter only".
+CHOICE_LETTERS = "ABCDE"
+CHOICE_NONE = "None of the above"
+CHOICE_PROMPT = ("Look at the image and answer the question. If none of the choices is right or you are unsure, "
+                 "choose E) {none}.\nQuestion: {question}\nChoices: {options}\nAnswer with the letter only.")
+
+
+def choice_prompt(question: str, choices: list[str] | tuple[str, ...]) -> str:
+    """The multiple-choice prompt: ``question`` and ``choices`` lettered A, B, ... (at most five)."""
+    if not 1 <= len(choices) <= len(CHOICE_LETTERS):
+        raise ValueError(f"choices: expected 1 to {len(CHOICE_LETTERS)} choices, got {len(choices)}")
+    opts = " ".join(f"{l}) {c}" for l, c in zip(CHOICE_LETTERS, choices))
+    return CHOICE_PROMPT.format(none=CHOICE_NONE, question=question, options=opts)
+
+
 def caption_text(sentence: str, context: list[str] | None = None) -> str:
     """The text after ``Caption:``: the sentence, or (Table D) the preceding sentences plus the target."""
     if context:
@@ -101,5 +116,5 @@ def _number(v) -> float | None:
     return x
 
 
-__all__ = ["CAPTION_LEAD", "CONTEXT_TEMPLATE", "COT_PROMPT", "LOCALIZE_PROMPT", "SCORE_PREFILL", "SCORE_PROMPT",
+__all__ = ["CAPTION_LEAD", "CHOICE_LETTERS", "CHOICE_NONE", "CHOICE_PROMPT", "choice_prompt", "CONTEXT_TEMPLATE", "COT_PROMPT", "LOCALIZE_PROMPT", "SCORE_PREFILL", "SCORE_PROMPT",
            "YES_NO_PROMPT", "caption_text", "parse_score"]

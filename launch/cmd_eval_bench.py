@@ -22,6 +22,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="detector=generator pairs: the generator that is the detector's own model (Fig. 8)")
     p.add_argument("--ensemble", nargs="+", action="extend", default=[], metavar="A+B",
                    help="ensembles to report: detector names joined by '+' (mean of their scores, Table 6)")
+    p.add_argument("--likelihood", metavar="SPEC",
+                   help="vlm detector spec: add the likelihood analysis (HalDec Fig. 7), each sentence's "
+                        "log-likelihood given its own vs a random image, by position and label "
+                        "(likelihood/... metrics, a report table, plots/likelihood.png, likelihood.csv)")
+    p.add_argument("--likelihood-images", type=int, default=None, metavar="N",
+                   help="--likelihood: only the rows of N images (a sample seeded by --seed; default: all)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates for the 95%% CIs")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -66,6 +72,23 @@ def _score_with_detectors(specs: list[str], bench: str, out_dir: Path) -> dict:
     return out
 
 
+def _likelihood(spec: str, bench: str, out_dir: Path, seed: int, max_images: int | None):
+    from halsift.eval.eval_report import write_text_atomic
+    from halsift.eval.likelihood import likelihood_table
+    from halsift.filtering.spec import load_detector
+    from halsift.launch.cli import UsageError
+
+    det = load_detector(spec)
+    if not (hasattr(det, "processor") and hasattr(det, "model") and hasattr(det, "_full_batch")):
+        raise UsageError(f"--likelihood: {spec!r} is not a vision-language model detector (expected vlm:...)")
+    try:
+        table = likelihood_table(det, bench, seed=seed, max_images=max_images)
+    except ValueError as e:
+        raise UsageError(f"--likelihood: {e}") from e
+    write_text_atomic(out_dir / "likelihood.csv", table.to_csv(index=False))
+    return table
+
+
 def run(args: argparse.Namespace) -> int:
     from halsift.eval.agreement import AgreementError
     from halsift.eval.bench_eval import evaluate_bench
@@ -87,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
         mapping[det] = gen
     if not Path(args.bench).exists():
         raise FileNotFoundError(f"--bench: {args.bench} does not exist")
+    if args.likelihood_images is not None and args.likelihood_images < 2:
+        raise UsageError(f"--likelihood-images: {args.likelihood_images}, expected at least 2 (a random image "
+                         "must differ from the own one)")
+    if args.likelihood_images is not None and not args.likelihood:
+        raise UsageError("--likelihood-images: needs --likelihood SPEC")
     out_dir = Path(args.out)
     scores = _load_scores(args.scores)
     if args.detector:
@@ -94,10 +122,13 @@ def run(args: argparse.Namespace) -> int:
             if name in scores:
                 raise UsageError(f"--detector: {name!r} is also given by --scores")
             scores[name] = df
+    likelihood = None
+    if args.likelihood:
+        likelihood = _likelihood(args.likelihood, args.bench, out_dir, args.seed, args.likelihood_images)
     try:
         metrics = evaluate_bench(args.bench, scores, out_dir, keep=args.keep, self_pref_map=mapping or None,
                                  ensembles=args.ensemble, n_boot=args.n_boot, seed=args.seed,
-                                 plots=not args.no_plots)
+                                 plots=not args.no_plots, likelihood=likelihood)
     except (MetricError, AgreementError) as e:
         raise UsageError(str(e)) from e
     several = len(scores) + len(args.ensemble) > 1

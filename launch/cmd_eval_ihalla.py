@@ -11,6 +11,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="writes metrics.json, report.md and plots/ here")
     parser.add_argument("--synthetic", action="store_true",
                         help="generate QA sets from the synthetic t2i prompts and answer them with the scene oracle")
+    parser.add_argument("--answerer", metavar="SPEC",
+                        help="--synthetic: answer with a VLM detector spec (e.g. vlm:model=PATH) instead of the "
+                             "scene oracle; it sees the rendered images")
+    parser.add_argument("--answer-mode", choices=("logits", "generate"), default="logits",
+                        help="--answerer: 'logits' picks the most likely letter A-E in one forward pass (never "
+                             "fails); 'generate' parses a greedy reply (default: logits)")
     parser.add_argument("--prompts", type=int, default=40, help="--synthetic: number of prompts (default: 40)")
     parser.add_argument("--seed", type=int, default=0, help="--synthetic: seed (default: 0)")
     parser.add_argument("--qa", metavar="CSV|XLSX", help="QA sets, official layout (index, CoI, question, choices, answer)")
@@ -62,10 +68,22 @@ def run(args: argparse.Namespace) -> int:
         from halsift.eval.ihalla_synth import SceneOracle, synthetic_ihalla
 
         data = synthetic_ihalla(args.prompts, args.seed)
-        answers = answer_all(data.qa_sets, data.images, SceneOracle(), show_progress=True)
+        if args.answerer:
+            from halsift.eval.ihalla import vlm_answerer
+
+            try:
+                answerer = vlm_answerer(args.answerer, args.answer_mode)
+            except ValueError as e:
+                raise UsageError(f"--answerer: {e}") from e
+            who = f"VLM answerer `{args.answerer}` ({args.answer_mode})"
+        else:
+            answerer, who = SceneOracle(), "scene-graph oracle answerer"
+        answers = answer_all(data.qa_sets, data.images, answerer, show_progress=True)
         reference, true_error = data.reference, data.true_error
-        source = f"synthetic world (seed {args.seed}, {args.prompts} prompts, scene-graph oracle answerer)"
+        source = f"synthetic world (seed {args.seed}, {args.prompts} prompts, {who})"
     else:
+        if args.answerer:
+            raise UsageError("--answerer: only with --synthetic (with --qa, give the answers as --predictions)")
         if not args.qa or not args.predictions:
             raise UsageError("--qa: give --qa and --predictions (or --synthetic)")
         qa = load_qa(args.qa)

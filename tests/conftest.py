@@ -20,3 +20,23 @@ def synth_world(tmp_path_factory):
     out = tmp_path_factory.mktemp("world")
     generate_world(out, images=160, seed=0)
     return out
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="also run tests marked slow (minutes each)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Plain `pytest` runs the CPU suite; `slow` tests need --runslow, `gpu` tests a CUDA device."""
+    run_slow = config.getoption("--runslow")
+    has_gpu = None
+    for item in items:
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow: run with --runslow"))
+        if "gpu" in item.keywords:
+            if has_gpu is None:
+                import torch
+
+                has_gpu = torch.cuda.is_available()
+            if not has_gpu:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
