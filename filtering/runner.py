@@ -267,9 +267,14 @@ def _finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, sco
 
 
 def _state(device: str | None):
+    """The launch's accelerate state. CPU (gloo) unless a CUDA device is asked for or present: without
+    ``cpu=True`` accelerate does not join a CPU-only torchrun group and every rank would think it is alone."""
+    import torch
     from accelerate import PartialState
 
-    return PartialState(cpu=(device == "cpu"))
+    cpu = device == "cpu" or (device is None and (not torch.cuda.is_available() or bool(os.environ.get(
+        "HALSIFT_FORCE_CPU"))))
+    return PartialState(cpu=cpu)
 
 
 def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sentence", batch_size: int = 64,

@@ -200,3 +200,47 @@ def describe(cls: type, indent: int = 0) -> str:
         val = val.removesuffix("...").strip()
         lines.append(f"{pad}{f.name}: {val}  # {help_}")
     return "\n".join(lines)
+
+
+def add_dataclass_arguments(parser, cls: type, metavars: Mapping[str, str] | None = None) -> None:
+    """One ``--flag`` per field of ``cls`` (help = the field's help) plus ``--config YAML``.
+
+    Lists take several values; booleans are on/off switches (``--x`` / ``--no-x``). Unset flags stay absent
+    from the namespace, so :func:`config_from_args` can overlay only what was given on the YAML.
+    """
+    import argparse
+
+    hints = typing.get_type_hints(cls)
+    parser.add_argument("--config", metavar="YAML", help=f"YAML with {cls.__name__} keys; flags override it")
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=f"{f.metadata['help']} (default: {default!r})")
+        metavar = (metavars or {}).get(f.name)
+        if tp is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif typing.get_origin(tp) is list:
+            parser.add_argument(flag, nargs="+", type=typing.get_args(tp)[0], metavar=metavar, **kw)
+        else:
+            parser.add_argument(flag, type=tp, metavar=metavar, **kw)
+
+
+def config_from_args(cls: type[T], args) -> T:
+    """``--config`` YAML overlaid with the flags given -> validated ``cls``; errors name the ``--flag``."""
+    data = load_yaml(args.config) if getattr(args, "config", None) else {}
+    for f in dataclasses.fields(cls):
+        if hasattr(args, f.name):
+            data[f.name] = getattr(args, f.name)
+    try:
+        return from_dict(cls, data)
+    except ConfigError as e:
+        raise ConfigError(flag_message(str(e))) from None
+
+
+def flag_message(msg: str) -> str:
+    """``"batch_size: must be >= 1"`` -> ``"--batch-size: must be >= 1"`` (config field named as its CLI flag)."""
+    field_ = msg.split(":", 1)[0]
+    if field_.isidentifier():
+        return "--" + field_.replace("_", "-") + msg[len(field_):]
+    return msg
