@@ -116,8 +116,12 @@ def from_dict(cls: type[T], data: Mapping[str, Any] | None, prefix: str = "") ->
             raise
         except ValueError as e:
             msg = str(e)
-            named = not prefix or msg.startswith(prefix) or msg.split(":")[0] in {f.name for f in dataclasses.fields(cls)}
-            raise ConfigError(msg if named else f"{prefix}: {msg}") from None
+            if not prefix or msg.startswith(prefix):
+                raise ConfigError(msg) from None
+            first = msg.split(":")[0]  # "field: ..." or "a/b: ..." names fields of this config: qualify them
+            own = {f.name for f in dataclasses.fields(cls)}
+            named = all(part.split(".")[0] in own for part in first.split("/"))
+            raise ConfigError(f"{prefix}.{msg}" if named else f"{prefix}: {msg}") from None
     return obj
 
 

@@ -1,4 +1,4 @@
-"""Run a recipe: world -> pretrain -> score -> select -> finetune -> eval -> report, in one run folder.
+"""Run a recipe: world -> pretrain -> detectors -> score -> select -> finetune -> eval -> report, in one folder.
 
 Reads top to bottom like the loop it runs. Each stage writes into ``<run_dir>/<stage>/`` and marks itself
 complete with ``<run_dir>/<stage>/_done.json`` (written last, atomically); a rerun skips complete stages, and
@@ -47,16 +47,64 @@ def resolve_paths(r: Recipe) -> Paths:
     return Paths(run, corpus, bench, retrieval, pretrain, base)
 
 
+def trained_spec(r: Recipe, p: Paths, name: str) -> str:
+    """The ``lora:DIR`` spec the detectors stage produces for ``detectors.NAME``."""
+    out = p.stage("detectors") / name
+    return f"lora:{out / 'judge' / 'adapter' if r.detectors[name].kind == 'world_judge' else out / 'adapter'}"
+
+
+class _Trained:
+    """``{trained.NAME}`` in a spec: the trained detector's spec; an unknown NAME is a config error."""
+
+    def __init__(self, specs: dict[str, str], where: str) -> None:
+        self._specs, self._where = specs, where
+
+    def __getattr__(self, name: str) -> str:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in self._specs:
+            raise ConfigError(f"{self._where}: {{trained.{name}}} names no entry of detectors "
+                              f"(known: {sorted(self._specs)})")
+        return self._specs[name]
+
+
+def _substitute(spec: str, where: str, subs: dict) -> str:
+    try:
+        return spec.format(**subs)
+    except KeyError as e:
+        raise ConfigError(f"{where}: unknown placeholder {{{e.args[0]}}}; known: {sorted(subs)}") from None
+    except (ValueError, IndexError) as e:
+        raise ConfigError(f"{where}: bad placeholder in {spec!r} ({e})") from None
+
+
 def detector_specs(r: Recipe, p: Paths) -> dict[str, str]:
-    """Detector name -> spec with ``{run_dir}``, ``{base}`` and ``{arch}`` substituted."""
+    """Detector name -> spec with ``{run_dir}``, ``{base}``, ``{arch}`` and ``{trained.NAME}`` substituted."""
+    subs = {"run_dir": str(p.run), "base": p.base, "arch": r.model.arch}
+    trained = {name: trained_spec(r, p, name) for name in r.detectors}
+    return {name: _substitute(spec, f"score.detectors.{name}", {**subs, "trained": _Trained(trained,
+                                                                 f"score.detectors.{name}")})
+            for name, spec in r.score.detectors.items()}
+
+
+def trained_configs(r: Recipe, p: Paths) -> dict:
+    """``detectors.NAME`` -> a validated ``DetectorTrainConfig`` (lora) or ``WorldJudgeSettings`` (world_judge)."""
+    from halsift.launch.config import from_dict
+    from halsift.training.detector_config import DetectorTrainConfig
+    from halsift.training.world_judge import WorldJudgeSettings
+
     subs = {"run_dir": str(p.run), "base": p.base, "arch": r.model.arch}
     out = {}
-    for name, spec in r.score.detectors.items():
-        try:
-            out[name] = spec.format(**subs)
-        except KeyError as e:
-            raise ConfigError(f"score.detectors.{name}: unknown placeholder {{{e.args[0]}}}; "
-                              f"known: {sorted(subs)}") from None
+    for name, t in r.detectors.items():
+        where = f"detectors.{name}.options"
+        if t.kind == "world_judge":
+            out[name] = from_dict(WorldJudgeSettings, t.options, prefix=where)
+            continue
+        if not p.bench:
+            raise ConfigError(f"detectors.{name}: kind lora trains on a bench; set data.bench")
+        fixed = {"base": _substitute(t.base, f"detectors.{name}.base", subs), "bench": p.bench,
+                 "out": str(p.stage("detectors") / name), "seed": r.seed, "resume": True,
+                 "wandb_mode": r.wandb.mode, "wandb_project": r.wandb.project, "wandb_run": f"{r.name}-{name}"}
+        out[name] = from_dict(DetectorTrainConfig, {**fixed, **t.options}, prefix=where)
     return out
 
 
@@ -66,6 +114,7 @@ def check(r: Recipe) -> Paths:
     from halsift.training.clip_config import check_model_name
 
     p = resolve_paths(r)
+    trained_configs(r, p)
     for name, spec in detector_specs(r, p).items():
         if spec.endswith((".yaml", ".yml")):
             if not Path(spec).exists():
@@ -169,6 +218,26 @@ def stage_pretrain(r: Recipe, p: Paths) -> dict:
         return {"skipped": "model.pretrained is set" if r.model.pretrained else "pretrain.enabled is false"}
     cfg = _train_cfg(r, r.pretrain, [p.pretrain_data], p.stage("pretrain"), "", r.seed)
     return {"metrics": train(cfg)}
+
+
+def stage_detectors(r: Recipe, p: Paths) -> dict:
+    """Train each ``detectors`` entry (a finished one is reused: its adapter, or the judge's cache record)."""
+    from halsift.training.detector_train import train_detector
+    from halsift.training.world_judge import build_world_judge
+
+    info = {}
+    for name, cfg in trained_configs(r, p).items():
+        spec = trained_spec(r, p, name)
+        out = p.stage("detectors") / name
+        started = time.time()
+        if r.detectors[name].kind == "world_judge":
+            built = build_world_judge(p.stage("world"), out, seed=r.seed, settings=cfg, show_progress=True)
+            assert Path(built.split(":", 1)[1]).resolve() == Path(spec.split(":", 1)[1]).resolve(), built
+        elif not (out / "adapter" / "detector.yaml").exists():
+            train_detector(cfg)
+        print(f"[halsift run] detectors.{name}: {spec} ({time.time() - started:.1f}s)")
+        info[name] = spec
+    return {"trained": info}
 
 
 def _scores_dir(p: Paths, name: str, what: str) -> Path:
@@ -276,7 +345,10 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
     bench_metrics = {}
     if p.bench and "score" in r.stages:
         scores = {name: read_scores_df(_scores_dir(p, name, "bench")) for name in _filters(r)}
-        bench_metrics = evaluate_bench(p.bench, scores, out_dir / "bench", keep=r.eval.keep, seed=r.seed)
+        bench = bench_subset(p.bench, r.eval.bench_split, p.run)
+        if not bench:
+            raise ConfigError(f"eval.bench_split: no rows of split {r.eval.bench_split!r} in {p.bench}")
+        bench_metrics = evaluate_bench(bench, scores, out_dir / "bench", keep=r.eval.keep, seed=r.seed)
     device = _device(r)
     models = {"no-tune": [p.base]} if r.finetune.no_tune and p.retrieval else {}
     if "finetune" in r.stages and p.retrieval:
@@ -334,8 +406,8 @@ def stage_report(r: Recipe, p: Paths) -> dict:
     return {"metrics": metrics}
 
 
-STAGE_FUNCS = {"world": stage_world, "pretrain": stage_pretrain, "score": stage_score, "select": stage_select,
-               "finetune": stage_finetune, "eval": stage_eval, "report": stage_report}
+STAGE_FUNCS = {"world": stage_world, "pretrain": stage_pretrain, "detectors": stage_detectors, "score": stage_score,
+               "select": stage_select, "finetune": stage_finetune, "eval": stage_eval, "report": stage_report}
 
 
 def run_recipe(r: Recipe, dry_run: bool = False, force: tuple[str, ...] = ()) -> Path:

@@ -8,10 +8,12 @@ the pretrain stage produced or ``model.pretrained``) are substituted in detector
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from halsift.launch.config import ConfigError, field
 
-STAGES = ("world", "pretrain", "score", "select", "finetune", "eval", "report")
+STAGES = ("world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report")
+TRAINED_KINDS = ("lora", "world_judge")
 EXTRA_EVALS = ("ihalla", "vope", "vigil")
 
 
@@ -74,6 +76,25 @@ class FinetuneCfg(TrainCfg):
     seeds: list[int] = field(default_factory=lambda: [0], help="fine-tune each selection once per seed")
     no_tune: bool = field(True, help="also evaluate the base model without fine-tuning")
     unfiltered: bool = field(False, help="also fine-tune on the whole corpus (every sentence)")
+
+
+@dataclass
+class TrainedDetectorCfg:
+    kind: str = field("lora", help="lora: `train detector` (peft LoRA) on `base` with the bench's train/val splits | "
+                                   "world_judge: the synthetic world's tiny VLM judge (pre-trained, then LoRA-tuned)")
+    base: str = field("", help="lora: the base detector spec ({arch}, {base}, {run_dir} substituted)")
+    options: dict[str, Any] = field(default_factory=dict,
+                                    help="lora: `train detector` fields (steps, lr, lora_r, ...); "
+                                         "world_judge: WorldJudgeSettings fields")
+
+    def validate(self) -> None:
+        if self.kind not in TRAINED_KINDS:
+            raise ValueError(f"kind: expected one of {TRAINED_KINDS}, got {self.kind!r}")
+        if self.kind == "lora" and not self.base:
+            raise ValueError("base: required for kind lora (e.g. clip:arch={arch},checkpoint={base})")
+        fixed = sorted({"base", "bench", "out"} & set(self.options))
+        if fixed:
+            raise ValueError(f"options.{fixed[0]}: set by the recipe, not an option")
 
 
 @dataclass
@@ -142,6 +163,9 @@ class Recipe:
     model: ModelCfg = field(default_factory=ModelCfg, help="the CLIP architecture and base weights")
     pretrain: PretrainCfg = field(default_factory=lambda: PretrainCfg(steps=400, lr=1e-3),
                                   help="pre-training of the base CLIP")
+    detectors: dict[str, TrainedDetectorCfg] = field(
+        default_factory=dict, help="detectors trained before scoring, into <run_dir>/detectors/NAME; a score spec "
+                                   "names one as {trained.NAME}")
     score: ScoreCfg = field(default_factory=ScoreCfg, help="detectors scored on the corpus and the bench")
     select: SelectCfg = field(default_factory=SelectCfg, help="top-k selection per detector")
     finetune: FinetuneCfg = field(default_factory=FinetuneCfg, help="CLIP fine-tuning on each selection")
@@ -161,6 +185,8 @@ class Recipe:
         for name, flags in self.evals.items():
             if "--out" in flags:
                 raise ConfigError(f"evals.{name}: do not set --out; the recipe writes to <run_dir>/eval/{name}")
+        if self.detectors and "detectors" not in self.stages:
+            raise ConfigError(f"stages: 'detectors' is needed to train {sorted(self.detectors)}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device: expected auto, cpu or cuda, got {self.device!r}")
         if not self.world.enabled:
@@ -175,3 +201,6 @@ class Recipe:
             if not self.model.pretrained and ("pretrain" in self.stages or "finetune" in self.stages) \
                     and not self.data.pretrain:
                 raise ConfigError("model.pretrained: set base weights, or data.pretrain to pre-train on")
+        judges = [n for n, d in self.detectors.items() if d.kind == "world_judge"]
+        if judges and not self.world.enabled:
+            raise ConfigError(f"detectors.{judges[0]}: kind world_judge needs the synthetic world (world.enabled)")

@@ -12,16 +12,22 @@ from halsift.launch.cli import main
 TINY = ["world.images=60", "world.bench_images=12", "world.retrieval_images=20", "pretrain.steps=3",
         "pretrain.batch_size=16", "finetune.steps=2", "finetune.batch_size=16", "finetune.seeds=[0]",
         "score.batch_size=32", "evals.ihalla=[--synthetic, --prompts, '6']", "evals.vope=[--synthetic, --images, '6']",
-        "evals.vigil=[--synthetic, --per-category, '4']", "wandb.mode=disabled"]
+        "evals.vigil=[--synthetic, --per-category, '4']", "wandb.mode=disabled",
+        "detectors.judge.options={pretrain_steps: 2, pretrain_batch: 4, judge_steps: 2, judge_batch: 4, eval_every: 2}",
+        "detectors.clip-lora.options={steps: 2, batch_size: 16, eval_every: 2}"]
 
 
 def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["run", "quickstart", f"run_dir={run}", *TINY]) == 0
-    for stage in ("world", "pretrain", "score", "select", "finetune", "eval", "report"):
+    for stage in ("world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report"):
         assert (run / stage / "_done.json").exists(), stage
     assert (run / "recipe.resolved.yaml").exists()
-    filters = ["clip", "random", "oracle", "clip+oracle"]
+    filters = ["clip", "clip-lora", "judge", "random", "oracle", "judge+clip-lora"]
+    for name, adapter in (("clip-lora", "clip-lora/adapter"), ("judge", "judge/judge/adapter")):
+        assert (run / "detectors" / adapter / "detector.yaml").exists(), name
+        manifest = json.loads((run / "score" / name / "corpus" / "_manifest.json").read_text())
+        assert manifest["detector"].startswith("lora:") and manifest["detector"].endswith(adapter)
     for name in filters:
         assert (run / "score" / name / "corpus").exists() and (run / "score" / name / "bench").exists()
         manifest = json.loads((run / "select" / name / "manifest.json").read_text())
@@ -46,6 +52,6 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     start = time.perf_counter()
     assert main(["run", "quickstart", f"run_dir={run}", *TINY]) == 0
     out = capsys.readouterr().out
-    assert out.count("already complete, skipped") == 7
+    assert out.count("already complete, skipped") == 8
     assert time.perf_counter() - start < 20
     assert (run / "report" / "report.md").read_text() == report

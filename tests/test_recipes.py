@@ -60,6 +60,12 @@ def test_quickstart_yaml_opens_with_its_command():
     ("select.keep=1.5", "select.keep"), ("finetune.stepz=3", "finetune.stepz"), ("stages=[world, fly]", "stages"),
     ("score.detectors.x=nope:a=1", "score.detectors.x"), ("score.ensembles.e=[clip, ghost]", "score.ensembles.e"),
     ("world.enabled=false", "data.corpus"), ("score.detectors.clip=clip:arch={archh}", "score.detectors.clip"),
+    ('score.detectors.x="{trained.ghost}"', "score.detectors.x"), ("detectors.judge.kind=lorax", "detectors.judge.kind"),
+    ("detectors.clip-lora.options={stepz: 3}", "detectors.clip-lora.options.stepz"),
+    ("detectors.clip-lora.options={steps: 0}", "detectors.clip-lora.options.steps"),
+    ("detectors.judge.options={judge_steps: many}", "detectors.judge.options.judge_steps"),
+    ("detectors.clip-lora.options={out: /tmp/x}", "detectors.clip-lora.options.out"),
+    ("stages=[world, pretrain, score, select, finetune, eval, report]", "stages"),
 ])
 def test_bad_recipe_fails_fast_naming_the_key(override, key, capsys):
     start = time.perf_counter()
@@ -80,3 +86,14 @@ def test_describe_and_list(capsys):
     assert "keep: 0.2" in out and "# fraction of units kept" in out
     assert main(["run", "--list"]) == 0
     assert "quickstart" in capsys.readouterr().out
+
+
+def test_trained_detectors_resolve_to_their_adapters(tmp_path):
+    """``{trained.NAME}`` is the spec the detectors stage will write: ``lora:<run_dir>/detectors/NAME/...``."""
+    recipe = load_recipe("quickstart", [f"run_dir={tmp_path}"])
+    specs = detector_specs(recipe, check(recipe))
+    assert specs["clip-lora"] == f"lora:{tmp_path / 'detectors' / 'clip-lora' / 'adapter'}"
+    assert specs["judge"] == f"lora:{tmp_path / 'detectors' / 'judge' / 'judge' / 'adapter'}"
+    with pytest.raises(ConfigError, match="detectors.judge: kind world_judge needs the synthetic world"):
+        load_recipe("quickstart", ["world.enabled=false", "data.corpus=x", "data.retrieval.a=y", "data.bench=z",
+                                   "model.pretrained=openai"])
