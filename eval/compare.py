@@ -74,14 +74,15 @@ def _fmt(v, std=None) -> str:
 
 
 def render_markdown(title: str, rows: list[dict], sets: Sequence[str], input_precision: float | None,
-                    k: int = 5) -> str:
+                    k: int = 5, bench_split: str = "") -> str:
     if not rows:
         return f"# Report: {title}\n\nNo filters were compared in this run (no score/select/finetune stages).\n"
     head = ["Filter", *[f"{s} {d} R@{k}" for s in sets for d in ("i2t", "t2i")], "bench AUROC",
             "kept precision", "kept", "seeds"]
     lines = [f"# Compare filters: {title}", "",
              "Fine-tuned CLIP retrieval per filter (HalDec Table F), with each filter's sentence-level detection "
-             "AUROC on the benchmark and the precision (share of correct sentences) of what it kept. "
+             f"AUROC on the benchmark{f' ({bench_split} split)' if bench_split else ''} and the precision "
+             "(share of correct sentences) of what it kept. "
              "R@k on a 0–100 scale, mean ± std over fine-tuning seeds.", ""]
     if input_precision is not None:
         lines += [f"Precision of the unfiltered corpus: {100 * input_precision:.1f}%.", ""]
@@ -149,7 +150,7 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
                            selections: Mapping[str, Mapping], sets: Sequence[str], out_dir: str | os.PathLike,
                            wandb_mode: str = "offline", wandb_project: str = "halsift", k: int = 5,
                            filters: Sequence[str] | None = None,
-                           extra_reports: Mapping[str, Path] | None = None) -> dict:
+                           extra_reports: Mapping[str, Path] | None = None, bench_split: str = "") -> dict:
     """Write ``metrics.json``, ``report.md``, plots and (unless disabled) an offline wandb run; returns metrics."""
     from halsift.corpus.shards import write_json_atomic
 
@@ -159,7 +160,7 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
     metrics = {f"{r['filter']}/{key}": v for r in rows for key, v in r.items()
                if key not in ("filter",) and isinstance(v, (int, float)) and np.isfinite(v)}
     write_json_atomic(out / "metrics.json", metrics)
-    text = render_markdown(title, rows, sets, _input_precision(selections), k)
+    text = render_markdown(title, rows, sets, _input_precision(selections), k, bench_split)
     bench_report = Path(out_dir).parent / "eval" / "bench" / "report.md"
     links = ({"detection benchmark": bench_report} if bench_report.exists() else {}) | dict(extra_reports or {})
     if links:

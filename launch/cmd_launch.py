@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ HELP = "run a halsift command under torchrun / accelerate launch, or as a SLURM 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=None, help="processes per node, one per GPU")
-    p.add_argument("--cpu", type=int, default=None, metavar="N", help="N CPU processes (gloo) instead of GPUs")
+    p.add_argument("--cpu", type=int, default=None, metavar="N",
+                   help="N CPU processes (gloo) instead of GPUs (per node; with --slurm: no GPU request, torchrun)")
     p.add_argument("--nodes", type=int, default=1, help="number of nodes")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank (0 .. nodes-1)")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of the rank-0 node")
@@ -26,6 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--slurm", action="store_true", help="write an sbatch script instead of running locally")
     s.add_argument("--script", default="halsift_job.sbatch", help="where to write the sbatch script")
     s.add_argument("--submit", action="store_true", help="submit the script with sbatch after writing it")
+    s.add_argument("--wait", action="store_true",
+                   help="with --submit: wait for the job to end (sbatch --wait) and exit with its exit code")
+    s.add_argument("--output", default="slurm-%j.out", help="job log file (%%j = job id; default slurm-%%j.out)")
+    s.add_argument("--python", default=None,
+                   help="interpreter each task runs (default: this one, or `python` on PATH when --setup is given)")
     s.add_argument("--partition", default=None)
     s.add_argument("--account", default=None)
     s.add_argument("--qos", default=None)
@@ -50,21 +57,28 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus is not None and args.cpu is not None:
         raise UsageError("--gpus and --cpu are exclusive")
     if args.slurm:
-        if args.cpu is not None:
-            raise UsageError("--cpu: SLURM jobs run on GPUs; use --gpus")
+        if args.wait and not args.submit:
+            raise UsageError("--wait: only with --submit")
+        backend = args.backend if args.backend != "auto" else ("torchrun" if args.cpu is not None else "accelerate")
         spec = SlurmSpec(nodes=args.nodes, gpus_per_node=args.gpus or 1, cpus_per_task=args.cpus_per_task,
                          time=args.time, partition=args.partition, account=args.account, qos=args.qos,
-                         job_name=args.job_name, master_port=args.master_port,
-                         backend="torchrun" if args.backend == "torchrun" else "accelerate", setup=args.setup)
-        text = sbatch_script(spec, command)
+                         job_name=args.job_name, output=args.output, master_port=args.master_port,
+                         backend=backend, cpu_procs=args.cpu, setup=args.setup)
+        python = args.python or ("python" if args.setup else sys.executable)
+        try:
+            text = sbatch_script(spec, command, python=python)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         if args.dry_run:
             print(text, end="")
             return 0
         path = Path(args.script)
         path.write_text(text)
-        print(f"wrote {path}")
+        print(f"wrote {path}", flush=True)
         if args.submit:
-            return subprocess.call(["sbatch", str(path)])
+            if shutil.which("sbatch") is None:
+                raise UsageError("--submit: sbatch not found on PATH (script written; submit it where SLURM is)")
+            return subprocess.call(["sbatch", *(["--wait"] if args.wait else []), str(path)])
         return 0
     spec = LaunchSpec(procs_per_node=args.cpu or args.gpus or 1, nodes=args.nodes, node_rank=args.node_rank,
                       master_addr=args.master_addr, master_port=args.master_port, cpu=args.cpu is not None,

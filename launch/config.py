@@ -203,6 +203,10 @@ def describe(cls: type, indent: int = 0) -> str:
             val = val[:-4].strip()
         val = val.removesuffix("...").strip()
         lines.append(f"{pad}{f.name}: {val}  # {help_}")
+        entry = typing.get_args(tp)[-1] if typing.get_origin(tp) is dict else None
+        if entry is not None and dataclasses.is_dataclass(entry):  # show the shape of one entry, commented out
+            lines.append(f"{pad}  # NAME:")
+            lines += [f"{pad}  # {line}" for line in describe(entry, 1).splitlines()]
     return "\n".join(lines)
 
 

@@ -65,7 +65,11 @@ def launch_command(spec: LaunchSpec, command: Sequence[str], python: str = sys.e
 
 @dataclass
 class SlurmSpec:
-    """sbatch options for a multi-node job: one task per node, the launcher inside spawns the per-GPU ranks."""
+    """sbatch options for a multi-node job: one task per node, the launcher inside spawns the per-GPU ranks.
+
+    ``cpu_procs`` set: a CPU-only job (no GPU request; ``cpu_procs`` gloo ranks per node under torchrun, since
+    ``accelerate launch --cpu`` starts a single process), e.g. for CPU partitions or a CI SLURM without GPUs.
+    """
 
     nodes: int = 1
     gpus_per_node: int = 8
@@ -78,8 +82,29 @@ class SlurmSpec:
     output: str = "slurm-%j.out"
     master_port: int = 29500
     backend: str = "accelerate"  # accelerate | torchrun
+    cpu_procs: int | None = None  # CPU ranks per node instead of GPUs (torchrun only)
     setup: list[str] = field(default_factory=list)  # shell lines before srun (module load, venv activate)
     extra_sbatch: list[str] = field(default_factory=list)  # raw "--key=value" lines
+
+    def validate(self) -> None:
+        if self.backend not in ("accelerate", "torchrun"):
+            raise ValueError(f"--backend must be accelerate or torchrun, got {self.backend!r}")
+        if self.nodes < 1:
+            raise ValueError(f"--nodes must be >= 1, got {self.nodes}")
+        if self.cpus_per_task < 1:
+            raise ValueError(f"--cpus-per-task must be >= 1, got {self.cpus_per_task}")
+        if self.cpu_procs is not None:
+            if self.cpu_procs < 1:
+                raise ValueError(f"--cpu must be >= 1, got {self.cpu_procs}")
+            if self.backend != "torchrun":
+                raise ValueError("--cpu under SLURM runs torchrun (accelerate --cpu starts one process): "
+                                 "use --backend torchrun or auto")
+        elif self.gpus_per_node < 1:
+            raise ValueError(f"--gpus must be >= 1, got {self.gpus_per_node}")
+
+    @property
+    def procs_per_node(self) -> int:
+        return self.cpu_procs if self.cpu_procs is not None else self.gpus_per_node
 
 
 def sbatch_script(spec: SlurmSpec, command: Sequence[str], python: str = "python") -> str:
@@ -87,31 +112,43 @@ def sbatch_script(spec: SlurmSpec, command: Sequence[str], python: str = "python
 
     ``srun`` starts one task per node; each task runs the launcher with the c10d rendezvous on the first node,
     so node ranks come from SLURM (``$SLURM_NODEID``) and no rank bookkeeping is done here. tqdm is silenced
-    through ``HALSIFT_QUIET`` (bars in SLURM logs are noise).
+    through ``HALSIFT_QUIET`` (bars in SLURM logs are noise). ``python`` is the interpreter each task runs: give
+    an absolute path (the CLI passes its own) unless ``spec.setup`` activates the environment.
     """
-    if spec.backend not in ("accelerate", "torchrun"):
-        raise ValueError(f"--backend must be accelerate or torchrun, got {spec.backend!r}")
+    spec.validate()
+    cpu = spec.cpu_procs is not None
     lines = ["#!/bin/bash", f"#SBATCH --job-name={spec.job_name}", f"#SBATCH --nodes={spec.nodes}",
-             "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={spec.gpus_per_node}",
-             f"#SBATCH --cpus-per-task={spec.cpus_per_task}", f"#SBATCH --time={spec.time}",
-             f"#SBATCH --output={spec.output}"]
+             "#SBATCH --ntasks-per-node=1"]
+    if not cpu:
+        lines.append(f"#SBATCH --gpus-per-node={spec.gpus_per_node}")
+    lines += [f"#SBATCH --cpus-per-task={spec.cpus_per_task}", f"#SBATCH --time={spec.time}",
+              f"#SBATCH --output={spec.output}"]
     for key in ("partition", "account", "qos"):
         if getattr(spec, key):
             lines.append(f"#SBATCH --{key}={getattr(spec, key)}")
     lines += [f"#SBATCH {x}" for x in spec.extra_sbatch]
     lines += ["", "set -euo pipefail", *spec.setup,
-              'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-              f"export MASTER_PORT={spec.master_port}", "export HALSIFT_QUIET=1 WANDB_MODE=${WANDB_MODE:-offline}",
-              ""]
+              # rendezvous on the first node, at its NodeAddr: the address slurmctld itself reaches it by, which is
+              # its NodeName unless the cluster maps names to other addresses (then the name may not resolve).
+              'MASTER_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              'MASTER_ADDR=$(scontrol show node "$MASTER_NODE" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || true)',
+              'export MASTER_ADDR=${MASTER_ADDR:-$MASTER_NODE}',
+              f"export MASTER_PORT={spec.master_port}", "export HALSIFT_QUIET=1 WANDB_MODE=${WANDB_MODE:-offline}"]
+    if cpu:
+        lines.append("export HALSIFT_FORCE_CPU=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}")
+    lines.append("")
     cmd = " ".join(shlex.quote(c) for c in [*ENTRY, *command])
-    total = spec.nodes * spec.gpus_per_node
+    py = shlex.quote(python)
+    total = spec.nodes * spec.procs_per_node
     if spec.backend == "accelerate":
-        inner = (f"{python} -m accelerate.commands.launch --num_processes={total} --num_machines={spec.nodes} "
+        inner = (f"{py} -m accelerate.commands.launch --num_processes={total} --num_machines={spec.nodes} "
                  f"--machine_rank=$SLURM_NODEID --main_process_ip=$MASTER_ADDR --main_process_port=$MASTER_PORT "
                  f"--rdzv_backend=c10d {'--multi_gpu ' if total > 1 else ''}{cmd}")
     else:
-        inner = (f"{python} -m torch.distributed.run --nnodes={spec.nodes} --nproc_per_node={spec.gpus_per_node} "
+        inner = (f"{py} -m torch.distributed.run --nnodes={spec.nodes} --nproc_per_node={spec.procs_per_node} "
                  f"--rdzv_id=$SLURM_JOB_ID --rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT {cmd}")
-    # single quotes: $SLURM_NODEID must expand inside each task, not once in the batch shell.
-    lines.append(f"srun --ntasks={spec.nodes} --ntasks-per-node=1 bash -c {shlex.quote(inner)}")
+    # single quotes: $SLURM_NODEID must expand inside each task, not once in the batch shell. --cpus-per-task is
+    # repeated on srun: since Slurm 22.05 srun does not inherit sbatch's (srun(1), --cpus-per-task).
+    lines.append(f"srun --ntasks={spec.nodes} --ntasks-per-node=1 --cpus-per-task={spec.cpus_per_task} "
+                 f"bash -c {shlex.quote(inner)}")
     return "\n".join(lines) + "\n"

@@ -402,7 +402,8 @@ def stage_report(r: Recipe, p: Paths) -> dict:
     metrics = compare_filters_report(r.name, retrieval, bench, selections, list(_retrieval_sets(r, p)),
                                      p.stage("report"), wandb_mode=r.wandb.mode, wandb_project=r.wandb.project,
                                      filters=[n for n in _filters(r) if (p.stage("score") / n).exists()],
-                                     extra_reports={n: p.stage("eval") / n / "report.md" for n in r.evals})
+                                     extra_reports={n: p.stage("eval") / n / "report.md" for n in r.evals},
+                                     bench_split=r.eval.bench_split)
     return {"metrics": metrics}
 
 

@@ -66,6 +66,39 @@ def test_launch_cli_writes_script_and_rejects_bad_usage(tmp_path, capsys):
     assert main(["launch", "--cpu", "2", "--gpus", "1", "--", "score"]) == 2
 
 
+def test_cpu_sbatch_script_requests_no_gpus_and_runs_torchrun_ranks():
+    text = sbatch_script(SlurmSpec(nodes=2, cpu_procs=3, cpus_per_task=4, backend="torchrun"), ["stats", "w"],
+                         python="/env/bin/python")
+    assert "--gpus" not in text and "HALSIFT_FORCE_CPU=1" in text
+    srun = next(line for line in text.splitlines() if line.startswith("srun"))
+    assert "--cpus-per-task=4" in shlex.split(srun)  # srun 22.05+ does not inherit it from the batch step
+    inner = shlex.split(srun)[-1]
+    assert inner.startswith("/env/bin/python -m torch.distributed.run") and "--nproc_per_node=3" in inner
+    with pytest.raises(ValueError, match="torchrun"):  # accelerate --cpu would start a single process
+        sbatch_script(SlurmSpec(cpu_procs=2), ["stats", "w"])
+
+
+def test_launch_cli_submits_through_sbatch(tmp_path, monkeypatch, capsys):
+    """--submit hands the written script to sbatch (here a stand-in that records its argv); --wait passes through."""
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'argv'}\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    script = tmp_path / "cpu.sbatch"
+    assert main(["launch", "--slurm", "--cpu", "2", "--output", str(tmp_path / "log-%j.out"), "--script",
+                 str(script), "--submit", "--wait", "--", "stats", "w"]) == 3  # sbatch's exit code comes back
+    assert (tmp_path / "argv").read_text().split() == ["--wait", str(script)]
+    text = script.read_text()
+    assert f"#SBATCH --output={tmp_path / 'log-%j.out'}" in text and "--nproc_per_node=2" in text
+    assert shlex.quote(sys.executable) + " -m torch.distributed.run" in text  # this interpreter, not PATH's python
+    assert main(["launch", "--slurm", "--cpu", "2", "--backend", "accelerate", "--dry-run", "--", "stats", "w"]) == 2
+    assert main(["launch", "--slurm", "--wait", "--dry-run", "--", "stats", "w"]) == 2
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert main(["launch", "--slurm", "--script", str(script), "--submit", "--", "stats", "w"]) == 2
+    assert "sbatch not found" in capsys.readouterr().err
+
+
 def test_launch_dry_run_prints_the_command(capsys):
     assert main(["launch", "--cpu", "2", "--dry-run", "--", "stats", "x"]) == 0
     err = capsys.readouterr().err
