@@ -140,12 +140,12 @@ def main(argv=None) -> dict:
     res["ratio/logits_reuse_vs_logits"] = round(res["logits_reuse/sentences_per_s"] / res["logits/sentences_per_s"], 2)
     if args.device.startswith("cuda"):
         det = VlmDetector.from_model(model, processor, mode="logits")
-        pre = det._prefix(items[0].image)
+        pre = det.prefix_inputs(items[0].image)
         n_img = int((pre["input_ids"] == model.config.image_token_id).sum())
         patches = n_img * 4
         n_vis = sum(p.numel() for p in model.model.visual.parameters())
         n_txt = sum(p.numel() for n, p in model.model.language_model.named_parameters() if "embed" not in n)
-        cont = sum(len(det._continuation(it)) for it in items) / len(items)
+        cont = sum(len(det.continuation_ids(it)) for it in items) / len(items)
         per_caption = n_txt * pre["input_ids"].shape[1] + n_vis * patches  # the shared prefix, once per image
         per_sentence = 2 * (per_caption / args.sentences + n_txt * cont)
         res["reuse/flops_per_sentence_G"] = round(per_sentence / 1e9, 1)

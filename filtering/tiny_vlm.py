@@ -23,6 +23,7 @@ vocabulary, so every prompt word is a few tokens.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 _WORDS = ("a an the and of in on at to with is are was red green blue yellow white black small large big dog cat "
@@ -74,7 +75,7 @@ GEMMA3_TEMPLATE = (
 ARCHS = ("qwen2-vl", "llava", "idefics3", "gemma3")
 
 
-def _corpus() -> list[str]:
+def _corpus(extra_text: Sequence[str] = ()) -> list[str]:
     from halsift.filtering import vlm_prompts as P
 
     lines = [P.SCORE_PROMPT, P.COT_PROMPT, P.LOCALIZE_PROMPT, P.YES_NO_PROMPT, P.CONTEXT_TEMPLATE,
@@ -82,11 +83,11 @@ def _corpus() -> list[str]:
     lines += ["Yes No yes no"] * 4
     lines += [" ".join(_WORDS[i:i + 12]) + "." for i in range(0, len(_WORDS), 6)]
     lines += [" ".join(str(n) for n in range(k, k + 10)) for k in range(0, 101, 10)]
-    return lines * 3
+    return lines * 3 + list(extra_text)
 
 
-def _tokenizer(arch: str, vocab_size: int):
-    """Train a byte-level BPE on :func:`_corpus` and wrap it as a transformers fast tokenizer."""
+def _tokenizer(arch: str, vocab_size: int, extra_text: Sequence[str] = ()):
+    """Train a byte-level BPE on :func:`_corpus` (plus ``extra_text``) and wrap it as a transformers fast tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -101,7 +102,7 @@ def _tokenizer(arch: str, vocab_size: int):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_corpus(), trainer)
+    tok.train_from_iterator(_corpus(extra_text), trainer)
     if arch == "llava":  # numbers 0..100 as single (non-special) tokens, like Llama-3-style tokenizers
         from tokenizers import AddedToken
 
@@ -230,8 +231,11 @@ def _build_gemma3(tokenizer, size: str, init_std: float):
 
 
 def build_tiny_vlm(arch: str, out_dir: str | os.PathLike, seed: int = 0, size: str = "tiny",
-                   vocab_size: int = 600, init_std: float = 0.02) -> Path:
+                   vocab_size: int = 600, init_std: float = 0.02, extra_text: Sequence[str] | None = None) -> Path:
     """Build a random ``arch`` VLM + processor, save both to ``out_dir`` (safetensors) and return the path.
+
+    ``extra_text`` (e.g. sample captions of the data the model will see) is added to the tokenizer's training
+    text, so that its words become whole tokens instead of byte pieces; give a larger ``vocab_size`` with it.
 
     ``init_std`` is the weights' init std; tests use a large one (e.g. 0.5) so that the random model's
     next-token distributions are peaked and scores spread over the range instead of sitting near 50.
@@ -241,7 +245,7 @@ def build_tiny_vlm(arch: str, out_dir: str | os.PathLike, seed: int = 0, size: s
     if arch not in ARCHS:
         raise ValueError(f"arch={arch!r}: expected one of {ARCHS}")
     out = Path(out_dir)
-    tokenizer = _tokenizer(arch, vocab_size)
+    tokenizer = _tokenizer(arch, vocab_size, extra_text or ())
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         builder = {"qwen2-vl": _build_qwen2_vl, "llava": _build_llava, "idefics3": _build_idefics3,

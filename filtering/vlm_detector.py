@@ -214,7 +214,8 @@ class VlmDetector(Detector):
         self._num_ids = ids
 
     # ------------------------------------------------------------------------------------------ inputs
-    def _continuation(self, it: Item) -> list[int]:
+    def continuation_ids(self, it: Item) -> list[int]:
+        """Token ids after the prefix: the sentence (with context when set), the prompt's tail and any prefill."""
         text = " " + P.caption_text(it.sentence, it.context if self.context else None)
         if self.mode == "yes_prob":
             text = it.sentence.strip()
@@ -223,7 +224,8 @@ class VlmDetector(Detector):
             ids = ids + self._force
         return ids
 
-    def _prefix(self, image) -> dict:
+    def prefix_inputs(self, image) -> dict:
+        """Processor features (``input_ids``, pixel tensors ...) of the prompt up to the sentence, on CPU."""
         if image is None:
             raise DetectorError("vlm detector: an item has no image")
         head = self._head.rstrip(" ") if self.mode != "yes_prob" else self._head
@@ -233,8 +235,9 @@ class VlmDetector(Detector):
     def _text_keys(self, feats: dict) -> list[str]:
         return [k for k in ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids") if k in feats]
 
-    def _full_batch(self, prefixes: list[dict], conts: list[list[int]]) -> dict:
-        """Left-padded full sequences (prefix + continuation) with their image tensors, one row per item."""
+    def full_batch(self, prefixes: list[dict], conts: list[list[int]]) -> dict:
+        """Left-padded full sequences (prefix + continuation) with their image tensors, one row per item, on the
+        model's device (floating tensors in its dtype)."""
         import torch
 
         seqs = [torch.cat([p["input_ids"][0], torch.tensor(c, dtype=torch.long)]) for p, c in zip(prefixes, conts)]
@@ -255,6 +258,21 @@ class VlmDetector(Detector):
         return {k: v.to(self.device) if v.is_floating_point() is False else v.to(self.device, self.model.dtype)
                 for k, v in batch.items()}
 
+    @property
+    def yes_ids(self) -> list[int]:
+        """``yes_prob`` mode: the token ids whose text is "yes" (any case, any surrounding whitespace)."""
+        return list(self._yes_ids)
+
+    @property
+    def no_ids(self) -> list[int]:
+        """``yes_prob`` mode: the token ids whose text is "no"."""
+        return list(self._no_ids)
+
+    @property
+    def number_ids(self) -> dict[int, list[int]]:
+        """``logits`` mode: number (0-100) -> token ids spelling it (in ``digits`` number_mode only 0-9 have any)."""
+        return {n: list(v) for n, v in self._num_ids.items()}
+
     # ------------------------------------------------------------------------------------------ scoring
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
         if not items:
@@ -263,7 +281,7 @@ class VlmDetector(Detector):
         for it in items:
             k = _group_key(it)
             if k not in prefixes:
-                prefixes[k] = self._prefix(it.image)
+                prefixes[k] = self.prefix_inputs(it.image)
         out: list[Result] = []
         for s in range(0, len(items), self.batch_size):
             chunk = list(items[s:s + self.batch_size])
@@ -276,13 +294,13 @@ class VlmDetector(Detector):
     def _score_logits(self, items: list[Item], prefixes: dict) -> list[Result]:
         import torch
 
-        conts = [self._continuation(it) for it in items]
+        conts = [self.continuation_ids(it) for it in items]
         k = 3 if self.mode == "logits" and self.number_mode == "digits" else 1
         with torch.inference_mode():
             if self.reuse_prefix:
                 logits = self._logits_reuse(items, conts, prefixes, k)
             else:
-                batch = self._full_batch([prefixes[_group_key(it)] for it in items], conts)
+                batch = self.full_batch([prefixes[_group_key(it)] for it in items], conts)
                 logits = self.model(**batch, use_cache=False, logits_to_keep=k).logits[:, -k:]
         return [Result(s) for s in self._scores_from_logits(logits.float())]
 
@@ -369,7 +387,7 @@ class VlmDetector(Detector):
     def _score_generate(self, items: list[Item], prefixes: dict) -> list[Result]:
         import torch
 
-        batch = self._full_batch([prefixes[_group_key(it)] for it in items], [self._continuation(it) for it in items])
+        batch = self.full_batch([prefixes[_group_key(it)] for it in items], [self.continuation_ids(it) for it in items])
         n = max(1, self.self_ensemble)
         gen: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "pad_token_id": self.pad_id}
         if self.self_ensemble:

@@ -43,7 +43,7 @@ def sentence_logliks(det, items: Sequence[Item], batch_size: int = 16) -> list[f
             sent = tok((" " if it.context else "") + it.sentence.strip(), add_special_tokens=False)["input_ids"]
             conts.append(ctx + sent)
             n_sent.append(len(sent))
-        batch = det._full_batch(prefixes, conts)
+        batch = det.full_batch(prefixes, conts)
         keep = max(n_sent) + 1
         with torch.inference_mode():
             logp = det.model(**batch, use_cache=False, logits_to_keep=keep).logits.float().log_softmax(-1)

@@ -79,7 +79,7 @@ def _likelihood(spec: str, bench: str, out_dir: Path, seed: int, max_images: int
     from halsift.launch.cli import UsageError
 
     det = load_detector(spec)
-    if not (hasattr(det, "processor") and hasattr(det, "model") and hasattr(det, "_full_batch")):
+    if not (hasattr(det, "processor") and hasattr(det, "model") and hasattr(det, "full_batch")):
         raise UsageError(f"--likelihood: {spec!r} is not a vision-language model detector (expected vlm:...)")
     try:
         table = likelihood_table(det, bench, seed=seed, max_images=max_images)

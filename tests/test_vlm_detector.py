@@ -79,7 +79,7 @@ def test_prefix_reuse_right_padding_path(tiny_vlms):
 
 def _manual_next_probs(det, item, extra=()):
     """Next-token distribution after prefix + continuation (+ extra tokens), by one plain forward pass."""
-    pre = det._prefix(item.image)
+    pre = det.prefix_inputs(item.image)
     cont = det.tokenizer(" " + item.sentence + det._tail, add_special_tokens=False)["input_ids"] + list(extra)
     ids = torch.cat([pre["input_ids"], torch.tensor([cont])], 1)
     batch = {k: v for k, v in pre.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
@@ -99,6 +99,7 @@ def test_logits_single_token_numbers_expected_value(tiny_vlms):
     strings = [tok.decode([i]).strip() for i in range(len(tok))]
     spelled = {n: [i for i, t in enumerate(strings) if t == str(n)] for n in range(101)}
     assert all(tok.convert_tokens_to_ids(str(n)) in spelled[n] for n in range(101))
+    assert det.number_ids == spelled  # the public table that training reads
     assert any(len(v) > 1 for v in spelled.values())
     for it in _items(2):
         p = _manual_next_probs(det, it)
@@ -174,11 +175,11 @@ def test_localize_parses_marked_spans(tiny_vlms, monkeypatch):
 def test_context_option_uses_table_d_text(tiny_vlms):
     items = _items(1)
     det = _det(tiny_vlms["llava"], context=True)
-    text = det.tokenizer.decode(det._continuation(items[1]))
+    text = det.tokenizer.decode(det.continuation_ids(items[1]))
     assert text.startswith(" a red dog is sitting on the grass. the cat is next to a kid in the park. "
                            "Think about the correctness of **the cat is next to a kid in the park.**")
     no_ctx = _det(tiny_vlms["llava"])
-    assert no_ctx.tokenizer.decode(no_ctx._continuation(items[1])).startswith(" the cat is next")
+    assert no_ctx.tokenizer.decode(no_ctx.continuation_ids(items[1])).startswith(" the cat is next")
     assert det.score_batch(items)[1].score != pytest.approx(no_ctx.score_batch(items)[1].score, abs=1e-6)
 
 
@@ -197,6 +198,8 @@ def test_spec_options_and_trust_remote_code_default(tiny_vlms, monkeypatch):
     monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_pretrained", classmethod(spy))
     det = load_detector(f"vlm:model={tiny_vlms['llava']},mode=yes_prob,dtype=float32")
     assert det.spec.startswith("vlm:") and "mode=yes_prob" in det.spec
+    words = det.tokenizer.batch_decode([[i] for i in det.yes_ids + det.no_ids])
+    assert {w.strip().lower() for w in words} == {"yes", "no"} and det.yes_ids and det.no_ids
     load_detector({"family": "vlm", "model": str(tiny_vlms["llava"]), "trust_remote_code": True})
     assert seen == [False, True]
     with pytest.raises(SpecError, match="mode"):
@@ -243,3 +246,13 @@ def test_from_model_wraps_in_memory_model(tiny_vlms):
                                                                           abs=1e-3)
     with pytest.raises(ValueError, match="mode"):
         VlmDetector.from_model(loaded.model, loaded.processor, mode="nope")
+
+
+def test_tiny_tokenizer_extra_text_makes_whole_words():
+    """``extra_text`` (a world's captions) turns its words into single tokens; without it nothing changes."""
+    from halsift.filtering.tiny_vlm import _tokenizer
+
+    plain = _tokenizer("llava", 600)
+    world = _tokenizer("llava", 1024, ["Three small purple hexagons face downward."] * 20)
+    assert len(plain.tokenize(" hexagons")) > 1 and world.tokenize(" hexagons") == ["Ġhexagons"]
+    assert plain.get_vocab() == _tokenizer("llava", 600, ()).get_vocab()

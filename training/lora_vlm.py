@@ -2,7 +2,7 @@
 
 Train and score agree by construction: the inputs are built by the base
 :class:`~halsift.filtering.vlm_detector.VlmDetector` itself (its chat template, prompt, prefill and continuation
-tokens, via ``_prefix`` / ``_continuation`` / ``_full_batch``), and the training target is the detector's own
+tokens, via ``prefix_inputs`` / ``continuation_ids`` / ``full_batch``), and the training target is the detector's own
 score read from the same next-token distribution with the same token sets:
 
 * ``yes_prob``: logit = ``log P(yes tokens) - log P(no tokens)`` at the answer position, so
@@ -34,10 +34,10 @@ def judge_scores(det, logits: torch.Tensor) -> torch.Tensor:
     tensors (so gradients flow)."""
     probs = logits.float().softmax(-1)
     if det.mode == "yes_prob":
-        py = probs[:, -1, det._yes_ids].sum(-1)
-        pn = probs[:, -1, det._no_ids].sum(-1)
+        py = probs[:, -1, det.yes_ids].sum(-1)
+        pn = probs[:, -1, det.no_ids].sum(-1)
         return 100 * py / (py + pn).clamp_min(1e-30)
-    ids = det._num_ids
+    ids = det.number_ids
 
     def mass(p, n):
         return p[:, ids[n]].sum(-1)
@@ -62,7 +62,7 @@ def judge_logits(det, logits: torch.Tensor) -> torch.Tensor:
     """Binary logits whose sigmoid is the judge's score / 100 (exact log-odds for ``yes_prob``)."""
     if det.mode == "yes_prob":
         logp = logits[:, -1].float().log_softmax(-1)
-        return torch.logsumexp(logp[:, det._yes_ids], -1) - torch.logsumexp(logp[:, det._no_ids], -1)
+        return torch.logsumexp(logp[:, det.yes_ids], -1) - torch.logsumexp(logp[:, det.no_ids], -1)
     p = (judge_scores(det, logits) / 100).clamp(_EPS, 1 - _EPS)
     return torch.log(p) - torch.log1p(-p)
 
@@ -125,9 +125,9 @@ class VlmTask:
     def collate(self, examples: Sequence[tuple[Item, int]]) -> dict:
         """The detector's own full-sequence inputs (left-padded prefix + continuation) and the labels."""
         det = self.det
-        prefixes = [det._prefix(it.image) for it, _ in examples]
-        conts = [det._continuation(it) for it, _ in examples]
-        batch = det._full_batch(prefixes, conts)
+        prefixes = [det.prefix_inputs(it.image) for it, _ in examples]
+        conts = [det.continuation_ids(it) for it, _ in examples]
+        batch = det.full_batch(prefixes, conts)
         batch["labels"] = torch.tensor([y for _, y in examples], dtype=torch.float32)
         return batch
 

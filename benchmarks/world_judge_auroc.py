@@ -1,0 +1,77 @@
+"""Build the synthetic world's VLM judge and print its bench AUROC (val, test) with CPU and wall seconds.
+
+    python benchmarks/world_judge_auroc.py --seeds 0 1 --threads 2 [--images 1200] [--set image_size=48 ...]
+
+The world is generated once under ``--work`` (default a temporary folder); each seed builds its judge afresh.
+Prints numbers only: it never passes or fails on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def test_auroc(spec: str, bench: Path) -> float:
+    """Pooled AUROC of ``spec`` on the bench test split (as the slow test computes it)."""
+    from halsift.corpus.bench import read_bench, write_bench
+    from halsift.eval.bench_eval import bench_frame, join_scores
+    from halsift.eval.detection import auroc, labelled
+    from halsift.filtering.runner import score_bench
+    from halsift.filtering.spec import load_detector
+
+    test = bench.with_name("bench_test.jsonl")
+    write_bench(test, [r for r in read_bench(bench) if r.split == "test"])
+    det = load_detector(spec)
+    df, _, _ = join_scores(bench_frame(test), score_bench(det, test, show_progress=False), det.name)
+    df = labelled(df)
+    return float(auroc(df.label, df.score))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from halsift.corpus.synth.world import generate_world
+    from halsift.training.world_judge import WorldJudgeSettings, build_world_judge
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=1200)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--work", default="")
+    ap.add_argument("--set", nargs="*", default=[], help="WorldJudgeSettings overrides, key=value")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    work = Path(args.work or tempfile.mkdtemp(prefix="world_judge_"))
+    world = work / f"world{args.images}"
+    if not (world / "world.json").exists():
+        generate_world(world, images=args.images, seed=0)
+    fields = {f.name: f.type for f in dataclasses.fields(WorldJudgeSettings)}
+    kw = {}
+    for kv in args.set:
+        k, v = kv.split("=", 1)
+        kind = type(getattr(WorldJudgeSettings(), k)) if k in fields else str
+        kw[k] = v.lower() in ("1", "true", "yes") if kind is bool else kind(v)
+    settings = WorldJudgeSettings(**kw)
+    for seed in args.seeds:
+        out = work / f"judge-s{seed}-{time.time_ns()}"
+        c0, w0 = time.process_time(), time.perf_counter()
+        spec = build_world_judge(world, out, seed=seed, settings=settings)
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        rec = json.loads((out / "judge.json").read_text())
+        auc = test_auroc(spec, world / "bench" / "bench.jsonl")
+        print(json.dumps({"seed": seed, "images": args.images, "threads": args.threads, "settings": kw,
+                          "test_auroc": round(auc, 2), "val_auroc": round(rec["judge"]["val/auroc"], 2),
+                          "best_step": rec["judge"].get("best_step"),
+                          "pretrain_cpu_s": round(rec["pretrain"]["cpu_seconds"], 1),
+                          "pretrain_loss": [round(rec["pretrain"]["loss_first"], 3),
+                                            round(rec["pretrain"]["loss_last"], 3)],
+                          "build_cpu_s": round(cpu, 1), "build_wall_s": round(wall, 1)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
