@@ -1,6 +1,12 @@
 """Build the synthetic world's VLM judge and print its bench AUROC (val, test) with CPU and wall seconds.
 
     python benchmarks/world_judge_auroc.py --seeds 0 1 --threads 2 [--images 1200] [--set image_size=48 ...]
+    python benchmarks/world_judge_auroc.py --seeds 0 1 --threads 1 --work W --clip  # CLIP vision tower
+    python benchmarks/world_judge_auroc.py --seeds 0 --threads 1 --work W --clip --shuffled  # + shuffled images
+
+``--clip`` first pre-trains a halsift-tiny CLIP on the world's ``pretrain/`` as the quickstart does (cached under
+``--work``; its time is not in build_cpu_s) and passes it as ``vision_from``. ``--shuffled`` also scores the test
+split with each row's image swapped for another image (a judge that uses the image drops clearly).
 
 The world is generated once under ``--work`` (default a temporary folder); each seed builds its judge afresh.
 Prints numbers only: it never passes or fails on them.
@@ -18,20 +24,46 @@ from pathlib import Path
 import torch
 
 
-def test_auroc(spec: str, bench: Path) -> float:
-    """Pooled AUROC of ``spec`` on the bench test split (as the slow test computes it)."""
+def test_auroc(spec: str, bench: Path, shuffled: bool = False) -> float:
+    """Pooled AUROC of ``spec`` on the bench test split (as the slow test computes it); ``shuffled``: each test
+    image replaced by another test image (a fixed derangement of the distinct images)."""
+    import dataclasses as dc
+    import random
+
     from halsift.corpus.bench import read_bench, write_bench
     from halsift.eval.bench_eval import bench_frame, join_scores
     from halsift.eval.detection import auroc, labelled
     from halsift.filtering.runner import score_bench
     from halsift.filtering.spec import load_detector
 
+    rows = [r for r in read_bench(bench) if r.split == "test"]
     test = bench.with_name("bench_test.jsonl")
-    write_bench(test, [r for r in read_bench(bench) if r.split == "test"])
+    if shuffled:
+        images = sorted({r.image for r in rows})
+        random.Random(0).shuffle(images)
+        perm = dict(zip(images, images[1:] + images[:1]))
+        rows = [dc.replace(r, image=perm[r.image]) for r in rows]
+        test = bench.with_name("bench_test_shuffled.jsonl")
+    write_bench(test, rows)
     det = load_detector(spec)
     df, _, _ = join_scores(bench_frame(test), score_bench(det, test, show_progress=False), det.name)
     df = labelled(df)
     return float(auroc(df.label, df.score))
+
+
+def clip_weights(world: Path, out: Path) -> Path:
+    """A halsift-tiny CLIP pre-trained on ``world/pretrain`` the way the quickstart does (cached in ``out``)."""
+    from halsift.training.clip_config import ClipTrainConfig
+    from halsift.training.clip_train import train
+
+    weights = out / "final" / "open_clip_model.safetensors"
+    if not weights.exists():
+        c0, w0 = time.process_time(), time.perf_counter()
+        train(ClipTrainConfig(data=[str(world / "pretrain")], out=str(out), model="halsift-tiny", steps=400,
+                              batch_size=64, lr=1e-3, warmup=40, wandb_mode="disabled", seed=0, workers=0))
+        print(json.dumps({"clip_pretrain_cpu_s": round(time.process_time() - c0, 1),
+                          "clip_pretrain_wall_s": round(time.perf_counter() - w0, 1)}), flush=True)
+    return weights
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,6 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", default="")
     ap.add_argument("--set", nargs="*", default=[], help="WorldJudgeSettings overrides, key=value")
+    ap.add_argument("--clip", action="store_true", help="pre-train a halsift-tiny CLIP on pretrain/ (cached) and "
+                    "use it as vision_from")
+    ap.add_argument("--shuffled", action="store_true", help="also report the test AUROC with shuffled images")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     work = Path(args.work or tempfile.mkdtemp(prefix="world_judge_"))
@@ -56,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
         k, v = kv.split("=", 1)
         kind = type(getattr(WorldJudgeSettings(), k)) if k in fields else str
         kw[k] = v.lower() in ("1", "true", "yes") if kind is bool else kind(v)
+    if args.clip:
+        kw["vision_from"] = str(clip_weights(world, work / f"clip{args.images}"))
     settings = WorldJudgeSettings(**kw)
     for seed in args.seeds:
         out = work / f"judge-s{seed}-{time.time_ns()}"
@@ -64,8 +101,10 @@ def main(argv: list[str] | None = None) -> None:
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
         rec = json.loads((out / "judge.json").read_text())
         auc = test_auroc(spec, world / "bench" / "bench.jsonl")
+        extra = {"shuffled_test_auroc": round(test_auroc(spec, world / "bench" / "bench.jsonl", True), 2)
+                 } if args.shuffled else {}
         print(json.dumps({"seed": seed, "images": args.images, "threads": args.threads, "settings": kw,
-                          "test_auroc": round(auc, 2), "val_auroc": round(rec["judge"]["val/auroc"], 2),
+                          "test_auroc": round(auc, 2), **extra, "val_auroc": round(rec["judge"]["val/auroc"], 2),
                           "best_step": rec["judge"].get("best_step"),
                           "pretrain_cpu_s": round(rec["pretrain"]["cpu_seconds"], 1),
                           "pretrain_loss": [round(rec["pretrain"]["loss_first"], 3),

@@ -230,6 +230,113 @@ def _build_gemma3(tokenizer, size: str, init_std: float):
     return model, processor
 
 
+def open_clip_vision_to_hf(visual) -> tuple[object, dict]:
+    """An open_clip ``VisionTransformer`` (``model.visual``) as an HF ``CLIPVisionConfig`` plus the
+    state dict of the matching ``CLIPVisionTransformer`` (``embeddings.*``, ``encoder.layers.*`` ... keys; load it
+    with :func:`load_hf_vision`, which adds a ``vision_model.`` prefix where the HF model has one).
+
+    Supported: the plain ViT layout (class token, learned positions, ``ln_pre``, ``nn.MultiheadAttention`` blocks
+    with a ``c_fc``/``c_proj`` GELU MLP and no layer scale, ``ln_post``, CLS pooling), e.g. ``halsift-tiny``. The
+    HF tower's ``post_layernorm(last_hidden_state[:, 0]) @ visual.proj`` equals ``encode_image``.
+    """
+    from torch import nn
+    from transformers import CLIPVisionConfig
+
+    blocks = visual.transformer.resblocks
+    width = visual.conv1.out_channels
+    patch = visual.conv1.kernel_size[0]
+    grid = visual.grid_size[0] if hasattr(visual, "grid_size") else \
+        int(round((visual.positional_embedding.shape[0] - 1) ** 0.5))
+    heads = blocks[0].attn.num_heads
+    act = blocks[0].mlp.gelu
+    if not isinstance(act, nn.GELU) or getattr(act, "approximate", "none") != "none":
+        raise ValueError(f"open_clip_vision_to_hf: activation {act!r} is not exact GELU (quick_gelu unsupported)")
+    if getattr(visual, "attn_pool", None) is not None or getattr(visual, "pool_type", "tok") != "tok":
+        raise ValueError("open_clip_vision_to_hf: only class-token pooling is supported")
+    cfg = CLIPVisionConfig(hidden_size=width, intermediate_size=blocks[0].mlp.c_fc.out_features,
+                           num_hidden_layers=len(blocks), num_attention_heads=heads, image_size=patch * grid,
+                           patch_size=patch, hidden_act="gelu", layer_norm_eps=visual.ln_pre.eps,
+                           projection_dim=visual.proj.shape[1] if visual.proj is not None else width)
+    sd = {"embeddings.patch_embedding.weight": visual.conv1.weight,
+          "embeddings.class_embedding": visual.class_embedding,
+          "embeddings.position_embedding.weight": visual.positional_embedding,
+          "pre_layrnorm.weight": visual.ln_pre.weight, "pre_layrnorm.bias": visual.ln_pre.bias,
+          "post_layernorm.weight": visual.ln_post.weight, "post_layernorm.bias": visual.ln_post.bias}
+    for i, b in enumerate(blocks):
+        pre = f"encoder.layers.{i}."
+        qw, kw, vw = b.attn.in_proj_weight.chunk(3, dim=0)
+        qb, kb, vb = b.attn.in_proj_bias.chunk(3, dim=0)
+        sd.update({pre + "layer_norm1.weight": b.ln_1.weight, pre + "layer_norm1.bias": b.ln_1.bias,
+                   pre + "self_attn.q_proj.weight": qw, pre + "self_attn.q_proj.bias": qb,
+                   pre + "self_attn.k_proj.weight": kw, pre + "self_attn.k_proj.bias": kb,
+                   pre + "self_attn.v_proj.weight": vw, pre + "self_attn.v_proj.bias": vb,
+                   pre + "self_attn.out_proj.weight": b.attn.out_proj.weight,
+                   pre + "self_attn.out_proj.bias": b.attn.out_proj.bias,
+                   pre + "layer_norm2.weight": b.ln_2.weight, pre + "layer_norm2.bias": b.ln_2.bias,
+                   pre + "mlp.fc1.weight": b.mlp.c_fc.weight, pre + "mlp.fc1.bias": b.mlp.c_fc.bias,
+                   pre + "mlp.fc2.weight": b.mlp.c_proj.weight, pre + "mlp.fc2.bias": b.mlp.c_proj.bias})
+    return cfg, {k: v.detach().clone().contiguous() for k, v in sd.items()}
+
+
+def load_hf_vision(tower, sd: dict) -> None:
+    """Load :func:`open_clip_vision_to_hf`'s state dict into an HF CLIP vision model (strict but for buffers)."""
+    if any(k.startswith("vision_model.") for k in tower.state_dict()):
+        sd = {"vision_model." + k: v for k, v in sd.items()}
+    missing, unexpected = tower.load_state_dict(sd, strict=False)
+    if unexpected or [k for k in missing if not k.endswith("position_ids")]:
+        raise RuntimeError(f"load_hf_vision: missing {missing}, unexpected {unexpected}")
+
+
+def load_open_clip_visual(weights: str | os.PathLike, arch: str = "halsift-tiny"):
+    """``(visual, preprocess)`` of an open_clip ``arch`` model with local ``weights`` (no download)."""
+    import open_clip
+
+    from halsift.filtering.clip_detector import register_builtin_configs
+
+    register_builtin_configs()
+    model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=str(weights))
+    return model.visual.eval(), preprocess
+
+
+def llava_with_clip_vision(model_dir: str | os.PathLike, vision_from: str | os.PathLike, arch: str = "halsift-tiny",
+                           seed: int = 0, fan_in_projector: bool = True, feature_layer: int = -1,
+                           select_strategy: str = "default") -> None:
+    """Replace a saved tiny LLaVA's vision tower by an open_clip ``arch`` model's (weights ``vision_from``),
+    converted with :func:`open_clip_vision_to_hf`; the processor gets open_clip's image size and mean/std.
+    The rest of the model keeps its (seeded) init; ``fan_in_projector``: PyTorch's default Linear init for the
+    projector, whose input is now the CLIP features. ``feature_layer``/``select_strategy``: LLaVA's
+    ``vision_feature_layer`` and ``vision_feature_select_strategy`` ("default" drops the CLS token, "full" keeps it)."""
+    import torch
+    from transformers import AutoConfig, AutoProcessor, LlavaForConditionalGeneration
+
+    visual, preprocess = load_open_clip_visual(vision_from, arch)
+    vcfg, sd = open_clip_vision_to_hf(visual)
+    config = AutoConfig.from_pretrained(str(model_dir))
+    config.vision_config = vcfg
+    config.vision_feature_layer = int(feature_layer)
+    config.vision_feature_select_strategy = select_strategy
+    processor = AutoProcessor.from_pretrained(str(model_dir))
+    size = vcfg.image_size
+    processor.patch_size = vcfg.patch_size
+    processor.vision_feature_select_strategy = select_strategy
+    ip = processor.image_processor
+    ip.size = {"shortest_edge": size}
+    ip.crop_size = {"height": size, "width": size}
+    norm = [t for t in getattr(preprocess, "transforms", []) if type(t).__name__ == "Normalize"]
+    if norm:
+        ip.image_mean, ip.image_std = [float(x) for x in norm[0].mean], [float(x) for x in norm[0].std]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = LlavaForConditionalGeneration(config)
+        if fan_in_projector:
+            for m in model.model.multi_modal_projector.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.reset_parameters()
+    load_hf_vision(model.model.vision_tower, sd)
+    model.save_pretrained(str(model_dir))
+    processor.save_pretrained(str(model_dir))
+
+
 def build_tiny_vlm(arch: str, out_dir: str | os.PathLike, seed: int = 0, size: str = "tiny",
                    vocab_size: int = 600, init_std: float = 0.02, extra_text: Sequence[str] | None = None) -> Path:
     """Build a random ``arch`` VLM + processor, save both to ``out_dir`` (safetensors) and return the path.
@@ -259,4 +366,5 @@ def build_tiny_vlm(arch: str, out_dir: str | os.PathLike, seed: int = 0, size: s
     return out
 
 
-__all__ = ["ARCHS", "build_tiny_vlm"]
+__all__ = ["ARCHS", "build_tiny_vlm", "llava_with_clip_vision", "load_hf_vision", "load_open_clip_visual",
+           "open_clip_vision_to_hf"]

@@ -220,19 +220,93 @@ def test_world_judge_is_deterministic_and_cached(synth_world, tmp_path):
     assert (tmp_path / "a" / "judge.json").stat().st_mtime_ns == stamp
 
 
+def _tiny_clip_weights(path: Path) -> Path:
+    """A random halsift-tiny open_clip model saved as safetensors (as ``train clip`` writes it)."""
+    import open_clip
+    from safetensors.torch import save_file
+
+    from halsift.training.clip_config import ensure_model_configs
+
+    ensure_model_configs()
+    torch.manual_seed(0)
+    model = open_clip.create_model("halsift-tiny")
+    with torch.no_grad():  # non-trivial norms and biases, so that a mis-mapped weight shows
+        for n, p in model.visual.named_parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path
+
+
+def test_open_clip_vision_converts_to_hf_clip_exactly(tmp_path):
+    """halsift-tiny's open_clip visual tower as an HF CLIPVisionModel: post_layernorm(CLS) @ proj == encode_image."""
+    from transformers import CLIPVisionModel
+
+    from halsift.filtering.tiny_vlm import load_hf_vision, load_open_clip_visual, open_clip_vision_to_hf
+
+    weights = _tiny_clip_weights(tmp_path / "clip.safetensors")
+    visual, preprocess = load_open_clip_visual(weights)
+    cfg, sd = open_clip_vision_to_hf(visual)
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+            cfg.image_size, cfg.patch_size, cfg.hidden_act) == (64, 256, 2, 2, 64, 16, "gelu")
+    hf = CLIPVisionModel(cfg).eval()
+    load_hf_vision(hf, sd)
+    x = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        want = visual(x)
+        got = hf(pixel_values=x).pooler_output @ visual.proj
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+def test_world_judge_with_clip_vision_tower(synth_world, tmp_path):
+    """vision_from: the judge's base carries the CLIP tower and open_clip's preprocessing; it builds and caches."""
+    from PIL import Image
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from halsift.filtering.tiny_vlm import load_open_clip_visual
+    from halsift.training.world_judge import WorldJudgeSettings, build_world_judge
+
+    weights = _tiny_clip_weights(tmp_path / "clip.safetensors")
+    tiny = WorldJudgeSettings(pretrain_steps=2, pretrain_batch=4, judge_steps=2, judge_batch=4, eval_every=2,
+                              vision_from=str(weights))
+    spec = build_world_judge(synth_world, tmp_path / "j", seed=0, settings=tiny)
+    assert build_world_judge(synth_world, tmp_path / "j", seed=0, settings=tiny) == spec
+    base = LlavaForConditionalGeneration.from_pretrained(str(tmp_path / "j" / "base")).eval()
+    pre = LlavaForConditionalGeneration.from_pretrained(str(tmp_path / "j" / "pretrained")).eval()
+    proc = AutoProcessor.from_pretrained(str(tmp_path / "j" / "base"))
+    visual, preprocess = load_open_clip_visual(weights)
+    img = Image.new("RGB", (64, 64), (200, 40, 90))
+    pix = proc.image_processor(images=[img], return_tensors="pt")["pixel_values"]
+    assert pix.shape[-2:] == (64, 64)
+    assert torch.allclose(pix, preprocess(img)[None], atol=1e-3)
+    with torch.no_grad():
+        got = base.model.vision_tower(pixel_values=pix).pooler_output @ visual.proj
+        assert torch.allclose(got, visual(pix), atol=1e-4)
+    vt, vp = base.model.vision_tower.state_dict(), pre.model.vision_tower.state_dict()
+    assert all(torch.equal(vt[k], vp[k]) for k in vt)  # frozen during caption pre-training
+
+
 # ---------------------------------------------------------------------------------------------- the numbers
 @pytest.mark.slow
-@pytest.mark.xfail(reason="measured 73.8 (seed 0) and 73.3 (seed 1) pooled test AUROC with the defaults, below "
-                          "the 75 target (see halsift.training.world_judge)", strict=False)
+@pytest.mark.xfail(reason="with a CLIP vision tower (vision_from) measured 71.7 pooled test AUROC (seed 0; shuffled "
+                          "images 71.7: the judge ignores the image), below the 75 target "
+                          "(see halsift.training.world_judge)", strict=False)
 def test_world_judge_reaches_target_auroc(tmp_path):
-    """The embedded world's VLM judge (pretrain + LoRA, a few CPU minutes): test-split AUROC >= 75."""
+    """The embedded world's VLM judge with a CLIP vision tower pre-trained on the world's pretrain/ (as the
+    quickstart does), then caption pre-training + LoRA (a few CPU minutes): test-split AUROC >= 75."""
     from halsift.corpus.synth.world import generate_world
-    from halsift.training.world_judge import build_world_judge
+    from halsift.training.clip_config import ClipTrainConfig
+    from halsift.training.clip_train import train
+    from halsift.training.world_judge import WorldJudgeSettings, build_world_judge
 
-    generate_world(tmp_path / "world", images=1200, seed=0)
-    spec = build_world_judge(tmp_path / "world", tmp_path / "judge", seed=0)
-    assert build_world_judge(tmp_path / "world", tmp_path / "judge", seed=0) == spec  # cached
-    auc = _test_auroc(spec, tmp_path / "world" / "bench" / "bench.jsonl", tmp_path)
+    world = tmp_path / "world"
+    generate_world(world, images=1200, seed=0)
+    train(ClipTrainConfig(data=[str(world / "pretrain")], out=str(tmp_path / "clip"), model="halsift-tiny",
+                          steps=400, batch_size=64, lr=1e-3, warmup=40, wandb_mode="disabled", seed=0, workers=0))
+    settings = WorldJudgeSettings(vision_from=str(tmp_path / "clip" / "final" / "open_clip_model.safetensors"))
+    spec = build_world_judge(world, tmp_path / "judge", seed=0, settings=settings)
+    assert build_world_judge(world, tmp_path / "judge", seed=0, settings=settings) == spec  # cached
+    auc = _test_auroc(spec, world / "bench" / "bench.jsonl", tmp_path)
     print(f"world judge test AUROC {auc:.2f}")
     assert auc >= 75
 
