@@ -70,6 +70,8 @@ class _Server:
                     text = body["messages"][0]["content"][1]["text"]
                     status, payload = 200, answer(text.rsplit("Caption: ", 1)[1], body)
                 data = json.dumps(payload).encode()
+                with lock:  # before answering: once the client has the reply it may send the next request at once
+                    outer.active -= 1
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -77,8 +79,6 @@ class _Server:
                     self.send_header("Retry-After", "0")
                 self.end_headers()
                 self.wfile.write(data)
-                with lock:
-                    outer.active -= 1
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
