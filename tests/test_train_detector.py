@@ -206,15 +206,24 @@ def test_world_judge_is_deterministic_and_cached(synth_world, tmp_path):
     """Two builds with the same seed give identical adapters; a third call returns the cached spec at once."""
     from safetensors.torch import load_file
 
+    from halsift.corpus.bench import read_bench
     from halsift.training.world_judge import WorldJudgeSettings, build_world_judge
 
     tiny = WorldJudgeSettings(pretrain_steps=2, pretrain_batch=4, judge_steps=2, judge_batch=4, eval_every=2,
-                              extra_images=3)
+                              extra_images=3, swap_negatives=0.5)
     a = build_world_judge(synth_world, tmp_path / "a", seed=0, settings=tiny)
     b = build_world_judge(synth_world, tmp_path / "b", seed=0, settings=tiny)
     wa = load_file(a.split(":", 1)[1] + "/adapter_model.safetensors")
     wb = load_file(b.split(":", 1)[1] + "/adapter_model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    rows = read_bench(tmp_path / "a" / "judge_data" / "bench.jsonl")
+    by_id = {r.id: r for r in rows}
+    swaps = [r for r in rows if r.id.endswith("-swap")]
+    assert swaps and all(r.split == "train" and r.label == "incorrect" for r in swaps)
+    for r in swaps:  # the same correct train sentence, with another image
+        src = by_id[r.id.removesuffix("-swap")]
+        assert src.label == "correct" and src.sentence == r.sentence and src.image_id != r.image_id
+    assert all(r.split == "train" for r in rows if r.image_id.startswith("judge"))
     stamp = (tmp_path / "a" / "judge.json").stat().st_mtime_ns
     assert build_world_judge(synth_world, tmp_path / "a", seed=0, settings=tiny) == a
     assert (tmp_path / "a" / "judge.json").stat().st_mtime_ns == stamp
