@@ -4,7 +4,8 @@
     python benchmarks/world_judge_auroc.py --seeds 0 1 --threads 1 --work W --clip  # CLIP vision tower
     python benchmarks/world_judge_auroc.py --seeds 0 --threads 1 --work W --clip --shuffled  # + shuffled images
 
-``--clip`` first pre-trains a halsift-tiny CLIP on the world's ``pretrain/`` as the quickstart does (cached under
+``--components`` also scores the two members of the default judge (the yes/no LoRA judge, the captioner's image
+PMI) on their own. ``--clip`` first pre-trains a halsift-tiny CLIP on the world's ``pretrain/`` as the quickstart does (cached under
 ``--work``; its time is not in build_cpu_s) and passes it as ``vision_from``. ``--shuffled`` also scores the test
 split with each row's image swapped for another image (a judge that uses the image drops clearly).
 
@@ -28,10 +29,7 @@ def test_auroc(spec: str, bench: Path, shuffled: bool = False) -> tuple[float, f
     """(pooled AUROC, mean of per-generator AUROCs) of ``spec`` on the bench test split (the slow test asserts the
     pooled one; the seeds report the per-generator mean); ``shuffled``: each test image replaced by another test
     image (a fixed derangement of the distinct images)."""
-    import dataclasses as dc
-    import random
-
-    from halsift.corpus.bench import read_bench, write_bench
+    from halsift.corpus.bench import read_bench, with_shuffled_images, write_bench
     from halsift.eval.bench_eval import bench_frame, join_scores
     from halsift.eval.detection import auroc, labelled
     from halsift.filtering.runner import score_bench
@@ -40,10 +38,7 @@ def test_auroc(spec: str, bench: Path, shuffled: bool = False) -> tuple[float, f
     rows = [r for r in read_bench(bench) if r.split == "test"]
     test = bench.with_name("bench_test.jsonl")
     if shuffled:
-        images = sorted({r.image for r in rows})
-        random.Random(0).shuffle(images)
-        perm = dict(zip(images, images[1:] + images[:1]))
-        rows = [dc.replace(r, image=perm[r.image]) for r in rows]
+        rows = with_shuffled_images(rows)
         test = bench.with_name("bench_test_shuffled.jsonl")
     write_bench(test, rows)
     det = load_detector(spec)
@@ -74,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=1200)
+    ap.add_argument("--pretrain-images", type=int, default=6000, help="the world's clean pre-training pairs")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", default="")
@@ -81,12 +77,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--clip", action="store_true", help="pre-train a halsift-tiny CLIP on pretrain/ (cached) and "
                     "use it as vision_from")
     ap.add_argument("--shuffled", action="store_true", help="also report the test AUROC with shuffled images")
+    ap.add_argument("--components", action="store_true", help="also report each member of an ensemble judge")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     work = Path(args.work or tempfile.mkdtemp(prefix="world_judge_"))
-    world = work / f"world{args.images}"
+    world = work / f"world{args.images}-p{args.pretrain_images}"
     if not (world / "world.json").exists():
-        generate_world(world, images=args.images, seed=0)
+        generate_world(world, images=args.images, seed=0, pretrain_images=args.pretrain_images)
     fields = {f.name: f.type for f in dataclasses.fields(WorldJudgeSettings)}
     kw = {}
     for kv in args.set:
@@ -94,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         kind = type(getattr(WorldJudgeSettings(), k)) if k in fields else str
         kw[k] = v.lower() in ("1", "true", "yes") if kind is bool else kind(v)
     if args.clip:
-        kw["vision_from"] = str(clip_weights(world, work / f"clip{args.images}"))
+        kw["vision_from"] = str(clip_weights(world, work / f"clip{args.images}-p{args.pretrain_images}"))
     settings = WorldJudgeSettings(**kw)
     for seed in args.seeds:
         out = work / f"judge-s{seed}-{time.time_ns()}"
@@ -107,6 +104,13 @@ def main(argv: list[str] | None = None) -> None:
         if args.shuffled:
             sh, sh_gen = test_auroc(spec, world / "bench" / "bench.jsonl", True)
             extra = {"shuffled_test_auroc": round(sh, 2), "shuffled_test_auroc_gen_mean": round(sh_gen, 2)}
+        if args.components and spec.startswith("ensemble:"):
+            from halsift.training.world_judge import world_judge_spec
+
+            pmi = world_judge_spec(out, settings).split(";", 1)[1].rsplit("],", 1)[0]
+            for name, member in (("judge", f"lora:{out / 'judge' / 'adapter'}"), ("pmi", pmi)):
+                extra[f"{name}_test_auroc"], extra[f"{name}_test_auroc_gen_mean"] = (
+                    round(x, 2) for x in test_auroc(member, world / "bench" / "bench.jsonl"))
         print(json.dumps({"seed": seed, "images": args.images, "threads": args.threads, "settings": kw,
                           "test_auroc": round(auc, 2), "test_auroc_gen_mean": round(auc_gen, 2), **extra,
                           "val_auroc": round(rec["judge"]["val/auroc"], 2),

@@ -24,6 +24,14 @@ Modes (option ``mode``):
 * ``prompt``: the seeds' protocol: greedy generation, :func:`~halsift.filtering.vlm_prompts.parse_score`,
   unparseable -> 50 with ``parsed=False``. ``cot=true`` uses the chain-of-thought prompt; ``self_ensemble=N``
   samples N replies at temperature 1.5, top_p 0.9 and averages the parsed scores.
+* ``pmi``: no judging prompt; the model is read as a captioner. ``[image, "Describe this image in detail."]``,
+  then the caption's preceding sentences and the sentence in the assistant turn; score ``100 · sigmoid(PMI)``
+  with PMI = ``Σ_t log p(t | image) − log mean_k p(t | reference_k)`` over the sentence's tokens
+  (:func:`halsift.filtering.vlm_likelihood.image_pmi`): positive when the image supports the sentence more than
+  typical images do. ``references`` names a folder of images or of WebDataset shards whose first
+  ``n_references`` (default 4) decodable images are the references; ``1 + n_references`` forward passes per
+  sentence. Always conditions on the preceding sentences. Useful with a captioner the ``yes_prob``/``logits``
+  judges cannot be, and as an image-grounded ensemble member next to a text-leaning judge.
 * ``localize``: the seeds' localization prompt; the ``**[...]**`` segments become ``Result.spans`` (word ranges,
   :func:`halsift.eval.localization.parse_marked`); score = 0 if any segment is marked, else 100.
 
@@ -58,7 +66,7 @@ from typing import Any
 from halsift.filtering import vlm_prompts as P
 from halsift.filtering.base import Detector, DetectorError, Item, Result
 
-MODES = ("logits", "yes_prob", "prompt", "localize")
+MODES = ("logits", "yes_prob", "prompt", "localize", "pmi")
 _SENTINEL = "\u241fCAPTION\u241f"
 
 
@@ -75,7 +83,8 @@ class VlmDetector(Detector):
     ``dtype`` (auto|float32|bfloat16|float16), ``device`` (auto|cpu|cuda|cuda:N), ``device_map`` (e.g. auto,
     for models larger than one GPU; then ``device`` is ignored), ``attn_implementation`` (eager|sdpa|
     flash_attention_2), ``trust_remote_code`` (off unless set), ``max_new_tokens`` (default 32; 256 with
-    ``cot``; 128 for ``localize``), ``seed`` (sampling for ``self_ensemble``).
+    ``cot``; 128 for ``localize``), ``seed`` (sampling for ``self_ensemble``), ``references`` /
+    ``n_references`` (``mode=pmi``).
     """
 
     family = "vlm"
@@ -83,7 +92,8 @@ class VlmDetector(Detector):
     def __init__(self, model: str, mode: str = "logits", cot: bool = False, self_ensemble: int = 0,
                  context: bool = False, reuse_prefix: bool = True, batch_size: int = 16, dtype: str = "auto",
                  device: str = "auto", device_map: str | None = None, attn_implementation: str | None = None,
-                 trust_remote_code: bool = False, max_new_tokens: int | None = None, seed: int = 0) -> None:
+                 trust_remote_code: bool = False, max_new_tokens: int | None = None, seed: int = 0,
+                 references: str | None = None, n_references: int = 8, temperature: float | None = None) -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: expected one of {MODES}")
@@ -93,6 +103,15 @@ class VlmDetector(Detector):
             raise ValueError(f"self_ensemble={self_ensemble!r}: expected 0, or N >= 1 with mode=prompt")
         if int(batch_size) < 1:
             raise ValueError(f"batch_size={batch_size!r}: expected an integer >= 1")
+        if mode == "pmi" and not references:
+            raise ValueError("mode=pmi needs references=DIR (a folder of images or WebDataset shards)")
+        if references and mode != "pmi":
+            raise ValueError(f"references={references!r}: only used with mode=pmi (got mode={mode!r})")
+        if temperature is not None and mode != "pmi":
+            raise ValueError(f"temperature={temperature!r}: only used with mode=pmi (got mode={mode!r})")
+        temperature = 8.0 if temperature is None else temperature
+        if not isinstance(temperature, (int, float)) or temperature <= 0:
+            raise ValueError(f"temperature={temperature!r}: expected a number > 0 (nats)")
         import torch
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -112,7 +131,8 @@ class VlmDetector(Detector):
         except (OSError, ValueError) as e:
             raise ValueError(f"model={model!r}: cannot load a vision-language model and processor ({e})") from e
         self._setup(net, processor, mode=mode, cot=cot, self_ensemble=self_ensemble, context=context,
-                    reuse_prefix=reuse_prefix, batch_size=batch_size, max_new_tokens=self.max_new_tokens, seed=seed)
+                    reuse_prefix=reuse_prefix, batch_size=batch_size, max_new_tokens=self.max_new_tokens, seed=seed,
+                    references=references, n_references=n_references, temperature=temperature)
         if device_map is None:
             self.to("cuda" if device == "auto" and torch.cuda.is_available() else
                     "cpu" if device == "auto" else device)
@@ -132,7 +152,8 @@ class VlmDetector(Detector):
         return self
 
     def _setup(self, model, processor, *, mode: str, cot: bool, self_ensemble: int, context: bool,
-               reuse_prefix: bool, batch_size: int, max_new_tokens: int, seed: int) -> None:
+               reuse_prefix: bool, batch_size: int, max_new_tokens: int, seed: int, references: str | None = None,
+               n_references: int = 8, temperature: float = 8.0) -> None:
         self.model, self.processor = model.eval(), processor
         self.mode, self.cot, self.self_ensemble, self.context = mode, bool(cot), int(self_ensemble), bool(context)
         self.reuse_prefix, self.batch_size, self.seed = bool(reuse_prefix), int(batch_size), int(seed)
@@ -143,6 +164,12 @@ class VlmDetector(Detector):
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id or 0
+        if mode == "pmi":
+            from halsift.filtering.vlm_likelihood import describe_prefix, reference_images
+
+            self._refs = [describe_prefix(processor, im) for im in reference_images(references, n_references)]
+            self.temperature = float(temperature)
+            return
         self._head, self._tail = self._split_template()
         tc = getattr(model.config, "text_config", model.config)
         sliding = any("sliding" in str(t) for t in (getattr(tc, "layer_types", None) or [])) or \
@@ -277,6 +304,15 @@ class VlmDetector(Detector):
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
         if not items:
             return []
+        if self.mode == "pmi":
+            from scipy.special import expit
+
+            from halsift.filtering.vlm_likelihood import image_pmi
+
+            if any(it.image is None for it in items):
+                raise DetectorError("vlm detector: an item has no image")
+            pmi = image_pmi(self, items, self._refs, self.batch_size)
+            return [Result(100.0 * float(expit(v / self.temperature))) for v in pmi]
         prefixes: dict[tuple, dict] = {}
         for it in items:
             k = _group_key(it)

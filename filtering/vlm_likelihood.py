@@ -5,6 +5,9 @@ The model is prompted to describe the image (``Describe this image in detail.``)
 caption's preceding sentences, and the sentence's mean token log-likelihood is read off one forward pass.
 A large own-vs-random gap means the sentence is grounded in the image; a gap that shrinks with the position
 reproduces the paper's finding that later sentences lean on the language prior.
+
+The same per-token log-probabilities give :func:`image_pmi`, the ``vlm`` detector's ``mode=pmi`` score: how much
+more likely a captioner finds the sentence under its own image than under fixed reference images.
 """
 
 from __future__ import annotations
@@ -17,42 +20,157 @@ from halsift.filtering.base import Item
 DESCRIBE_PROMPT = "Describe this image in detail."
 
 
-def sentence_logliks(det, items: Sequence[Item], batch_size: int = 16) -> list[float]:
-    """Mean log-probability (nats/token) of each item's sentence given its image and preceding sentences.
+def describe_prefix(processor, image) -> dict:
+    """Processor features of the ``[image, DESCRIBE_PROMPT]`` user turn and the assistant header, on CPU."""
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": DESCRIBE_PROMPT}]}]
+    head = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    return dict(processor(text=[head], images=[image], return_tensors="pt", add_special_tokens=False))
 
-    ``det`` is a :class:`~halsift.filtering.vlm_detector.VlmDetector` (any mode; only its model and processor
-    are used).
+
+def _sentence_ids(tok, text: str, first: bool) -> list[int]:
+    return tok(("" if first else " ") + text.strip(), add_special_tokens=False)["input_ids"]
+
+
+def _chains(items: Sequence[Item], prefixes: Sequence[dict]) -> list[tuple[dict, list[str], list[tuple[int, int]]]]:
+    """Group items into captions read in one pass: ``(prefix, sentences, [(item index, sentence position)])``.
+
+    Items with the same image and prefix whose preceding sentences + sentence begin another item's (bench rows
+    of one caption have distinct keys, so the text decides) share that item's sequence; longest first, so each
+    caption becomes one chain however its sentences are ordered or split across batches.
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, it in enumerate(items):
+        groups.setdefault((it.image_id, id(it.image), id(prefixes[i])), []).append(i)
+    chains: list[tuple[dict, list[str], list[tuple[int, int]]]] = []
+    for idx in groups.values():
+        mine: list[tuple[dict, list[str], list[tuple[int, int]]]] = []
+        for i in sorted(idx, key=lambda i: -len(items[i].context)):
+            sents = [c.strip() for c in items[i].context] + [items[i].sentence.strip()]
+            home = next((c for c in mine if c[1][:len(sents)] == sents), None)
+            if home is None:
+                home = (prefixes[i], sents, [])
+                mine.append(home)
+            home[2].append((i, len(sents) - 1))
+        chains += mine
+    return chains
+
+
+def token_logprobs(det, items: Sequence[Item], prefixes: Sequence[dict], batch_size: int = 16) -> list:
+    """Log-probability (nats) of each token of each item's sentence after ``prefixes[i]`` (a
+    :func:`describe_prefix`) and the item's preceding sentences; a list of 1-D float numpy arrays.
+
+    Sentences are tokenized one by one (the first bare, the others after a space) and concatenated. The sentences
+    of one caption (same key, image and prefix; nested contexts) are read off a single forward pass over the
+    caption: a caption of n sentences costs one sequence, not n. ``det`` is a
+    :class:`~halsift.filtering.vlm_detector.VlmDetector` (only its model, tokenizer and batch builder are used).
     """
     import torch
 
-    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": DESCRIBE_PROMPT}]}]
-    head = det.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     tok = det.tokenizer
-    out: list[float] = []
-    cache: dict[int, dict] = {}
-    for s in range(0, len(items), batch_size):
-        chunk = list(items[s:s + batch_size])
-        prefixes, conts, n_sent = [], [], []
-        for it in chunk:
-            if id(it.image) not in cache:
-                cache[id(it.image)] = dict(det.processor(text=[head], images=[it.image], return_tensors="pt",
-                                                         add_special_tokens=False))
-            prefixes.append(cache[id(it.image)])
-            ctx = (tok(" ".join(c.strip() for c in it.context), add_special_tokens=False)["input_ids"]
-                   if it.context else [])
-            sent = tok((" " if it.context else "") + it.sentence.strip(), add_special_tokens=False)["input_ids"]
-            conts.append(ctx + sent)
-            n_sent.append(len(sent))
-        batch = det.full_batch(prefixes, conts)
-        keep = max(n_sent) + 1
+    out: list = [None] * len(items)
+    chains = _chains(items, prefixes)
+    for s in range(0, len(chains), batch_size):
+        chunk = chains[s:s + batch_size]
+        conts, spans = [], []
+        for _, sents, _ in chunk:
+            ids, bounds = [], []
+            for k, text in enumerate(sents):
+                piece = _sentence_ids(tok, text, k == 0)
+                bounds.append((len(ids), len(ids) + len(piece)))
+                ids += piece
+            conts.append(ids)
+            spans.append(bounds)
+        batch = det.full_batch([c[0] for c in chunk], conts)
+        keep = max(len(c) for c in conts) + 1
         with torch.inference_mode():
-            logp = det.model(**batch, use_cache=False, logits_to_keep=keep).logits.float().log_softmax(-1)
+            logits = det.model(**batch, use_cache=False, logits_to_keep=keep).logits
         ids = batch["input_ids"]
-        for r, n in enumerate(n_sent):
-            # logits at column j predict token j+1; the sentence is the last n tokens of the (left-padded) row
-            pred = logp[r, keep - 1 - n:keep - 1]
-            target = ids[r, ids.shape[1] - n:]
-            out.append(float(pred.gather(-1, target.view(-1, 1)).mean()))
+        for r, ((_, _, members), cont, bounds) in enumerate(zip(chunk, conts, spans)):
+            # logits column j predicts token j+1; the continuation is the last len(cont) tokens of the row
+            logp = logits[r, keep - 1 - len(cont):keep - 1].float().log_softmax(-1)
+            lp = logp.gather(-1, ids[r, ids.shape[1] - len(cont):].view(-1, 1)).view(-1).cpu().numpy()
+            for i, pos in members:
+                a, b = bounds[pos]
+                out[i] = lp[a:b]
+    return out
+
+
+def _own_prefixes(det, items: Sequence[Item]) -> list[dict]:
+    cache: dict[tuple, dict] = {}
+    for it in items:
+        k = (it.image_id, id(it.image))
+        if k not in cache:
+            cache[k] = describe_prefix(det.processor, it.image)
+    return [cache[(it.image_id, id(it.image))] for it in items]
+
+
+def sentence_logliks(det, items: Sequence[Item], batch_size: int = 16) -> list[float]:
+    """Mean log-probability (nats/token) of each item's sentence given its image and preceding sentences."""
+    return [float(lp.mean()) for lp in token_logprobs(det, items, _own_prefixes(det, items), batch_size)]
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+
+
+def reference_images(path: str | None, n: int) -> list:
+    """The first ``n`` decodable images (RGB) of ``path``: a folder of image files (sorted by name) or of
+    WebDataset shards / a shard spec. Raises ``ValueError`` naming the path when it is missing or holds fewer."""
+    import os
+    from pathlib import Path
+
+    from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_image, decode_sample
+
+    if int(n) < 1:
+        raise ValueError(f"n_references={n!r}: expected an integer >= 1")
+    if not path:
+        raise ValueError("references: expected a folder of images or WebDataset shards, got nothing")
+    p = Path(os.fspath(path))
+    images: list = []
+    files = sorted(f for f in p.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES) if p.is_dir() else []
+    if files:
+        for f in files:
+            try:
+                images.append(decode_image(f.read_bytes(), str(f)))
+            except ImageDecodeError:
+                continue
+            if len(images) == n:
+                break
+    else:
+        from halsift.corpus.shards import iter_samples
+
+        skipped = SkipCounter()
+        try:
+            for sample in iter_samples(p, skipped):
+                img = decode_sample(sample, skipped)
+                if img is not None:
+                    images.append(img)
+                if len(images) == n:
+                    break
+        except FileNotFoundError:
+            raise ValueError(f"references={path}: no such folder of images or WebDataset shards") from None
+    if len(images) < n:
+        raise ValueError(f"references={path}: needs {n} decodable images (n_references), found {len(images)}")
+    return images
+
+
+def image_pmi(det, items: Sequence[Item], references: Sequence[dict], batch_size: int = 16) -> list[float]:
+    """Pointwise mutual information of each sentence with its own image, in nats:
+    ``sum_t [log p(t | image) - log mean_k p(t | reference_k)]`` over the sentence's tokens (each conditioned on
+    the preceding sentences), with ``references`` the :func:`describe_prefix` of K fixed other images.
+
+    Positive: the image makes the sentence likelier than a typical image does (grounded); negative: the sentence
+    fits other images better (a hallucination candidate). Costs ``1 + K`` forward passes per sentence.
+    """
+    import numpy as np
+
+    if not references:
+        raise ValueError("image_pmi: needs at least one reference image")
+    own = token_logprobs(det, items, _own_prefixes(det, items), batch_size)
+    refs = [token_logprobs(det, items, [r] * len(items), batch_size) for r in references]
+    out = []
+    for i, o in enumerate(own):
+        marginal = np.logaddexp.reduce(np.stack([r[i] for r in refs]), axis=0) - np.log(len(refs))
+        out.append(float((o - marginal).sum()))
     return out
 
 
@@ -100,4 +218,5 @@ def own_vs_random(det, items: Sequence[Item], seed: int = 0, batch_size: int = 1
     return res
 
 
-__all__ = ["DESCRIBE_PROMPT", "image_key", "own_vs_random", "sentence_logliks", "with_random_images"]
+__all__ = ["DESCRIBE_PROMPT", "describe_prefix", "image_key", "image_pmi", "own_vs_random", "reference_images",
+           "sentence_logliks", "token_logprobs", "with_random_images"]

@@ -50,7 +50,11 @@ def resolve_paths(r: Recipe) -> Paths:
 def trained_spec(r: Recipe, p: Paths, name: str) -> str:
     """The ``lora:DIR`` spec the detectors stage produces for ``detectors.NAME``."""
     out = p.stage("detectors") / name
-    return f"lora:{out / 'judge' / 'adapter' if r.detectors[name].kind == 'world_judge' else out / 'adapter'}"
+    if r.detectors[name].kind == "world_judge":
+        from halsift.training.world_judge import world_judge_spec
+
+        return world_judge_spec(out, trained_configs(r, p)[name])
+    return f"lora:{out / 'adapter'}"
 
 
 class _Trained:
@@ -96,8 +100,10 @@ def trained_configs(r: Recipe, p: Paths) -> dict:
     out = {}
     for name, t in r.detectors.items():
         where = f"detectors.{name}.options"
-        if t.kind == "world_judge":
-            out[name] = from_dict(WorldJudgeSettings, t.options, prefix=where)
+        if t.kind == "world_judge":  # string options may name {base} / {arch} (vision_from, vision_arch)
+            opts = {k: _substitute(v, f"{where}.{k}", subs) if isinstance(v, str) else v
+                    for k, v in t.options.items()}
+            out[name] = from_dict(WorldJudgeSettings, opts, prefix=where)
             continue
         if not p.bench:
             raise ConfigError(f"detectors.{name}: kind lora trains on a bench; set data.bench")
@@ -168,7 +174,8 @@ def stage_world(r: Recipe, p: Paths) -> dict:
 
     info = generate_world(p.stage("world"), images=r.world.images, seed=r.seed, image_size=r.world.image_size,
                           bench_images=r.world.bench_images or None,
-                          retrieval_images=r.world.retrieval_images or None, overwrite=True)
+                          retrieval_images=r.world.retrieval_images or None,
+                          pretrain_images=r.world.pretrain_images or None, overwrite=True)
     return {"world": info if isinstance(info, dict) else {}}
 
 
@@ -232,7 +239,7 @@ def stage_detectors(r: Recipe, p: Paths) -> dict:
         started = time.time()
         if r.detectors[name].kind == "world_judge":
             built = build_world_judge(p.stage("world"), out, seed=r.seed, settings=cfg, show_progress=True)
-            assert Path(built.split(":", 1)[1]).resolve() == Path(spec.split(":", 1)[1]).resolve(), built
+            assert built == spec, (built, spec)
         elif not (out / "adapter" / "detector.yaml").exists():
             train_detector(cfg)
         print(f"[halsift run] detectors.{name}: {spec} ({time.time() - started:.1f}s)")

@@ -24,10 +24,14 @@ class WorldCfg:
     image_size: int = field(64, help="rendered image side in pixels")
     bench_images: int = field(0, help="bench images, each captioned by every simulated captioner (0 = images/4)")
     retrieval_images: int = field(0, help="held-out retrieval images, 5 captions each (0 = images/10)")
+    pretrain_images: int = field(0, help="clean pre-training pairs (0 = images)")
 
     def validate(self) -> None:
         if self.images < 10:
             raise ValueError(f"world.images: must be >= 10, got {self.images}")
+        for name in ("bench_images", "retrieval_images", "pretrain_images"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"world.{name}: must be >= 0 (0 = the default), got {getattr(self, name)}")
 
 
 @dataclass

@@ -119,3 +119,17 @@ def test_write_validates_and_is_atomic(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         read_bench(tmp_path / "nope.jsonl")
+
+
+def test_with_shuffled_images_is_a_seeded_derangement():
+    from halsift.corpus.bench import validate_row, with_shuffled_images
+
+    rows = [validate_row({**_row(i), "image": f"images/{i // 2}.png", "image_id": str(i // 2)}, "t") for i in range(10)]
+    got = with_shuffled_images(rows, seed=3)
+    assert [r.id for r in got] == [r.id for r in rows] and [r.sentence for r in got] == [r.sentence for r in rows]
+    assert all(a.image != b.image for a, b in zip(rows, got))  # no row keeps its image
+    pairs = {(a.image, b.image) for a, b in zip(rows, got)}
+    assert len(pairs) == 5 and len({b for _, b in pairs}) == 5  # each image maps to one other image, a bijection
+    assert with_shuffled_images(rows, seed=3) == got and with_shuffled_images(rows, seed=4) != got
+    with pytest.raises(ValueError, match="at least two distinct images"):
+        with_shuffled_images(rows[:2])

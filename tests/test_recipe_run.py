@@ -9,11 +9,12 @@ from PIL import Image
 
 from halsift.launch.cli import main
 
-TINY = ["world.images=60", "world.bench_images=12", "world.retrieval_images=20", "pretrain.steps=3",
+TINY = ["world.images=60", "world.bench_images=12", "world.pretrain_images=60", "world.retrieval_images=20", "pretrain.steps=3",
         "pretrain.batch_size=16", "finetune.steps=2", "finetune.batch_size=16", "finetune.seeds=[0]",
         "score.batch_size=32", "evals.ihalla=[--synthetic, --prompts, '6']", "evals.vope=[--synthetic, --images, '6']",
         "evals.vigil=[--synthetic, --per-category, '4']", "wandb.mode=disabled",
-        "detectors.judge.options={pretrain_steps: 2, pretrain_batch: 4, judge_steps: 2, judge_batch: 4, eval_every: 2}",
+        "detectors.judge.options={pretrain_steps: 2, pretrain_batch: 4, judge_steps: 2, judge_batch: 4, eval_every: 2, "
+        "vision_from: '{base}', vision_arch: '{arch}', pmi_references: 2}",
         "detectors.clip-lora.options={steps: 2, batch_size: 16, eval_every: 2}"]
 
 
@@ -27,7 +28,14 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     for name, adapter in (("clip-lora", "clip-lora/adapter"), ("judge", "judge/judge/adapter")):
         assert (run / "detectors" / adapter / "detector.yaml").exists(), name
         manifest = json.loads((run / "score" / name / "corpus" / "_manifest.json").read_text())
-        assert manifest["detector"].startswith("lora:") and manifest["detector"].endswith(adapter)
+        if name == "judge":  # the yes/no judge z-scored with its captioner's image PMI
+            spec = manifest["detector"]
+            assert spec.startswith("ensemble:") and "norm=zscore" in spec and "mode=pmi" in spec
+            assert f"{run / 'detectors' / adapter}" in spec and f"{run / 'detectors' / 'judge' / 'references'}" in spec
+        else:
+            assert manifest["detector"].startswith("lora:") and manifest["detector"].endswith(adapter)
+    judge = json.loads((run / "detectors" / "judge" / "judge.json").read_text())
+    assert judge["settings"]["vision_from"] == str(run / "pretrain" / "final" / "open_clip_model.safetensors")
     for name in filters:
         assert (run / "score" / name / "corpus").exists() and (run / "score" / name / "bench").exists()
         manifest = json.loads((run / "select" / name / "manifest.json").read_text())

@@ -10,7 +10,7 @@ import pytest
 from halsift.launch.cli import main
 from halsift.launch.cmd_run import load_recipe, shipped_recipes
 from halsift.launch.config import ConfigError
-from halsift.launch.recipe import check, detector_specs
+from halsift.launch.recipe import check, detector_specs, trained_configs
 
 RECIPES = shipped_recipes()
 REPO_RECIPES = sorted((Path(__file__).parents[1] / "recipes").rglob("*.yaml"))
@@ -93,7 +93,13 @@ def test_trained_detectors_resolve_to_their_adapters(tmp_path):
     recipe = load_recipe("quickstart", [f"run_dir={tmp_path}"])
     specs = detector_specs(recipe, check(recipe))
     assert specs["clip-lora"] == f"lora:{tmp_path / 'detectors' / 'clip-lora' / 'adapter'}"
-    assert specs["judge"] == f"lora:{tmp_path / 'detectors' / 'judge' / 'judge' / 'adapter'}"
+    judge = tmp_path / "detectors" / "judge"
+    assert specs["judge"] == (f"ensemble:members=[lora:{judge / 'judge' / 'adapter'};vlm:model={judge / 'pretrained'},"
+                              f"mode=pmi,references={judge / 'references'},n_references=16],norm=zscore")
+    assert recipe.world.pretrain_images == 6000
+    vision = trained_configs(recipe, check(recipe))["judge"]
+    assert vision.vision_from == str(tmp_path / "pretrain" / "final" / "open_clip_model.safetensors")
+    assert vision.vision_arch == "halsift-tiny"
     with pytest.raises(ConfigError, match="detectors.judge: kind world_judge needs the synthetic world"):
         load_recipe("quickstart", ["world.enabled=false", "data.corpus=x", "data.retrieval.a=y", "data.bench=z",
                                    "model.pretrained=openai"])

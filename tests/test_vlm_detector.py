@@ -207,6 +207,8 @@ def test_spec_options_and_trust_remote_code_default(tiny_vlms, monkeypatch):
     with pytest.raises(SpecError, match="cot=true needs mode=prompt"):
         load_detector(f"vlm:model={tiny_vlms['llava']},cot=true")
     with pytest.raises(SpecError, match="unknown option"):
+        load_detector(f"vlm:model={tiny_vlms['llava']},top_k=2")
+    with pytest.raises(SpecError, match="temperature=2: only used with mode=pmi"):
         load_detector(f"vlm:model={tiny_vlms['llava']},temperature=2")
 
 
@@ -234,6 +236,80 @@ def test_sentence_loglik_and_own_vs_random(tiny_vlms):
     assert res["likelihood/own/all"] == pytest.approx(sum(got) / len(got), abs=1e-4)
     assert {"likelihood/gap/pos0", "likelihood/gap/pos1", "likelihood/gap/pos3"} <= set(res)
     assert res["likelihood/random/all"] != pytest.approx(res["likelihood/own/all"], abs=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["qwen2-vl", "llava"])
+def test_pmi_mode_scores_image_pmi_against_references(tiny_vlms, tmp_path, arch):
+    """``mode=pmi`` with one reference: score = 100·sigmoid(n_tokens · (mean log-lik given the own image − given
+    the reference) / temperature), from the independently tested ``sentence_logliks``; the own image as reference
+    gives 50."""
+    import math
+
+    from halsift.filtering.spec import load_detector
+    from halsift.filtering.vlm_likelihood import sentence_logliks
+
+    items = _items()
+    ref = Image.new("RGB", (70, 60), (10, 30, 220))
+    (tmp_path / "refs").mkdir()
+    ref.save(tmp_path / "refs" / "a.png")
+    (tmp_path / "refs" / "notes.txt").write_text("not an image")
+    det = load_detector(f"vlm:model={tiny_vlms[arch]},mode=pmi,references={tmp_path / 'refs'},n_references=1,"
+                        "temperature=2,dtype=float32,device=cpu,batch_size=4")
+    got = [r.score for r in det.score_batch(items)]
+    own = sentence_logliks(det, items)
+    swapped = [Item(it.key, it.sentence_index, it.sentence, it.context, ref, "ref") for it in items]
+    other = sentence_logliks(det, swapped)
+    n_tok = [len(det.tokenizer((" " if it.context else "") + it.sentence, add_special_tokens=False)["input_ids"])
+             for it in items]
+    expected = [100 / (1 + math.exp(-n * (o - r) / 2)) for n, o, r in zip(n_tok, own, other)]
+    assert got == pytest.approx(expected, abs=1e-3)
+    assert len({round(x, 3) for x in got}) > 1
+    first = items[0].image  # the reference is the image itself: no information, PMI 0
+    first.save(tmp_path / "refs" / "0.png")  # sorts before a.png
+    same = load_detector(f"vlm:model={tiny_vlms[arch]},mode=pmi,references={tmp_path / 'refs'},n_references=1,"
+                         "dtype=float32,device=cpu")
+    assert [r.score for r in same.score_batch(items[:2])] == pytest.approx([50.0, 50.0], abs=1e-3)
+
+
+def test_token_logprobs_one_pass_per_caption_equals_one_pass_per_sentence(tiny_vlms):
+    """Sentences of a caption are read off one sequence; bench-style items (a distinct key per row, two captions
+    of one image, shuffled order, a caption split across calls) get what scoring each alone gives."""
+    from halsift.filtering.vlm_likelihood import _chains, describe_prefix, token_logprobs
+
+    det = _det(tiny_vlms["llava"])
+    img = Image.new("RGB", (60, 60), (200, 30, 30))
+    caps = [["a red dog sits.", "it is small.", "a tree stands behind it."], ["two cats.", "one sleeps."]]
+    items = [Item(f"row{c}-{i}", i, s, cap[:i], img, "im") for c, cap in enumerate(caps) for i, s in enumerate(cap)]
+    items = [items[k] for k in (3, 1, 0, 4, 2)]
+    pre = describe_prefix(det.processor, img)
+    assert len(_chains(items, [pre] * len(items))) == 2
+    together = token_logprobs(det, items, [pre] * len(items), batch_size=1)
+    alone = [token_logprobs(det, [it], [pre])[0] for it in items]
+    for a, b in zip(together, alone):
+        assert a.shape == b.shape and len(a) > 0
+        assert torch.allclose(torch.from_numpy(a), torch.from_numpy(b), atol=1e-4)
+
+
+def test_pmi_references_from_shards_and_errors(tiny_vlms, synth_world, tmp_path):
+    from halsift.filtering.spec import SpecError, load_detector
+    from halsift.filtering.vlm_likelihood import reference_images
+
+    imgs = reference_images(str(synth_world / "pretrain"), 3)
+    assert len(imgs) == 3 and all(im.mode == "RGB" for im in imgs)
+    model = tiny_vlms["llava"]
+    with pytest.raises(SpecError, match="mode=pmi needs references"):
+        load_detector(f"vlm:model={model},mode=pmi")
+    with pytest.raises(SpecError, match="only used with mode=pmi"):
+        load_detector(f"vlm:model={model},mode=yes_prob,references={synth_world / 'pretrain'}")
+    with pytest.raises(SpecError, match=f"references={tmp_path / 'nope'}: no such folder"):
+        load_detector(f"vlm:model={model},mode=pmi,references={tmp_path / 'nope'}")
+    (tmp_path / "one").mkdir()
+    Image.new("RGB", (40, 40)).save(tmp_path / "one" / "x.png")
+    (tmp_path / "one" / "y.png").write_bytes(b"corrupt")
+    with pytest.raises(SpecError, match="temperature"):
+        load_detector(f"vlm:model={model},mode=pmi,references={synth_world / 'pretrain'},temperature=0")
+    with pytest.raises(SpecError, match="needs 2 decodable images \\(n_references\\), found 1"):
+        load_detector(f"vlm:model={model},mode=pmi,references={tmp_path / 'one'},n_references=2")
 
 
 def test_from_model_wraps_in_memory_model(tiny_vlms):
