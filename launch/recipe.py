@@ -3,6 +3,10 @@
 Reads top to bottom like the loop it runs. Each stage writes into ``<run_dir>/<stage>/`` and marks itself
 complete with ``<run_dir>/<stage>/_done.json`` (written last, atomically); a rerun skips complete stages, and
 the stages themselves skip their finished parts (score parts, checkpoints), so a killed run resumes.
+
+``_done.json`` also records a fingerprint of the recipe sections the stage reads, chained over the stages before
+it (:func:`stage_fingerprints`). When it no longer matches, the stage's folder is cleared (its parts were made
+from other settings) and the stage re-runs, and so, through the chain, does every stage after it.
 """
 
 from __future__ import annotations
@@ -160,13 +164,46 @@ def _check_exists(key: str, path: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ stages
-def _done(stage_dir: Path) -> bool:
-    return (stage_dir / "_done.json").exists()
+# the recipe sections each stage reads itself (what earlier stages produced comes in through the chain)
+STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "pretrain"), "detectors": ("detectors",),
+                "score": ("score",), "select": ("select",), "finetune": ("finetune",), "eval": ("eval", "evals"),
+                "report": ("name",)}
 
 
-def _mark_done(stage_dir: Path, info: dict, started: float) -> None:
+def _sha(obj) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def stage_fingerprints(r: Recipe) -> dict[str, dict]:
+    """Stage -> ``{"fingerprint", "sections"}``: a hash per recipe section the stage reads, and one over those and
+    the previous stage's fingerprint (so a change upstream changes every stage after it)."""
+    d, chain, out = to_dict(r), "", {}
+    for stage, keys in STAGE_INPUTS.items():
+        sections = {k: _sha(d.get(k)) for k in keys}
+        chain = _sha([chain, sections])
+        out[stage] = {"fingerprint": chain, "sections": sections}
+    return out
+
+
+def _done(stage_dir: Path) -> dict | None:
+    """The stage's ``_done.json`` record, or None when it has not completed."""
+    f = stage_dir / "_done.json"
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def _mark_done(stage_dir: Path, info: dict, started: float, inputs: dict) -> None:
     stage_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(stage_dir / "_done.json", {**info, "wall_s": round(time.time() - started, 2)})
+    write_json_atomic(stage_dir / "_done.json", {**info, "inputs": inputs, "wall_s": round(time.time() - started, 2)})
+
+
+def _changed(saved: dict, now: dict) -> str:
+    """Why a completed stage is stale, in words."""
+    if "inputs" not in saved:
+        return "it was completed by an older halsift that did not record its inputs"
+    mine = [k for k, v in now["sections"].items() if saved["inputs"].get("sections", {}).get(k) != v]
+    return f"{', '.join(mine)} changed" if mine else "an earlier stage's inputs changed"
 
 
 def stage_world(r: Recipe, p: Paths) -> dict:
@@ -428,17 +465,24 @@ def run_recipe(r: Recipe, dry_run: bool = False, force: tuple[str, ...] = ()) ->
     import yaml
 
     (p.run / "recipe.resolved.yaml").write_text(yaml.safe_dump(to_dict(r), sort_keys=False))
+    import shutil
+
+    inputs = stage_fingerprints(r)
     for stage in r.stages:
         if stage == "world" and not r.world.enabled:
             continue
         d = p.stage(stage)
-        if _done(d) and stage not in force:
-            log.info("stage %s: complete, skipped", stage)
-            print(f"[halsift run] {stage}: already complete, skipped")
-            continue
+        saved = _done(d)
+        if saved is not None and stage not in force:
+            if saved.get("inputs", {}).get("fingerprint") == inputs[stage]["fingerprint"]:
+                log.info("stage %s: complete, skipped", stage)
+                print(f"[halsift run] {stage}: already complete, skipped")
+                continue
+            print(f"[halsift run] {stage}: {_changed(saved, inputs[stage])} since it ran; clearing {d} and re-running")
+            shutil.rmtree(d)
         print(f"[halsift run] {stage}: running")
         started = time.time()
         info = STAGE_FUNCS[stage](r, p)
-        _mark_done(d, info, started)
+        _mark_done(d, info, started, inputs[stage])
         print(f"[halsift run] {stage}: done in {time.time() - started:.1f}s")
     return p.stage("report")

@@ -103,3 +103,18 @@ def test_trained_detectors_resolve_to_their_adapters(tmp_path):
     with pytest.raises(ConfigError, match="detectors.judge: kind world_judge needs the synthetic world"):
         load_recipe("quickstart", ["world.enabled=false", "data.corpus=x", "data.retrieval.a=y", "data.bench=z",
                                    "model.pretrained=openai"])
+
+
+def test_stage_fingerprints_change_from_the_edited_stage_on(tmp_path):
+    from halsift.launch.recipe import stage_fingerprints
+
+    base = stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}"]))
+    assert base == stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path / 'elsewhere'}"]))
+    lr = stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}", "finetune.lr=0.001"]))
+    order = list(base)
+    assert order == ["world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report"]
+    for stage in order:
+        assert (lr[stage]["fingerprint"] == base[stage]["fingerprint"]) == (order.index(stage) < order.index("finetune"))
+    assert lr["finetune"]["sections"] != base["finetune"]["sections"] and lr["eval"]["sections"] == base["eval"]["sections"]
+    seed = stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}", "seed=1"]))
+    assert all(seed[s]["fingerprint"] != base[s]["fingerprint"] for s in order)
