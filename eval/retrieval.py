@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from halsift.corpus.retrieval import read_retrieval
 
 _CHUNK = 1024  # rows of the similarity matrix computed at once (bounded memory on 5k x 25k COCO)
+NO_CAPTION_RANK = np.iinfo(np.int64).max  # i2t rank of an image without captions (never a hit, left out of R@k)
 
 
-def recall_at_k(image_emb, text_emb, text_to_image, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
-    """R@k for ``i2t`` and ``t2i`` from embeddings (cosine similarity; rows are normalised here).
+def retrieval_ranks(image_emb, text_emb, text_to_image) -> tuple[np.ndarray, np.ndarray]:
+    """Per-query ranks (0 = first) from embeddings (cosine similarity; rows are normalised here).
 
     ``image_emb``: (n_images, d); ``text_emb``: (n_texts, d); ``text_to_image[j]`` is the image index of caption
-    ``j``. Returns ``{"i2t/r@1": ..., "t2i/r@1": ..., ...}`` on a 0–100 scale. Ties count against the query
-    (a competitor with an equal score ranks ahead), so a constant model scores ~0, not 100.
+    ``j``. Returns ``(i2t_rank, t2i_rank)``: per image, the rank of its best-ranked caption (``NO_CAPTION_RANK``
+    for an image without captions); per caption, the rank of its own image. A query is a hit at k when its rank is
+    ``< k``. Ties count against the query (a competitor with an equal score ranks ahead).
     """
     img = _normalise(np.asarray(image_emb, dtype=np.float64), "image_emb")
     txt = _normalise(np.asarray(text_emb, dtype=np.float64), "text_emb")
@@ -35,21 +38,16 @@ def recall_at_k(image_emb, text_emb, text_to_image, ks: Sequence[int] = (1, 5, 1
     if n_txt and (t2i.min() < 0 or t2i.max() >= n_img):
         raise ValueError(f"text_to_image values must be image indices in [0, {n_img}), got "
                          f"[{t2i.min()}, {t2i.max()}]")
-    ks = sorted({int(k) for k in ks})
-    if not ks or ks[0] < 1:
-        raise ValueError(f"ks must be positive integers, got {ks}")
-
     # i2t: rank of the best-ranked correct caption = number of texts scoring strictly higher than it, plus the
     # number of *wrong* texts tying with it (ties count against the query).
-    has_caption = np.bincount(t2i, minlength=n_img) > 0
-    i2t_rank = np.full(n_img, np.iinfo(np.int64).max, dtype=np.int64)
+    i2t_rank = np.full(n_img, NO_CAPTION_RANK, dtype=np.int64)
     for lo in range(0, n_img, _CHUNK):
         sim = img[lo:lo + _CHUNK] @ txt.T  # (b, n_txt)
         own = t2i[None, :] == np.arange(lo, lo + len(sim))[:, None]
         best = np.where(own, sim, -np.inf).max(axis=1)
         higher = (sim > best[:, None]).sum(axis=1)
         ties = ((sim == best[:, None]) & ~own).sum(axis=1)
-        i2t_rank[lo:lo + len(sim)] = higher + ties
+        i2t_rank[lo:lo + len(sim)] = np.where(own.any(axis=1), higher + ties, NO_CAPTION_RANK)
     # t2i: rank of the caption's own image among all images.
     t2i_rank = np.empty(n_txt, dtype=np.int64)
     for lo in range(0, n_txt, _CHUNK):
@@ -58,13 +56,55 @@ def recall_at_k(image_emb, text_emb, text_to_image, ks: Sequence[int] = (1, 5, 1
         own = sim[rows, t2i[lo:lo + len(sim)]]
         ge = (sim >= own[:, None]).sum(axis=1) - 1  # minus the own image itself
         t2i_rank[lo:lo + len(sim)] = ge
+    return i2t_rank, t2i_rank
+
+
+def recall_at_k(image_emb, text_emb, text_to_image, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+    """R@k for ``i2t`` and ``t2i`` from embeddings, via :func:`retrieval_ranks`.
+
+    Returns ``{"i2t/r@1": ..., "t2i/r@1": ..., ...}`` on a 0–100 scale; images without captions are left out of
+    ``i2t``. Ties count against the query, so a constant model scores ~0, not 100.
+    """
+    return recall_from_ranks(*retrieval_ranks(image_emb, text_emb, text_to_image), ks)
+
+
+def recall_from_ranks(i2t_rank: np.ndarray, t2i_rank: np.ndarray, ks: Sequence[int] = (1, 5, 10)
+                      ) -> dict[str, float]:
+    """R@k (0–100) and the mean over ``ks`` from the ranks of :func:`retrieval_ranks`."""
+    ks = sorted({int(k) for k in ks})
+    if not ks or ks[0] < 1:
+        raise ValueError(f"ks must be positive integers, got {ks}")
+    i2t_rank, t2i_rank = np.asarray(i2t_rank), np.asarray(t2i_rank)
+    i2t_rank = i2t_rank[i2t_rank != NO_CAPTION_RANK]
     out: dict[str, float] = {}
     for k in ks:
-        out[f"i2t/r@{k}"] = 100.0 * float((i2t_rank[has_caption] < k).mean()) if has_caption.any() else 0.0
-        out[f"t2i/r@{k}"] = 100.0 * float((t2i_rank < k).mean()) if n_txt else 0.0
+        out[f"i2t/r@{k}"] = 100.0 * float((i2t_rank < k).mean()) if i2t_rank.size else 0.0
+        out[f"t2i/r@{k}"] = 100.0 * float((t2i_rank < k).mean()) if t2i_rank.size else 0.0
     out["i2t/mean_r"] = float(np.mean([out[f"i2t/r@{k}"] for k in ks]))
     out["t2i/mean_r"] = float(np.mean([out[f"t2i/r@{k}"] for k in ks]))
     return out
+
+
+def ranks_key(model: str, seed_index: int, set_name: str, direction: str) -> str:
+    """Name of one model's per-query ranks in ``retrieval_ranks.npz``: ``<model>/<seed_index>/<set>/<i2t|t2i>``.
+
+    The set's caption -> image map is stored once, as ``<set>/text_to_image``."""
+    return f"{model}/{seed_index}/{set_name}/{direction}"
+
+
+def write_ranks(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
+    """Write named rank arrays to an ``.npz`` atomically (plain arrays, no pickles)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez_compressed(f, **{k: np.asarray(v) for k, v in arrays.items()})
+    os.replace(tmp, path)
+
+
+def read_ranks(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of :func:`write_ranks` (loaded with ``allow_pickle=False``)."""
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
 
 
 def _normalise(x: np.ndarray, name: str) -> np.ndarray:
@@ -76,12 +116,14 @@ def _normalise(x: np.ndarray, name: str) -> np.ndarray:
 
 
 def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.PathLike, device="cpu",
-                       batch_size: int = 64, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+                       batch_size: int = 64, ks: Sequence[int] = (1, 5, 10), return_ranks: bool = False
+                       ) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """Encode the retrieval set's images and captions with an open_clip ``model`` and return :func:`recall_at_k`.
 
     ``retrieval_set``: ``retrieval.jsonl`` or its folder, read by ``halsift.corpus.retrieval.read_retrieval``.
     Unreadable images are an error naming the file: an evaluation set must be complete. Adds ``retrieval/images`` and
-    ``retrieval/captions`` counts.
+    ``retrieval/captions`` counts. With ``return_ranks``, returns ``(metrics, ranks)`` where ``ranks`` holds the
+    per-query ``i2t`` and ``t2i`` ranks of :func:`retrieval_ranks` and the ``text_to_image`` map.
     """
     import torch
     from PIL import Image
@@ -108,7 +150,11 @@ def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.Pat
                 txt_feats.append(model.encode_text(toks).float().cpu())
     finally:
         model.train(was_training)
-    out = recall_at_k(torch.cat(img_feats).numpy(), torch.cat(txt_feats).numpy(), np.array(t2i), ks)
+    t2i = np.asarray(t2i, dtype=np.int64)
+    i2t_rank, t2i_rank = retrieval_ranks(torch.cat(img_feats).numpy(), torch.cat(txt_feats).numpy(), t2i)
+    out = recall_from_ranks(i2t_rank, t2i_rank, ks)
     out["retrieval/images"] = float(len(rs))
     out["retrieval/captions"] = float(len(captions))
+    if return_ranks:
+        return out, {"i2t": i2t_rank, "t2i": t2i_rank, "text_to_image": t2i}
     return out

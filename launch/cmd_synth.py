@@ -22,6 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pretrain-images", type=int, default=None, help="clean pre-training pairs (default images)")
     p.add_argument("--shard-size", type=int, default=256, help="samples per shard (default 256)")
     p.add_argument("--overwrite", action="store_true", help="replace a world already in --out")
+    p.add_argument("--captioners", nargs="+", default=[], metavar="NAME",
+                   help="simulated captioners that write the corpus (default: all six)")
+    p.add_argument("--retrieval-style", choices=("captioners", "human"), default="captioners",
+                   help="retrieval captions: sentences by the captioners that do not write the corpus (default), or "
+                        "short human-style captions over families of look-alike scenes")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,9 +45,12 @@ def run(args: argparse.Namespace) -> int:
         world = generate_world(args.out, images=args.images, seed=args.seed, image_size=args.image_size,
                                bench_images=args.bench_images, retrieval_images=args.retrieval_images,
                                pretrain_images=args.pretrain_images, t2i_prompts=args.t2i_prompts,
-                               shard_size=args.shard_size, overwrite=args.overwrite, show_progress=True)
+                               shard_size=args.shard_size, overwrite=args.overwrite, show_progress=True,
+                               captioners=args.captioners, retrieval_style=args.retrieval_style)
     except FileExistsError as e:
         raise UsageError(f"--out: {str(e).split(' (')[0]}; add --overwrite to replace it") from e
+    except ValueError as e:
+        raise UsageError(f"--{e}") from e
     sizes = world["sizes"]
     print(f"wrote {args.out}: {sizes['corpus']} corpus pairs, {sizes['bench_rows']} bench sentences "
           f"({sizes['bench_images']} i2t images, {sizes['t2i_prompts']} t2i prompts), {sizes['retrieval']} "

@@ -166,7 +166,7 @@ def _check_exists(key: str, path: str) -> None:
 # ------------------------------------------------------------------------------------------------ stages
 # the recipe sections each stage reads itself (what earlier stages produced comes in through the chain)
 STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "pretrain"), "detectors": ("detectors",),
-                "score": ("score",), "select": ("select",), "finetune": ("finetune",), "eval": ("eval", "evals"),
+                "score": ("score", "eval.bench_split"), "select": ("select",), "finetune": ("finetune",), "eval": ("eval", "evals"),
                 "report": ("name",)}
 
 
@@ -176,12 +176,18 @@ def _sha(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _lookup(d: dict, dotted: str):
+    for part in dotted.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
+
+
 def stage_fingerprints(r: Recipe) -> dict[str, dict]:
     """Stage -> ``{"fingerprint", "sections"}``: a hash per recipe section the stage reads, and one over those and
     the previous stage's fingerprint (so a change upstream changes every stage after it)."""
     d, chain, out = to_dict(r), "", {}
     for stage, keys in STAGE_INPUTS.items():
-        sections = {k: _sha(d.get(k)) for k in keys}
+        sections = {k: _sha(_lookup(d, k)) for k in keys}
         chain = _sha([chain, sections])
         out[stage] = {"fingerprint": chain, "sections": sections}
     return out
@@ -212,7 +218,8 @@ def stage_world(r: Recipe, p: Paths) -> dict:
     info = generate_world(p.stage("world"), images=r.world.images, seed=r.seed, image_size=r.world.image_size,
                           bench_images=r.world.bench_images or None,
                           retrieval_images=r.world.retrieval_images or None,
-                          pretrain_images=r.world.pretrain_images or None, overwrite=True)
+                          pretrain_images=r.world.pretrain_images or None, overwrite=True,
+                          captioners=r.world.captioners, retrieval_style=r.world.retrieval_style)
     return {"world": info if isinstance(info, dict) else {}}
 
 
@@ -293,13 +300,14 @@ def stage_score(r: Recipe, p: Paths) -> dict:
     from halsift.filtering.spec import load_detector
 
     info = {}
+    bench = bench_subset(p.bench, r.eval.bench_split, p.run)  # only the rows the eval stage reads
     for name, spec in detector_specs(r, p).items():
         detector = load_detector(spec)
         if p.corpus and "select" in r.stages:
             score(detector, p.corpus, _scores_dir(p, name, "corpus"), unit=r.score.unit,
                   batch_size=r.score.batch_size)
-        if p.bench:
-            score_bench(detector, p.bench, _scores_dir(p, name, "bench"))
+        if bench:
+            score_bench(detector, bench, _scores_dir(p, name, "bench"))
         info[name] = spec
         del detector
     for name, members in r.score.ensembles.items():
@@ -333,8 +341,14 @@ def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
     del pd
 
 
-def _filters(r: Recipe) -> list[str]:
+def _scored(r: Recipe) -> list[str]:
+    """Detectors and ensembles: the names with score folders."""
     return list(r.score.detectors) + list(r.score.ensembles)
+
+
+def _filters(r: Recipe) -> list[str]:
+    """Every selection that is fine-tuned and compared: the scored names, then ``select.variants``."""
+    return _scored(r) + list(r.select.variants)
 
 
 def stage_select(r: Recipe, p: Paths) -> dict:
@@ -342,8 +356,9 @@ def stage_select(r: Recipe, p: Paths) -> dict:
 
     info = {}
     for name in _filters(r):
-        manifest = select(_scores_dir(p, name, "corpus"), p.corpus, p.stage("select") / name, keep=r.select.keep,
-                          unit=r.select.unit, agg=r.select.agg, per_captioner=r.select.per_captioner, seed=r.seed)
+        scored, keep, unit, agg = r.select.resolved(name)
+        manifest = select(_scores_dir(p, scored, "corpus"), p.corpus, p.stage("select") / name, keep=keep,
+                          unit=unit, agg=agg, per_captioner=r.select.per_captioner, seed=r.seed)
         info[name] = manifest
     return {"selections": info}
 
@@ -382,13 +397,13 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
 
     from halsift.corpus.scores import read_scores_df
     from halsift.eval.bench_eval import evaluate_bench
-    from halsift.eval.retrieval import evaluate_retrieval
+    from halsift.eval.retrieval import evaluate_retrieval, ranks_key, write_ranks
 
     out_dir = p.stage("eval")
     out_dir.mkdir(parents=True, exist_ok=True)
     bench_metrics = {}
     if p.bench and "score" in r.stages:
-        scores = {name: read_scores_df(_scores_dir(p, name, "bench")) for name in _filters(r)}
+        scores = {name: read_scores_df(_scores_dir(p, name, "bench")) for name in _scored(r)}
         bench = bench_subset(p.bench, r.eval.bench_split, p.run)
         if not bench:
             raise ConfigError(f"eval.bench_split: no rows of split {r.eval.bench_split!r} in {p.bench}")
@@ -399,18 +414,24 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
         for name, runs in _finetune_runs(r, p).items():
             models[name] = [str(d / "final" / "open_clip_model.safetensors") for d in runs]
     retrieval: dict[str, list[dict]] = {}
+    ranks = {}  # per-query ranks of every model, for the report's bootstrap CIs
     for name, weights in models.items():
-        for w in weights:
+        for i, w in enumerate(weights):
             model, _, preprocess = open_clip.create_model_and_transforms(r.model.arch, pretrained=w, device=device)
             tokenizer = open_clip.get_tokenizer(r.model.arch)
             model.eval()
             res = {}
             for set_name, path in _retrieval_sets(r, p).items():
                 with torch.no_grad():
-                    m = evaluate_retrieval(model, preprocess, tokenizer, path, device, r.eval.batch_size)
+                    m, rk = evaluate_retrieval(model, preprocess, tokenizer, path, device, r.eval.batch_size,
+                                               return_ranks=True)
                 res.update({f"{set_name}/{k}": v for k, v in m.items()})
+                ranks.update({ranks_key(name, i, set_name, d): rk[d] for d in ("i2t", "t2i")})
+                ranks[f"{set_name}/text_to_image"] = rk["text_to_image"]
             retrieval.setdefault(name, []).append(res)
     write_json_atomic(out_dir / "retrieval.json", retrieval)
+    if ranks:
+        write_ranks(out_dir / "retrieval_ranks.npz", ranks)
     extra = run_extra_evals(r, out_dir)
     return {"bench": bench_metrics, "retrieval_models": sorted(retrieval), "evals": extra}
 
@@ -434,9 +455,12 @@ def run_extra_evals(r: Recipe, out_dir: Path) -> dict:
 
 def stage_report(r: Recipe, p: Paths) -> dict:
     from halsift.eval.compare import compare_filters_report
+    from halsift.eval.retrieval import read_ranks
 
     rfile = p.stage("eval") / "retrieval.json"
     retrieval = json.loads(rfile.read_text()) if rfile.exists() else {}
+    ranks_file = p.stage("eval") / "retrieval_ranks.npz"  # absent in runs from before it was written: no CIs
+    ranks = read_ranks(ranks_file) if ranks_file.exists() else None
     bench_file = p.stage("eval") / "bench" / "metrics.json"
     bench = json.loads(bench_file.read_text()) if bench_file.exists() else {}
     selections = {}
@@ -445,9 +469,9 @@ def stage_report(r: Recipe, p: Paths) -> dict:
         selections[name] = json.loads(mpath.read_text()) if mpath.exists() else {}
     metrics = compare_filters_report(r.name, retrieval, bench, selections, list(_retrieval_sets(r, p)),
                                      p.stage("report"), wandb_mode=r.wandb.mode, wandb_project=r.wandb.project,
-                                     filters=[n for n in _filters(r) if (p.stage("score") / n).exists()],
+                                     filters=[n for n in _scored(r) if (p.stage("score") / n).exists()],
                                      extra_reports={n: p.stage("eval") / n / "report.md" for n in r.evals},
-                                     bench_split=r.eval.bench_split)
+                                     bench_split=r.eval.bench_split, ranks=ranks, seed=r.seed)
     return {"metrics": metrics}
 
 

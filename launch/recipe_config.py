@@ -24,7 +24,12 @@ class WorldCfg:
     image_size: int = field(64, help="rendered image side in pixels")
     bench_images: int = field(0, help="bench images, each captioned by every simulated captioner (0 = images/4)")
     retrieval_images: int = field(0, help="held-out retrieval images, 5 captions each (0 = images/10)")
-    pretrain_images: int = field(0, help="clean pre-training pairs (0 = images)")
+    pretrain_images: int = field(0, help="pre-training pairs: web alt-text + a clean detailed caption (0 = images)")
+    captioners: list[str] = field(default_factory=list, help="simulated captioners that write the corpus (empty = "
+                                                             "all six; HalDec Table F's corpus is one captioner's)")
+    retrieval_style: str = field("captioners", help="captioners: 2-3 sentences by the captioners that do not write "
+                                                    "the corpus | human: short human-style captions over families "
+                                                    "of look-alike scenes")
 
     def validate(self) -> None:
         if self.images < 10:
@@ -32,6 +37,14 @@ class WorldCfg:
         for name in ("bench_images", "retrieval_images", "pretrain_images"):
             if getattr(self, name) < 0:
                 raise ValueError(f"world.{name}: must be >= 0 (0 = the default), got {getattr(self, name)}")
+        from halsift.corpus.synth.captioners import PROFILE_BY_NAME
+
+        if self.retrieval_style not in ("captioners", "human"):
+            raise ValueError(f"world.retrieval_style: expected captioners or human, got {self.retrieval_style!r}")
+        bad = [c for c in self.captioners if c not in PROFILE_BY_NAME]
+        if bad:
+            raise ValueError(f"world.captioners: unknown captioner {bad[0]!r}; expected some of "
+                             f"{sorted(PROFILE_BY_NAME)}")
 
 
 @dataclass
@@ -124,18 +137,50 @@ class ScoreCfg:
                                  f"unknown {missing}")
 
 
+def _check_selection(where: str, keep: float, unit: str, agg: str) -> None:
+    if not 0 < keep <= 1:
+        raise ValueError(f"{where}.keep: expected a fraction in (0, 1], got {keep}")
+    if unit not in ("sentence", "caption"):
+        raise ValueError(f"{where}.unit: expected sentence or caption, got {unit!r}")
+    if agg not in ("min", "mean", "prob", "prune"):
+        raise ValueError(f"{where}.agg: expected min, mean, prob or prune, got {agg!r}")
+
+
+@dataclass
+class SelectVariantCfg:
+    filter: str = field("", help="the detector or ensemble (a key of score.detectors / score.ensembles) whose "
+                                 "scores this selection reads")
+    keep: float = field(0.0, help="fraction kept (0 = select.keep)")
+    unit: str = field("", help="sentence | caption ('' = select.unit)")
+    agg: str = field("", help="min | mean | prob | prune ('' = select.agg)")
+
+
 @dataclass
 class SelectCfg:
     keep: float = field(0.2, help="fraction of units kept per detector (the seeds' top 20%)")
     unit: str = field("sentence", help="sentence (image-sentence pairs) | caption")
-    agg: str = field("min", help="caption unit: min | mean | prob | prune")
+    agg: str = field("min", help="caption unit: min | mean | prob (whole captions by aggregated score) | prune "
+                                 "(keep the top sentences, write each caption with only its kept sentences)")
     per_captioner: bool = field(False, help="keep the same fraction within each captioner")
+    variants: dict[str, SelectVariantCfg] = field(
+        default_factory=dict, help="extra selections, each fine-tuned, evaluated and reported like a filter: "
+                                   "name -> {filter, keep, unit, agg} (a keep-fraction sweep, whole captions vs "
+                                   "pruned captions vs sentences)")
 
     def validate(self) -> None:
-        if not 0 < self.keep <= 1:
-            raise ValueError(f"select.keep: expected a fraction in (0, 1], got {self.keep}")
-        if self.unit not in ("sentence", "caption"):
-            raise ValueError(f"select.unit: expected sentence or caption, got {self.unit!r}")
+        _check_selection("select", self.keep, self.unit, self.agg)
+        for name, v in self.variants.items():
+            _check_selection(f"select.variants.{name}", v.keep or self.keep, v.unit or self.unit, v.agg or self.agg)
+            if not v.filter:
+                raise ValueError(f"select.variants.{name}.filter: required (a key of score.detectors or "
+                                 "score.ensembles)")
+
+    def resolved(self, name: str) -> tuple[str, float, str, str]:
+        """``(filter, keep, unit, agg)`` of selection ``name``: a variant, or a filter with the defaults."""
+        v = self.variants.get(name)
+        if v is None:
+            return name, self.keep, self.unit, self.agg
+        return v.filter, v.keep or self.keep, v.unit or self.unit, v.agg or self.agg
 
 
 @dataclass
@@ -205,6 +250,13 @@ class Recipe:
             if not self.model.pretrained and ("pretrain" in self.stages or "finetune" in self.stages) \
                     and not self.data.pretrain:
                 raise ConfigError("model.pretrained: set base weights, or data.pretrain to pre-train on")
+        scored = set(self.score.detectors) | set(self.score.ensembles)
+        for name, v in self.select.variants.items():
+            if name in scored:
+                raise ConfigError(f"select.variants.{name}: the name is already a detector or ensemble")
+            if v.filter not in scored:
+                raise ConfigError(f"select.variants.{name}.filter: {v.filter!r} is not a key of score.detectors "
+                                  f"or score.ensembles (known: {sorted(scored)})")
         judges = [n for n, d in self.detectors.items() if d.kind == "world_judge"]
         if judges and not self.world.enabled:
             raise ConfigError(f"detectors.{judges[0]}: kind world_judge needs the synthetic world (world.enabled)")

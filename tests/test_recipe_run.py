@@ -14,7 +14,8 @@ TINY = ["world.images=60", "world.bench_images=12", "world.pretrain_images=60", 
         "evals.vigil=[--synthetic, --per-category, '4']", "wandb.mode=disabled",
         "detectors.judge.options={pretrain_steps: 2, pretrain_batch: 4, judge_steps: 2, judge_batch: 4, eval_every: 2, "
         "vision_from: '{base}', vision_arch: '{arch}', pmi_references: 2}",
-        "detectors.clip-lora.options={steps: 2, batch_size: 16, eval_every: 2}"]
+        "detectors.clip-lora.options={steps: 2, batch_size: 16, eval_every: 2}",
+        "select.variants={oracle@0.5: {filter: oracle, keep: 0.5}}"]
 
 
 def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
@@ -42,10 +43,15 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
         assert (run / "finetune" / name / "seed0" / "final" / "open_clip_model.safetensors").exists()
     oracle = json.loads((run / "select" / "oracle" / "manifest.json").read_text())
     assert oracle["precision"]["kept"] == 1.0
+    # a selection variant reads the oracle's scores with its own keep, and is fine-tuned and reported like a filter
+    wider = json.loads((run / "select" / "oracle@0.5" / "manifest.json").read_text())
+    assert wider["kept_units"] > oracle["kept_units"] and not (run / "score" / "oracle@0.5").exists()
+    assert (run / "finetune" / "oracle@0.5" / "seed0" / "final" / "open_clip_model.safetensors").exists()
 
     report = (run / "report" / "report.md").read_text()
     table = [line for line in report.splitlines() if line.startswith("| ")]
-    assert [row.split("|")[1].strip() for row in table[1:len(filters) + 2]] == ["no-tune", *filters]
+    assert [row.split("|")[1].strip() for row in table[1:len(filters) + 3]] == ["no-tune", *filters, "oracle@0.5"]
+    assert "Best detector filter: `oracle@0.5`" not in report
     metrics = json.loads((run / "report" / "metrics.json").read_text())
     assert metrics["oracle/auroc/mean"] == 100.0 and metrics["oracle/kept_precision"] == 1.0
     for name in ["no-tune", *filters]:

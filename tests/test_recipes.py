@@ -66,6 +66,11 @@ def test_quickstart_yaml_opens_with_its_command():
     ("detectors.judge.options={judge_steps: many}", "detectors.judge.options.judge_steps"),
     ("detectors.clip-lora.options={out: /tmp/x}", "detectors.clip-lora.options.out"),
     ("stages=[world, pretrain, score, select, finetune, eval, report]", "stages"),
+    ("select.variants={o@0.1: {filter: ghost}}", "select.variants.o@0.1.filter"),
+    ("select.variants={clip: {filter: oracle}}", "select.variants.clip"),
+    ("select.variants={o@2: {filter: oracle, keep: 2}}", "select.variants.o@2.keep"),
+    ("select.variants={o: {filter: oracle, agg: median}}", "select.variants.o.agg"),
+    ("world.captioners=[gpt-sim, bard-sim]", "world.captioners"),
 ])
 def test_bad_recipe_fails_fast_naming_the_key(override, key, capsys):
     start = time.perf_counter()
@@ -95,7 +100,7 @@ def test_trained_detectors_resolve_to_their_adapters(tmp_path):
     assert specs["clip-lora"] == f"lora:{tmp_path / 'detectors' / 'clip-lora' / 'adapter'}"
     judge = tmp_path / "detectors" / "judge"
     assert specs["judge"] == (f"ensemble:members=[lora:{judge / 'judge' / 'adapter'};vlm:model={judge / 'pretrained'},"
-                              f"mode=pmi,references={judge / 'references'},n_references=16],norm=zscore")
+                              f"mode=pmi,references={judge / 'references'},n_references=4],norm=zscore")
     assert recipe.world.pretrain_images == 6000
     vision = trained_configs(recipe, check(recipe))["judge"]
     assert vision.vision_from == str(tmp_path / "pretrain" / "final" / "open_clip_model.safetensors")
@@ -110,7 +115,7 @@ def test_stage_fingerprints_change_from_the_edited_stage_on(tmp_path):
 
     base = stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}"]))
     assert base == stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path / 'elsewhere'}"]))
-    lr = stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}", "finetune.lr=0.001"]))
+    lr = stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}", "finetune.lr=0.0003"]))
     order = list(base)
     assert order == ["world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report"]
     for stage in order:

@@ -11,7 +11,7 @@ import pytest
 
 from halsift.corpus.bench import read_bench
 from halsift.corpus.shards import iter_samples, read_sizes
-from halsift.corpus.synth.scene import CELLS, COLOURS, SIGN_WORDS
+from halsift.corpus.synth.scene import CELLS, COLOURS, NUMBER_WORDS, SIGN_WORDS
 from halsift.corpus.synth.text import COLOUR_SYNONYMS, DIR_WORDS
 from halsift.corpus.synth.world import generate_world
 from halsift.launch.cli import main
@@ -70,12 +70,66 @@ def test_pretrain_all_correct(synth_world):
     assert labels == {"correct"}
 
 
-def test_retrieval_rows(synth_world):
+def test_pretrain_is_web_alt_text(synth_world):
+    """The base CLIP's captions name shapes by colour only (never a place, count, size or facing), mostly of
+    shapes in the image; the json keeps a clean detailed caption for the VLM captioner."""
+    samples = list(iter_samples(synth_world / "pretrain"))
+    places = {w for _, words in CELLS for w in words.split()} | {"left", "right", "above", "below"}
+    numbers = set(NUMBER_WORDS.values()) | {"small", "large", "facing"}
+    named = present = 0
+    for s in samples:
+        words = set(s.caption.replace(",", " ").split())
+        assert not words & (places | numbers), s.caption
+        assert len(s.caption.split()) <= 12
+        assert s.meta["detailed"] == " ".join(x["text"] for x in s.meta["sentences"])
+        scene = {(g["colour"], g["shape"]) for g in s.meta["scene"]["groups"]}
+        for colour, shape in re.findall(r"(\w+) (circle|square|triangle|star|diamond|hexagon)\b", s.caption):
+            named += 1
+            present += (colour, shape) in scene
+    assert 0.75 < present / named < 0.95  # loosely paired: about one caption in four names an absent shape
+
+
+def test_retrieval_captions_by_held_out_captioners(tmp_path, synth_world):
     rows = [json.loads(l) for l in (synth_world / "retrieval" / "retrieval.jsonl").read_text().splitlines()]
     assert len(rows) == 20
     for r in rows:
+        assert len(r["captions"]) == len(r["captioners"]) == 5
+        assert all(1 <= c.count(". ") + 1 <= 4 for c in r["captions"])  # 2-3 sentences (short scenes: fewer)
+    generate_world(tmp_path / "w", images=10, bench_images=2, t2i_prompts=1, retrieval_images=30,
+                   pretrain_images=2, captioners=["share-sim"])
+    rows = [json.loads(l) for l in (tmp_path / "w" / "retrieval" / "retrieval.jsonl").read_text().splitlines()]
+    writers = {c for r in rows for c in r["captioners"]}
+    assert "share-sim" not in writers and len(writers) >= 4  # the corpus captioner never writes retrieval captions
+
+
+def test_retrieval_human_style_families_of_look_alikes(tmp_path):
+    generate_world(tmp_path / "w", images=10, bench_images=2, t2i_prompts=1, retrieval_images=20,
+                   pretrain_images=2, retrieval_style="human")
+    rows = [json.loads(l) for l in (tmp_path / "w" / "retrieval" / "retrieval.jsonl").read_text().splitlines()]
+    assert len(rows) == 20
+    families: dict[int, list[dict]] = {}
+    np_ = r"(one|two|three) (small|large) (\w+) (circle|square|triangle|star|diamond|hexagon)s?"
+    place = r"(?:in the|at the|on the) ([a-z ]+?)"
+    np_place = re.compile(rf"\b{np_} {place}(?=[,.]| and | with )")
+    place_np = re.compile(rf"(?:^|, ){place} {np_}(?=[,.])")
+    place_of = {words: c for c, (_, words) in enumerate(CELLS)}
+    for r in rows:
         assert len(r["captions"]) == 5 and all(c.strip() for c in r["captions"])
-        assert (synth_world / "retrieval" / r["image"]).is_file()
+        assert (tmp_path / "w" / "retrieval" / r["image"]).is_file()
+        families.setdefault(r["family"], []).append(r)
+        groups = {(g["colour"], g["shape"]): g for g in r["scene"]["groups"]}
+        for cap in r["captions"]:
+            stated = np_place.findall(cap.lower()) + [(*m[1:], m[0]) for m in place_np.findall(cap.lower())]
+            assert stated, cap
+            for count, size, colour, shape, place in stated:  # every stated group, count, size and place holds
+                g = groups[(colour, shape)]
+                assert (NUMBER_WORDS[g["count"]], g["size"], g["cell"]) == (count, size, place_of[place]), cap
+    for members in families.values():
+        assert len(members) == 5
+        kinds = {frozenset((g["colour"], g["shape"]) for g in m["scene"]["groups"]) for m in members}
+        assert len(kinds) == 1  # same shapes and colours ...
+        layouts = {tuple(sorted((g["cell"], g["count"]) for g in m["scene"]["groups"])) for m in members}
+        assert len(layouts) > 1  # ... placed and counted anew
 
 
 def test_bench_validates_and_has_t2i(synth_world):
@@ -176,3 +230,14 @@ def test_cli_synth_and_bad_flags(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["synth", "--images", "3"])  # --out is required
     assert e.value.code == 2
+
+
+def test_corpus_captioners_option(tmp_path):
+    world = generate_world(tmp_path / "w", images=30, seed=0, bench_images=2, t2i_prompts=1, retrieval_images=5,
+                           pretrain_images=3, captioners=["share-sim"])
+    assert world["corpus_captioners"] == ["share-sim"]
+    assert {s.captioner for s in iter_samples(tmp_path / "w" / "corpus")} == {"share-sim"}
+    assert len({r.generator for r in read_bench(tmp_path / "w" / "bench" / "bench.jsonl")}) == 9  # bench: all
+    with pytest.raises(ValueError, match="captioners: unknown 'bard-sim'"):
+        generate_world(tmp_path / "x", images=10, captioners=["bard-sim"])
+    assert main(["synth", "--out", str(tmp_path / "y"), "--images", "10", "--captioners", "bard-sim"]) == 2

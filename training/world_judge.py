@@ -118,8 +118,9 @@ def pretrain_captioner(model_dir: str | os.PathLike, shards: str | os.PathLike, 
     pairs = []
     for s in iter_samples(shards, skipped):
         img = decode_sample(s, skipped)
-        if img is not None and s.caption.strip():
-            pairs.append((img, " " + s.caption.strip() + (tok.eos_token or "")))
+        text = pretrain_caption(s)
+        if img is not None and text:
+            pairs.append((img, " " + text + (tok.eos_token or "")))
     if not pairs:
         raise ValueError(f"pretrain: no usable samples in {shards} ({skipped.summary()})")
     describe = {}  # image index -> processor features: each image is processed once
@@ -273,13 +274,20 @@ def _ensure_references(world: Path, out: Path, n: int) -> None:
         write_references(world / "pretrain", refs, n)
 
 
+def pretrain_caption(sample) -> str:
+    """The caption a VLM captioner learns from: the json's clean ``detailed`` caption where the world wrote one
+    (its ``.txt`` is web alt-text, the base CLIP's), else the sample's caption."""
+    return str(sample.meta.get("detailed") or sample.caption).strip()
+
+
 def world_text(world: Path) -> list[str]:
     """The world's pretrain captions and bench ``train`` sentences: tokenizer training text (never val/test)."""
     from halsift.corpus.bench import read_bench
     from halsift.corpus.images import SkipCounter
     from halsift.corpus.shards import iter_samples
 
-    caps = [s.caption for s in iter_samples(world / "pretrain", SkipCounter()) if s.caption.strip()]
+    caps = [pretrain_caption(s) for s in iter_samples(world / "pretrain", SkipCounter())]
+    caps = [c for c in caps if c]
     return caps + [r.sentence for r in read_bench(world / "bench" / "bench.jsonl") if r.split == "train"]
 
 

@@ -4,7 +4,8 @@ Layout under ``out`` (the contract in the team notes):
 ``corpus/`` shards to be filtered (one caption by one simulated captioner per image, ground-truth ``sentences``
 in the json), ``bench/bench.jsonl`` + ``bench/images/`` (every bench image captioned by all six captioners, every
 prompt drawn by all three t2i generators; train/val/test split by image), ``retrieval/retrieval.jsonl`` +
-``retrieval/images/`` (held-out images, five correct captions each), ``pretrain/`` shards of all-correct pairs,
+``retrieval/images/`` (held-out images, five captions each by captioners that do not write the corpus),
+``pretrain/`` shards of web alt-text pairs (json ``detailed``: a clean detailed caption for the VLM captioner),
 and ``world.json`` (seed, sizes, designed rates of every generator).
 
 Every item is drawn from its own ``random.Random(f"{seed}/{stream}/{index}")``, so items are independent of
@@ -23,13 +24,16 @@ from pathlib import Path
 from ..bench import BenchRow, write_bench
 from ..progress import progress
 from ..shards import Sample, ShardWriter, write_json_atomic
-from .captioners import PROFILES, caption
+from .captioners import PROFILE_BY_NAME, PROFILES, caption
 from .render import png_bytes, render
 from .scene import sample_scene
+from .styles import alt_text, human_caption, scene_family
 from .t2i import T2I_PROFILES, make_prompt, sample_prompt_scene, t2i_sample
 
 PARTS = ("corpus", "bench", "retrieval", "pretrain", "world.json")
 SPLIT_P = (("train", 0.6), ("val", 0.1), ("test", 0.3))
+RETRIEVAL_FAMILY = 5  # retrieval_style human: images per family of look-alikes (same shapes, new places and counts)
+RETRIEVAL_STYLES = ("captioners", "human")
 
 
 def _rng(seed: int, stream: str, index: int, *extra: str) -> random.Random:
@@ -57,12 +61,14 @@ def _write_png(path: Path, data: bytes) -> None:
     path.write_bytes(data)  # inside the temporary world folder: the whole folder is moved at the end
 
 
-def corpus_sample(seed: int, index: int, image_size: int) -> Sample:
-    """The ``index``-th corpus pair: one image, one caption by a randomly chosen captioner."""
+def corpus_sample(seed: int, index: int, image_size: int, captioners: tuple[str, ...] = ()) -> Sample:
+    """The ``index``-th corpus pair: one image, one caption by a captioner drawn from ``captioners`` (names of
+    :data:`~.captioners.PROFILES`; empty = all six)."""
     rng = _rng(seed, "corpus", index)
     scene = sample_scene(rng)
     img = _image(scene, image_size, rng)
-    prof = PROFILES[rng.randrange(len(PROFILES))]
+    profiles = [PROFILE_BY_NAME[c] for c in captioners] or PROFILES
+    prof = profiles[rng.randrange(len(profiles))]
     sents = caption(scene, prof, rng)
     key = f"c{index:07d}"
     meta = {"captioner": prof.name, "source": "i2t", "image_id": key, "domain": scene.domain,
@@ -71,16 +77,17 @@ def corpus_sample(seed: int, index: int, image_size: int) -> Sample:
 
 
 def pretrain_sample(seed: int, index: int, image_size: int) -> Sample:
-    """The ``index``-th clean pre-training pair: 2-4 correct sentences."""
+    """The ``index``-th pre-training pair: web alt-text as the caption (what the base CLIP learns from), and in
+    the json ``detailed``, a clean 2-4 sentence caption (what the world's VLM captioner is pre-trained on)."""
     rng = _rng(seed, "pretrain", index)
     scene = sample_scene(rng)
     img = _image(scene, image_size, rng)
     prof = PROFILES[rng.randrange(len(PROFILES))]
     sents = caption(scene, prof, rng, clean=True, max_sentences=rng.randint(2, 4))
     key = f"p{index:07d}"
-    meta = {"captioner": prof.name, "source": "i2t", "image_id": key, "domain": scene.domain,
-            "sentences": sents, "scene": scene.to_json()}
-    return Sample(key, img, _caption_text(sents), meta, ext="png")
+    meta = {"captioner": "alt-text", "source": "i2t", "image_id": key, "domain": scene.domain,
+            "detailed": _caption_text(sents), "sentences": sents, "scene": scene.to_json()}
+    return Sample(key, img, alt_text(scene, rng), meta, ext="png")
 
 
 def bench_i2t(seed: int, index: int, image_size: int, images_dir: Path) -> list[BenchRow]:
@@ -123,24 +130,49 @@ def _rows(sents: list[dict], image_id: str, gen: str, gtype: str, domain: str, s
             for s in sents]
 
 
-def retrieval_item(seed: int, index: int, image_size: int, images_dir: Path) -> dict:
-    """A held-out image with five correct captions, one by each of five captioners (1-3 sentences)."""
+def retrieval_item(seed: int, index: int, image_size: int, images_dir: Path, style: str = "captioners",
+                   held_out: tuple[str, ...] = ()) -> dict:
+    """A held-out image with five correct captions.
+
+    ``style="captioners"``: each caption is 2-3 consecutive sentences, starting anywhere, of a clean caption by a
+    captioner in ``held_out`` (those that do not write the corpus; empty = all six), so no filter wins by
+    matching the corpus captioner's template or by keeping the opening overview. ``style="human"``: short
+    human-style sentences (:func:`~.styles.human_caption`) over families of :data:`RETRIEVAL_FAMILY` look-alikes
+    (:func:`~.styles.scene_family`); the tiny CLIP does not transfer to that syntax (docs/table_f.md).
+    """
+    name = f"r{index:06d}.png"
+    if style == "human":
+        family = index // RETRIEVAL_FAMILY
+        base = sample_scene(_rng(seed, "retrieval-family", family))
+        rng = _rng(seed, "retrieval", index)
+        scene = scene_family(base, rng)
+        _write_png(images_dir / name, _image(scene, image_size, rng))
+        caps = [human_caption(scene, rng) for _ in range(5)]
+        return {"image": f"images/{name}", "captions": caps, "family": family, "scene": scene.to_json()}
     rng = _rng(seed, "retrieval", index)
     scene = sample_scene(rng)
-    name = f"r{index:06d}.png"
     _write_png(images_dir / name, _image(scene, image_size, rng))
-    profs = rng.sample(PROFILES, 5)
-    caps = [_caption_text(caption(scene, p, rng, clean=True, max_sentences=rng.randint(1, 3))) for p in profs]
-    return {"image": f"images/{name}", "captions": caps}
+    profiles = [PROFILE_BY_NAME[c] for c in held_out] or list(PROFILES)
+    caps, writers = [], []
+    for _ in range(5):
+        prof = rng.choice(profiles)
+        sents = caption(scene, prof, rng, clean=True)
+        k = min(len(sents), rng.randint(2, 3))
+        start = rng.randrange(len(sents) - k + 1)
+        caps.append(_caption_text(sents[start:start + k]))
+        writers.append(prof.name)
+    return {"image": f"images/{name}", "captions": caps, "captioners": writers, "scene": scene.to_json()}
 
 
 def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, image_size: int = 64,
                    bench_images: int | None = None, retrieval_images: int | None = None,
                    pretrain_images: int | None = None, t2i_prompts: int | None = None, shard_size: int = 256,
-                   overwrite: bool = False, show_progress: bool = False) -> dict:
+                   overwrite: bool = False, show_progress: bool = False,
+                   captioners: tuple[str, ...] | list[str] = (), retrieval_style: str = "captioners") -> dict:
     """Write a synthetic world under ``out`` and return what ``world.json`` holds.
 
-    ``images`` corpus pairs; ``bench_images`` (default ``max(24, images // 4)``) bench images, each captioned
+    ``images`` corpus pairs, captioned by ``captioners`` (profile names; empty = all six: HalDec Table F's corpus
+    is one captioner's output); retrieval captions in ``retrieval_style`` (:func:`retrieval_item`); ``bench_images`` (default ``max(24, images // 4)``) bench images, each captioned
     by the six captioners; ``t2i_prompts`` (default ``max(12, bench_images // 2)``) prompts drawn by the three
     t2i generators; ``retrieval_images`` (default ``max(20, images // 10)``); ``pretrain_images`` (default
     ``images``) clean pairs. Raises ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
@@ -151,6 +183,13 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
         raise ValueError(f"image_size must be >= 32 pixels, got {image_size}")
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    captioners = tuple(captioners)
+    unknown = [c for c in captioners if c not in PROFILE_BY_NAME]
+    if unknown:
+        raise ValueError(f"captioners: unknown {unknown[0]!r}; expected some of {sorted(PROFILE_BY_NAME)}")
+    if retrieval_style not in RETRIEVAL_STYLES:
+        raise ValueError(f"retrieval_style: expected one of {RETRIEVAL_STYLES}, got {retrieval_style!r}")
+    held_out = tuple(p.name for p in PROFILES if p.name not in captioners)
     bench_images = max(24, images // 4) if bench_images is None else bench_images
     t2i_prompts = max(12, bench_images // 2) if t2i_prompts is None else t2i_prompts
     retrieval_images = max(20, images // 10) if retrieval_images is None else retrieval_images
@@ -176,7 +215,7 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     try:
         with ShardWriter(tmp / "corpus", maxcount=shard_size) as w:
             for i in range(images):
-                w.write(corpus_sample(seed, i, image_size))
+                w.write(corpus_sample(seed, i, image_size, captioners))
                 bar.update()
         rows: list[BenchRow] = []
         for i in range(bench_images):
@@ -188,7 +227,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
         n_rows = write_bench(tmp / "bench" / "bench.jsonl", rows)
         retrieval = []
         for i in range(retrieval_images):
-            retrieval.append(retrieval_item(seed, i, image_size, tmp / "retrieval" / "images"))
+            retrieval.append(retrieval_item(seed, i, image_size, tmp / "retrieval" / "images", retrieval_style,
+                                            held_out))
             bar.update()
         _write_jsonl(tmp / "retrieval" / "retrieval.jsonl", retrieval)
         with ShardWriter(tmp / "pretrain", maxcount=shard_size) as w:
@@ -202,7 +242,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
         bar.close()
 
     world = {
-        "seed": seed, "image_size": image_size, "version": 1,
+        "seed": seed, "image_size": image_size, "version": 2,
+        "corpus_captioners": list(captioners) or [p.name for p in PROFILES], "retrieval_style": retrieval_style,
         "sizes": {"corpus": images, "bench_images": bench_images, "t2i_prompts": t2i_prompts,
                   "bench_rows": n_rows, "retrieval": retrieval_images, "pretrain": pretrain_images,
                   "shard_size": shard_size},
