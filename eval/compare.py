@@ -223,13 +223,16 @@ def headline(rows: list[dict], sets: Sequence[str], k: int = 5, n_boot: int = 10
 
 
 def kept_precision_spearman(rows: list[dict], k: int = 5) -> tuple[float, float, int]:
-    """Spearman rho (and p) between kept precision and R@k over the filters with both; NaN below 3 filters."""
+    """Spearman rho (and p) between kept precision and R@k over the filters with both; NaN below 3 filters.
+
+    Selection variants (``select.variants``: other keep fractions or units) are left out: they change how much is
+    kept as well as how clean it is, so they would mix quantity into a correlation about precision."""
     import warnings
 
     from scipy.stats import spearmanr
 
     pts = [(r["kept_precision"], r[f"r@{k}"]) for r in rows
-           if np.isfinite(r["kept_precision"]) and np.isfinite(r[f"r@{k}"])]
+           if not r.get("variant") and np.isfinite(r["kept_precision"]) and np.isfinite(r[f"r@{k}"])]
     if len(pts) < 3:
         return float("nan"), float("nan"), len(pts)
     with warnings.catch_warnings():  # constant input: NaN, said in the report

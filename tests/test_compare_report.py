@@ -124,8 +124,10 @@ def test_bootstrap_is_paired_seeded_and_zero_for_identical_models():
 
 
 def test_metrics_keys_spearman_and_plots(tmp_path):
-    retrieval, ranks = fake_eval(RATES, n_img=300)
-    metrics, text = report(tmp_path, retrieval, ranks)
+    retrieval, ranks = fake_eval({**RATES, "oracle@0.1": 0.05}, n_img=300)
+    precision = {**PRECISION, "oracle@0.1": 1.0}  # a selection variant: cleanest, far smaller, worst recall
+    metrics, text = report(tmp_path, retrieval, ranks, precision)
+    assert "oracle@0.1/r@5" in metrics  # reported as a row, but left out of the correlation
     for key in ("judge/synthetic/i2t/r@5", "judge/synthetic/t2i/r@5", "judge/kept_precision", "judge/auroc/mean",
                 "judge/r@5", "no-tune/r@5", "spearman/kept_precision_vs_r@5"):
         assert key in metrics, key
