@@ -9,6 +9,8 @@ HELP = "generate the synthetic caption world: corpus shards, annotated bench, re
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from halsift.corpus.synth.styles import RETRIEVAL_STYLES
+
     p.add_argument("--out", required=True, help="folder to write the world into")
     p.add_argument("--images", type=int, default=2000, help="corpus image-caption pairs (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="the same seed gives byte-identical files")
@@ -24,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a world already in --out")
     p.add_argument("--captioners", nargs="+", default=[], metavar="NAME",
                    help="simulated captioners that write the corpus (default: all six)")
-    p.add_argument("--retrieval-style", choices=("captioners", "human"), default="captioners",
+    p.add_argument("--retrieval-style", choices=RETRIEVAL_STYLES, default="captioners",
                    help="retrieval captions: sentences by the captioners that do not write the corpus (default), or "
                         "short human-style captions over families of look-alike scenes")
 

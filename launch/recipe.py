@@ -166,8 +166,8 @@ def _check_exists(key: str, path: str) -> None:
 # ------------------------------------------------------------------------------------------------ stages
 # the recipe sections each stage reads itself (what earlier stages produced comes in through the chain)
 STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "pretrain"), "detectors": ("detectors",),
-                "score": ("score", "eval.bench_split"), "select": ("select",), "finetune": ("finetune",), "eval": ("eval", "evals"),
-                "report": ("name",)}
+                "score": ("score", "eval.bench_split"), "select": ("select",), "finetune": ("finetune",),
+                "eval": ("eval", "evals"), "report": ("name",)}
 
 
 def _sha(obj) -> str:

@@ -37,14 +37,12 @@ class WorldCfg:
         for name in ("bench_images", "retrieval_images", "pretrain_images"):
             if getattr(self, name) < 0:
                 raise ValueError(f"world.{name}: must be >= 0 (0 = the default), got {getattr(self, name)}")
-        from halsift.corpus.synth.captioners import PROFILE_BY_NAME
+        from halsift.corpus.synth.captioners import check_captioner_names
+        from halsift.corpus.synth.styles import RETRIEVAL_STYLES
 
-        if self.retrieval_style not in ("captioners", "human"):
-            raise ValueError(f"world.retrieval_style: expected captioners or human, got {self.retrieval_style!r}")
-        bad = [c for c in self.captioners if c not in PROFILE_BY_NAME]
-        if bad:
-            raise ValueError(f"world.captioners: unknown captioner {bad[0]!r}; expected some of "
-                             f"{sorted(PROFILE_BY_NAME)}")
+        if self.retrieval_style not in RETRIEVAL_STYLES:
+            raise ValueError(f"world.retrieval_style: expected one of {RETRIEVAL_STYLES}, got {self.retrieval_style!r}")
+        check_captioner_names(self.captioners, "world.captioners")
 
 
 @dataclass
@@ -170,6 +168,9 @@ class SelectCfg:
     def validate(self) -> None:
         _check_selection("select", self.keep, self.unit, self.agg)
         for name, v in self.variants.items():
+            if "/" in name:
+                raise ValueError(f"select.variants.{name}: a name becomes a folder under select/ and finetune/; "
+                                 "use no '/'")
             _check_selection(f"select.variants.{name}", v.keep or self.keep, v.unit or self.unit, v.agg or self.agg)
             if not v.filter:
                 raise ValueError(f"select.variants.{name}.filter: required (a key of score.detectors or "

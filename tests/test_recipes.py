@@ -71,6 +71,8 @@ def test_quickstart_yaml_opens_with_its_command():
     ("select.variants={o@2: {filter: oracle, keep: 2}}", "select.variants.o@2.keep"),
     ("select.variants={o: {filter: oracle, agg: median}}", "select.variants.o.agg"),
     ("world.captioners=[gpt-sim, bard-sim]", "world.captioners"),
+    ("world.retrieval_style=cartoon", "world.retrieval_style"),
+    ("select.variants={clip/whole: {filter: clip, agg: mean}}", "select.variants.clip/whole"),
 ])
 def test_bad_recipe_fails_fast_naming_the_key(override, key, capsys):
     start = time.perf_counter()

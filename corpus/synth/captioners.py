@@ -106,6 +106,13 @@ PROFILES: tuple[CaptionerProfile, ...] = (
 )
 PROFILE_BY_NAME = {p.name: p for p in PROFILES}
 
+
+def check_captioner_names(names, where: str = "captioners") -> None:
+    """Raise ``ValueError`` naming ``where`` and the first name that is not a profile of :data:`PROFILES`."""
+    unknown = [c for c in names if c not in PROFILE_BY_NAME]
+    if unknown:
+        raise ValueError(f"{where}: unknown {unknown[0]!r}; expected some of {sorted(PROFILE_BY_NAME)}")
+
 # kinds that can carry each hallucination type (the first sentence may also be the overview)
 HOSTS = {"Object": ("describe", "facing"), "Attribute": ("describe", "facing"), "Number": ("describe", "total"),
          "Location": ("describe", "sign"), "Direction": ("facing",), "Text": ("sign",), "Relation": ("relation",),

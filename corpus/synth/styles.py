@@ -20,6 +20,7 @@ ALT_TEMPLATES = ("{A}", "{A} and {B}", "{A}, {B}", "picture of {A}", "{A} clipar
 BG_WORDS = {"plain": "plain background", "patterned": "patterned background", "illustration": "painted background",
             "text-heavy": "text background"}
 PLACE = {c: f"{prep} {words}" for c, (prep, words) in enumerate(CELLS)}  # 'in the top left corner', ...
+RETRIEVAL_STYLES = ("captioners", "human")  # retrieval captions: by held-out captioners | human_caption
 
 
 def alt_text(scene: Scene, rng: random.Random, *, noise: float = 0.25) -> str:
@@ -37,9 +38,7 @@ def alt_text(scene: Scene, rng: random.Random, *, noise: float = 0.25) -> str:
     if scene.sign is not None and rng.random() < 0.3:
         names.append(f"{scene.sign.text} sign")
     tpl = rng.choice([t for t in ALT_TEMPLATES if ("{B}" in t) == (len(names) > 1)])
-    text = tpl.format(A=names[0], B=" ".join(names[1:]) if len(names) > 2 else (names[1] if len(names) > 1 else ""),
-                      BG=BG_WORDS[scene.domain])
-    return text
+    return tpl.format(A=names[0], B=" ".join(names[1:]), BG=BG_WORDS[scene.domain])
 
 
 def _np(g: Group) -> str:

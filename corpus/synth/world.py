@@ -24,16 +24,15 @@ from pathlib import Path
 from ..bench import BenchRow, write_bench
 from ..progress import progress
 from ..shards import Sample, ShardWriter, write_json_atomic
-from .captioners import PROFILE_BY_NAME, PROFILES, caption
+from .captioners import PROFILE_BY_NAME, PROFILES, caption, check_captioner_names
 from .render import png_bytes, render
 from .scene import sample_scene
-from .styles import alt_text, human_caption, scene_family
+from .styles import RETRIEVAL_STYLES, alt_text, human_caption, scene_family
 from .t2i import T2I_PROFILES, make_prompt, sample_prompt_scene, t2i_sample
 
 PARTS = ("corpus", "bench", "retrieval", "pretrain", "world.json")
 SPLIT_P = (("train", 0.6), ("val", 0.1), ("test", 0.3))
 RETRIEVAL_FAMILY = 5  # retrieval_style human: images per family of look-alikes (same shapes, new places and counts)
-RETRIEVAL_STYLES = ("captioners", "human")
 
 
 def _rng(seed: int, stream: str, index: int, *extra: str) -> random.Random:
@@ -172,8 +171,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     """Write a synthetic world under ``out`` and return what ``world.json`` holds.
 
     ``images`` corpus pairs, captioned by ``captioners`` (profile names; empty = all six: HalDec Table F's corpus
-    is one captioner's output); retrieval captions in ``retrieval_style`` (:func:`retrieval_item`); ``bench_images`` (default ``max(24, images // 4)``) bench images, each captioned
-    by the six captioners; ``t2i_prompts`` (default ``max(12, bench_images // 2)``) prompts drawn by the three
+    is one captioner's output); retrieval captions in ``retrieval_style`` (:func:`retrieval_item`);
+    ``bench_images`` (default ``max(24, images // 4)``) bench images, each captioned by the six captioners; ``t2i_prompts`` (default ``max(12, bench_images // 2)``) prompts drawn by the three
     t2i generators; ``retrieval_images`` (default ``max(20, images // 10)``); ``pretrain_images`` (default
     ``images``) clean pairs. Raises ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
     """
@@ -184,9 +183,7 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     captioners = tuple(captioners)
-    unknown = [c for c in captioners if c not in PROFILE_BY_NAME]
-    if unknown:
-        raise ValueError(f"captioners: unknown {unknown[0]!r}; expected some of {sorted(PROFILE_BY_NAME)}")
+    check_captioner_names(captioners)
     if retrieval_style not in RETRIEVAL_STYLES:
         raise ValueError(f"retrieval_style: expected one of {RETRIEVAL_STYLES}, got {retrieval_style!r}")
     held_out = tuple(p.name for p in PROFILES if p.name not in captioners)
