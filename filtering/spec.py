@@ -24,7 +24,9 @@ Families are registered by name -> ``"module:Class"`` (imported lazily); a later
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import inspect
 import os
 from pathlib import Path
@@ -156,14 +158,56 @@ def format_spec(family: str, opts: dict[str, Any]) -> str:
     return family + (":" + ",".join(parts) if parts else "")
 
 
-def _build(family: str, opts: dict[str, Any], where: str) -> Detector:
-    cls = _family_class(family, where)
+def _class_options(cls: type) -> list[str]:
     params = inspect.signature(cls.__init__).parameters
-    allowed = [p for p in params if p not in ("self", "spec") and params[p].kind is not inspect.Parameter.VAR_KEYWORD]
+    return [p for p in params if p not in ("self", "spec") and params[p].kind is not inspect.Parameter.VAR_KEYWORD]
+
+
+def _source_options(target: str) -> list[str] | None:
+    """The ``__init__`` keyword names of a lazily registered ``"module:Class"``, read from its source file without
+    importing it (a detector module may import torch or transformers at the top); None when not found there."""
+    mod, cls = target.split(":")
+    found = importlib.util.find_spec(mod)
+    if found is None or not (found.origin or "").endswith(".py"):
+        return None
+    for node in ast.parse(Path(found.origin).read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+            if init is None or init.args.kwarg is not None:
+                return None
+            a = init.args
+            return [x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs] if x.arg not in ("self", "spec")]
+    return None
+
+
+def _family_options(family: str, where: str) -> list[str]:
+    if family not in _REGISTRY:
+        raise SpecError(f"detector spec {where!r}: unknown family {family!r}, expected one of {families()}")
+    target = _REGISTRY[family]
+    allowed = _source_options(target) if isinstance(target, str) else None
+    return allowed if allowed is not None else _class_options(_family_class(family, where))
+
+
+def _check_keys(family: str, opts: dict[str, Any], allowed: list[str], where: str) -> None:
     bad = [k for k in opts if k not in allowed]
     if bad:
         raise SpecError(f"detector spec {where!r}: unknown option {bad[0]!r} for family {family!r}; "
                         f"expected one of {allowed}")
+
+
+def check_spec(spec: str) -> None:
+    """Validate a short spec string without building the detector or importing heavy libraries: the family
+    exists and every option (ensemble members too) is one its class takes. Raises :class:`SpecError`."""
+    family, opts = parse_spec(spec)
+    _check_keys(family, opts, _family_options(family, spec), spec)
+    for member in opts.get("members") or []:
+        if isinstance(member, str) and not member.endswith((".yaml", ".yml")):
+            check_spec(member)
+
+
+def _build(family: str, opts: dict[str, Any], where: str) -> Detector:
+    cls = _family_class(family, where)
+    _check_keys(family, opts, _class_options(cls), where)
     try:
         det = cls(**opts)
     except SpecError:

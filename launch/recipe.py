@@ -55,7 +55,7 @@ def trained_spec(r: Recipe, p: Paths, name: str) -> str:
     """The ``lora:DIR`` spec the detectors stage produces for ``detectors.NAME``."""
     out = p.stage("detectors") / name
     if r.detectors[name].kind == "world_judge":
-        from halsift.training.world_judge import world_judge_spec
+        from halsift.training.world_judge_config import world_judge_spec
 
         return world_judge_spec(out, trained_configs(r, p)[name])
     return f"lora:{out / 'adapter'}"
@@ -98,7 +98,7 @@ def trained_configs(r: Recipe, p: Paths) -> dict:
     """``detectors.NAME`` -> a validated ``DetectorTrainConfig`` (lora) or ``WorldJudgeSettings`` (world_judge)."""
     from halsift.launch.config import from_dict
     from halsift.training.detector_config import DetectorTrainConfig
-    from halsift.training.world_judge import WorldJudgeSettings
+    from halsift.training.world_judge_config import WorldJudgeSettings
 
     subs = {"run_dir": str(p.run), "base": p.base, "arch": r.model.arch}
     out = {}
@@ -120,7 +120,7 @@ def trained_configs(r: Recipe, p: Paths) -> dict:
 
 def check(r: Recipe) -> Paths:
     """Validate everything that can be checked without loading models (the dry run)."""
-    from halsift.filtering.spec import families, parse_spec
+    from halsift.filtering.spec import check_spec
     from halsift.training.clip_config import check_model_name
 
     p = resolve_paths(r)
@@ -131,11 +131,10 @@ def check(r: Recipe) -> Paths:
                 raise ConfigError(f"score.detectors.{name}: spec file {spec} does not exist")
             continue
         try:
-            family, _ = parse_spec(spec)
+            check_spec(spec)
         except ValueError as e:
             raise ConfigError(f"score.detectors.{name}: {e}") from None
-        if family not in families():
-            raise ConfigError(f"score.detectors.{name}: unknown detector family {family!r}; known: {families()}")
+        _check_spec_files(f"score.detectors.{name}", spec, p.run)
     if not r.world.enabled:  # user data must exist now; the world's is produced by the first stage
         for key, path in (("data.corpus", p.corpus), ("data.bench", p.bench)):
             if path:
@@ -147,11 +146,28 @@ def check(r: Recipe) -> Paths:
     if r.model.pretrained and ("/" in r.model.pretrained or r.model.pretrained.endswith((".safetensors", ".pt",
                                                                                            ".bin"))):
         _check_exists("model.pretrained", r.model.pretrained)
-    try:  # last: it imports open_clip (and torch), the slowest check
+    try:
         check_model_name(r.model.arch)
     except ValueError as e:
         raise ConfigError(f"model.arch: {e}") from None
     return p
+
+
+# detector options that name a local file or folder: it must exist unless a stage of this run makes it
+_FILE_OPTIONS = {"clip": ("checkpoint",), "lora": ("path",)}
+
+
+def _check_spec_files(key: str, spec: str, run: Path) -> None:
+    from halsift.filtering.spec import parse_spec
+
+    family, opts = parse_spec(spec)
+    for opt in _FILE_OPTIONS.get(family, ()):
+        value = opts.get(opt)
+        if value and not Path(str(value)).resolve().is_relative_to(run.resolve()) and not Path(str(value)).exists():
+            raise ConfigError(f"{key}: {family} option {opt}={value} does not exist")
+    for member in opts.get("members") or []:
+        if isinstance(member, str) and not member.endswith((".yaml", ".yml")):
+            _check_spec_files(key, member, run)
 
 
 def _check_exists(key: str, path: str) -> None:

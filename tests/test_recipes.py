@@ -73,6 +73,10 @@ def test_quickstart_yaml_opens_with_its_command():
     ("world.captioners=[gpt-sim, bard-sim]", "world.captioners"),
     ("world.retrieval_style=cartoon", "world.retrieval_style"),
     ("select.variants={clip/whole: {filter: clip, agg: mean}}", "select.variants.clip/whole"),
+    ("score.detectors.clip=clip:arch={arch},chekpoint={base}", "unknown option 'chekpoint'"),
+    ("score.detectors.e=ensemble:members=[random:seed=1;vlm:model=m,mod=pmi]", "unknown option 'mod'"),
+    ("score.detectors.c=clip:arch={arch},checkpoint=/nowhere/clip.safetensors", "checkpoint=/nowhere"),
+    ("score.detectors.l=lora:/nowhere/adapter", "path=/nowhere/adapter"),
 ])
 def test_bad_recipe_fails_fast_naming_the_key(override, key, capsys):
     start = time.perf_counter()
@@ -80,6 +84,18 @@ def test_bad_recipe_fails_fast_naming_the_key(override, key, capsys):
     err = capsys.readouterr().err
     assert key in err and err.count("\n") == 1, err
     assert time.perf_counter() - start < 30  # generous: the budget (2 s) is checked by hand, not here
+
+
+def test_dry_run_loads_no_heavy_library():
+    """The dry run validates names from data and source (open_clip's config files, detector signatures read from
+    their modules), so it answers without importing torch, open_clip or transformers."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from halsift.launch.cli import main; rc = main(['run', 'quickstart', '--dry-run']); "
+            "print(rc, sorted(m for m in ('torch', 'open_clip', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "0 []", out
 
 
 def test_missing_user_path_is_named(tmp_path):

@@ -8,6 +8,7 @@ shipped with the clip detector in ``filtering/model_configs``) is registered by 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 TINY_MODEL = "halsift-tiny"  # 2-layer open_clip config shipped in halsift/filtering/model_configs
 
@@ -98,13 +99,28 @@ def ensure_model_configs() -> None:
     register_builtin_configs()
 
 
+def _packaged_model_names() -> set[str]:
+    """open_clip's architecture names read from its packaged ``model_configs/*.json`` plus halsift's own, without
+    importing open_clip (and torch): the dry run's fast path. Empty when open_clip's files cannot be found."""
+    import importlib.util
+
+    from halsift.filtering.clip_detector import _CONFIG_DIR
+
+    spec = importlib.util.find_spec("open_clip")
+    roots = [Path(d) / "model_configs" for d in (spec.submodule_search_locations or [])] if spec else []
+    return {f.stem for root in [*roots, Path(_CONFIG_DIR)] if root.is_dir() for f in root.glob("*.json")}
+
+
 def check_model_name(name: str) -> None:
-    """Raise ValueError when ``name`` is not an open_clip architecture (after registering ours)."""
+    """Raise ValueError when ``name`` is not an open_clip architecture (after registering ours).
+
+    A name among open_clip's packaged configs answers without importing open_clip; anything else (a config
+    registered at run time, a typo) asks open_clip itself."""
+    if name.startswith(("hf-hub:", "local-dir:")) or name in _packaged_model_names():
+        return
     import open_clip
 
     ensure_model_configs()
-    if name.startswith(("hf-hub:", "local-dir:")):
-        return
     if name not in open_clip.list_models():
         close = [m for m in open_clip.list_models() if name.lower()[:4] in m.lower()][:5]
         raise ValueError(f"model: {name!r} is not an open_clip architecture"

@@ -49,46 +49,14 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
-
-@dataclass
-class WorldJudgeSettings:
-    """Knobs of :func:`build_world_judge` (defaults: a few CPU minutes on the default world)."""
-
-    arch: str = "llava"
-    extra_images: int = 0  # fresh labelled captions (own seed stream, not in corpus/ or bench/) added to train
-    swap_negatives: float = 0.0  # share of correct train sentences also paired with another image as negatives
-    image_size: int = 32  # llava: vision input size ((size/patch)^2 image tokens)
-    patch_size: int = 8  # llava: vision patch size
-    fan_in_projector: bool = False  # llava: fan-in projector init (the captioner then uses the image; no AUROC gain)
-    world_vocab: bool = True  # train the tokenizer on the world's captions too: its words become whole tokens
-    vocab_size: int = 1024
-    pretrain_steps: int = 2400
-    pretrain_batch: int = 16
-    pretrain_lr: float = 2e-3
-    judge_steps: int = 600
-    judge_batch: int = 32
-    judge_lr: float = 5e-4
-    lora_r: int = 16
-    eval_every: int = 25
-    patience: int = 6
-    # llava: open_clip halsift-tiny weights (e.g. RUN/pretrain/final/open_clip_model.safetensors) for the vision
-    # tower, converted to HF CLIP (64 px, 16 px patches; image_size/patch_size are then ignored)
-    vision_from: str = ""
-    vision_arch: str = "halsift-tiny"
-    vision_layer: int = -1  # with vision_from: LLaVA vision_feature_layer
-    vision_select: str = "default"  # with vision_from: vision_feature_select_strategy (default | full)
-    freeze_vision_pretrain: bool = True  # with vision_from: caption pre-training leaves the CLIP tower frozen
-    # > 0: the detector is the z-score mean of the yes/no judge and the pre-trained captioner's image PMI
-    # (vlm mode=pmi) against this many reference images (the world's first pretrain images); 0: the judge alone.
-    # Scoring only: changing it reuses the trained models.
-    pmi_references: int = 16
+from halsift.training.world_judge_config import WorldJudgeSettings, world_judge_spec
 
 
 def pretrain_captioner(model_dir: str | os.PathLike, shards: str | os.PathLike, out_dir: str | os.PathLike,
@@ -245,17 +213,6 @@ def write_judge_bench(world: Path, out: Path, seed: int, extra_images: int, imag
                                  types=["Object"], spans=[], split="train"))
     write_bench(out / "bench.jsonl", rows)
     return out / "bench.jsonl"
-
-
-def world_judge_spec(out_dir: str | os.PathLike, settings: WorldJudgeSettings | None = None) -> str:
-    """The detector spec :func:`build_world_judge` returns for ``out_dir`` (known before it is built)."""
-    out, settings = Path(out_dir).resolve(), settings or WorldJudgeSettings()
-    judge = f"lora:{out / 'judge' / 'adapter'}"
-    if settings.pmi_references <= 0:
-        return judge
-    pmi = (f"vlm:model={out / 'pretrained'},mode=pmi,references={out / 'references'},"
-           f"n_references={settings.pmi_references}")
-    return f"ensemble:members=[{judge};{pmi}],norm=zscore"
 
 
 def write_references(shards: Path, out: Path, n: int) -> None:
