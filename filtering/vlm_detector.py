@@ -168,6 +168,7 @@ class VlmDetector(Detector):
             from halsift.filtering.vlm_likelihood import describe_prefix, reference_images
 
             self._refs = [describe_prefix(processor, im) for im in reference_images(references, n_references)]
+            self._encoded_refs = None  # their KV caches, made at the first batch (reuse_prefix)
             self.temperature = float(temperature)
             return
         self._head, self._tail = self._split_template()
@@ -189,6 +190,8 @@ class VlmDetector(Detector):
             return self
         self.model.to(device)
         self.device = next(self.model.parameters()).device
+        if self.mode == "pmi":
+            self._encoded_refs = None
         return self
 
     def _instruction(self) -> str:
@@ -311,7 +314,11 @@ class VlmDetector(Detector):
 
             if any(it.image is None for it in items):
                 raise DetectorError("vlm detector: an item has no image")
-            pmi = image_pmi(self, items, self._refs, self.batch_size)
+            if self.reuse_prefix and self._encoded_refs is None:  # once per run (and per device)
+                from halsift.filtering.vlm_likelihood import EncodedPrefix
+
+                self._encoded_refs = [EncodedPrefix(self, r) for r in self._refs]
+            pmi = image_pmi(self, items, self._encoded_refs if self.reuse_prefix else self._refs, self.batch_size)
             return [Result(100.0 * float(expit(v / self.temperature))) for v in pmi]
         prefixes: dict[tuple, dict] = {}
         for it in items:

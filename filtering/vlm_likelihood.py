@@ -55,6 +55,20 @@ def _chains(items: Sequence[Item], prefixes: Sequence[dict]) -> list[tuple[dict,
     return chains
 
 
+def _chain_ids(tok, chunk) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+    """Token ids of each chain's sentences, concatenated, and each sentence's ``(start, end)`` in them."""
+    conts, spans = [], []
+    for _, sents, _ in chunk:
+        ids, bounds = [], []
+        for k, text in enumerate(sents):
+            piece = _sentence_ids(tok, text, k == 0)
+            bounds.append((len(ids), len(ids) + len(piece)))
+            ids += piece
+        conts.append(ids)
+        spans.append(bounds)
+    return conts, spans
+
+
 def token_logprobs(det, items: Sequence[Item], prefixes: Sequence[dict], batch_size: int = 16) -> list:
     """Log-probability (nats) of each token of each item's sentence after ``prefixes[i]`` (a
     :func:`describe_prefix`) and the item's preceding sentences; a list of 1-D float numpy arrays.
@@ -66,20 +80,11 @@ def token_logprobs(det, items: Sequence[Item], prefixes: Sequence[dict], batch_s
     """
     import torch
 
-    tok = det.tokenizer
     out: list = [None] * len(items)
     chains = _chains(items, prefixes)
     for s in range(0, len(chains), batch_size):
         chunk = chains[s:s + batch_size]
-        conts, spans = [], []
-        for _, sents, _ in chunk:
-            ids, bounds = [], []
-            for k, text in enumerate(sents):
-                piece = _sentence_ids(tok, text, k == 0)
-                bounds.append((len(ids), len(ids) + len(piece)))
-                ids += piece
-            conts.append(ids)
-            spans.append(bounds)
+        conts, spans = _chain_ids(det.tokenizer, chunk)
         batch = det.full_batch([c[0] for c in chunk], conts)
         keep = max(len(c) for c in conts) + 1
         with torch.inference_mode():
@@ -153,20 +158,82 @@ def reference_images(path: str | None, n: int) -> list:
     return images
 
 
-def image_pmi(det, items: Sequence[Item], references: Sequence[dict], batch_size: int = 16) -> list[float]:
+class EncodedPrefix:
+    """A prefix (e.g. a PMI reference image's :func:`describe_prefix`) run through the model once: its KV cache,
+    its length and the log-probabilities of the first continuation token. Every caption read after it reuses the
+    cache instead of re-encoding the image and re-running the prompt (:func:`cached_token_logprobs`)."""
+
+    def __init__(self, det, prefix: dict) -> None:
+        import torch
+
+        feats = {n: v.to(det.device) if not v.is_floating_point() else v.to(det.device, det.model.dtype)
+                 for n, v in prefix.items()}
+        with torch.inference_mode():
+            out = det.model(**feats, use_cache=True, logits_to_keep=1)
+        self.cache = out.past_key_values
+        self.first = out.logits[0, -1].float().log_softmax(-1)
+        self.length = int(feats["input_ids"].shape[1])
+        deltas = getattr(getattr(det.model, "model", None), "rope_deltas", None)  # M-RoPE (Qwen2-VL) offset
+        self.rope_delta = None if deltas is None else deltas.reshape(-1)[:1].clone()
+
+
+def cached_token_logprobs(det, items: Sequence[Item], prefix: EncodedPrefix, batch_size: int = 16) -> list:
+    """:func:`token_logprobs` of every item after one shared, already encoded prefix: the same numbers (up to
+    float rounding) for the price of the continuation tokens alone. Captions are right-padded, so pads follow
+    every real token and change nothing before them."""
+    import copy
+
+    import torch
+
+    out: list = [None] * len(items)
+    chains = _chains(items, [prefix] * len(items))
+    for s in range(0, len(chains), batch_size):
+        chunk = chains[s:s + batch_size]
+        conts, spans = _chain_ids(det.tokenizer, chunk)
+        n = max(len(c) for c in conts)
+        ids = torch.full((len(chunk), n), det.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), prefix.length + n), dtype=torch.long)
+        mask[:, :prefix.length] = 1
+        for r, c in enumerate(conts):
+            ids[r, :len(c)] = torch.tensor(c)
+            mask[r, prefix.length:prefix.length + len(c)] = 1
+        pos = torch.arange(prefix.length, prefix.length + n).expand(len(chunk), -1)
+        if prefix.rope_delta is not None:
+            pos = (pos + prefix.rope_delta.cpu()).unsqueeze(0).expand(3, -1, -1)
+        cache = copy.deepcopy(prefix.cache)  # the forward appends to the cache: the stored one stays the prefix
+        cache.reorder_cache(torch.zeros(len(chunk), dtype=torch.long, device=det.device))
+        with torch.inference_mode():
+            logits = det.model(input_ids=ids.to(det.device), attention_mask=mask.to(det.device),
+                               position_ids=pos.to(det.device), past_key_values=cache, use_cache=True).logits
+        logp = logits.float().log_softmax(-1)
+        for r, ((_, _, members), cont, bounds) in enumerate(zip(chunk, conts, spans)):
+            target = torch.tensor(cont, device=det.device)
+            # token 0 is predicted by the prefix's last position, token j > 0 by continuation position j - 1
+            lp = torch.cat([prefix.first[target[:1]], logp[r, :len(cont) - 1].gather(-1, target[1:, None])[:, 0]])
+            lp = lp.cpu().numpy()
+            for i, pos_ in members:
+                a, b = bounds[pos_]
+                out[i] = lp[a:b]
+    return out
+
+
+def image_pmi(det, items: Sequence[Item], references: Sequence, batch_size: int = 16) -> list[float]:
     """Pointwise mutual information of each sentence with its own image, in nats:
     ``sum_t [log p(t | image) - log mean_k p(t | reference_k)]`` over the sentence's tokens (each conditioned on
     the preceding sentences), with ``references`` the :func:`describe_prefix` of K fixed other images.
 
     Positive: the image makes the sentence likelier than a typical image does (grounded); negative: the sentence
-    fits other images better (a hallucination candidate). Costs ``1 + K`` forward passes per sentence.
+    fits other images better (a hallucination candidate). A caption costs one full forward pass (its own image)
+    plus, per reference, a pass over its tokens alone when ``references`` are :class:`EncodedPrefix` (each
+    reference's image and prompt encoded once per run), or a full pass when they are plain prefixes.
     """
     import numpy as np
 
     if not references:
         raise ValueError("image_pmi: needs at least one reference image")
     own = token_logprobs(det, items, _own_prefixes(det, items), batch_size)
-    refs = [token_logprobs(det, items, [r] * len(items), batch_size) for r in references]
+    refs = [cached_token_logprobs(det, items, r, batch_size) if isinstance(r, EncodedPrefix)
+            else token_logprobs(det, items, [r] * len(items), batch_size) for r in references]
     out = []
     for i, o in enumerate(own):
         marginal = np.logaddexp.reduce(np.stack([r[i] for r in refs]), axis=0) - np.log(len(refs))
@@ -218,5 +285,5 @@ def own_vs_random(det, items: Sequence[Item], seed: int = 0, batch_size: int = 1
     return res
 
 
-__all__ = ["DESCRIBE_PROMPT", "describe_prefix", "image_key", "image_pmi", "own_vs_random", "reference_images",
+__all__ = ["DESCRIBE_PROMPT", "EncodedPrefix", "cached_token_logprobs", "describe_prefix", "image_key", "image_pmi", "own_vs_random", "reference_images",
            "sentence_logliks", "token_logprobs", "with_random_images"]

@@ -332,3 +332,23 @@ def test_tiny_tokenizer_extra_text_makes_whole_words():
     world = _tokenizer("llava", 1024, ["Three small purple hexagons face downward."] * 20)
     assert len(plain.tokenize(" hexagons")) > 1 and world.tokenize(" hexagons") == ["Ġhexagons"]
     assert plain.get_vocab() == _tokenizer("llava", 600, ()).get_vocab()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_encoded_reference_prefix_gives_the_uncached_log_probs(tiny_vlms, arch):
+    """PMI references are encoded once (:class:`EncodedPrefix`) and every caption reuses their KV cache: the
+    per-token log-probabilities equal a full pass per caption, for captions of different lengths in one batch
+    (right padding), in batches of 1 and 4, and the stored cache stays the prefix after use."""
+    from halsift.filtering.vlm_likelihood import EncodedPrefix, cached_token_logprobs, describe_prefix, token_logprobs
+
+    det = _det(tiny_vlms[arch])
+    items = _items(3)
+    ref = describe_prefix(det.processor, Image.new("RGB", (64, 48), (10, 30, 220)))
+    full = token_logprobs(det, items, [ref] * len(items), batch_size=4)
+    enc = EncodedPrefix(det, ref)
+    for bs in (1, 4):
+        cached = cached_token_logprobs(det, items, enc, batch_size=bs)
+        for a, b in zip(cached, full):
+            assert a.shape == b.shape and len(a) > 0
+            assert torch.allclose(torch.from_numpy(a), torch.from_numpy(b), atol=2e-4), (arch, bs)
+    assert enc.cache.get_seq_length() == enc.length
