@@ -1,16 +1,20 @@
-"""Throughput of the ``vlm`` judge: sentences/s of the seeds' protocol (``prompt``: generate + parse) vs ``logits``
-(one forward pass per sentence) vs ``logits`` + image-prefix reuse, on the same random-weight model and inputs.
+"""Throughput of the ``vlm`` judge: sentences/s of the seeds' protocol (``prompt``: generate + parse; the bare
+score prompt and, separately, the chain-of-thought prompt) vs ``logits`` (one forward pass per sentence) vs
+``logits`` + image-prefix reuse, on the same random-weight model and inputs, for several sentences per caption.
 
-    python benchmarks/judge_throughput.py                                  # CPU: small random Qwen2-VL
-    python benchmarks/judge_throughput.py --arch qwen2-vl-2b-config --device cuda --image-size 448 \\
-        --captions 64 --batch-size 64                                      # GPU: Qwen2-VL-2B shape, random weights
+    python benchmarks/judge_throughput.py --size tiny --sentences 1 3 7 12          # CPU: tiny random Qwen2-VL
+    python benchmarks/judge_throughput.py --arch qwen2-vl-2b-config --device cuda --image-size 448 \
+        --captions 64 --batch-size 64                                                # GPU: Qwen2-VL-2B shape
 
 Speed does not depend on the weights, so the 2B run uses the real architecture (Qwen2-VL-2B config) with random
-weights and the tiny locally trained tokenizer. ``prompt`` generates ``--prompt-tokens`` tokens per sentence
-(``min_new_tokens`` is set so a random model does not stop early; the seeds' prompt asks for the score first,
-then the reason). On CUDA the script also reports the achieved fraction of the bf16 dense peak
-(``--peak-tflops``, 989 for an H100 SXM) from a matmul FLOP estimate (2 x params x tokens; attention ignored).
-Prints numbers; never passes or fails on time.
+weights and the tiny locally trained tokenizer. A random model never stops by itself, so ``prompt`` generates
+exactly ``--prompt-tokens`` tokens per sentence (default 6: what a reply like ``{"score": 85}`` or ``85`` and
+its end-of-turn token take; the seeds' score prompt asks for the number first) and the CoT variant exactly
+``--cot-tokens`` (default 96: a one-sentence reason and the score). Those are the honest prices of the seeds'
+protocol; padding the reply to more tokens would inflate the ratios. On CUDA the script also reports the
+achieved fraction of the bf16 dense peak (``--peak-tflops``, 989 for an H100 SXM) from a matmul FLOP estimate
+(2 x params x tokens; attention ignored). Prints numbers; never passes or fails on time. Measure on a quiet
+machine (``OMP_NUM_THREADS`` / ``--threads``).
 """
 
 from __future__ import annotations
@@ -104,12 +108,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--size", default="small", choices=["tiny", "small"], help="text model size of a built arch")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 on CUDA by default")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--captions", type=int, default=8)
-    ap.add_argument("--sentences", type=int, default=7)
+    ap.add_argument("--sentences", type=int, nargs="+", default=[7], help="sentences per caption (one row each)")
     ap.add_argument("--image-size", type=int, default=112)
     ap.add_argument("--batch-size", type=int, default=14, help="sentences per score_batch call")
-    ap.add_argument("--prompt-tokens", type=int, default=32, help="tokens generated per sentence in prompt mode")
-    ap.add_argument("--prompt-captions", type=int, default=None, help="captions for the (slow) prompt mode")
+    ap.add_argument("--prompt-tokens", type=int, default=6, help="tokens generated per sentence, score prompt")
+    ap.add_argument("--cot-tokens", type=int, default=96, help="tokens generated per sentence, CoT prompt (0: skip)")
+    ap.add_argument("--prompt-captions", type=int, default=None, help="captions for the (slow) prompt modes")
     ap.add_argument("--repeats", type=int, default=3, help="report the best of this many timed rounds")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     args = ap.parse_args(argv)
@@ -118,27 +124,41 @@ def main(argv=None) -> dict:
     from halsift.filtering.vlm_detector import VlmDetector
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, processor = build(args.arch, args.size, args.image_size, args.device, dtype)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
-    items = make_items(args.captions, args.sentences, args.image_size)
+    res: dict = {"arch": args.arch, "size": args.size, "device": args.device, "dtype": dtype,
+                 "image_size": args.image_size, "batch_size": args.batch_size, "prompt_tokens": args.prompt_tokens,
+                 "cot_tokens": args.cot_tokens, "threads": torch.get_num_threads()}
     n_prompt = args.prompt_captions or max(1, args.captions // 4)
-    prompt_items = items[:n_prompt * args.sentences]
-    model.generation_config.min_new_tokens = args.prompt_tokens
-    res: dict = {"arch": args.arch, "device": args.device, "dtype": dtype, "image_size": args.image_size,
-                 "sentences_per_caption": args.sentences, "batch_size": args.batch_size}
-    runs = {"prompt": (dict(mode="prompt", max_new_tokens=args.prompt_tokens), prompt_items),
-            "logits": (dict(mode="logits", reuse_prefix=False), items),
-            "logits_reuse": (dict(mode="logits", reuse_prefix=True), items)}
-    for name, (opts, its) in runs.items():
-        det = VlmDetector.from_model(model, processor, batch_size=args.batch_size, **opts)
-        res[f"{name}/sentences_per_s"] = round(timed(det, its, args.batch_size, sync, args.repeats), 2)
-        print(f"{name:14s} {res[f'{name}/sentences_per_s']:10.2f} sentences/s", flush=True)
-    base = res["prompt/sentences_per_s"]
-    res["ratio/logits_vs_prompt"] = round(res["logits/sentences_per_s"] / base, 2)
-    res["ratio/logits_reuse_vs_prompt"] = round(res["logits_reuse/sentences_per_s"] / base, 2)
-    res["ratio/logits_reuse_vs_logits"] = round(res["logits_reuse/sentences_per_s"] / res["logits/sentences_per_s"], 2)
+    for n_sent in args.sentences:
+        items = make_items(args.captions, n_sent, args.image_size)
+        prompt_items = items[:n_prompt * n_sent]
+        runs = {"prompt": (dict(mode="prompt", max_new_tokens=args.prompt_tokens), prompt_items, args.prompt_tokens),
+                "logits": (dict(mode="logits", reuse_prefix=False), items, 0),
+                "logits_reuse": (dict(mode="logits", reuse_prefix=True), items, 0)}
+        if args.cot_tokens:
+            runs["prompt_cot"] = (dict(mode="prompt", cot=True, max_new_tokens=args.cot_tokens),
+                                  items[:max(1, n_prompt // 2) * n_sent], args.cot_tokens)
+        row: dict = {}
+        for name, (opts, its, forced) in runs.items():
+            model.generation_config.min_new_tokens = forced or None
+            det = VlmDetector.from_model(model, processor, batch_size=args.batch_size, **opts)
+            row[name] = timed(det, its, args.batch_size, sync, args.repeats)
+        model.generation_config.min_new_tokens = None
+        for name, rate in row.items():
+            res[f"s{n_sent}/{name}/sentences_per_s"] = round(rate, 2)
+        res[f"s{n_sent}/ratio/logits_reuse_vs_prompt"] = round(row["logits_reuse"] / row["prompt"], 2)
+        res[f"s{n_sent}/ratio/logits_reuse_vs_logits"] = round(row["logits_reuse"] / row["logits"], 2)
+        res[f"s{n_sent}/ratio/logits_vs_prompt"] = round(row["logits"] / row["prompt"], 2)
+        if "prompt_cot" in row:
+            res[f"s{n_sent}/ratio/logits_reuse_vs_prompt_cot"] = round(row["logits_reuse"] / row["prompt_cot"], 2)
+        print(f"{n_sent:2d} sentences/caption: " + "  ".join(f"{k} {v:.1f}/s" for k, v in row.items())
+              + f"  reuse/prompt {res[f's{n_sent}/ratio/logits_reuse_vs_prompt']:.2f}x"
+              + f"  reuse/no-reuse {res[f's{n_sent}/ratio/logits_reuse_vs_logits']:.2f}x", flush=True)
     if args.device.startswith("cuda"):
+        n_sent = args.sentences[-1]
         det = VlmDetector.from_model(model, processor, mode="logits")
         pre = det.prefix_inputs(items[0].image)
         n_img = int((pre["input_ids"] == model.config.image_token_id).sum())
@@ -147,9 +167,9 @@ def main(argv=None) -> dict:
         n_txt = sum(p.numel() for n, p in model.model.language_model.named_parameters() if "embed" not in n)
         cont = sum(len(det.continuation_ids(it)) for it in items) / len(items)
         per_caption = n_txt * pre["input_ids"].shape[1] + n_vis * patches  # the shared prefix, once per image
-        per_sentence = 2 * (per_caption / args.sentences + n_txt * cont)
+        per_sentence = 2 * (per_caption / n_sent + n_txt * cont)
         res["reuse/flops_per_sentence_G"] = round(per_sentence / 1e9, 1)
-        achieved = per_sentence * res["logits_reuse/sentences_per_s"]
+        achieved = per_sentence * res[f"s{n_sent}/logits_reuse/sentences_per_s"]
         res["reuse/peak_fraction"] = round(achieved / (args.peak_tflops * 1e12), 4)
         res["gpu_peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     print(json.dumps(res, indent=1))

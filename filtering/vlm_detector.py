@@ -29,8 +29,10 @@ Modes (option ``mode``):
   with PMI = ``Σ_t log p(t | image) − log mean_k p(t | reference_k)`` over the sentence's tokens
   (:func:`halsift.filtering.vlm_likelihood.image_pmi`): positive when the image supports the sentence more than
   typical images do. ``references`` names a folder of images or of WebDataset shards whose first
-  ``n_references`` (default 4) decodable images are the references; ``1 + n_references`` forward passes per
-  sentence. Always conditions on the preceding sentences. Useful with a captioner the ``yes_prob``/``logits``
+  ``n_references`` (default 8) decodable images are the references. Each reference's prefix (image + prompt) is
+  encoded once per run and its KV cache reused for every caption (``reuse_prefix=true``, the default), so a caption
+  costs one full forward pass (its own image) plus ``n_references`` passes over its tokens alone; the sentences of
+  a caption share those passes. Always conditions on the preceding sentences. Useful with a captioner the ``yes_prob``/``logits``
   judges cannot be, and as an image-grounded ensemble member next to a text-leaning judge.
 * ``localize``: the seeds' localization prompt; the ``**[...]**`` segments become ``Result.spans`` (word ranges,
   :func:`halsift.eval.localization.parse_marked`); score = 0 if any segment is marked, else 100.
