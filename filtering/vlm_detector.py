@@ -72,6 +72,42 @@ MODES = ("logits", "yes_prob", "prompt", "localize", "pmi")
 _SENTINEL = "\u241fCAPTION\u241f"
 
 
+DEFAULT_MAX_PIXELS = 512 * 28 * 28
+
+
+def cap_pixels(image, max_pixels: int):
+    """``image`` downscaled (aspect kept, bicubic) so that width x height <= ``max_pixels``; as is when it fits or
+    ``max_pixels`` is 0. Visual tokens grow with pixels in dynamic-resolution VLMs (Qwen2-VL: one per 28x28 px)."""
+    if not max_pixels or image is None or image.width * image.height <= max_pixels:
+        return image
+    from PIL import Image
+
+    f = (max_pixels / (image.width * image.height)) ** 0.5
+    return image.resize((max(1, int(image.width * f)), max(1, int(image.height * f))), Image.BICUBIC)
+
+
+def caption_chunks(items: Sequence[Item], size: int) -> list[list[Item]]:
+    """Consecutive items in chunks of at most ``size`` that never split a run of items sharing an image (a
+    caption's sentences), unless that run alone is longer than ``size``: a split caption re-encodes its image."""
+    runs: list[list[Item]] = []
+    for it in items:
+        if runs and _group_key(runs[-1][0]) == _group_key(it):
+            runs[-1].append(it)
+        else:
+            runs.append([it])
+    chunks: list[list[Item]] = []
+    cur: list[Item] = []
+    for run in runs:
+        if len(cur) + len(run) > size and cur:
+            chunks.append(cur)
+            cur = []
+        if len(run) > size:  # longer than a chunk: split, on its own
+            chunks += [run[k:k + size] for k in range(0, len(run), size)]
+        else:
+            cur += run
+    return chunks + ([cur] if cur else [])
+
+
 def _group_key(it: Item) -> tuple:
     """Items that share an image: the same image object with the same ``image_id``. (Not the ``key``: bench rows
     of one caption have distinct keys, their row ids, but one decoded image.)"""
@@ -86,7 +122,9 @@ class VlmDetector(Detector):
     for models larger than one GPU; then ``device`` is ignored), ``attn_implementation`` (eager|sdpa|
     flash_attention_2), ``trust_remote_code`` (off unless set), ``max_new_tokens`` (default 32; 256 with
     ``cot``; 128 for ``localize``), ``seed`` (sampling for ``self_ensemble``), ``references`` /
-    ``n_references`` (``mode=pmi``).
+    ``n_references`` (``mode=pmi``), ``max_pixels`` (images with more pixels are downscaled, aspect kept, before
+    the processor: default 401408 = 512 Qwen2-VL visual tokens of 28x28 px, where an uncapped 1024x768 photo
+    takes ~1000; 0 = no cap).
     """
 
     family = "vlm"
@@ -95,7 +133,8 @@ class VlmDetector(Detector):
                  context: bool = False, reuse_prefix: bool = True, batch_size: int = 16, dtype: str = "auto",
                  device: str = "auto", device_map: str | None = None, attn_implementation: str | None = None,
                  trust_remote_code: bool = False, max_new_tokens: int | None = None, seed: int = 0,
-                 references: str | None = None, n_references: int = 8, temperature: float | None = None) -> None:
+                 references: str | None = None, n_references: int = 8, temperature: float | None = None,
+                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: expected one of {MODES}")
@@ -105,6 +144,8 @@ class VlmDetector(Detector):
             raise ValueError(f"self_ensemble={self_ensemble!r}: expected 0, or N >= 1 with mode=prompt")
         if int(batch_size) < 1:
             raise ValueError(f"batch_size={batch_size!r}: expected an integer >= 1")
+        if not isinstance(max_pixels, int) or max_pixels < 0:
+            raise ValueError(f"max_pixels={max_pixels!r}: expected an integer >= 0 (0: no cap)")
         if mode == "pmi" and not references:
             raise ValueError("mode=pmi needs references=DIR (a folder of images or WebDataset shards)")
         if references and mode != "pmi":
@@ -134,7 +175,8 @@ class VlmDetector(Detector):
             raise ValueError(f"model={model!r}: cannot load a vision-language model and processor ({e})") from e
         self._setup(net, processor, mode=mode, cot=cot, self_ensemble=self_ensemble, context=context,
                     reuse_prefix=reuse_prefix, batch_size=batch_size, max_new_tokens=self.max_new_tokens, seed=seed,
-                    references=references, n_references=n_references, temperature=temperature)
+                    references=references, n_references=n_references, temperature=temperature,
+                    max_pixels=max_pixels)
         if device_map is None:
             self.to("cuda" if device == "auto" and torch.cuda.is_available() else
                     "cpu" if device == "auto" else device)
@@ -155,8 +197,9 @@ class VlmDetector(Detector):
 
     def _setup(self, model, processor, *, mode: str, cot: bool, self_ensemble: int, context: bool,
                reuse_prefix: bool, batch_size: int, max_new_tokens: int, seed: int, references: str | None = None,
-               n_references: int = 8, temperature: float = 8.0) -> None:
+               n_references: int = 8, temperature: float = 8.0, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         self.model, self.processor = model.eval(), processor
+        self.max_pixels = int(max_pixels)
         self.mode, self.cot, self.self_ensemble, self.context = mode, bool(cot), int(self_ensemble), bool(context)
         self.reuse_prefix, self.batch_size, self.seed = bool(reuse_prefix), int(batch_size), int(seed)
         self.max_new_tokens = int(max_new_tokens)
@@ -169,7 +212,8 @@ class VlmDetector(Detector):
         if mode == "pmi":
             from halsift.filtering.vlm_likelihood import describe_prefix, reference_images
 
-            self._refs = [describe_prefix(processor, im) for im in reference_images(references, n_references)]
+            self._refs = [describe_prefix(processor, self.fit_image(im))
+                          for im in reference_images(references, n_references)]
             self._encoded_refs = None  # their KV caches, made at the first batch (reuse_prefix)
             self.temperature = float(temperature)
             return
@@ -187,6 +231,10 @@ class VlmDetector(Detector):
                 raise ValueError("mode=yes_prob needs tokens spelling 'yes' and 'no' in the vocabulary")
 
     # ------------------------------------------------------------------------------------------ setup
+    def fit_image(self, image):
+        """The image as the processor sees it: :func:`cap_pixels` to ``max_pixels``."""
+        return cap_pixels(image, getattr(self, "max_pixels", 0))
+
     def to(self, device: Any) -> "VlmDetector":
         if getattr(self.model, "hf_device_map", None):  # placed by device_map: moving it would undo that
             return self
@@ -261,7 +309,8 @@ class VlmDetector(Detector):
         if image is None:
             raise DetectorError("vlm detector: an item has no image")
         head = self._head.rstrip(" ") if self.mode != "yes_prob" else self._head
-        feats = self.processor(text=[head], images=[image], return_tensors="pt", add_special_tokens=False)
+        feats = self.processor(text=[head], images=[self.fit_image(image)], return_tensors="pt",
+                               add_special_tokens=False)
         return dict(feats)
 
     def _text_keys(self, feats: dict) -> list[str]:
@@ -328,8 +377,7 @@ class VlmDetector(Detector):
             if k not in prefixes:
                 prefixes[k] = self.prefix_inputs(it.image)
         out: list[Result] = []
-        for s in range(0, len(items), self.batch_size):
-            chunk = list(items[s:s + self.batch_size])
+        for chunk in caption_chunks(items, self.batch_size):
             if self.mode in ("logits", "yes_prob"):
                 out += self._score_logits(chunk, prefixes)
             else:
@@ -466,7 +514,8 @@ class VlmDetector(Detector):
             raise DetectorError("vlm detector: no image given")
         msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
         text = self.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) + prefill
-        feats = dict(self.processor(text=[text], images=[image], return_tensors="pt", add_special_tokens=False))
+        feats = dict(self.processor(text=[text], images=[self.fit_image(image)], return_tensors="pt",
+                                    add_special_tokens=False))
         return {k: v.to(self.device) if not v.is_floating_point() else v.to(self.device, self.model.dtype)
                 for k, v in feats.items()}
 

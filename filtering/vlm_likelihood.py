@@ -105,7 +105,8 @@ def _own_prefixes(det, items: Sequence[Item]) -> list[dict]:
     for it in items:
         k = (it.image_id, id(it.image))
         if k not in cache:
-            cache[k] = describe_prefix(det.processor, it.image)
+            fit = getattr(det, "fit_image", lambda im: im)  # VlmDetector's max_pixels cap
+            cache[k] = describe_prefix(det.processor, fit(it.image))
     return [cache[(it.image_id, id(it.image))] for it in items]
 
 

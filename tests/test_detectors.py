@@ -159,6 +159,27 @@ def test_clip_random_init_is_seeded_and_batch_independent(tiny_clip):
     assert not np.allclose(a, c, atol=1e-3)
 
 
+def test_clip_precision_auto_is_fp32_on_cpu_and_explicit_bf16_is_honoured(tiny_clip):
+    import torch
+
+    assert next(tiny_clip.model.parameters()).dtype == torch.float32  # auto, on the CPU
+    half = load_detector("clip:arch=halsift-tiny,seed=0,precision=bf16")
+    assert next(half.model.parameters()).dtype == torch.bfloat16
+    a = np.array([r.score for r in tiny_clip.score_batch(_items())])
+    b = np.array([r.score for r in half.score_batch(_items())])
+    np.testing.assert_allclose(a, b, atol=1.0)  # same scores to bf16 rounding
+
+
+@pytest.mark.gpu
+def test_clip_precision_auto_is_bf16_on_cuda():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    det = load_detector("clip:arch=halsift-tiny,seed=0,device=cuda")
+    assert next(det.model.parameters()).dtype == torch.bfloat16 and torch.backends.cuda.matmul.allow_tf32
+
+
 def test_clip_checkpoint_and_from_model(tiny_clip, tmp_path):
     import open_clip
     from safetensors.torch import save_file

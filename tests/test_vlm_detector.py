@@ -352,3 +352,30 @@ def test_encoded_reference_prefix_gives_the_uncached_log_probs(tiny_vlms, arch):
             assert a.shape == b.shape and len(a) > 0
             assert torch.allclose(torch.from_numpy(a), torch.from_numpy(b), atol=2e-4), (arch, bs)
     assert enc.cache.get_seq_length() == enc.length
+
+
+def test_caption_chunks_never_split_a_caption_that_fits():
+    from halsift.filtering.vlm_detector import caption_chunks
+
+    img = [Image.new("RGB", (8, 8)) for _ in range(4)]
+    sizes = [3, 2, 5, 1]  # sentences per caption
+    items = [Item(f"k{c}", i, "s.", [], img[c], f"i{c}") for c, n in enumerate(sizes) for i in range(n)]
+    chunks = caption_chunks(items, 4)
+    assert [it for c in chunks for it in c] == items  # order and content kept
+    assert all(len(c) <= 4 for c in chunks)
+    assert [[it.image_id for it in c] for c in chunks] == [
+        ["i0"] * 3, ["i1"] * 2, ["i2"] * 4, ["i2"], ["i3"]]  # only the 5-sentence caption is split
+
+
+def test_max_pixels_caps_the_image_the_processor_sees(tiny_vlms):
+    from halsift.filtering.vlm_detector import cap_pixels
+
+    big = Image.new("RGB", (1024, 768))
+    small = cap_pixels(big, 512 * 28 * 28)
+    assert small.width * small.height <= 512 * 28 * 28 and abs(small.width / small.height - 4 / 3) < 0.01
+    assert cap_pixels(big, 0) is big and cap_pixels(small, 512 * 28 * 28) is small
+    capped, uncapped = _det(tiny_vlms["qwen2-vl"], max_pixels=56 * 56), _det(tiny_vlms["qwen2-vl"], max_pixels=0)
+    n = lambda det: int(det.prefix_inputs(Image.new("RGB", (448, 448)))["input_ids"].shape[1])  # noqa: E731
+    assert n(capped) < n(uncapped)
+    with pytest.raises(ValueError, match="max_pixels=-1"):
+        _det(tiny_vlms["qwen2-vl"], max_pixels=-1)

@@ -105,7 +105,7 @@ def pretrain_captioner(model_dir: str | os.PathLike, shards: str | os.PathLike, 
         idx = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()
         for i in idx:
             if i not in describe:
-                describe[i] = describe_prefix(processor, pairs[i][0])
+                describe[i] = describe_prefix(processor, batcher.fit_image(pairs[i][0]))
         prefixes = [describe[i] for i in idx]
         conts = [tok(pairs[i][1], add_special_tokens=False)["input_ids"] for i in idx]
         batch = batcher.full_batch(prefixes, conts)
