@@ -149,5 +149,5 @@ def make_loader(specs: Sequence[str], preprocess: Callable, tokenizer: Callable,
     ds = ShardStream(specs, preprocess, tokenizer, batch_size, weights=weights, seed=seed,
                      shuffle_buffer=shuffle_buffer, skip_batches=skip_batches, num_workers=workers)
     return DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=False,
-                      prefetch_factor=2 if workers else None)
+                      prefetch_factor=2 if workers else None, pin_memory=torch.cuda.is_available())
 

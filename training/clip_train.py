@@ -267,7 +267,7 @@ def train(cfg: ClipTrainConfig) -> dict:
     if cfg.lock_text:
         model.lock_text_tower(unlocked_layers=cfg.lock_text_unlocked, freeze_layer_norm=True)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.wd), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                  eps=cfg.eps)
+                                  eps=cfg.eps, fused=cuda)  # one kernel for all parameters on the GPU
     scheduler = cosine_with_warmup(optimizer, cfg.warmup, cfg.steps)  # stepped by hand once per optimizer step
 
     start_step, data_seed, skip = 0, cfg.seed, 0
