@@ -28,6 +28,7 @@ from halsift.corpus.scores import part_name, scores_table, write_part_atomic
 from halsift.corpus.sentences import sentence_texts
 from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, write_json_atomic
 from halsift.filtering.base import CAPTION_INDEX, Detector, Item
+from halsift.filtering.prefetch import Prefetcher
 from halsift.filtering.spec import load_detector
 
 UNITS = ("sentence", "caption")
@@ -183,7 +184,8 @@ def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_
             samples += 1
             yield g
 
-    for batch in _batches(counted(groups), batch_size):
+    reader = Prefetcher(_batches(counted(groups), batch_size), depth=2)  # tar + decode overlap the model
+    for batch in reader:
         tm = time.perf_counter()
         results = detector.score_batch(batch)
         t_model += time.perf_counter() - tm
@@ -206,7 +208,8 @@ def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_
     stats = {"part": part.name, "source": part.source, "rank": rank, "world_size": world, "samples": samples,
              "sentences": len(cols["key"]), "parse_failures": cols["parsed"].count(False),
              "skipped": skipped.to_json(), "time_model_s": round(t_model, 4),
-             "time_data_s": round(wall - t_model, 4), "wall_s": round(wall, 4)}
+             "time_data_s": round(wall - t_model, 4), "time_decode_s": round(reader.busy_s, 4),
+             "wall_s": round(wall, 4)}
     table = table.replace_schema_metadata({_META_KEY: json.dumps(stats).encode()})
     write_part_atomic(table, out_path)
     return stats
@@ -259,8 +262,13 @@ def _finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, sco
         "scoring_time_s": round(t_scoring if t_scoring is not None else wall, 3),
         # throughput of this invocation's scoring loop (model loading excluded), all ranks together
         "sentences_per_s": round(scored_now / (t_scoring or wall), 2) if (t_scoring or wall) > 0 else None,
+        # of the scoring loop's wall time: in score_batch (the detector's own preprocessing, tokenization and
+        # forward) vs waiting for input and writing; "decode" is the reader thread's busy time (tar + image
+        # decoding), which overlaps the model and so is not part of the other two
         "time_share": {"model": round(t_model / max(t_model + t_data, 1e-9), 4),
-                       "data": round(t_data / max(t_model + t_data, 1e-9), 4)},
+                       "data": round(t_data / max(t_model + t_data, 1e-9), 4),
+                       "decode": round(sum(s.get("time_decode_s", 0.0) for s in stats)
+                                       / max(t_model + t_data, 1e-9), 4)},
     }
     write_json_atomic(out / MANIFEST, manifest)
     return manifest
