@@ -118,6 +118,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompt-captions", type=int, default=None, help="captions for the (slow) prompt modes")
     ap.add_argument("--repeats", type=int, default=3, help="report the best of this many timed rounds")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--json", default="", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
     import torch
 
@@ -173,6 +174,10 @@ def main(argv=None) -> dict:
         res["reuse/peak_fraction"] = round(achieved / (args.peak_tflops * 1e12), 4)
         res["gpu_peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     print(json.dumps(res, indent=1))
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).write_text(json.dumps(res, indent=1))
     return res
 
 

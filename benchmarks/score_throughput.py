@@ -1,6 +1,9 @@
 """Throughput of the ``clip`` detector through the scoring runner: sentences/s over batch sizes, 1 vs 2
-processes, the share of time in data loading (tar read + image decode + parquet write) vs the model, and peak
-memory for 1x vs 10x the shards (scoring streams, so it should not grow).
+processes, the share of time in data loading (tar read + image decode + parquet write) vs the model, the
+pipeline efficiency (runner sentences/s over the bare model's: the same batches, already preprocessed and
+tokenized, through ``encode_image`` + ``encode_text`` alone; 1.0 = the input pipeline costs nothing), and peak
+memory for 1x vs 10x the shards (scoring streams, so it should not grow). ``--json PATH`` also writes every
+figure as JSON. Set ``OMP_NUM_THREADS=1`` on a shared CPU.
 
     python benchmarks/score_throughput.py                      # CPU: halsift-tiny, small corpus
     python benchmarks/score_throughput.py --device cuda        # GPU: ViT-B-32, random weights
@@ -76,6 +79,40 @@ def peak_rss_mb(spec: str, data: Path, out: Path, batch: int, device: str) -> fl
     return int(res.stdout.strip().splitlines()[-1]) / 1024
 
 
+def bare_rate(spec: str, data: Path, batch: int, device: str, repeats: int = 3) -> float:
+    """Sentences/s of the model alone on the corpus's batches (images preprocessed and texts tokenized first;
+    each image encoded once per caption, as the runner does)."""
+    import time
+
+    import torch
+
+    from halsift.corpus.images import SkipCounter
+    from halsift.filtering.runner import _batches, iter_caption_groups, plan_parts
+    from halsift.filtering.spec import load_detector
+
+    det = load_detector(spec).to(device)
+    parts, _ = plan_parts(str(data))
+    batches = [b for part in parts for b in _batches(iter_caption_groups(part, "sentence", SkipCounter()), batch)]
+    dtype = next(det.model.parameters()).dtype
+    ready = []
+    for b in batches:
+        images = list({id(it.image): it.image for it in b}.values())
+        ready.append((torch.stack([det.preprocess(im) for im in images]).to(device, dtype),
+                      det.tokenizer([it.sentence for it in b]).to(device)))
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats):
+            sync()
+            t = time.perf_counter()
+            for pix, tok in ready:
+                det.model.encode_image(pix)
+                det.model.encode_text(tok)
+            sync()
+            best = min(best, time.perf_counter() - t)
+    return sum(len(b) for b in batches) / best
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
@@ -86,32 +123,49 @@ def main(argv=None) -> int:
     p.add_argument("--batch-sizes", default=None, help="comma list; default 8,32,96 cpu / 32,128,512 cuda")
     p.add_argument("--procs", default="1,2", help="process counts to compare")
     p.add_argument("--no-memory", action="store_true", help="skip the 1x vs 10x shards memory check")
+    p.add_argument("--json", default="", help="also write the figures to this JSON file")
     a = p.parse_args(argv)
     gpu = a.device.startswith("cuda")
     arch = a.arch or ("ViT-B-32" if gpu else "halsift-tiny")
     samples = a.samples or (2000 if gpu else 96)
     per_shard = a.per_shard or max(1, samples // 8)
     batches = [int(x) for x in (a.batch_sizes or ("32,128,512" if gpu else "8,32,96")).split(",")]
-    spec = f"clip:arch={arch},seed=0" + (",precision=bf16" if gpu else "")
+    spec = f"clip:arch={arch},seed=0"  # precision=auto: bf16 + TF32 on CUDA, fp32 on CPU
     tmp = Path(tempfile.mkdtemp(prefix="halsift-bench-score-"))
     data = make_corpus(tmp / "data", samples, per_shard, a.image_size)
     print(f"device={a.device} arch={arch} samples={samples} sentences={3 * samples} shards="
           f"{len(list(data.glob('*.tar')))} image={a.image_size}px cpus={os.cpu_count()}")
-    print(f"{'procs':>5} {'batch':>6} {'sent/s':>10} {'data %':>7} {'model %':>8}")
+    res: dict = {"device": a.device, "arch": arch, "samples": samples, "sentences": 3 * samples,
+                 "image_size": a.image_size, "runs": []}
+    bare = {b: bare_rate(spec, data, b, a.device) for b in batches}
+    print(f"{'procs':>5} {'batch':>6} {'sent/s':>10} {'bare/s':>10} {'effic.':>7} {'data %':>7} {'model %':>8}"
+          f" {'decode %':>9}")
     for procs in [int(x) for x in a.procs.split(",")]:
         for b in batches:
             out = tmp / f"out-p{procs}-b{b}"
             m = (run_one(spec, data, out, b, a.device) if procs == 1 else
                  run_torchrun(spec, data, out, b, a.device, procs))
             ts = m["time_share"]
-            print(f"{procs:>5} {b:>6} {m['sentences_per_s']:>10.1f} {100 * ts['data']:>7.1f} {100 * ts['model']:>8.1f}",
-                  flush=True)
+            eff = m["sentences_per_s"] / bare[b]
+            res["runs"].append({"procs": procs, "batch": b, "sentences_per_s": m["sentences_per_s"],
+                                "bare_sentences_per_s": round(bare[b], 2), "pipeline_efficiency": round(eff, 3),
+                                "time_share": ts})
+            print(f"{procs:>5} {b:>6} {m['sentences_per_s']:>10.1f} {bare[b]:>10.1f} {eff:>7.2f} "
+                  f"{100 * ts['data']:>7.1f} {100 * ts['model']:>8.1f} {100 * ts.get('decode', 0):>9.1f}", flush=True)
+    one = {r["batch"]: r["sentences_per_s"] for r in res["runs"] if r["procs"] == 1}
+    for r in res["runs"]:
+        if r["procs"] > 1 and r["batch"] in one:
+            r["scaling_vs_1_proc"] = round(r["sentences_per_s"] / one[r["batch"]], 2)
+            print(f"{r['procs']} processes vs 1, batch {r['batch']}: {r['scaling_vs_1_proc']:.2f}x")
     if not a.no_memory:
         small = make_corpus(tmp / "m1", per_shard * 2, per_shard, a.image_size, seed=1)
         big = make_corpus(tmp / "m10", per_shard * 20, per_shard, a.image_size, seed=1)
         r1 = peak_rss_mb(spec, small, tmp / "mo1", batches[-1], a.device)
         r10 = peak_rss_mb(spec, big, tmp / "mo10", batches[-1], a.device)
         print(f"peak RSS: {r1:.0f} MB for 2 shards, {r10:.0f} MB for 20 shards (ratio {r10 / r1:.2f})")
+        res["peak_rss_mb"] = {"2_shards": round(r1), "20_shards": round(r10)}
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
     return 0
 
 

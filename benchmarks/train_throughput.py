@@ -4,7 +4,8 @@
     python benchmarks/train_throughput.py --model ViT-B-32 --batch-size 256 --steps 60 --precision bf16   # GPU
 
 Prints the median per-step samples/s (first steps dropped as warm-up) and the peak memory of each, and the
-ratio halsift / open_clip. Peak memory is the largest process's RSS on CPU, and ``nvidia-smi``'s peak
+ratio halsift / open_clip; on a GPU also the model FLOP utilisation (MFU: training FLOPs per sample, counted by
+``torch.utils.flop_counter`` on one forward + backward, times samples/s, over ``--peak-tflops``). Peak memory is the largest process's RSS on CPU, and ``nvidia-smi``'s peak
 ``used_memory`` on GPU. open_clip_train is run through ``open_clip_train.main.main(argv)`` in a child process
 (after registering halsift's tiny config, which its CLI cannot add); its own data loader, loss and loop are used.
 Never pass/fail: it prints numbers.
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", default="auto", help="auto | fp32 | bf16 (bf16 = autocast on GPU)")
     ap.add_argument("--shards", default="", help="existing shard folder (default: write random ones)")
     ap.add_argument("--out", default="", help="work folder (default: a temp folder)")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100 SXM: 989)")
+    ap.add_argument("--json", default="", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
     import torch
 
@@ -144,7 +147,43 @@ def main(argv: list[str] | None = None) -> int:
     print(f"open_clip_train    : {oc_rate:10.1f} samples/s   peak {mem(oc_rss, oc_gpu)}")
     print(f"ratio halsift/open_clip: {hs_rate / oc_rate:.2f}x samples/s, "
           f"{(hs_gpu / oc_gpu if gpu and oc_gpu else hs_rss / oc_rss):.2f}x peak memory")
+    res = {"device": "cuda" if gpu else "cpu", "model": args.model, "batch_size": args.batch_size,
+           "steps": args.steps, "precision": precision, "halsift_samples_per_s": round(hs_rate, 2),
+           "open_clip_samples_per_s": round(oc_rate, 2), "ratio": round(hs_rate / oc_rate, 3),
+           "halsift_peak_rss_mib": round(hs_rss / 1024), "open_clip_peak_rss_mib": round(oc_rss / 1024)}
+    if gpu:
+        flops = train_flops_per_sample(args.model, args.batch_size)
+        res.update({"train_gflops_per_sample": round(flops / 1e9, 2), "halsift_gpu_peak_mib": hs_gpu,
+                    "open_clip_gpu_peak_mib": oc_gpu,
+                    "halsift_mfu": round(flops * hs_rate / (args.peak_tflops * 1e12), 4),
+                    "open_clip_mfu": round(flops * oc_rate / (args.peak_tflops * 1e12), 4)})
+        print(f"MFU: halsift {res['halsift_mfu']:.3f}, open_clip_train {res['open_clip_mfu']:.3f} "
+              f"({res['train_gflops_per_sample']} GFLOP per sample, peak {args.peak_tflops} TFLOP/s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
     return 0
+
+
+def train_flops_per_sample(model_name: str, batch: int) -> float:
+    """FLOPs of one training step per sample (forward + backward of both towers and the contrastive loss),
+    counted by ``torch.utils.flop_counter.FlopCounterMode`` on the GPU in bf16."""
+    import open_clip
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from halsift.training.clip_config import ensure_model_configs
+
+    ensure_model_configs()
+    model = open_clip.create_model(model_name, device="cuda")
+    size = model.visual.image_size
+    size = size if isinstance(size, (tuple, list)) else (size, size)
+    images = torch.randn(batch, 3, *size, device="cuda")
+    texts = torch.randint(0, 1000, (batch, model.context_length), device="cuda")
+    loss_fn = open_clip.ClipLoss()
+    with FlopCounterMode(display=False) as counter, torch.autocast("cuda", dtype=torch.bfloat16):
+        img, txt, scale = model(images, texts)[:3]
+        loss_fn(img, txt, scale).backward()
+    return counter.get_total_flops() / batch
 
 
 if __name__ == "__main__":
