@@ -24,6 +24,9 @@ from pathlib import Path
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 REQUIRED_META = ("key", "captioner", "source")
 SOURCES = ("i2t", "t2i")
+# What a sample whose json lacks these fields (img2dataset output: url, key, status, caption) is given when it
+# is written again (select); callers may override them (``select --captioner/--source``).
+META_DEFAULTS = {"captioner": "unknown", "source": "i2t"}
 _KEY_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 
 
