@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", choices=("i2t", "t2i"), default="i2t",
                    help="source recorded for samples whose json has none; default i2t (the caption describes a "
                         "real image)")
+    p.add_argument("--export-keys", metavar="PATH", default=None,
+                   help="also write the kept source samples as a subset file: PATH.npy = DataComp uids (u8,u8, "
+                        "sorted; from the json 'uid'), any other name = one key per line")
     p.add_argument("--maxcount", type=int, default=1000, help="samples per output shard")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -56,6 +59,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"kept {m['kept_units']} of {m['candidates']} units ({m['samples_written']} samples written); "
           f"precision {m['precision']['input']} -> {m['precision']['kept']}; keys only in shards "
           f"{k['only_in_shards']}, only in scores {k['only_in_scores']} -> {args.out}")
+    if args.export_keys:
+        from halsift.corpus.subset import write_subset
+
+        try:
+            n = write_subset(args.export_keys, args.out)
+        except ValueError as e:
+            raise UsageError(f"--export-keys: {e}") from e
+        print(f"wrote {n} {'uids' if args.export_keys.endswith('.npy') else 'keys'} -> {args.export_keys}")
     filled = m["meta_defaults"]["samples"]
     if filled:
         print("json fields missing in the data, defaults written: "

@@ -8,6 +8,7 @@ shard a ``_stats.json`` and a ``.parquet`` of the same metadata; there is no ``s
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import random
@@ -26,9 +27,9 @@ def jpeg(rng: random.Random, size: int = 32) -> bytes:
 
 
 def make_img2dataset(out: Path, shards: int = 2, per_shard: int = 4, seed: int = 0, extra: dict | None = None,
-                     first_shard: int = 0) -> Path:
+                     first_shard: int = 0, uid: bool = False) -> Path:
     """Write ``shards`` x ``per_shard`` successful downloads (shard ids from ``first_shard``); ``extra`` adds
-    fields to every json."""
+    fields to every json; ``uid`` adds DataComp's ``uid`` (32 hex digits, here the md5 of the url)."""
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
     n = 0
@@ -42,6 +43,8 @@ def make_img2dataset(out: Path, shards: int = 2, per_shard: int = 4, seed: int =
                         "error_message": None, "width": 32, "height": 32, "original_width": 640,
                         "original_height": 480, "exif": "{}", "sha256": f"{n:064x}", "caption": caption,
                         **(extra or {})}
+                if uid:
+                    meta["uid"] = hashlib.md5(meta["url"].encode()).hexdigest()
                 w.write({"__key__": key, "jpg": jpeg(rng), "txt": caption, "json": meta})
                 rows.append(meta)
                 n += 1

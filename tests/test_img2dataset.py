@@ -67,3 +67,30 @@ def test_scores_of_other_data_is_exit_2(tmp_path, capsys):
     assert main(["select", "--scores", str(tmp_path / "sc"), "--data", str(other), "--out", str(tmp_path / "sel"),
                  "--keep", "0.5", "--no-progress"]) == 2
     assert "no kept key is in the shards (e.g. '000000" in capsys.readouterr().err
+
+
+def test_export_keys_datacomp_uids_and_key_list(tmp_path, capsys):
+    import numpy as np
+
+    data = make_img2dataset(tmp_path / "i2d", uid=True)
+    _score(data, tmp_path / "sc")
+    assert main(["select", "--scores", str(tmp_path / "sc"), "--data", str(data), "--out", str(tmp_path / "sel"),
+                 "--keep", "0.5", "--unit", "caption", "--export-keys", str(tmp_path / "subset.npy"),
+                 "--no-progress"]) == 0
+    assert "wrote 4 uids" in capsys.readouterr().out
+    arr = np.load(tmp_path / "subset.npy")
+    kept = list(iter_samples(tmp_path / "sel"))
+    want = sorted((int(s.meta["uid"][:16], 16), int(s.meta["uid"][16:], 16)) for s in kept)
+    assert arr.dtype == np.dtype("u8,u8") and arr.tolist() == want and len(want) == 4
+    # sentence units: one entry per source sample, by source key
+    assert main(["select", "--scores", str(tmp_path / "sc"), "--data", str(data), "--out", str(tmp_path / "sel2"),
+                 "--keep", "0.5", "--export-keys", str(tmp_path / "keys.txt"), "--no-progress"]) == 0
+    keys = (tmp_path / "keys.txt").read_text().split()
+    assert keys == sorted({s.meta["parent_key"] for s in iter_samples(tmp_path / "sel2")})
+    # no uid in the data: a DataComp file cannot be written -> exit 2 naming the field
+    plain = make_img2dataset(tmp_path / "plain")
+    _score(plain, tmp_path / "sc3")
+    capsys.readouterr()
+    assert main(["select", "--scores", str(tmp_path / "sc3"), "--data", str(plain), "--out", str(tmp_path / "sel3"),
+                 "--keep", "0.5", "--export-keys", str(tmp_path / "x.npy"), "--no-progress"]) == 2
+    assert "json field 'uid' is missing" in capsys.readouterr().err and not (tmp_path / "x.npy").exists()
