@@ -111,7 +111,8 @@ def write_clip_benchmark(path: str | os.PathLike, metrics: dict, dataset: str, m
 def retrieval_set_name(data: str | os.PathLike) -> str:
     """A retrieval set's name for reports: its folder's name when given ``retrieval.jsonl`` or a folder."""
     p = Path(data)
-    return (p.parent.name if p.suffix == ".jsonl" and p.stem == "retrieval" else p.stem if p.suffix else p.name) or "retrieval"
+    name = p.parent.name if p.suffix == ".jsonl" and p.stem == "retrieval" else p.stem if p.suffix else p.name
+    return name or "retrieval"
 
 
 def ranks_key(model: str, seed_index: int, set_name: str, direction: str) -> str:

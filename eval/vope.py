@@ -14,8 +14,8 @@ Objects are counted once per response. A re-check answer is read as yes/no from 
 from a clear free-form statement ("There is a dog ...", "There is no dog", "I don't see a dog"). One that is neither
 is a parse failure: by default the object is left out of the four sets and counted in ``unparsed``; with
 ``default=True`` (the official code's behaviour: such replies count as yes) it is classified as believed present
-and counted in ``defaulted`` as well. The official code also reads "No." as yes; that is a bug and not copied. An optional judge scores the relevance (1-3) of every
-output object that is absent from the image (D_H and I_T).
+and counted in ``defaulted`` as well. The official code also reads "No." as yes; that is a bug and not copied.
+An optional judge scores the relevance (1-3) of every output object that is absent from the image (D_H and I_T).
 """
 
 from __future__ import annotations

@@ -89,7 +89,8 @@ def test_release_whole_caption_column_is_detected(tmp_path, capsys):
     summary, rows, _ = _convert(tmp_path, capsys, whole=True)
     assert summary["caption_column"] == "whole caption" and summary["captions_split_mismatch"] == 0
     r = rows["sd-0-1"]
-    assert r.sentence == "It gazes to the right." and r.caption == "An alpaca stands on the left. It gazes to the right."
+    assert r.sentence == "It gazes to the right."
+    assert r.caption == "An alpaca stands on the left. It gazes to the right."
     assert r.spans == [[1, 2]] and r.generator_type == "t2i"
 
 
