@@ -20,7 +20,20 @@ Choices made here (the release does not pin them):
   (whitespace words, matched ignoring case and edge punctuation). A string is first tried whole, then split
   on ``;``/``|``/newlines and then on commas. Phrases not found are kept in ``extra`` and counted.
 * ``generator_type`` is ``t2i`` for the text-to-image models (Stable Diffusion 3.5 "SD", gpt-image-1
-  "GPT-Gen") and ``i2t`` for every captioner.
+  "GPT-Gen", named ``sd`` and ``gpt4o-imagen`` in the release) and ``i2t`` for every captioner. Where
+  ``image_type`` / ``image_source`` say it outright (``t2i``, ``generated``, ``data_generation`` vs ``i2t``,
+  ``coco``, ``cc12m``, ``real``) that wins; disagreements with the model name are counted in the summary.
+
+The HF release (``halcap_bench.jsonl``) adds ``image_type, agreement_ratio, fleiss_Pi, image_url,
+image_path_in_repo``: generated images are files under ``images/`` named by ``image_path_in_repo``, COCO /
+CC12M images only an ``image_url``. Each row's image is looked up under the image root (``images_dir``, else
+the table's folder: the repo checkout) as ``image_path_in_repo``, then ``image_name``,
+``<image_source>/<image_name>`` and the ``image_url``'s file name (a local mirror); rows whose image is not
+found are left out and counted (``rows_missing_image``, with example URLs), never given a wrong path.
+
+Whether ``caption`` holds the sentence or the whole caption is detected (``caption_column`` in the summary):
+when every caption with several annotated sentences repeats one ``caption`` value on all its rows, the column is
+the whole caption and the sentence is its ``sentence_index``-th sentence (:func:`sentence_texts`).
 """
 
 from __future__ import annotations
@@ -31,11 +44,14 @@ import re
 from pathlib import Path
 
 from halsift.corpus.bench import TYPES, BenchRow, write_bench
-from halsift.corpus.sentences import find_word_span
+from halsift.corpus.sentences import find_word_span, sentence_texts
 
 COLUMNS = ("model", "image_source", "image_name", "sentence_index", "caption", "annotation", "error_type",
            "error_words", "n_correct", "n_incorrect", "n_unknown")
-T2I_MODEL_RE = re.compile(r"^sd\b|^sd[-_ ]?3|stable[-_ ]?diffusion|gpt[-_ ]?gen|gpt[-_ ]?image", re.I)
+RELEASE_COLUMNS = ("image_type", "agreement_ratio", "fleiss_Pi", "image_url", "image_path_in_repo")
+T2I_MODEL_RE = re.compile(r"^sd\b|^sd[-_ ]?3|stable[-_ ]?diffusion|gpt[-_ ]?gen|gpt[-_ ]?image|imagen", re.I)
+_T2I_HINT_RE = re.compile(r"^t2i$|text[-_ ]?to[-_ ]?image|data[-_ ]?generation|^generated$|^synthetic$", re.I)
+_I2T_HINT_RE = re.compile(r"^i2t$|image[-_ ]?to[-_ ]?text|^coco|^cc12m$|^cc3m$|^real$", re.I)
 
 _LABELS = {
     "correct": "correct", "positive": "correct", "true": "correct", "yes": "correct", "1": "correct",
@@ -53,8 +69,51 @@ class AlignBenchFormatError(ValueError):
 
 
 def generator_type(model: str) -> str:
-    """``t2i`` for the text-to-image models (SD 3.5, GPT-Gen / gpt-image-1), ``i2t`` otherwise."""
+    """``t2i`` for the text-to-image models (SD 3.5, GPT-Gen / gpt-image-1 / gpt4o-imagen), ``i2t`` otherwise."""
     return "t2i" if T2I_MODEL_RE.search(model.strip()) else "i2t"
+
+
+def type_hint(*values) -> str | None:
+    """``t2i`` / ``i2t`` when an ``image_type`` / ``image_source`` value says so outright, else None."""
+    for v in values:
+        v = "" if _missing(v) else str(v).strip()
+        if _T2I_HINT_RE.search(v):
+            return "t2i"
+        if _I2T_HINT_RE.search(v):
+            return "i2t"
+    return None
+
+
+def whole_caption_column(groups: dict) -> bool:
+    """True when ``caption`` holds the whole caption: every caption with 2+ annotated sentences repeats one
+    ``caption`` value on all its rows (``groups``: caption -> [(sentence_index, caption cell)]); with one row
+    per caption, when 80% of the cells split into several sentences."""
+    multi = [g for g in groups.values() if len(g) > 1]
+    if multi:
+        return all(len({c for _, c in g}) == 1 for g in multi)
+    # one annotated sentence per caption: whole captions if most cells hold several sentences
+    cells = [c for g in groups.values() for _, c in g]
+    return bool(cells) and sum(len(sentence_texts(c)) > 1 for c in cells) >= 0.8 * len(cells)
+
+
+def _find_image(r: dict, roots: list[Path]) -> Path | None:
+    """The row's image under one of ``roots``: image_path_in_repo, image_name, <image_source>/<image_name>, or
+    the file name of image_url (a local mirror); None when none exists."""
+    from urllib.parse import urlparse
+
+    cands = []
+    for col in ("image_path_in_repo", "image_name"):
+        if not _missing(r.get(col)):
+            cands.append(str(r[col]).strip())
+    if not _missing(r.get("image_source")) and not _missing(r.get("image_name")):
+        cands.append(f"{str(r['image_source']).strip()}/{str(r['image_name']).strip()}")
+    if not _missing(r.get("image_url")):
+        cands.append(Path(urlparse(str(r["image_url"]).strip()).path).name)
+    for root in roots:
+        for c in cands:
+            if c and (root / c).is_file():
+                return root / c
+    return None
 
 
 def read_table(path: str | os.PathLike):
@@ -210,30 +269,65 @@ def alignbench_rows(table, source: str = "<table>", image_template: str = "{imag
     for w, r, i in zip(where, recs, idx):
         sent = text_of(r, "sentence" if has_sentence else "caption", w)
         groups.setdefault((str(r["model"]).strip(), str(r["image_name"]).strip()), []).append((i, sent))
+    whole = not has_sentence and whole_caption_column(groups)
+    release = any(c in table.columns for c in ("image_path_in_repo", "image_url"))
+    table_dir = Path(source).parent if source != "<table>" else Path(".")
+    roots = list(dict.fromkeys([Path(images_dir), table_dir] if images_dir is not None else [table_dir]))
     rows: list[BenchRow] = []
     seen: dict[str, str] = {}
     n_unmatched = 0
+    missing_image: list[str] = []
+    no_sentence: list[str] = []
+    split_mismatch: set[tuple[str, str]] = set()
+    conflicts: dict[str, int] = {}
+    gen_types: dict[str, set] = {}
     img_root = Path(images_dir) if images_dir is not None else None
     for w, r, i in zip(where, recs, idx):
         model = text_of(r, "model", w)
         image_name = text_of(r, "image_name", w)
-        sentence = text_of(r, "sentence" if has_sentence else "caption", w)
-        caption = (text_of(r, "caption", w) if has_sentence
-                   else " ".join(s for _, s in sorted(groups[(model, image_name)], key=lambda t: t[0])))
+        if whole:
+            caption = text_of(r, "caption", w)
+            sents = sentence_texts(caption)
+            if len(sents) != len(groups[(model, image_name)]):
+                split_mismatch.add((model, image_name))
+            if not 0 <= i - base < len(sents):
+                no_sentence.append(f"{w}: sentence_index {i} but the caption splits into {len(sents)} sentences")
+                continue
+            sentence = sents[i - base]
+        else:
+            sentence = text_of(r, "sentence" if has_sentence else "caption", w)
+            caption = (text_of(r, "caption", w) if has_sentence
+                       else " ".join(s for _, s in sorted(groups[(model, image_name)], key=lambda t: t[0])))
+        if release:
+            found = _find_image(r, roots)
+            if found is None:
+                url = "" if _missing(r.get("image_url")) else str(r["image_url"]).strip()
+                missing_image.append(f"{w}: {image_name}" + (f" ({url})" if url else ""))
+                continue
+            rel = os.path.relpath(found, Path(bench_dir))
+        else:
+            try:
+                rel = image_template.format(**{k: ("" if _missing(v) else v) for k, v in r.items()})
+            except KeyError as e:
+                raise AlignBenchFormatError(f"image_template {image_template!r}: no column {e}") from None
+            if not rel.strip() or Path(rel) == Path("."):
+                raise AlignBenchFormatError(f"{w}: image_template {image_template!r} gives an empty image path")
+            if img_root is not None:
+                rel = os.path.relpath(img_root / rel, Path(bench_dir))
         label = map_label(r["annotation"], w)
         spans, unmatched = error_word_spans(sentence, r["error_words"])
         n_unmatched += bool(unmatched)
-        try:
-            rel = image_template.format(**{k: ("" if _missing(v) else v) for k, v in r.items()})
-        except KeyError as e:
-            raise AlignBenchFormatError(f"image_template {image_template!r}: no column {e}") from None
-        if img_root is not None:
-            rel = os.path.relpath(img_root / rel, Path(bench_dir))
         rid = f"{_slug(model)}-{_slug(Path(image_name).stem)}-{i - base}"
         if rid in seen:
             raise AlignBenchFormatError(f"{w}: (model, image_name, sentence_index) = ({model!r}, {image_name!r}, "
                                         f"{i}) repeats {seen[rid]}")
         seen[rid] = w
+        gtype = generator_type(model)
+        hint = type_hint(r.get("image_type"), r.get("image_source"))
+        if hint is not None and hint != gtype:
+            conflicts[model] = conflicts.get(model, 0) + 1
+            gtype = hint
+        gen_types.setdefault(model, set()).add(gtype)
         extra = {k: _count(r[k], w, k) for k in ("n_correct", "n_incorrect", "n_unknown")}
         extra = {k: v for k, v in extra.items() if v is not None}
         ew = _as_list(r["error_words"])
@@ -241,14 +335,28 @@ def alignbench_rows(table, source: str = "<table>", image_template: str = "{imag
         if unmatched:
             extra["error_words_unmatched"] = unmatched
         extra["annotation"] = str(r["annotation"])
+        for k in RELEASE_COLUMNS:
+            if k in r and not _missing(r[k]):
+                extra[k] = r[k].item() if hasattr(r[k], "item") else r[k]
         rows.append(BenchRow(
             id=rid, image=Path(rel).as_posix(), image_id=image_name, generator=model,
-            generator_type=generator_type(model), domain="" if _missing(r["image_source"]) else str(r["image_source"]),
+            generator_type=gtype, domain="" if _missing(r["image_source"]) else str(r["image_source"]),
             caption_id=f"{_slug(model)}-{_slug(Path(image_name).stem)}", position=i - base, sentence=sentence,
             caption=caption, label=label, types=map_types(r["error_type"]), spans=spans, split=split, extra=extra))
+    if not rows:
+        why = missing_image[0] if missing_image else no_sentence[0] if no_sentence else "no rows"
+        raise AlignBenchFormatError(f"{source}: no row could be converted (e.g. image not found under "
+                                    f"{' or '.join(map(str, roots))}: "
+                                    f"{why})" if missing_image else f"{source}: no row could be converted ({why})")
     summary = {"rows": len(rows), "captions": len(groups), "index_base": base,
                "labels": {lab: sum(r.label == lab for r in rows) for lab in ("correct", "incorrect", "unknown")},
-               "rows_with_unmatched_error_words": n_unmatched}
+               "rows_with_unmatched_error_words": n_unmatched,
+               "caption_column": "sentence column" if has_sentence else "whole caption" if whole else "sentence",
+               "generator_types": {m: "/".join(sorted(t)) for m, t in sorted(gen_types.items())},
+               "generator_type_conflicts": conflicts,
+               "rows_missing_image": len(missing_image), "missing_image_examples": missing_image[:10],
+               "rows_sentence_not_found": len(no_sentence), "sentence_not_found_examples": no_sentence[:10],
+               "captions_split_mismatch": len(split_mismatch)}
     return rows, summary
 
 

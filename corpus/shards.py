@@ -24,7 +24,16 @@ from pathlib import Path
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 REQUIRED_META = ("key", "captioner", "source")
 SOURCES = ("i2t", "t2i")
+# What a sample whose json lacks these fields (img2dataset output: url, key, status, caption) is given when it
+# is written again (select); callers may override them (``select --captioner/--source``).
+META_DEFAULTS = {"captioner": "unknown", "source": "i2t"}
 _KEY_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
+_URL_RE = re.compile(r"^(pipe:|[A-Za-z][A-Za-z0-9+.\-]*://)")
+# inputs that are not shards; `halsift convert` turns them into shards
+_NOT_SHARD_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv", ".tsv", ".arrow", ".txt",
+                       *(f".{e}" for e in IMAGE_EXTS))
+_CONVERT_HINT = ("tables, image folders, HF datasets and remote or piped shards are converted first: "
+                 "`halsift convert table|folder|hf|webdataset SRC --out DIR`")
 
 
 class ShardFormatError(ValueError):
@@ -197,10 +206,16 @@ def expand_shards(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> list
     import braceexpand
 
     s = os.fspath(spec)
+    if _URL_RE.match(s):
+        raise ShardFormatError(f"shards: {s} is a URL or pipe; local .tar shards are read here ({_CONVERT_HINT})")
     paths: list[Path] = []
     for pat in braceexpand.braceexpand(s):
         p = Path(pat)
+        if p.is_file() and p.suffix.lower() in _NOT_SHARD_SUFFIXES:
+            raise ShardFormatError(f"shards: {p} is a {p.suffix} file, not a .tar shard ({_CONVERT_HINT})")
         if p.is_dir():
+            if not any(p.glob("*.tar")):
+                raise FileNotFoundError(f"shards: no .tar files in {p} ({_CONVERT_HINT})")
             paths.extend(sorted(p.glob("*.tar")))
         elif any(c in pat for c in "*?["):
             paths.extend(Path(x) for x in sorted(glob.glob(pat)))

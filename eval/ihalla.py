@@ -78,22 +78,45 @@ def normalize_coi(value: str) -> str:
     return _COI_ALIASES.get(v, v)
 
 
-_LETTER_PATTERNS = (re.compile(r"^\s*\(?([A-E])\s*[\).:\]]"), re.compile(r"^\s*([A-E])\s*$"),
-                    re.compile(r"answer\s*(?:is|:)?\s*\(?([A-E])\b", re.I), re.compile(r"\(([A-E])\)"))
+_LETTER_PATTERNS = (re.compile(r"answer\s*(?:is|:)?\s*\(?([A-E])\b", re.I), re.compile(r"\(([A-E])\)", re.I))
+_LEADING_LETTER = re.compile(r"^\(?([A-E])(?:$|[\s\).:\],])", re.I)
+
+
+def official_segment(text: str) -> str:
+    """The part of a reply the official I-HallA code reads (agents/EvaluationAgent.py): after ``Answer:`` up to
+    the end of that line, else the whole reply, stripped. It then compares the first character, ignoring case."""
+    t = str(text or "")
+    return t.split("Answer:", 1)[1].split("\n")[0].strip() if "Answer:" in t else t.strip()
+
+
+def official_letter(text: str) -> str | None:
+    """The letter the official code takes from a reply (upper-cased), None when its first character is no A-E."""
+    c = official_segment(text)[:1].upper()
+    return c if c and c in LETTERS else None
 
 
 def parse_letter(text: str, choices: Sequence[str] = ()) -> str | None:
-    """The answer letter in a model's reply ('B) Tetrahedral', 'The answer is (C)', or a choice's text); None if absent."""
+    """The answer letter in a model's reply, or None.
+
+    Like the official code, the reply's ``Answer:`` line (else the reply) is read and a leading letter is
+    accepted in either case ('b', 'B) Tetrahedral', '(c)'); a reply that is exactly a choice's text gives that
+    choice (the official code would read its first character); 'The answer is (C)' / '(C)' elsewhere are also
+    read (the official code counts them wrong). ``load_predictions`` counts the replies where this differs from
+    :func:`official_letter`."""
     if not text:
         return None
+    seg = official_segment(text)
+    low = seg.lower().rstrip(".")
+    for letter, c in zip(LETTERS, choices):
+        if low == c.strip().lower():
+            return letter
+    m = _LEADING_LETTER.match(seg)
+    if m:
+        return m.group(1).upper()
     for pat in _LETTER_PATTERNS:
         m = pat.search(text)
         if m:
             return m.group(1).upper()
-    low = text.strip().lower().rstrip(".")
-    for letter, c in zip(LETTERS, choices):
-        if low == c.strip().lower():
-            return letter
     return None
 
 
@@ -253,6 +276,10 @@ def ihalla_metrics(answers: pd.DataFrame, reference: pd.DataFrame | None = None)
     m["ihalla/mean"] = float(sc["ihalla"].mean())
     m["ihalla_strict/mean"] = float(sc["strict"].mean())
     m["failure_rate"] = float(1.0 - answers["parsed"].mean())
+    if "official_pred" in answers:  # replies read from a file: how often the official parser reads another letter
+        ours, off = answers["pred"].fillna(""), answers["official_pred"].fillna("")
+        m["parse/differs_from_official"] = float((ours != off).sum())
+        m["parse/official_correct_rate"] = float((off == answers["gold"]).mean())
     for (gen, coi), v in answers.groupby(["generator", "coi"])["correct"].mean().items():
         m[f"ihalla/{gen}/coi/{coi}"] = float(v)
     ps = prompt_scores(answers)
@@ -381,8 +408,9 @@ def load_predictions(path: str | os.PathLike, qa_sets: Sequence[PromptQA]) -> pd
             raise QAFormatError(f"{p}: row {i + 2}: question_no {qno} outside 1-{len(qa.items)} for index {pid!r}")
         it = qa.items[qno - 1]
         pred = parse_letter(str(r[c_pred]), it.choices)
-        rows.append(_row(str(r[c_gen]), qa, it, pred, pred is not None))
-    return pd.DataFrame(rows, columns=_COLUMNS)
+        rows.append({**_row(str(r[c_gen]), qa, it, pred, pred is not None),
+                     "official_pred": official_letter(str(r[c_pred]))})
+    return pd.DataFrame(rows, columns=_COLUMNS + ["official_pred"])
 
 
 def load_reference(path: str | os.PathLike) -> pd.DataFrame:

@@ -85,6 +85,36 @@ def recall_from_ranks(i2t_rank: np.ndarray, t2i_rank: np.ndarray, ks: Sequence[i
     return out
 
 
+def clip_benchmark_result(metrics: dict, dataset: str, model: str, pretrained: str) -> dict:
+    """Our R@k as a CLIP_benchmark ``zeroshot_retrieval`` result (what ``clip_benchmark eval --output`` writes and
+    ``clip_benchmark build`` aggregates): ``image_retrieval_recall@k`` is text->image (our ``t2i``),
+    ``text_retrieval_recall@k`` image->text (our ``i2t``), on CLIP_benchmark's 0-1 scale. The recall
+    definitions are the same (an image query hits if any of its captions is in the top k)."""
+    ks = sorted({int(k.split("@")[1]) for k in metrics if k.startswith(("i2t/r@", "t2i/r@"))})
+    out = {}
+    for k in ks:
+        out[f"image_retrieval_recall@{k}"] = metrics[f"t2i/r@{k}"] / 100.0
+        out[f"text_retrieval_recall@{k}"] = metrics[f"i2t/r@{k}"] / 100.0
+    return {"dataset": dataset, "model": model, "pretrained": pretrained or "random-init",
+            "task": "zeroshot_retrieval", "metrics": out, "language": "en"}
+
+
+def write_clip_benchmark(path: str | os.PathLike, metrics: dict, dataset: str, model: str, pretrained: str) -> None:
+    """Write :func:`clip_benchmark_result` as JSON (atomic), creating the folder."""
+    from halsift.corpus.shards import write_json_atomic
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, clip_benchmark_result(metrics, dataset, model, pretrained), indent=None)
+
+
+def retrieval_set_name(data: str | os.PathLike) -> str:
+    """A retrieval set's name for reports: its folder's name when given ``retrieval.jsonl`` or a folder."""
+    p = Path(data)
+    name = p.parent.name if p.suffix == ".jsonl" and p.stem == "retrieval" else p.stem if p.suffix else p.name
+    return name or "retrieval"
+
+
 def ranks_key(model: str, seed_index: int, set_name: str, direction: str) -> str:
     """Name of one model's per-query ranks in ``retrieval_ranks.npz``: ``<model>/<seed_index>/<set>/<i2t|t2i>``.
 

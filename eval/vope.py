@@ -10,9 +10,12 @@ ground-truth presence every object falls in one set:
     Hal-D = |D_H| / (|D_T| + |D_H|)      Hal-I = |I_H| / (|I_T| + |I_H|)
     Exp   = (|I_T| + |I_H|) / all        CHAIR_i = (|D_H| + |I_T|) / all   (Eqs. 1-4)
 
-Objects are counted once per response. A re-check answer that is neither yes nor no is a parse failure: the object
-is left out of the four sets and counted in ``unparsed``. An optional judge scores the relevance (1-3) of every
-output object that is absent from the image (D_H and I_T).
+Objects are counted once per response. A re-check answer is read as yes/no from its start ("Yes, ...", "No.") or
+from a clear free-form statement ("There is a dog ...", "There is no dog", "I don't see a dog"). One that is neither
+is a parse failure: by default the object is left out of the four sets and counted in ``unparsed``; with
+``default=True`` (the official code's behaviour: such replies count as yes) it is classified as believed present
+and counted in ``defaulted`` as well. The official code also reads "No." as yes; that is a bug and not copied.
+An optional judge scores the relevance (1-3) of every output object that is absent from the image (D_H and I_T).
 """
 
 from __future__ import annotations
@@ -67,10 +70,23 @@ def presence_question(obj: str) -> str:
     return f"Is there a {obj} in the image? Please answer yes or no."
 
 
+_NO_RE = re.compile(r"^\W*(?:no|nope)\b|\bthere (?:is|are) no\b|\bthere (?:isn't|aren't|is not|are not)\b|"
+                    r"\bi (?:do not|don't|cannot|can't|could not|couldn't|did not|didn't) see\b|"
+                    r"\b(?:is|are) not (?:present|visible)\b|\bnot (?:present|visible) in\b", re.I)
+_YES_RE = re.compile(r"^\W*(?:yes|yeah|yep)\b|^\W*there (?:is|are) (?:a|an|some|one|two|three|several|\d+)\b|"
+                     r"^\W*i (?:can )?see\b|\b(?:is|are) (?:present|visible) in the image\b", re.I)
+
+
 def parse_yes_no(text: str) -> bool | None:
-    """'Yes, ...' -> True, 'No' -> False, anything else -> None."""
-    m = re.match(r"\W*(yes|no)\b", str(text).strip(), re.I)
-    return None if m is None else m.group(1).lower() == "yes"
+    """'Yes, ...' / 'There is a dog ...' -> True; 'No.' / 'There is no dog' / "I don't see one" -> False; anything
+    else -> None. A reply starting with yes or no is read by that word."""
+    t = str(text).strip()
+    m = re.match(r"\W*(yes|no)\b", t, re.I)
+    if m:
+        return m.group(1).lower() == "yes"
+    if _NO_RE.search(t):
+        return False
+    return True if _YES_RE.search(t) else None
 
 
 @dataclass
@@ -83,14 +99,22 @@ class VopeRecord:
     objects: dict[str, list[str]] = field(default_factory=lambda: {s: [] for s in SETS})
     unparsed: list[str] = field(default_factory=list)
     relevance: dict[str, int] = field(default_factory=dict)
+    defaulted: list[str] = field(default_factory=list)  # unparsed re-checks classified with the default answer
 
 
-def classify(objects: Sequence[str], beliefs: Mapping[str, bool | None], present: Iterable[str]) -> dict[str, list[str]]:
-    """Sort ``objects`` into D_T/D_H/I_T/I_H from the model's beliefs and the ground truth; unparsed under 'unparsed'."""
+def classify(objects: Sequence[str], beliefs: Mapping[str, bool | None], present: Iterable[str],
+             default: bool | None = None) -> dict[str, list[str]]:
+    """Sort ``objects`` into D_T/D_H/I_T/I_H from the model's beliefs and the ground truth; unparsed under
+    'unparsed', or with ``default`` classified as that answer and listed under 'defaulted'."""
     truth = set(present)
     out: dict[str, list[str]] = {s: [] for s in (*SETS, "unparsed")}
+    if default is not None:
+        out["defaulted"] = []
     for o in objects:
         b = beliefs.get(o)
+        if b is None and default is not None:
+            out["defaulted"].append(o)
+            b = default
         if b is None:
             out["unparsed"].append(o)
         elif b:
@@ -123,15 +147,16 @@ def vope_rates(counts: Mapping[str, int]) -> dict[str, float]:
 
 
 def records_frame(records: Sequence[VopeRecord]) -> pd.DataFrame:
-    """One row per record: model, task, image_id, |D_T|, |D_H|, |I_T|, |I_H|, unparsed."""
+    """One row per record: model, task, image_id, |D_T|, |D_H|, |I_T|, |I_H|, unparsed, defaulted."""
     return pd.DataFrame([{"model": r.model, "task": r.task, "image_id": r.image_id,
-                          **{s: len(r.objects[s]) for s in SETS}, "unparsed": len(r.unparsed)} for r in records],
-                        columns=["model", "task", "image_id", *SETS, "unparsed"])
+                          **{s: len(r.objects[s]) for s in SETS}, "unparsed": len(r.unparsed),
+                          "defaulted": len(r.defaulted)} for r in records],
+                        columns=["model", "task", "image_id", *SETS, "unparsed", "defaulted"])
 
 
 def vope_metrics(records: Sequence[VopeRecord]) -> dict[str, float]:
     """Flat metrics per (model, task) and per model: ``<model>/<task>/{hal_d,hal_i,exp,chair_i}``, set sizes,
-    ``unparsed_rate``; relevance score counts ``<model>/<task>/relevance/{D_H,I_T}/{1,2,3}`` when judged."""
+    ``unparsed_rate``, ``defaulted_rate``; relevance score counts ``<model>/<task>/relevance/{D_H,I_T}/{1,2,3}`` when judged."""
     if not records:
         raise ValueError("vope_metrics: no records")
     df = records_frame(records)
@@ -146,6 +171,7 @@ def vope_metrics(records: Sequence[VopeRecord]) -> dict[str, float]:
             m[f"{prefix}/n/{s}"] = counts[s]
         mentioned = sum(counts.values()) + int(g["unparsed"].sum())
         m[f"{prefix}/unparsed_rate"] = int(g["unparsed"].sum()) / mentioned if mentioned else float("nan")
+        m[f"{prefix}/defaulted_rate"] = int(g["defaulted"].sum()) / mentioned if mentioned else float("nan")
     judged = [r for r in records if r.relevance]
     for r in judged:
         for s in ("D_H", "I_T"):

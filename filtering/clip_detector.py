@@ -10,7 +10,10 @@ Score maps (option ``map``):
 
 Each distinct image in a batch (same ``image_id``, or ``key`` when it is empty, and the same image object) is
 encoded once; all of its sentences are scored against that embedding.
-``arch=halsift-tiny`` is a built-in 2-layer config (no download) for tests and CPU smoke runs.
+``arch=halsift-tiny`` is a built-in 2-layer config (no download) for tests and CPU smoke runs. ``arch`` may also
+be open_clip's ``hf-hub:org/repo`` (config and weights from the Hugging Face cache; with ``HF_HUB_OFFLINE=1`` only
+what is cached) or ``local-dir:/path`` (a folder with ``open_clip_config.json`` and the weights). Weights that
+cannot be found or loaded are a ``ValueError`` naming the tag or path (one line at the CLI, exit 2).
 """
 
 from __future__ import annotations
@@ -24,6 +27,18 @@ from halsift.filtering.base import Detector, Item, Result
 
 _CONFIG_DIR = Path(__file__).parent / "model_configs"
 _registered = False
+SCHEMAS = ("hf-hub:", "local-dir:")  # open_clip model names that carry their own config and weights
+
+
+def _load_error(what: str, e: Exception) -> str:
+    """One line for weights that could not be loaded: the name, open_clip's reason, and what to do."""
+    import os
+
+    reason = (str(e).splitlines() or [type(e).__name__])[0][:240]
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+    return (f"{what}: weights could not be loaded ({reason})"
+            + ("; HF_HUB_OFFLINE is set, so they must already be in the Hugging Face cache" if offline else "")
+            + "; download them once, or give checkpoint=PATH to a local file")
 
 
 def register_builtin_configs() -> None:
@@ -61,13 +76,27 @@ class ClipDetector(Detector):
         import torch
 
         register_builtin_configs()
-        if arch not in open_clip.list_models():
-            raise ValueError(f"arch={arch!r}: not an open_clip architecture (see open_clip.list_models())")
+        schema = arch.startswith(SCHEMAS)
+        if not schema and arch not in open_clip.list_models():
+            raise ValueError(f"arch={arch!r}: not an open_clip architecture (see open_clip.list_models()) nor an "
+                             "hf-hub:org/repo or local-dir:PATH name")
+        if schema and pretrained:
+            raise ValueError(f"pretrained={pretrained!r}: not used with arch={arch!r} (its weights come with it)")
         if checkpoint and not Path(checkpoint).exists():
             raise ValueError(f"checkpoint={checkpoint!r}: file does not exist")
-        with torch.random.fork_rng(devices=[]):  # random init is the same in every process
-            torch.manual_seed(int(seed))
-            model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained or None)
+        what = f"arch={arch!r}" if schema else f"pretrained={pretrained!r} of arch={arch!r}"
+        import logging
+
+        logging.disable(logging.ERROR)  # open_clip logs a failed download before raising; we report it once
+        try:
+            with torch.random.fork_rng(devices=[]):  # random init is the same in every process
+                torch.manual_seed(int(seed))
+                model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained or None)
+            tokenizer = open_clip.get_tokenizer(arch)
+        except (RuntimeError, OSError, ValueError) as e:  # hub misses, missing files, a bad config
+            raise ValueError(_load_error(what, e)) from e
+        finally:
+            logging.disable(logging.NOTSET)
         if checkpoint:
             if str(checkpoint).endswith(".safetensors"):
                 from safetensors.torch import load_file
@@ -77,7 +106,7 @@ class ClipDetector(Detector):
                 model.load_state_dict(state)
             else:
                 open_clip.load_checkpoint(model, checkpoint, weights_only=True)
-        self._setup(model, preprocess, open_clip.get_tokenizer(arch), map=map, center=center, delay=delay,
+        self._setup(model, preprocess, tokenizer, map=map, center=center, delay=delay,
                     precision=precision)
         self.to(device)
 

@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 from halsift.corpus.progress import progress
 from halsift.corpus.scores import read_scores, write_part_atomic
 from halsift.corpus.sentences import sentence_texts
-from halsift.corpus.shards import Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard, write_json_atomic
+from halsift.corpus.shards import (META_DEFAULTS, Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard,
+                                   write_json_atomic)
 from halsift.filtering.base import CAPTION_INDEX
 from halsift.filtering.baselines import hash_uniform
 
@@ -190,12 +191,17 @@ def _precision(c: Counter) -> float | None:
 def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, keep: float | None = None,
            top_k: int | None = None, threshold: float | None = None, unit: str = "sentence", agg: str = "min",
            per_captioner: bool = False, random_baseline: bool = False, seed: int = 0, maxcount: int = 1000,
-           show_progress: bool = True) -> dict:
+           show_progress: bool = True, meta_defaults: dict[str, str] | None = None) -> dict:
     """Select from ``scores_dir`` and write the kept units of the shards ``data`` into ``out_dir``.
 
     Returns the manifest (also written to ``out_dir/manifest.json``). Keys present only in the scores or only
-    in the shards are counted and reported (with examples), never silently dropped.
+    in the shards are counted and reported (with examples), never silently dropped. A sample whose json lacks
+    ``captioner`` / ``source`` (img2dataset output) gets ``meta_defaults`` (default :data:`META_DEFAULTS`);
+    the manifest records the defaults and how many samples took them. Raises :class:`SelectError` naming the
+    first failure when units were kept but not one sample could be written.
     """
+    defaults = {**META_DEFAULTS, **(meta_defaults or {})}
+    defaulted: Counter = Counter()
     t0 = time.perf_counter()
     out = Path(out_dir)
     if out.exists() and (any(out.glob("*.tar")) or (out / "manifest.json").exists()):
@@ -243,7 +249,9 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
                         idxs = [i for i in idxs if 0 <= i < len(texts)]
                         if not idxs:
                             continue
-                    base = {k: v for k, v in s.meta.items() if k not in ("key", "sentences")}
+                    missing = {k: v for k, v in defaults.items() if k not in s.meta}
+                    defaulted.update(missing.keys())
+                    base = {**missing, **{k: v for k, v in s.meta.items() if k not in ("key", "sentences")}}
                     if unit == "sentence":
                         for i in idxs:
                             meta = {**base, "parent_key": s.key, "sentence_index": i}
@@ -261,7 +269,7 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
                         got[cap].update(labels[i] for i in idxs if labels[i])
                         kept_units[cap] += len(idxs)
                     else:
-                        meta = dict(s.meta)
+                        meta = {**missing, **s.meta}
                         meta.pop("key", None)
                         writer.write(Sample(s.key, s.image, s.caption, meta, s.ext or "jpg"))
                         lab = _caption_label(labels)
@@ -273,6 +281,10 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
                 corrupt_shards.append(f"{path.name}: {e}")
             shard_keys.append(pa.array(keys_here, pa.string()))
     bar.close()
+    if len(kept) and not writer.total:
+        why = (corrupt_shards[0] if corrupt_shards else
+               f"no kept key is in the shards (e.g. {kept['key'][0].as_py()!r}): scores of other data?")
+        raise SelectError(f"data: {len(kept)} units kept but no sample could be written; {why}")
     all_shard_keys = pa.concat_arrays(shard_keys) if shard_keys else pa.array([], pa.string())
     in_scores = pc.is_in(all_shard_keys, value_set=score_keys)
     shard_only = pc.filter(all_shard_keys, pc.invert(in_scores))
@@ -301,6 +313,7 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
                  "only_in_scores_examples": score_only.slice(0, 20).to_pylist()},
         "sentence_index_out_of_range": {"count": len(bad_index), "examples": bad_index[:20]},
         "corrupt_shards": corrupt_shards,
+        "meta_defaults": {"values": defaults, "samples": dict(sorted(defaulted.items()))},
         "wall_time_s": round(time.perf_counter() - t0, 3),
     }
     write_json_atomic(out / "manifest.json", manifest)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 COMMANDS: dict[tuple[str, ...], str] = {
     ("synth",): "halsift.launch.cmd_synth",
     ("stats",): "halsift.launch.cmd_stats",
+    ("convert",): "halsift.launch.cmd_convert",
     ("score",): "halsift.launch.cmd_score",
     ("select",): "halsift.launch.cmd_select",
     ("train", "clip"): "halsift.launch.cmd_train_clip",

@@ -12,7 +12,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pretrained", default="", metavar="TAG|PATH",
                         help="pretrained tag or weights file (e.g. RUN/final/open_clip_model.safetensors)")
     parser.add_argument("--data", required=True, metavar="DIR|JSONL", help="retrieval set: retrieval.jsonl or its folder")
-    parser.add_argument("--out", required=True, metavar="DIR", help="writes metrics.json and report.md here")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="writes metrics.json, report.md and clip_benchmark.json (CLIP_benchmark's result layout, "
+                             "for `clip_benchmark build`) here")
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (default: auto)")
 
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from halsift.corpus.shards import write_json_atomic
-    from halsift.eval.retrieval import evaluate_retrieval
+    from halsift.eval.retrieval import evaluate_retrieval, retrieval_set_name, write_clip_benchmark
     from halsift.training.clip_config import check_model_name
 
     try:
@@ -62,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "metrics.json", metrics)
+    write_clip_benchmark(out / "clip_benchmark.json", metrics, retrieval_set_name(args.data), args.model,
+                         args.pretrained)
     tmp = out / f".report.md.tmp{os.getpid()}"
     tmp.write_text(render_report(metrics, args.model, args.pretrained, str(args.data)), encoding="utf-8")
     os.replace(tmp, out / "report.md")

@@ -14,12 +14,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="--synthetic: seed (default: 0)")
     parser.add_argument("--responses", metavar="JSONL",
                         help="recorded responses: model, task, image_id, response, present, presence[, objects, relevance]")
+    parser.add_argument("--unparsed", choices=("yes", "no", "exclude"), default="yes",
+                        help="--responses: a re-check reply that is neither yes nor no counts as yes (default, as the "
+                             "official code), as no, or is left out (counted in unparsed_rate either way)")
     parser.add_argument("--vocab", metavar="JSON",
                         help="object vocabulary {object: [synonyms]} for extraction (default: the synthetic world's)")
 
 
-def _records_from_file(path: str, vocab_path: str | None):
+_NO_PUNCT = r"^\s*no\s*[.!,;:]"  # "No." / "No, ...": the official code reads these as yes; here they are no
+
+
+def _records_from_file(path: str, vocab_path: str | None, unparsed: str = "yes"):
     import json
+    import re
 
     from halsift.eval.vope import ObjectVocabulary, TableResponder, VopeRecord, classify, read_responses
     from halsift.eval.vope_synth import synth_vocabulary
@@ -37,18 +44,21 @@ def _records_from_file(path: str, vocab_path: str | None):
             raise UsageError(f"--vocab: {vocab_path}: expected a JSON object {{object: [synonyms]}} ({e})") from None
     else:
         vocab = synth_vocabulary()
-    records, truth = [], {}
+    default = {"yes": True, "no": False, "exclude": None}[unparsed]
+    records, truth, no_punct = [], {}, 0
     for r in rows:
         objs = r.get("objects") or vocab.extract(r["response"])
         replay = TableResponder({r["image_id"]: r["presence"]})
         beliefs = {o: replay.is_present(r["image_id"], o) for o in objs}
-        sets = classify(objs, beliefs, r["present"])
+        no_punct += sum(isinstance(r["presence"].get(o), str) and bool(re.match(_NO_PUNCT, r["presence"][o], re.I))
+                        for o in objs)
+        sets = classify(objs, beliefs, r["present"], default=default)
         rec = VopeRecord(r["model"], r["task"], r["image_id"], {s: sets[s] for s in ("D_T", "D_H", "I_T", "I_H")},
                          sets["unparsed"], {o: int(v) for o, v in (r.get("relevance") or {}).items()
-                                            if o in sets["D_H"] + sets["I_T"]})
+                                            if o in sets["D_H"] + sets["I_T"]}, sets.get("defaulted", []))
         records.append(rec)
         truth[r["image_id"]] = r["present"]
-    return records, truth
+    return records, truth, no_punct
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,11 +82,16 @@ def run(args: argparse.Namespace) -> int:
         designed = {(p.name, t): designed_rates(p, t) for p in PROFILES for t in TASKS}
         source = f"synthetic world (seed {args.seed}, {args.images} images per task, simulated responders)"
     elif args.responses:
-        records, _ = _records_from_file(args.responses, args.vocab)
-        source = f"`{args.responses}`"
+        records, _, no_punct = _records_from_file(args.responses, args.vocab, args.unparsed)
+        source = (f"`{args.responses}`; re-check replies that are neither yes nor no: "
+                  + {"yes": "counted as yes (as the official code)", "no": "counted as no",
+                     "exclude": "left out"}[args.unparsed]
+                  + f"; {no_punct} replies like 'No.' read as no (the official code reads them as yes, a bug)")
     else:
         raise UsageError("--responses: give --responses FILE or --synthetic")
     metrics = vope_metrics(records)
+    if args.responses:
+        metrics["parse/no_punct_replies"] = float(no_punct)
     df = records_frame(records)
     pairs = sorted({(r.model, r.task) for r in records})
     header = ["Model", "Task", "#D_T", "#D_H", "#I_T", "#I_H", "Hal-D ↓", "Hal-I ↓", "Exp", "CHAIR_i"]

@@ -23,6 +23,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-captioner", action="store_true", help="apply --keep/--top-k within each captioner")
     p.add_argument("--random", action="store_true", help="baseline: keep the same number of units at random")
     p.add_argument("--seed", type=int, default=0, help="seed of --random")
+    p.add_argument("--captioner", default="unknown",
+                   help="captioner recorded for samples whose json has none (img2dataset output); default unknown")
+    p.add_argument("--source", choices=("i2t", "t2i"), default="i2t",
+                   help="source recorded for samples whose json has none; default i2t (the caption describes a "
+                        "real image)")
+    p.add_argument("--export-keys", metavar="PATH", default=None,
+                   help="also write the kept source samples as a subset file: PATH.npy = DataComp uids (u8,u8, "
+                        "sorted; from the json 'uid'), any other name = one key per line")
     p.add_argument("--maxcount", type=int, default=1000, help="samples per output shard")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -43,11 +51,24 @@ def run(args: argparse.Namespace) -> int:
     try:
         m = select(args.scores, args.data, args.out, keep=args.keep, top_k=args.top_k, threshold=args.threshold,
                    unit=args.unit, agg=args.agg, per_captioner=args.per_captioner, random_baseline=args.random,
-                   seed=args.seed, maxcount=args.maxcount, show_progress=not args.no_progress)
+                   seed=args.seed, maxcount=args.maxcount, show_progress=not args.no_progress,
+                   meta_defaults={"captioner": args.captioner, "source": args.source})
     except SelectError as e:
         raise UsageError(str(e)) from e
     k = m["keys"]
     print(f"kept {m['kept_units']} of {m['candidates']} units ({m['samples_written']} samples written); "
           f"precision {m['precision']['input']} -> {m['precision']['kept']}; keys only in shards "
           f"{k['only_in_shards']}, only in scores {k['only_in_scores']} -> {args.out}")
+    if args.export_keys:
+        from halsift.corpus.subset import write_subset
+
+        try:
+            n = write_subset(args.export_keys, args.out)
+        except ValueError as e:
+            raise UsageError(f"--export-keys: {e}") from e
+        print(f"wrote {n} {'uids' if args.export_keys.endswith('.npy') else 'keys'} -> {args.export_keys}")
+    filled = m["meta_defaults"]["samples"]
+    if filled:
+        print("json fields missing in the data, defaults written: "
+              + ", ".join(f"{f}={m['meta_defaults']['values'][f]!r} ({n} source samples)" for f, n in filled.items()))
     return 0

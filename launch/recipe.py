@@ -374,7 +374,9 @@ def stage_select(r: Recipe, p: Paths) -> dict:
     for name in _filters(r):
         scored, keep, unit, agg = r.select.resolved(name)
         manifest = select(_scores_dir(p, scored, "corpus"), p.corpus, p.stage("select") / name, keep=keep,
-                          unit=unit, agg=agg, per_captioner=r.select.per_captioner, seed=r.seed)
+                          unit=unit, agg=agg, per_captioner=r.select.per_captioner, seed=r.seed,
+                          meta_defaults={"captioner": r.select.default_captioner,
+                                         "source": r.select.default_source})
         info[name] = manifest
     return {"selections": info}
 

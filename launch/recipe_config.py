@@ -160,6 +160,9 @@ class SelectCfg:
     agg: str = field("min", help="caption unit: min | mean | prob (whole captions by aggregated score) | prune "
                                  "(keep the top sentences, write each caption with only its kept sentences)")
     per_captioner: bool = field(False, help="keep the same fraction within each captioner")
+    default_captioner: str = field("unknown", help="captioner written for corpus samples whose json has none "
+                                                   "(img2dataset output)")
+    default_source: str = field("i2t", help="i2t | t2i: source written for corpus samples whose json has none")
     variants: dict[str, SelectVariantCfg] = field(
         default_factory=dict, help="extra selections, each fine-tuned, evaluated and reported like a filter: "
                                    "name -> {filter, keep, unit, agg} (a keep-fraction sweep, whole captions vs "
@@ -167,6 +170,8 @@ class SelectCfg:
 
     def validate(self) -> None:
         _check_selection("select", self.keep, self.unit, self.agg)
+        if self.default_source not in ("i2t", "t2i"):
+            raise ValueError(f"select.default_source: expected i2t or t2i, got {self.default_source!r}")
         for name, v in self.variants.items():
             if "/" in name:
                 raise ValueError(f"select.variants.{name}: a name becomes a folder under select/ and finetune/; "

@@ -55,6 +55,21 @@ def test_parse_letter_and_vlm_adapter():
     assert logits.answer(None, "How many?", CH) == ("B", True)
 
 
+def test_parse_matches_official_reader_on_real_replies():
+    """Replies as GPT-4o and open VLMs write them; the official code reads the 'Answer:' line's first character."""
+    from halsift.eval.ihalla import official_letter
+
+    same = {"b": "B", "B": "B", "c)": "C", "d. a cat": "D", "Answer: e": "E", "Sure.\nAnswer: A\nBecause...": "A",
+            "E) None of the above": "E", "A": "A"}
+    for reply, letter in same.items():
+        assert parse_letter(reply, CH) == letter == official_letter(reply), reply
+    # where the official reader errs, ours reads the intended letter (counted by load_predictions)
+    assert official_letter("The answer is (C).") is None and parse_letter("The answer is (C).") == "C"
+    assert official_letter("Based on the image, none.") == "B" and parse_letter("Based on the image, none.") is None
+    assert official_letter("(d) a cat") is None and parse_letter("(d) a cat") == "D"
+    assert official_letter("four") is None and parse_letter("four", CH) == "D"
+
+
 def test_load_official_layout_and_predictions(tmp_path):
     qa = tmp_path / "qa.csv"
     pd.DataFrame({"Index": ["1", "1", "2"], "CoI": ["Counting", "Color", "Existence"],
@@ -69,10 +84,11 @@ def test_load_official_layout_and_predictions(tmp_path):
     assert sets[0].items[1].coi == "color" and sets[0].items[0].choices[-1] == "None of the above"
     preds = tmp_path / "pred.csv"
     pd.DataFrame({"generator": ["g"] * 3, "index": ["1", "1", "2"], "question_no": [1, 2, 1],
-                  "prediction": ["C) Four", "garbled", "A"]}).to_csv(preds, index=False)
+                  "prediction": ["C) Four", "garbled", "a"]}).to_csv(preds, index=False)
     ans = load_predictions(preds, sets)
     m = ihalla_metrics(ans)
     assert m["ihalla/g"] == pytest.approx((0.5 + 1.0) / 2) and m["failure_rate"] == pytest.approx(1 / 3)
+    assert m["parse/differs_from_official"] == 0 and m["parse/official_correct_rate"] == pytest.approx(2 / 3)
     bad = tmp_path / "bad.csv"
     pd.DataFrame({"Index": ["1"], "CoI": ["Mood"], "Question": ["?"], "Choices": ["A) a B) b C) c D) d"],
                   "Answer": ["A"]}).to_csv(bad, index=False)

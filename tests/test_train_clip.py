@@ -117,6 +117,10 @@ def test_train_writes_checkpoints_metrics_and_loads_back(tiny, tmp_path):
     metrics = json.loads((ev / "metrics.json").read_text())
     assert metrics["t2i/r@5"] == pytest.approx(evals[-1]["t2i/r@5"], abs=1e-6)
     assert "R@5" in (ev / "report.md").read_text()
+    # the in-loop evals also in CLIP_benchmark's layout (0-1 scale; image_retrieval = text->image)
+    cb = json.loads((out / "clip_benchmark" / "step_000004.json").read_text())
+    assert cb["task"] == "zeroshot_retrieval" and cb["model"] == "halsift-tiny"
+    assert cb["metrics"]["image_retrieval_recall@5"] == pytest.approx(evals[-1]["t2i/r@5"] / 100)
 
 
 def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path):

@@ -81,7 +81,30 @@ def test_cli_synthetic_and_file(tmp_path):
     # D_T = {circle, tree}, D_H = {star}, I_T = {dog}, I_H = {cat}
     assert m["m/story/hal_d"] == pytest.approx(1 / 3) and m["m/story/hal_i"] == pytest.approx(1 / 2)
     assert m["m/story/exp"] == pytest.approx(2 / 5) and m["m/story/chair_i"] == pytest.approx(2 / 5)
-    assert m["m/story/relevance/I_T/2"] == 1
+    assert m["m/story/relevance/I_T/2"] == 1 and m["parse/no_punct_replies"] == 1
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"model": "m"}\n')
     assert main(["eval", "vope", "--responses", str(bad), "--out", str(tmp_path / "b")]) == 2
+
+
+def test_free_form_rechecks_and_the_unparsed_default(tmp_path):
+    """Real re-check replies are often sentences: clear ones are read, the rest follow --unparsed (default yes,
+    like the official code) and are counted; 'No.' stays no (the official code reads it as yes)."""
+    assert parse_yes_no("There is a dog lying on the sofa.") is True
+    assert parse_yes_no("There is no dog in the image.") is False
+    assert parse_yes_no("I don't see any dog here.") is False and parse_yes_no("No.") is False
+    assert parse_yes_no("The image shows a sofa.") is None
+    row = {"model": "m", "task": "story", "image_id": "i1", "response": "A dog met a cat near a circle.",
+           "present": ["circle"], "presence": {"dog": "The image shows a sofa.", "cat": "There is no cat.",
+                                               "circle": "There is a circle at the top."}}
+    f = tmp_path / "resp.jsonl"
+    f.write_text(json.dumps(row) + "\n")
+    got = {}
+    for mode in ("yes", "exclude"):
+        assert main(["eval", "vope", "--responses", str(f), "--unparsed", mode, "--out", str(tmp_path / mode)]) == 0
+        got[mode] = json.loads((tmp_path / mode / "metrics.json").read_text())
+    # default yes: dog (absent, unparsed -> believed present) is D_H; circle D_T; cat I_T
+    assert got["yes"]["m/story/n/D_H"] == 1 and got["yes"]["m/story/defaulted_rate"] == pytest.approx(1 / 3)
+    assert got["yes"]["m/story/unparsed_rate"] == 0
+    assert got["exclude"]["m/story/n/D_H"] == 0 and got["exclude"]["m/story/unparsed_rate"] == pytest.approx(1 / 3)
+    assert "counted as yes (as the official code)" in (tmp_path / "yes" / "report.md").read_text()

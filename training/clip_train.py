@@ -9,6 +9,7 @@ Run folder (``cfg.out``)::
     config.json               resolved config
     run_info.json             world size, device, precision
     metrics.jsonl             one line per logged step ("train/loss", ...) and per evaluation ("i2t/r@5", "auroc/mean")
+    clip_benchmark/step_NNNNNN.json   each in-loop retrieval eval in CLIP_benchmark's result layout
     checkpoints/step_NNNNNN/  model.safetensors, optimizer.pt, scheduler.pt, rng.pt, state.json (written last)
     final/open_clip_model.safetensors   loads with open_clip.create_model_and_transforms(arch, pretrained=PATH)
 
@@ -308,7 +309,7 @@ def train(cfg: ClipTrainConfig) -> dict:
 
     def run_eval(step: int) -> dict:
         """Retrieval (main process) and bench detection (all processes share the scoring), logged together."""
-        from halsift.eval.retrieval import evaluate_retrieval
+        from halsift.eval.retrieval import evaluate_retrieval, retrieval_set_name, write_clip_benchmark
 
         accelerator.wait_for_everyone()
         metrics: dict = {}
@@ -317,8 +318,11 @@ def train(cfg: ClipTrainConfig) -> dict:
                                              out / "eval_tmp" / f"bench_step_{step:06d}"))
         if cfg.retrieval and accelerator.is_main_process:
             with accelerator.autocast():
-                metrics.update(evaluate_retrieval(unwrapped, preprocess_eval, tokenizer, cfg.retrieval,
-                                                  accelerator.device, cfg.eval_batch_size))
+                rm = evaluate_retrieval(unwrapped, preprocess_eval, tokenizer, cfg.retrieval, accelerator.device,
+                                        cfg.eval_batch_size)
+            metrics.update(rm)
+            write_clip_benchmark(out / "clip_benchmark" / f"step_{step:06d}.json", rm,
+                                 retrieval_set_name(cfg.retrieval), cfg.model, f"{out.name}@step{step}")
         if metrics:
             log.log(step, metrics)
         accelerator.wait_for_everyone()

@@ -1,0 +1,109 @@
+"""halsift: curate image-caption data with hallucination detectors.
+
+The notebook API (the CLI, ``halsift --help``, does the same on shards and benchmark files)::
+
+    import halsift
+    df = halsift.score_pairs(["cat.jpg", pil_image], ["A cat on a mat. It is blue.", "A red bus."],
+                             detector="clip:arch=ViT-B-32,pretrained=openai")
+    kept = halsift.select(df, keep=0.5)          # the best-scored half of the sentences
+
+Everything heavy (torch, open_clip, transformers) is imported on first use, so ``import halsift`` is instant.
+The stage packages are ``halsift.corpus``, ``halsift.filtering``, ``halsift.training``, ``halsift.eval`` and
+``halsift.launch`` (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["load_detector", "score_pairs", "select"]
+
+
+def load_detector(spec: Any, device: str | None = None):
+    """A detector from a spec string (``clip:arch=ViT-B-32,pretrained=openai``, ``random:seed=0``, ``vlm:...``),
+    a YAML file or a dict; moved to ``device`` when given."""
+    from halsift.filtering.spec import load_detector as _load
+
+    det = _load(spec)
+    return det.to(device) if device else det
+
+
+def _image(x: Any, i: int):
+    """A PIL image (RGB) from a PIL image, a path or bytes; raises naming the position of a bad one."""
+    from PIL import Image
+
+    from halsift.corpus.images import decode_image
+
+    if isinstance(x, Image.Image):
+        return x.convert("RGB")
+    if isinstance(x, (str, os.PathLike)):
+        try:
+            with open(x, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ValueError(f"images[{i}]: cannot read {os.fspath(x)!r} ({e.strerror or e})") from None
+        return decode_image(data, f"images[{i}]")
+    if isinstance(x, (bytes, bytearray)):
+        return decode_image(bytes(x), f"images[{i}]")
+    raise TypeError(f"images[{i}]: expected a PIL image, a path or bytes, got {type(x).__name__}")
+
+
+def score_pairs(images: Sequence[Any], captions: Sequence[str], detector: Any = "clip:arch=ViT-B-32,pretrained=openai",
+                *, unit: str = "sentence", batch_size: int = 64, device: str | None = None):
+    """Score image-caption pairs; returns a pandas DataFrame with one row per sentence (``unit="sentence"``) or
+    per caption (``unit="caption"``): ``pair`` (position in the inputs), ``sentence_index`` (-1 for a whole
+    caption), ``sentence``, ``score`` (0-100, higher = more likely correct), ``parsed``, ``detector``.
+
+    ``images``: PIL images, paths or bytes; ``captions``: one string per image. ``detector``: a spec (see
+    :func:`load_detector`) or a detector object. Sentences are split as ``halsift score`` splits them.
+    """
+    import pandas as pd
+
+    from halsift.corpus.sentences import sentence_texts
+    from halsift.filtering.base import CAPTION_INDEX, Item
+
+    if len(images) != len(captions):
+        raise ValueError(f"images and captions differ in length ({len(images)} vs {len(captions)})")
+    if unit not in ("sentence", "caption"):
+        raise ValueError(f"unit={unit!r}: expected 'sentence' or 'caption'")
+    det = load_detector(detector, device)
+    items: list[Item] = []
+    for i, (img, cap) in enumerate(zip(images, captions)):
+        pil = _image(img, i) if det.needs_image else None
+        if unit == "caption":
+            items.append(Item(str(i), CAPTION_INDEX, str(cap), [], pil, str(i)))
+            continue
+        texts = sentence_texts(str(cap))
+        items += [Item(str(i), j, t, texts[:j], pil, str(i)) for j, t in enumerate(texts)]
+    rows = []
+    for start in range(0, len(items), batch_size):
+        batch = items[start:start + batch_size]
+        for it, r in zip(batch, det.score_batch(batch)):
+            rows.append({"pair": int(it.key), "sentence_index": it.sentence_index, "sentence": it.sentence,
+                         "score": float(r.score), "parsed": bool(r.parsed), "detector": det.name})
+    return pd.DataFrame(rows, columns=["pair", "sentence_index", "sentence", "score", "parsed", "detector"])
+
+
+def select(scores, *, keep: float | None = None, top_k: int | None = None, threshold: float | None = None,
+           unit: str = "sentence", agg: str = "min"):
+    """The kept rows of a :func:`score_pairs` frame, best first: the top ``keep`` fraction, ``top_k`` rows or those
+    scoring at least ``threshold`` -- sentences, or with ``unit="caption"`` whole captions by ``agg`` (min /
+    mean / prob) of their sentence scores (one row per pair, ``score`` the aggregate). Ties are broken as
+    ``halsift select`` breaks them."""
+    import pyarrow as pa
+
+    from halsift.filtering.select import select_keys
+
+    t = pa.table({"key": scores["pair"].astype(str).tolist(), "sentence_index": scores["sentence_index"].tolist(),
+                  "score": scores["score"].astype(float).tolist()})
+    kept, _ = select_keys(t, keep=keep, top_k=top_k, threshold=threshold, unit=unit,
+                          agg=agg if unit == "caption" else "min")
+    k = kept.to_pandas()
+    k["pair"] = k["key"].astype(int)
+    if unit == "sentence":
+        out = scores.merge(k[["pair", "sentence_index"]], on=["pair", "sentence_index"])
+    else:
+        out = k[["pair", "score"]]
+    return out.sort_values("score", ascending=False, kind="stable").reset_index(drop=True)

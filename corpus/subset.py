@@ -1,0 +1,73 @@
+"""Subset files of a selection: DataComp's uid ``.npy`` (for its ``resharder.py --subset-file`` and
+``baselines.py``) or a plain key list.
+
+DataComp names a pool sample by ``uid``, 32 hex digits (128 bits) in the sample's json; a subset file is a
+sorted, unique NumPy array of dtype ``u8,u8`` (the uid's high and low 64 bits), saved with ``np.save``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+UID_DTYPE = np.dtype("u8,u8")
+_UID_RE = re.compile(r"^[0-9a-fA-F]{32}$")
+
+
+def uid_array(uids: Iterable[str]) -> np.ndarray:
+    """Sorted unique ``u8,u8`` pairs of 32-hex-digit uids; raises ``ValueError`` naming the first bad one."""
+    pairs = set()
+    for u in uids:
+        if not _UID_RE.match(u):
+            raise ValueError(f"uid {u!r}: expected 32 hex digits (a DataComp uid)")
+        pairs.add((int(u[:16], 16), int(u[16:], 16)))
+    arr = np.array(sorted(pairs), dtype=UID_DTYPE)
+    return arr
+
+
+def selection_ids(select_dir: str | os.PathLike, uids: bool) -> list[str]:
+    """The source samples a selection kept: their json ``uid`` (``uids=True``; a sample without one whose key is
+    itself 32 hex digits uses the key) or their source keys (``parent_key`` for sentence units)."""
+    from halsift.corpus.shards import iter_samples
+
+    out = []
+    for s in iter_samples(select_dir):
+        key = str(s.meta.get("parent_key", s.key))
+        if not uids:
+            out.append(key)
+            continue
+        uid = s.meta.get("uid")
+        if uid is None and _UID_RE.match(key):
+            uid = key
+        if uid is None:
+            raise ValueError(f"sample {key}: json field 'uid' is missing (a DataComp uid); export a key list "
+                             "(.txt) instead")
+        out.append(str(uid))
+    return out
+
+
+def write_subset(path: str | os.PathLike, select_dir: str | os.PathLike) -> int:
+    """Write the subset file of a selection folder: ``.npy`` = DataComp uids, anything else = one source key
+    per line (sorted, unique). Returns the number of entries."""
+    path = Path(path)
+    as_npy = path.suffix == ".npy"
+    ids = selection_ids(select_dir, uids=as_npy)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        if as_npy:
+            arr = uid_array(ids)
+            with open(tmp, "wb") as f:
+                np.save(f, arr)
+            n = len(arr)
+        else:
+            keys = sorted(set(ids))
+            tmp.write_text("".join(k + "\n" for k in keys), encoding="utf-8")
+            n = len(keys)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return n

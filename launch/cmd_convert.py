@@ -1,0 +1,96 @@
+"""``halsift convert FORMAT SRC --out OUT``: public layouts into halsift's bench, retrieval and shard formats."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "convert AlignBench/HalDec, COCO, Flickr, img2dataset/WebDataset, tables, HF datasets, image folders"
+
+# format -> (what SRC is, what OUT is)
+FORMATS = {
+    "alignbench": ("the AlignBench table (halcap_bench.jsonl / .csv / .parquet)", "bench.jsonl"),
+    "haldec": ("the HalDec-Bench (HalCap-Bench) table, same columns as AlignBench", "bench.jsonl"),
+    "coco": ("COCO captions_*.json, or Karpathy's dataset_coco.json with --karpathy", "retrieval.jsonl"),
+    "flickr": ("Flickr8k.token.txt / Flickr30k results.csv / captions.txt", "retrieval.jsonl"),
+    "img2dataset": ("an img2dataset output folder (or any WebDataset shards)", "shard folder"),
+    "webdataset": ("WebDataset shards: folder, brace pattern, pipe:CMD, s3://... (fsspec)", "shard folder"),
+    "table": ("a .parquet / .jsonl / .csv table with image (path or bytes) and caption columns", "shard folder"),
+    "hf": ("a Hugging Face datasets folder written by save_to_disk", "shard folder"),
+    "folder": ("an image folder with <name>.txt captions (and optional <name>.json)", "shard folder"),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = "formats:\n" + "\n".join(f"  {k:<12} SRC = {v[0]}; OUT = {v[1]}" for k, v in FORMATS.items())
+    p.add_argument("format", choices=sorted(FORMATS), help="the layout of SRC (see below)")
+    p.add_argument("src", help="the input file, folder or URL")
+    p.add_argument("--out", required=True, help="bench.jsonl / retrieval.jsonl path, or a new shard folder")
+    p.add_argument("--images", default=None,
+                   help="image root: alignbench/haldec local mirror (images/... and COCO/CC12M files by "
+                        "image_name), coco/flickr image folder, table image paths (default: the table's folder)")
+    p.add_argument("--split", default=None, help="alignbench/haldec: split written to rows (default test); "
+                                                 "coco --karpathy: keep these splits, e.g. test")
+    p.add_argument("--karpathy", action="store_true", help="coco: SRC is Karpathy's dataset_coco.json")
+    p.add_argument("--split-file", default=None, help="flickr: keep the images listed in this file")
+    p.add_argument("--image-col", default="image", help="table/hf: image column (path, bytes or {bytes, path})")
+    p.add_argument("--caption-col", default="caption", help="table/hf: caption column")
+    p.add_argument("--key-col", default=None, help="table/hf: key column (default: the row number)")
+    p.add_argument("--captioner", default=None, help="shards: captioner for samples whose json has none "
+                                                     "(default unknown)")
+    p.add_argument("--source", choices=("i2t", "t2i"), default=None,
+                   help="shards: source for samples whose json has none (default i2t)")
+    p.add_argument("--maxcount", type=int, default=1000, help="shards: samples per output shard")
+
+
+def _convert(args) -> dict:
+    from pathlib import Path
+
+    from halsift.corpus import convert as cv
+
+    shard_opts = {"captioner": args.captioner, "source": args.source, "maxcount": args.maxcount}
+    fmt = args.format
+    if fmt in ("alignbench", "haldec"):
+        from halsift.corpus.alignbench import convert_alignbench
+
+        return convert_alignbench(args.src, args.out, images_dir=args.images, split=args.split or "test")
+    if fmt in ("coco", "flickr") and not args.images:
+        raise cv.ConvertError(f"--images: required for {fmt} (the folder holding the images)")
+    if fmt == "coco":
+        from halsift.corpus.retrieval import from_coco
+
+        if args.karpathy:
+            return from_coco(None, args.images, args.out, split=args.split, karpathy_json=args.src)
+        if args.split:
+            raise cv.ConvertError("--split: COCO captions files carry no split; give Karpathy's file with --karpathy")
+        return from_coco(args.src, args.images, args.out)
+    if fmt == "flickr":
+        from halsift.corpus.retrieval import from_flickr
+
+        return from_flickr(args.src, args.images, args.out, split_file=args.split_file)
+    if fmt in ("img2dataset", "webdataset"):
+        return cv.webdataset_to_shards(args.src, args.out, **shard_opts)
+    if fmt == "table":
+        return cv.table_to_shards(args.src, args.out, image_col=args.image_col, caption_col=args.caption_col,
+                                  key_col=args.key_col, image_root=args.images, **shard_opts)
+    if fmt == "hf":
+        return cv.hf_to_shards(args.src, args.out, image_col=args.image_col, caption_col=args.caption_col,
+                               key_col=args.key_col, **shard_opts)
+    return cv.folder_to_shards(Path(args.src), args.out, **shard_opts)
+
+
+def run(args: argparse.Namespace) -> int:
+    from halsift.corpus.alignbench import AlignBenchFormatError
+    from halsift.corpus.convert import ConvertError
+    from halsift.launch.cli import UsageError
+
+    if args.maxcount < 1:
+        raise UsageError(f"--maxcount: expected >= 1, got {args.maxcount}")
+    try:
+        summary = _convert(args)
+    except (ConvertError, AlignBenchFormatError) as e:
+        raise UsageError(str(e)) from e
+    print(json.dumps(summary, sort_keys=True))
+    print(f"converted {args.format} {args.src} -> {args.out}")
+    return 0

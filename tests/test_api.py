@@ -1,0 +1,42 @@
+"""The notebook API (`import halsift`): the README example, run on the tiny models."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from filtering_data import png
+from PIL import Image
+
+import halsift
+
+
+def test_readme_example_runs(tmp_path):
+    rng = random.Random(0)
+    (tmp_path / "cat.png").write_bytes(png(rng))
+    images = [str(tmp_path / "cat.png"), Image.new("RGB", (40, 30), "red"), png(rng)]
+    captions = ["A cat on a mat. It is blue.", "A red bus.", "Two dogs. One sleeps. The sky is grey."]
+    df = halsift.score_pairs(images, captions, detector="clip:arch=halsift-tiny")
+    assert list(df.columns) == ["pair", "sentence_index", "sentence", "score", "parsed", "detector"]
+    assert df["pair"].tolist() == [0, 0, 1, 2, 2, 2] and df["sentence_index"].tolist() == [0, 1, 0, 0, 1, 2]
+    assert df["sentence"][1] == "It is blue." and df["score"].between(0, 100).all()
+    assert df["detector"].iloc[0].startswith("clip:arch=halsift-tiny")
+    # the same pairs through the detector object give the same scores (no hidden state)
+    det = halsift.load_detector("clip:arch=halsift-tiny")
+    again = halsift.score_pairs(images, captions, detector=det, batch_size=2)
+    assert again["score"].tolist() == pytest.approx(df["score"].tolist(), abs=1e-4)
+    kept = halsift.select(df, keep=0.5)
+    assert len(kept) == 3 and kept["score"].is_monotonic_decreasing
+    assert kept["score"].min() >= df["score"].median() - 1e-9
+    whole = halsift.select(df, top_k=1, unit="caption", agg="min")
+    best = df.groupby("pair")["score"].min()
+    assert whole["pair"].tolist() == [int(best.idxmax())] and whole["score"][0] == pytest.approx(best.max())
+
+
+def test_caption_unit_and_bad_inputs(tmp_path):
+    df = halsift.score_pairs([png(random.Random(1))], ["One. Two."], detector="random:seed=0", unit="caption")
+    assert df["sentence_index"].tolist() == [-1] and df["sentence"][0] == "One. Two."
+    with pytest.raises(ValueError, match="differ in length"):
+        halsift.score_pairs([], ["x"], detector="random:seed=0")
+    with pytest.raises(ValueError, match=r"images\[0\]: cannot read"):
+        halsift.score_pairs([str(tmp_path / "missing.jpg")], ["x"], detector="clip:arch=halsift-tiny")
