@@ -472,7 +472,7 @@ def write_html(title: str, rows: list[dict], sets: Sequence[str], out: Path, k: 
     figures += bench_figures(bench_dir / "plots")
     detectors = [r["filter"] for r in rows if not r.get("variant") and r["filter"] not in ("no-tune", "unfiltered")]
     detectors = (samples.detectors if samples is not None and samples.detectors else detectors)
-    page_links = {"report.md": "report.md"} | {name: os.path.relpath(path, out) for name, path in
+    page_links = {"report.md": "report.md"} | {f"{name} (report.md)": os.path.relpath(path, out) for name, path in
                                                 (links or {}).items() if Path(path).exists()}
     return hr.render_html(out, title, headline=headline(rows, sets, k, n_boot) if rows else "", table=table,
                           notes=notes, figures=figures, tables=hr.bench_tables(bench, detectors), samples=samples,

@@ -410,3 +410,25 @@ def write_bench_html(out_dir: str | os.PathLike, bench_path: str | os.PathLike, 
     return render_html(out_dir, "detection benchmark", headline=headline, figures=bench_figures(Path(out_dir) / "plots"),
                        tables=bench_tables(metrics, names, gens), samples=samples, links={"report.md": "report.md"})
 
+
+
+def write_select_html(out_dir: str | os.PathLike, scores_dir: str | os.PathLike, data, manifest: Mapping,
+                      max_samples: int = MAX_SAMPLES) -> Path:
+    """``index.html`` of ``halsift select``: the input shards' captions with their scores, marked kept or dropped
+    by this selection, and the kept precision where the shards carry labels."""
+    from halsift.corpus.scores import ScoresFormatError, read_scores
+
+    try:
+        names = read_scores(scores_dir, ["detector"]).column("detector").unique().to_pylist()
+    except ScoresFormatError:  # a score table without the column: the folder names the detector
+        names = []
+    name = str(names[0]) if len(names) == 1 else Path(scores_dir).name
+    samples = collect_samples([name], corpus=data, corpus_scores={name: scores_dir},
+                              selections={name: (out_dir, name)}, max_samples=max_samples)
+    prec = manifest.get("precision", {})
+    line = (f"**`{name}` kept {manifest.get('kept_units')} of {manifest.get('candidates')} units**"
+            + (f"; precision {100 * prec['input']:.1f}% → {100 * prec['kept']:.1f}% (share of correct sentences)."
+               if isinstance(prec.get("input"), (int, float)) and isinstance(prec.get("kept"), (int, float)) else "."))
+    return render_html(out_dir, f"selection {Path(out_dir).name}", headline=line, samples=samples,
+                       links={"manifest.json": "manifest.json"})
+

@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of --random")
     p.add_argument("--maxcount", type=int, default=1000, help="samples per output shard")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--html", action="store_true",
+                   help="also write OUT/index.html: a browser of the selected shards' captions, each sentence coloured "
+                        "by its score and marked kept or dropped (thumbnails in OUT/samples/)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,4 +53,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"kept {m['kept_units']} of {m['candidates']} units ({m['samples_written']} samples written); "
           f"precision {m['precision']['input']} -> {m['precision']['kept']}; keys only in shards "
           f"{k['only_in_shards']}, only in scores {k['only_in_scores']} -> {args.out}")
+    if args.html:
+        from halsift.eval.html_report import write_select_html
+
+        print(f"wrote {write_select_html(args.out, args.scores, args.data, m)}")
     return 0
