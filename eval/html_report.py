@@ -17,6 +17,7 @@ import io
 import json
 import math
 import os
+import shutil
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -92,9 +93,12 @@ def _top_share(values: Sequence[int | None], keep: float) -> float:
     return float(np.sort(arr)[::-1][min(n, arr.size) - 1])
 
 
-def _add_threshold_bits(samples: list[dict], filters: Sequence[dict]) -> None:
-    """Kept bits for sets without a selection: a filter keeps a sentence in its detector's top ``keep`` share."""
+def _add_threshold_bits(samples: list[dict], filters: Sequence[dict], which: Sequence[int] | None = None) -> None:
+    """Kept bits where there is no selection: filter ``j`` (of ``which``, default all) keeps a sentence in its
+    detector's top ``keep`` share of these samples."""
     for j, f in enumerate(filters):
+        if which is not None and j not in which:
+            continue
         d = f["detector"]
         cut = _top_share([t[2][d] for s in samples for t in s["t"]], f["keep"])
         for s in samples:
@@ -177,10 +181,12 @@ def _corpus_samples(b: _Builder, corpus, scores_dirs: Mapping, selections: Mappi
     scores = [(_score_map(scores_dirs[d]) if d in scores_dirs and Path(scores_dirs[d]).exists() else {})
               for d in b.out.detectors]
     kept: list[tuple[set, set]] = []  # per filter: kept (key, idx), keys kept whole
-    for f in b.out.filters:
+    unselected = []  # filters without a selection: kept = their detector's top share, as on the bench
+    for j, f in enumerate(b.out.filters):
         sel_dir = Path(selections[f["name"]][0]) if f["name"] in selections else None
         if sel_dir is None or not (sel_dir / "kept.parquet").exists():
             kept.append((set(), set()))
+            unselected.append(j)
             continue
         t = pq.read_table(sel_dir / "kept.parquet", columns=["key", "sentence_index"]).to_pydict()
         pairs = set(zip(t["key"], t["sentence_index"]))
@@ -192,6 +198,7 @@ def _corpus_samples(b: _Builder, corpus, scores_dirs: Mapping, selections: Mappi
             f["how"] = flt.get("unit", "") + (f"/{flt['agg']}" if flt.get("agg") else "")
     sizes: dict[Path, dict] = {}
     total = shown = 0
+    first = len(b.out.samples)
     for path in expand_shards(corpus):
         if shown >= max_samples:  # past the cap: count the rest from sizes.json where it says
             if path.parent not in sizes:
@@ -218,6 +225,8 @@ def _corpus_samples(b: _Builder, corpus, scores_dirs: Mapping, selections: Mappi
         except ShardFormatError:  # the rest of a corrupt shard is counted, not shown; the report goes on
             b.out.skipped["corrupt shard"] = b.out.skipped.get("corrupt shard", 0) + 1
     b.out.totals["corpus"] = total
+    if unselected:
+        _add_threshold_bits(b.out.samples[first:], b.out.filters, unselected)
 
 
 def _bench_samples(b: _Builder, bench_path, scores_in: Mapping, max_samples: int) -> None:
@@ -329,11 +338,11 @@ def render_html(out_dir: str | os.PathLike, title: str, *, headline: str = "", t
                              autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     samples = samples or SampleSet()
+    shutil.rmtree(out / SAMPLES_DIR, ignore_errors=True)  # no thumbnails left from an earlier page
     for rel, data in samples.thumbs.items():
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.exists() or target.read_bytes() != data:
-            target.write_bytes(data)
+        target.write_bytes(data)
     filter_names = {f["name"] for f in samples.filters}
     html = env.get_template("report.html.j2").render(
         title=title, headline=markdown_html(headline) if headline else "", table=table,

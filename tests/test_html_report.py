@@ -96,6 +96,18 @@ def test_run_index_html_holds_table_plots_bench_and_samples(tiny_run):
     assert 0.15 <= share <= 0.25
 
 
+def test_without_a_selection_a_filter_keeps_its_detectors_top_share(tiny_run):
+    from halsift.eval.html_report import collect_samples
+
+    s = collect_samples(list(DETECTORS), corpus=tiny_run / "world" / "corpus", keep=0.5, max_samples=30,
+                        corpus_scores={n: tiny_run / "score" / n / "corpus" for n in DETECTORS})
+    assert [f["name"] for f in s.filters] == list(DETECTORS) and len(s.samples) == 30 and s.totals["corpus"] == 40
+    sents = [t for smp in s.samples for t in smp["t"]]
+    cut = sorted((t[2][1] for t in sents), reverse=True)[round(len(sents) / 2) - 1]
+    assert all(bool(t[3] & 2) == (t[2][1] >= cut) for t in sents)
+    assert 0.45 <= sum(1 for t in sents if t[3] & 2) / len(sents) <= 0.6
+
+
 def test_eval_bench_writes_index_html_and_counts_bad_images(tiny_run, tmp_path, capsys):
     bench = Path(bench_subset(str(tiny_run / "world" / "bench" / "bench.jsonl"), "test", tiny_run))
     rows = [json.loads(x) for x in bench.read_text().splitlines()]
@@ -217,14 +229,14 @@ def test_report_renders_and_filters_in_chromium(tiny_run, tmp_path):
         link = driver.find_element("css selector", 'a.show[data-filter="oracle"][data-kept="dropped"]')
         driver.execute_script("arguments[0].focus()", link)
         link.send_keys(Keys.ENTER)
-        assert Select(driver.find_element("id", "f-filter")).first_selected_option.text == "oracle"
+        assert Select(driver.find_element("id", "f-filter")).first_selected_option.text.startswith("oracle,")
         assert Select(driver.find_element("id", "f-kept")).first_selected_option.get_attribute("value") == "dropped"
         dropped = count(driver)
         assert 0 < dropped <= with_hallucination
         Select(driver.find_element("id", "f-view")).select_by_value("fa")
         assert count(driver) == 0  # the oracle keeps no hallucinated sentence: no false accepts
         assert "No sample matches" in driver.find_element("id", "grid").text
-        Select(driver.find_element("id", "f-filter")).select_by_visible_text("random")
+        Select(driver.find_element("id", "f-filter")).select_by_index(1)
         Select(driver.find_element("id", "f-kept")).select_by_value("")
         assert count(driver) > 0  # random keeps hallucinated sentences
         first = driver.find_element("css selector", "#grid .card li.focus")
