@@ -287,7 +287,7 @@ def bench_tables(metrics: Mapping[str, float], detectors: Sequence[str],
     if generators is None:
         found = {k.split("auroc/", 1)[1] for d in dets for k in metrics if k.startswith(f"{prefix(d)}auroc/")}
         generators = sorted(found - {"mean", "i2t", "t2i"})
-    cols = [*generators, "i2t", "t2i", "mean"]
+    cols = ["mean", "i2t", "t2i", *generators]
     cols = [c for c in cols if any(f"{prefix(d)}auroc/{c}" in metrics for d in dets)]
 
     def with_ci(d: str, c: str) -> str:
