@@ -221,6 +221,12 @@ def test_report_renders_and_filters_in_chromium(tiny_run, tmp_path):
         assert thumb.get_attribute("alt")  # alt text: the caption
         assert "kept" in cards[0].text or "dropped" in cards[0].text
         driver.save_screenshot(str(tmp_path / "report_top.png"))
+        first = cards[0].find_element("css selector", ".meta").text
+        driver.find_element("id", "next2").click()  # paging, from the pager under the grid
+        assert "page 2 of" in driver.find_element("id", "count").text
+        assert driver.find_element("css selector", "#grid .card .meta").text != first
+        driver.find_element("id", "prev").click()
+        assert driver.find_element("css selector", "#grid .card .meta").text == first
 
         Select(driver.find_element("id", "f-label")).select_by_value("i")
         with_hallucination = count(driver)
