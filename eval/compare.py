@@ -429,7 +429,7 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
             f"- {name}: `{os.path.relpath(path, out)}`\n" for name, path in links.items()) + "\n"
         for name, path in (extra_reports or {}).items():
             if Path(path).exists():
-                text += f"\n---\n\n" + Path(path).read_text().replace("\n# ", "\n## ", 1) + "\n"
+                text += "\n---\n\n" + Path(path).read_text().replace("\n# ", "\n## ", 1) + "\n"
 
     tmp = out / ".report.md.tmp"
     tmp.write_text(text)
@@ -464,7 +464,7 @@ def write_html(title: str, rows: list[dict], sets: Sequence[str], out: Path, k: 
         notes.append(f"Precision of the unfiltered corpus: {100 * input_precision:.1f}%.")
     if rows:
         notes.append(spearman_sentence(rows, k, spearman))
-    table = {"caption": f"Fine-tuned CLIP retrieval per filter (HalDec Table F); 'kept' / 'dropped' open that "
+    table = {"caption": "Fine-tuned CLIP retrieval per filter (HalDec Table F); 'kept' / 'dropped' open that "
                         "filter's samples below", "header": head,
              "rows": [{"cells": cells, "filter": r["filter"]} for cells, r in zip(body, rows)]} if rows else None
     figures = [hr.figure(out / name, t.format(k=k)) for name, t in PLOTS.items()]

@@ -69,10 +69,13 @@ def thumbnail(data: bytes, key: str = "") -> bytes:
     return buf.getvalue()
 
 
-def _score_map(score_dir: str | os.PathLike) -> dict[tuple[str, int], float]:
+def _score_map(scores) -> dict[tuple[str, int], float]:
+    """(key, sentence_index) -> score of a score folder or a DataFrame with those columns."""
+    import pandas as pd
+
     from halsift.corpus.scores import read_scores_df
 
-    df = read_scores_df(score_dir, ["key", "sentence_index", "score"])
+    df = scores if isinstance(scores, pd.DataFrame) else read_scores_df(scores, ["key", "sentence_index", "score"])
     return dict(zip(zip(df["key"].astype(str), df["sentence_index"].astype(int)), df["score"].astype(float)))
 
 
@@ -233,19 +236,11 @@ def _bench_samples(b: _Builder, bench_path, scores_in: Mapping, max_samples: int
     import pandas as pd
 
     from halsift.corpus.bench import image_path, read_bench
-    from halsift.corpus.scores import read_scores_df
 
     set_idx = len(b.out.sets)
     b.out.sets.append("bench")
-    scores = []
-    for d in b.out.detectors:
-        src = scores_in.get(d)
-        if src is None or (not isinstance(src, pd.DataFrame) and not Path(src).exists()):
-            scores.append({})
-            continue
-        df = src if isinstance(src, pd.DataFrame) else read_scores_df(src, ["key", "sentence_index", "score"])
-        scores.append(dict(zip(zip(df["key"].astype(str), df["sentence_index"].astype(int)),
-                               df["score"].astype(float))))
+    scores = [{} if (src := scores_in.get(d)) is None or (not isinstance(src, pd.DataFrame) and not Path(src).exists())
+              else _score_map(src) for d in b.out.detectors]
     captions: dict[tuple[str, str, str], list] = {}
     for row in read_bench(bench_path):
         captions.setdefault((row.image_id, row.generator, row.caption_id), []).append(row)
@@ -297,7 +292,8 @@ def bench_tables(metrics: Mapping[str, float], detectors: Sequence[str],
 
     tables = [{"title": "Sentence-level AUROC per generator, 95% bootstrap CI over images (AlignBench Table 3)",
                "header": ["Detector", *cols], "rows": [[d, *[with_ci(d, c) for c in cols]] for d in dets]}]
-    types = sorted({k.split("type_score/", 1)[1] for d in dets for k in metrics if k.startswith(f"{prefix(d)}type_score/")})
+    types = sorted({k.split("type_score/", 1)[1] for d in dets for k in metrics
+                    if k.startswith(f"{prefix(d)}type_score/")})
     if types:
         tables.append({"title": "Mean score of hallucinated sentences per hallucination type (lower is better)",
                        "header": ["Detector", *types],
@@ -416,7 +412,8 @@ def write_bench_html(out_dir: str | os.PathLike, bench_path: str | os.PathLike, 
         lo, hi = best.cis.get("auroc/mean", (float("nan"), float("nan")))
         headline = (f"**Best detector on the bench: `{best.name}`**, mean AUROC over generators "
                     f"{_f(best.aurocs['auroc/mean'])} (95% CI {_f(lo)}–{_f(hi)}) of {len(results)} evaluated.")
-    return render_html(out_dir, "detection benchmark", headline=headline, figures=bench_figures(Path(out_dir) / "plots"),
+    return render_html(out_dir, "detection benchmark", headline=headline,
+                       figures=bench_figures(Path(out_dir) / "plots"),
                        tables=bench_tables(metrics, names, gens), samples=samples, links={"report.md": "report.md"})
 
 

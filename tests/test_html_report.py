@@ -44,7 +44,8 @@ def tiny_run(tmp_path_factory) -> Path:
     scores = {n: read_scores_df(p.stage("score") / n / "bench") for n in DETECTORS}
     evaluate_bench(bench, scores, p.stage("eval") / "bench", keep=r.eval.keep, n_boot=50)
     fake = {"no-tune": 20.0, "random": 30.0, "oracle": 40.0}
-    retrieval = {n: [{f"synthetic/{d}/r@{k}": v + k for d in ("i2t", "t2i") for k in (1, 5, 10)}] for n, v in fake.items()}
+    retrieval = {n: [{f"synthetic/{d}/r@{k}": v + k for d in ("i2t", "t2i") for k in (1, 5, 10)}]
+                 for n, v in fake.items()}
     (p.stage("eval") / "retrieval.json").write_text(json.dumps(retrieval))
     stage_report(r, p)
     return run
@@ -135,7 +136,8 @@ def test_eval_bench_writes_index_html_and_counts_bad_images(tiny_run, tmp_path, 
 def test_select_html_marks_what_the_selection_kept(tiny_run, tmp_path, capsys):
     out = tmp_path / "sel"
     assert main(["select", "--scores", str(tiny_run / "score" / "random" / "corpus"), "--data",
-                 str(tiny_run / "world" / "corpus"), "--out", str(out), "--keep", "0.3", "--html", "--no-progress"]) == 0
+                 str(tiny_run / "world" / "corpus"), "--out", str(out), "--keep", "0.3", "--html",
+                 "--no-progress"]) == 0
     assert f"wrote {out / 'index.html'}" in capsys.readouterr().out
     html = (out / "index.html").read_text()
     manifest = json.loads((out / "manifest.json").read_text())
@@ -167,7 +169,8 @@ def test_offline_wandb_run_holds_the_samples_table(tiny_run, tmp_path, monkeypat
     full = [t for t in full if t.get("columns", [])[:1] == ["image"]]
     assert full and all(len(t["data"]) == len(data["samples"]) for t in full)  # (wandb may stage it twice)
     assert full[0]["data"][0][0]["_type"] == "image-file"
-    assert sum(1 for f in staged if f.read_bytes()[:4] in (b"\x89PNG", b"\xff\xd8\xff\xe0")) >= len(data["samples"]) // 2
+    images = [f for f in staged if f.read_bytes()[:4] in (b"\x89PNG", b"\xff\xd8\xff\xe0")]
+    assert len(images) >= len(data["samples"]) // 2
 
 
 # ------------------------------------------------------------------------------------------------ in a browser
