@@ -231,13 +231,14 @@ def collect_metrics(bench: pd.DataFrame, results: Sequence[DetectorResult], keep
 def evaluate_bench(bench_path: str | os.PathLike, scores: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike,
                    keep: float = 0.2, self_pref_map: Mapping[str, str] | None = None,
                    ensembles: Sequence[str] = (), n_boot: int = 1000, seed: int = 0,
-                   plots: bool = True, likelihood: pd.DataFrame | None = None) -> dict[str, float]:
+                   plots: bool = True, likelihood: pd.DataFrame | None = None, html: bool = False) -> dict[str, float]:
     """Evaluate detectors on a bench and write ``metrics.json``, ``report.md`` and ``plots/*.png`` to ``out_dir``.
 
     ``scores`` maps a detector name to its score table (columns ``key``, ``sentence_index``, ``score``, optional
     ``parsed``, ``spans`` or ``output``). ``self_pref_map`` maps detector -> the generator that is the same model
     (the self-preference diagonal). ``ensembles`` are ``"A+B"`` specs over the detector names. ``likelihood`` (a
     :func:`halsift.eval.likelihood.likelihood_table`) adds the ``likelihood/...`` metrics and the Fig. 7 section.
+    ``html`` also writes ``index.html`` with a browser of the bench's captions (:mod:`halsift.eval.html_report`).
     Returns the flat metrics.
     """
     from halsift.corpus.shards import write_json_atomic
@@ -271,4 +272,8 @@ def evaluate_bench(bench_path: str | os.PathLike, scores: Mapping[str, pd.DataFr
     write_json_atomic(out_dir / "metrics.json", metrics)
     write_report(out_dir, bench, list(results.values()), metrics, keep=keep, self_pref=self_pref,
                  self_pref_map=self_pref_map, plots=plots, likelihood=likelihood)
+    if html:
+        from halsift.eval.html_report import write_bench_html
+
+        write_bench_html(out_dir, bench_path, list(results.values()), metrics, keep)
     return metrics

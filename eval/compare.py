@@ -255,24 +255,11 @@ def _fmt(v, std=None) -> str:
     return f"{v:.1f} ± {std:.1f}" if std is not None and np.isfinite(std) and std > 0 else f"{v:.1f}"
 
 
-def render_markdown(title: str, rows: list[dict], sets: Sequence[str], input_precision: float | None,
-                    k: int = 5, bench_split: str = "", n_boot: int = 1000,
-                    spearman: tuple[float, float, int] | None = None) -> str:
-    """``report.md``: the headline (:func:`headline`), the table, the kept-precision correlation and the plots."""
-    if not rows:
-        return f"# Report: {title}\n\nNo filters were compared in this run (no score/select/finetune stages).\n"
+def table_cells(rows: list[dict], sets: Sequence[str], k: int = 5) -> tuple[list[str], list[list[str]]]:
+    """The compare-filters table as text cells: (header, one list of cells per row), for markdown and HTML."""
     head = ["Filter", *[f"{s} {d} R@{k}" for s in sets for d in ("i2t", "t2i")], f"R@{k}", "Δ vs random",
             "bench AUROC", "kept precision", "kept", "seeds"]
-    lines = [f"# Compare filters: {title}", "", headline(rows, sets, k, n_boot), "",
-             "Fine-tuned CLIP retrieval per filter (HalDec Table F), with each filter's sentence-level detection "
-             f"AUROC on the benchmark{f' ({bench_split} split)' if bench_split else ''} and the precision "
-             "(share of correct sentences) of what it kept. "
-             f"R@k on a 0–100 scale, mean ± std over fine-tuning seeds. R@{k}: mean over retrieval sets of the mean "
-             f"of i2t and t2i R@{k}; Δ vs random: its difference to `random` in R@{k} points, with the 95% bootstrap "
-             "CI in brackets (or ± the seeds' std where there are no per-query ranks).", ""]
-    if input_precision is not None:
-        lines += [f"Precision of the unfiltered corpus: {100 * input_precision:.1f}%.", ""]
-    lines += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    body = []
     for row in rows:
         cells = [row["filter"]]
         for s in sets:
@@ -282,12 +269,43 @@ def render_markdown(title: str, rows: list[dict], sets: Sequence[str], input_pre
         prec = row["kept_precision"]
         cells += [_fmt(row["auroc/mean"]), _fmt(100 * prec if np.isfinite(prec) else prec),
                   str(row["kept"]) if row["kept"] is not None else "–", str(row["seeds"])]
-        lines.append("| " + " | ".join(cells) + " |")
+        body.append(cells)
+    return head, body
+
+
+def table_caption(k: int = 5, bench_split: str = "") -> str:
+    """What the compare-filters table shows, in one paragraph (markdown)."""
+    return ("Fine-tuned CLIP retrieval per filter (HalDec Table F), with each filter's sentence-level detection "
+            f"AUROC on the benchmark{f' ({bench_split} split)' if bench_split else ''} and the precision "
+            "(share of correct sentences) of what it kept. "
+            f"R@k on a 0–100 scale, mean ± std over fine-tuning seeds. R@{k}: mean over retrieval sets of the mean "
+            f"of i2t and t2i R@{k}; Δ vs random: its difference to `random` in R@{k} points, with the 95% bootstrap "
+            "CI in brackets (or ± the seeds' std where there are no per-query ranks).")
+
+
+def spearman_sentence(rows: list[dict], k: int = 5, spearman: tuple[float, float, int] | None = None) -> str:
+    """The kept-precision vs R@k correlation in one sentence."""
     rho, pval, n = spearman if spearman is not None else kept_precision_spearman(rows, k)
     p_text = "p < 0.001" if pval < 1e-3 else f"p = {pval:.2g}"
-    lines += ["", f"Spearman correlation between kept precision and R@{k} across the {n} filters with both: "
-              + (f"ρ = {rho:.2f} ({p_text})." if np.isfinite(rho) else
-                 "not defined (fewer than 3 filters or a constant column).")]
+    return (f"Spearman correlation between kept precision and R@{k} across the {n} filters with both: "
+            + (f"ρ = {rho:.2f} ({p_text})." if np.isfinite(rho) else
+               "not defined (fewer than 3 filters or a constant column)."))
+
+
+def render_markdown(title: str, rows: list[dict], sets: Sequence[str], input_precision: float | None,
+                    k: int = 5, bench_split: str = "", n_boot: int = 1000,
+                    spearman: tuple[float, float, int] | None = None) -> str:
+    """``report.md``: the headline (:func:`headline`), the table, the kept-precision correlation and the plots."""
+    if not rows:
+        return f"# Report: {title}\n\nNo filters were compared in this run (no score/select/finetune stages).\n"
+    head, body = table_cells(rows, sets, k)
+    lines = [f"# Compare filters: {title}", "", headline(rows, sets, k, n_boot), "",
+             table_caption(k, bench_split), ""]
+    if input_precision is not None:
+        lines += [f"Precision of the unfiltered corpus: {100 * input_precision:.1f}%.", ""]
+    lines += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    lines += ["", spearman_sentence(rows, k, spearman)]
     lines += ["", "Plots: `r_at_k.png` (R@k per filter), `auroc_vs_recall.png` (detector AUROC vs what its "
               f"filter buys), `dose_response.png` (ΔR@{k} over random vs the kept precision of each filter's "
               "selection, with 95% CIs; no-tune dashed).", ""]
@@ -381,11 +399,14 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
                            wandb_mode: str = "offline", wandb_project: str = "halsift", k: int = 5,
                            filters: Sequence[str] | None = None,
                            extra_reports: Mapping[str, Path] | None = None, bench_split: str = "",
-                           ranks: Mapping[str, np.ndarray] | None = None, n_boot: int = 1000, seed: int = 0) -> dict:
-    """Write ``metrics.json``, ``report.md``, plots and (unless disabled) an offline wandb run; returns metrics.
+                           ranks: Mapping[str, np.ndarray] | None = None, n_boot: int = 1000, seed: int = 0,
+                           samples=None, html: bool = True) -> dict:
+    """Write ``metrics.json``, ``report.md``, plots, ``index.html`` and (unless disabled) an offline wandb run;
+    returns metrics.
 
     ``ranks``: the per-query ranks of ``eval/retrieval_ranks.npz`` (keys of ``halsift.eval.retrieval.ranks_key``
     and ``<set>/text_to_image``) for the bootstrap CIs; without them the deltas carry the seeds' std instead.
+    ``samples``: a :class:`halsift.eval.html_report.SampleSet` for the page's sample browser and the wandb Table.
     """
     from halsift.corpus.shards import write_json_atomic
 
@@ -408,27 +429,79 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
             f"- {name}: `{os.path.relpath(path, out)}`\n" for name, path in links.items()) + "\n"
         for name, path in (extra_reports or {}).items():
             if Path(path).exists():
-                text += f"\n---\n\n" + Path(path).read_text().replace("\n# ", "\n## ", 1) + "\n"
+                text += "\n---\n\n" + Path(path).read_text().replace("\n# ", "\n## ", 1) + "\n"
 
     tmp = out / ".report.md.tmp"
     tmp.write_text(text)
     os.replace(tmp, out / "report.md")
     plot_rows(rows, sets, out, k)
     plot_dose_response(rows, out, k)
+    if html:
+        write_html(title, rows, sets, out, k, bench, _input_precision(selections), bench_split, n_boot, spearman,
+                   samples, links)
     if wandb_mode != "disabled":
-        _log_wandb(title, rows, metrics, out, wandb_mode, wandb_project)
+        _log_wandb(title, rows, metrics, out, wandb_mode, wandb_project, samples)
     return metrics
 
 
-def _log_wandb(title: str, rows: list[dict], metrics: dict, out: Path, mode: str, project: str) -> None:
+PLOTS = {"r_at_k.png": "Fine-tuned CLIP retrieval R@{k} per filter (mean ± std over seeds)",
+         "auroc_vs_recall.png": "Detector AUROC on the bench vs the retrieval R@{k} its filter bought",
+         "dose_response.png": "Dose-response: ΔR@{k} over random vs the kept precision of each filter's selection "
+                              "(95% CIs; no-tune dashed)"}
+
+
+def write_html(title: str, rows: list[dict], sets: Sequence[str], out: Path, k: int, bench: Mapping[str, float],
+               input_precision: float | None, bench_split: str, n_boot: int, spearman: tuple[float, float, int],
+               samples=None, links: Mapping[str, Path] | None = None) -> Path:
+    """``index.html``: the answer, the table (rows linked to their filter's samples), these plots and the bench's,
+    the bench tables (AUROC per generator with CIs, types, positions) and the sample browser."""
+    from halsift.eval import html_report as hr
+    from halsift.eval.report import bench_figures
+
+    head, body = table_cells(rows, sets, k)
+    notes = [table_caption(k, bench_split)]
+    if input_precision is not None:
+        notes.append(f"Precision of the unfiltered corpus: {100 * input_precision:.1f}%.")
+    if rows:
+        notes.append(spearman_sentence(rows, k, spearman))
+    table = {"caption": "Fine-tuned CLIP retrieval per filter (HalDec Table F); 'kept' / 'dropped' open that "
+                        "filter's samples below", "header": head,
+             "rows": [{"cells": cells, "filter": r["filter"]} for cells, r in zip(body, rows)]} if rows else None
+    figures = [hr.figure(out / name, t.format(k=k)) for name, t in PLOTS.items()]
+    bench_dir = out.parent / "eval" / "bench"
+    figures += bench_figures(bench_dir / "plots")
+    detectors = [r["filter"] for r in rows if not r.get("variant") and r["filter"] not in ("no-tune", "unfiltered")]
+    detectors = (samples.detectors if samples is not None and samples.detectors else detectors)
+    page_links = {"report.md": "report.md"} | {f"{name} (report.md)": os.path.relpath(path, out) for name, path in
+                                                (links or {}).items() if Path(path).exists()}
+    return hr.render_html(out, title, headline=headline(rows, sets, k, n_boot) if rows else "", table=table,
+                          notes=notes, figures=figures, tables=hr.bench_tables(bench, detectors), samples=samples,
+                          links=page_links)
+
+
+def _log_wandb(title: str, rows: list[dict], metrics: dict, out: Path, mode: str, project: str,
+               samples=None) -> None:
     import wandb
 
-    run = wandb.init(project=project, name=f"{title}-compare-filters", mode=mode, dir=str(out), reinit=True)
+    from halsift.eval.html_report import wandb_data_dir
+
+    with wandb_data_dir(out / "wandb" / "data"):
+        run = wandb.init(project=project, name=f"{title}-compare-filters", mode=mode, dir=str(out), reinit=True)
+        _log_run(run, rows, metrics, out, samples)
+
+
+def _log_run(run, rows: list[dict], metrics: dict, out: Path, samples=None) -> None:
+    import wandb
+
     try:
         keys = [k for k in rows[0] if k not in ("filter", "variant")] if rows else []
         table = wandb.Table(columns=["filter", *keys], data=[[r["filter"], *[r[k] for k in keys]] for r in rows])
         run.log({"compare_filters": table, **metrics})
         for png in sorted(out.glob("*.png")):
             run.log({png.stem: wandb.Image(str(png))})
+        if samples is not None and samples.samples:
+            from halsift.eval.html_report import log_samples_table
+
+            log_samples_table(run, samples, out)
     finally:
         run.finish()

@@ -14,6 +14,16 @@ import pandas as pd
 
 NA = "n/a"
 
+PLOT_TITLES = {  # plots/<name> -> its caption (report.md headings, index.html captions and alt text)
+    "auroc_per_generator.png": "AUROC per generator (95% bootstrap CI)",
+    "position.png": "Mean score by sentence position (Fig. 7) and incorrect rate by position",
+    "types.png": "Mean score per hallucination type (Fig. 9)",
+    "score_hist.png": "Score histograms, correct vs incorrect",
+    "precision.png": "Precision of the top kept share vs base rate (HalDec Fig. 8)",
+    "self_preference.png": "Self-preference: AUROC / detector mean (diagonal boxed; Fig. 8)",
+    "likelihood.png": "Sentence log-likelihood by position, own vs random image (HalDec Fig. 7)",
+}
+
 
 def _fmt(v: float | None, digits: int = 1) -> str:
     return NA if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}f}"
@@ -105,14 +115,14 @@ def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.Data
     out.mkdir(parents=True, exist_ok=True)
     made: list[tuple[str, str]] = []
 
-    def save(fig, name: str, title: str) -> None:
+    def save(fig, name: str) -> None:
         path = out / name
         tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
         fig.tight_layout()
         fig.savefig(tmp, dpi=100)
         plt.close(fig)
         os.replace(tmp, path)
-        made.append((title, f"plots/{name}"))
+        made.append((PLOT_TITLES[name], f"plots/{name}"))
 
     gens = [g for g, _ in generator_order(bench)]
     x = np.arange(len(gens))
@@ -132,7 +142,7 @@ def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.Data
     ax.set_ylabel("AUROC (0–100)")
     ax.set_ylim(0, 100)
     ax.legend(fontsize=7)
-    save(fig, "auroc_per_generator.png", "AUROC per generator (95% bootstrap CI)")
+    save(fig, "auroc_per_generator.png")
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for res in results:
@@ -149,7 +159,7 @@ def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.Data
     axes[1].bar(bpos["position"] + 1, 100 * bpos["incorrect_rate"])
     axes[1].set_xlabel("sentence position")
     axes[1].set_ylabel("incorrect sentences (%)")
-    save(fig, "position.png", "Mean score by sentence position (Fig. 7) and incorrect rate by position")
+    save(fig, "position.png")
 
     fig, ax = plt.subplots(figsize=(9, 3.8))
     types = list(results[0].types["type"])
@@ -160,7 +170,7 @@ def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.Data
     ax.set_xticks(tx, types, rotation=30, ha="right")
     ax.set_ylabel("mean score of incorrect sentences (lower is better)")
     ax.legend(fontsize=7)
-    save(fig, "types.png", "Mean score per hallucination type (Fig. 9)")
+    save(fig, "types.png")
 
     n = len(results)
     fig, axes = plt.subplots(1, n, figsize=(3.5 * n, 3), squeeze=False)
@@ -172,7 +182,7 @@ def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.Data
         ax.set_title(res.name, fontsize=8)
         ax.set_xlabel("score")
         ax.legend(fontsize=7)
-    save(fig, "score_hist.png", "Score histograms, correct vs incorrect")
+    save(fig, "score_hist.png")
 
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(gens) + 2), 3.8))
     prec0 = results[0].precision.set_index("generator")
@@ -184,7 +194,7 @@ def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.Data
     ax.set_xticks(x, gens, rotation=30, ha="right")
     ax.set_ylabel(f"precision of top {100 * keep:g}% (%)")
     ax.legend(fontsize=7)
-    save(fig, "precision.png", f"Precision of the top {100 * keep:g}% kept vs base rate (HalDec Fig. 8)")
+    save(fig, "precision.png")
 
     if self_pref is not None:
         fig, ax = plt.subplots(figsize=(1.2 * self_pref.shape[1] + 2, 0.8 * self_pref.shape[0] + 1.5))
@@ -204,13 +214,13 @@ def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.Data
         ax.set_xlabel("captioner")
         ax.set_ylabel("detector")
         fig.colorbar(im, ax=ax)
-        save(fig, "self_preference.png", "Self-preference: AUROC / detector mean (diagonal boxed; Fig. 8)")
+        save(fig, "self_preference.png")
     if likelihood is not None:
         from halsift.eval.likelihood import plot_likelihood
 
         fig, ax = plt.subplots(figsize=(7, 4))
         plot_likelihood(likelihood)(fig, ax)
-        save(fig, "likelihood.png", "Sentence log-likelihood by position, own vs random image (HalDec Fig. 7)")
+        save(fig, "likelihood.png")
     return made
 
 
@@ -291,3 +301,10 @@ def write_report(out_dir: str | os.PathLike, bench: pd.DataFrame, results: Seque
     tmp.write_text("\n".join(md), encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def bench_figures(plots_dir: str | os.PathLike) -> list[dict]:
+    """The bench plots found in ``plots_dir`` as inlined figures for index.html, in :data:`PLOT_TITLES` order."""
+    from halsift.eval.html_report import figure
+
+    return [f for f in (figure(Path(plots_dir) / n, t) for n, t in PLOT_TITLES.items()) if f]

@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates for the 95%% CIs")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-html", action="store_true",
+                   help="skip index.html (the report with a browser of the bench's captions, opened from disk)")
 
 
 def _safe(name: str) -> str:
@@ -128,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         metrics = evaluate_bench(args.bench, scores, out_dir, keep=args.keep, self_pref_map=mapping or None,
                                  ensembles=args.ensemble, n_boot=args.n_boot, seed=args.seed,
-                                 plots=not args.no_plots, likelihood=likelihood)
+                                 plots=not args.no_plots, likelihood=likelihood, html=not args.no_html)
     except (MetricError, AgreementError) as e:
         raise UsageError(str(e)) from e
     several = len(scores) + len(args.ensemble) > 1
@@ -138,5 +140,6 @@ def run(args: argparse.Namespace) -> int:
         if key in metrics:
             print(f"{name}: AUROC mean {metrics[key]:.1f} [{metrics.get(lo, float('nan')):.1f}, "
                   f"{metrics.get(hi, float('nan')):.1f}]")
-    print(f"wrote {out_dir / 'metrics.json'} and {out_dir / 'report.md'}")
+    html = "" if args.no_html else f" and {out_dir / 'index.html'}"
+    print(f"wrote {out_dir / 'metrics.json'}, {out_dir / 'report.md'}{html}")
     return 0

@@ -33,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "sorted; from the json 'uid'), any other name = one key per line")
     p.add_argument("--maxcount", type=int, default=1000, help="samples per output shard")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--html", action="store_true",
+                   help="also write OUT/index.html: a browser of the selected shards' captions, each sentence coloured "
+                        "by its score and marked kept or dropped (thumbnails in OUT/samples/)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,4 +74,8 @@ def run(args: argparse.Namespace) -> int:
     if filled:
         print("json fields missing in the data, defaults written: "
               + ", ".join(f"{f}={m['meta_defaults']['values'][f]!r} ({n} source samples)" for f, n in filled.items()))
+    if args.html:
+        from halsift.eval.html_report import write_select_html
+
+        print(f"wrote {write_select_html(args.out, args.scores, args.data, m)}")
     return 0

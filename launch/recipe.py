@@ -489,8 +489,24 @@ def stage_report(r: Recipe, p: Paths) -> dict:
                                      p.stage("report"), wandb_mode=r.wandb.mode, wandb_project=r.wandb.project,
                                      filters=[n for n in _scored(r) if (p.stage("score") / n).exists()],
                                      extra_reports={n: p.stage("eval") / n / "report.md" for n in r.evals},
-                                     bench_split=r.eval.bench_split, ranks=ranks, seed=r.seed)
+                                     bench_split=r.eval.bench_split, ranks=ranks, seed=r.seed,
+                                     samples=report_samples(r, p))
     return {"metrics": metrics}
+
+
+def report_samples(r: Recipe, p: Paths):
+    """The report's sample browser: corpus and bench captions with every detector's sentence scores and what each
+    filter's selection kept (:func:`halsift.eval.html_report.collect_samples`)."""
+    from halsift.eval.html_report import collect_samples
+
+    scored = [n for n in _scored(r) if (p.stage("score") / n).exists()]
+    corpus = {n: _scores_dir(p, n, "corpus") for n in scored if _scores_dir(p, n, "corpus").exists()}
+    bench = {n: _scores_dir(p, n, "bench") for n in scored if _scores_dir(p, n, "bench").exists()}
+    sels = {n: (p.stage("select") / n, r.select.resolved(n)[0]) for n in _filters(r)
+            if (p.stage("select") / n / "kept.parquet").exists()}
+    return collect_samples(scored, corpus=p.corpus if corpus else None, corpus_scores=corpus, selections=sels,
+                           bench=bench_subset(p.bench, r.eval.bench_split, p.run) if bench else None,
+                           bench_scores=bench, keep=r.eval.keep)
 
 
 STAGE_FUNCS = {"world": stage_world, "pretrain": stage_pretrain, "detectors": stage_detectors, "score": stage_score,
