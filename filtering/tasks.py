@@ -192,6 +192,11 @@ def task_device() -> str:
     return "cuda" if torch.cuda.is_available() and not os.environ.get("HALSIFT_FORCE_CPU") else "cpu"
 
 
+def part_done(out: Path, part: Part) -> bool:
+    """The completion marker: the part's parquet file (written atomically) is there."""
+    return (out / part.name).exists()
+
+
 class _Solo:
     """The accelerate-state surface :func:`runner._check_or_start` uses, for a lone task process."""
 
@@ -229,7 +234,7 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise TaskError("--num-tasks: each task is one process; do not run it under torchrun/accelerate launch")
     _check_or_start(out, ident, _Solo)
-    resumed = sum(1 for p in parts if (out / p.name).exists())
+    resumed = sum(1 for p in parts if part_done(out, p))
     name = f"task-{task_index:05d}"
     board = ClaimBoard(out, f"{name}@{HOST}:{os.getpid()}", stale_after)
     run = {"task_index": task_index, "num_tasks": num_tasks, "host": HOST, "pid": os.getpid(), "start": time.time(),
@@ -237,7 +242,7 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     loaded, bar = False, None
     ts = time.perf_counter()
     for p in task_order(parts, num_tasks, task_index, steal):
-        if (out / p.name).exists():
+        if part_done(out, p):
             run["parts_skipped_done"] += 1
             continue
         claim = board.try_claim(p.name)
@@ -245,7 +250,7 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
             run["parts_held_elsewhere"] += 1
             continue
         try:
-            if (out / p.name).exists():  # finished between our check and our claim
+            if part_done(out, p):  # finished between our check and our claim
                 run["parts_skipped_done"] += 1
                 continue
             if not loaded:
@@ -266,7 +271,7 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     tasks_dir = out / TASKS
     tasks_dir.mkdir(exist_ok=True)
     write_json_atomic(tasks_dir / f"{name}.{HOST}.{os.getpid()}.json", run)
-    missing = [p.name for p in parts if not (out / p.name).exists()]
+    missing = [p.name for p in parts if not part_done(out, p)]
     run["complete"] = not missing
     run["parts_missing"] = len(missing)
     run["held_by_live_tasks"] = board.held(missing)
@@ -289,9 +294,3 @@ def finish_task_manifest(out: Path, ident: dict, parts: list[Part], wall: float,
                  "parts_scored", "sentences", "scoring_time_s", "parts_taken_over")} for r in runs})
     write_json_atomic(out / MANIFEST, m)
     return m
-
-
-def manifest_status(out_dir: str | os.PathLike) -> str | None:
-    """``complete`` / ``running`` / ``None`` (no manifest) of a score folder."""
-    path = Path(out_dir) / MANIFEST
-    return json.loads(path.read_text()).get("status") if path.exists() else None
