@@ -5,7 +5,7 @@ units tied at the cut-off are broken by ``hash_uniform(seed, key, sentence_index
 the score table in memory: DuckDB counts, finds the cut-off with a top-N, and writes ``kept.parquet`` sorted by
 (key, sentence_index) with its out-of-core sort, spilling to ``spill_dir`` beyond ``memory_limit``. Only the rows
 tied at the cut-off come into Python (to hash them). It also writes the kept units grouped by score part
-(``by_part/part=<part file>/*.parquet``), so that resharding reads one input shard's kept units at a time.
+(``_kept_by_part/part=<part file>/*.parquet``), so that resharding reads one input shard's kept units at a time.
 
 Measured on 10M rows / 200 parts (2 cores): DuckDB 4.7 s / 288 MB peak RSS; Polars' streaming engine 2.4 s /
 299 MB (sort + gather; its ``top_k`` took 20.7 s). DuckDB is used: its memory limit and spill directory bound the
@@ -30,6 +30,7 @@ from halsift.filtering.baselines import hash_uniform
 from halsift.filtering.select import AGGS, UNITS, SelectError
 
 MEMORY_LIMIT = "1GB"
+BY_PART = "_kept_by_part"
 
 
 def supported(unit: str, agg: str, per_captioner: bool = False, random_baseline: bool = False) -> str | None:
@@ -79,7 +80,7 @@ def connect(spill_dir: Path, memory_limit: str = MEMORY_LIMIT, threads: int | No
 def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep: float | None = None,
              top_k: int | None = None, threshold: float | None = None, unit: str = "sentence", agg: str = "min",
              seed: int = 0, memory_limit: str = MEMORY_LIMIT, threads: int | None = None) -> dict:
-    """Write ``out_dir/kept.parquet`` (``key``, ``sentence_index``, ``score``; sorted) and ``out_dir/by_part/``;
+    """Write ``out_dir/kept.parquet`` (``key``, ``sentence_index``, ``score``; sorted) and ``out_dir/_kept_by_part/``;
     returns the info :func:`select_keys` returns (``score_rows``, ``candidates``, ``selected``,
     ``threshold_used``). Files are written under temporary names and renamed when complete."""
     if sum(x is not None for x in (keep, top_k, threshold)) != 1:
@@ -126,12 +127,12 @@ def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep:
     tmp_kept = work / "kept.parquet"
     con.execute(f"COPY (SELECT key, sentence_index, score FROM units WHERE {where} ORDER BY key, sentence_index) "
                 f"TO {_q(tmp_kept)} (FORMAT parquet)")
-    con.execute(f"COPY (SELECT part, key, sentence_index FROM units WHERE {where}) TO {_q(work / 'by_part')} "
+    con.execute(f"COPY (SELECT part, key, sentence_index FROM units WHERE {where}) TO {_q(work / BY_PART)} "
                 "(FORMAT parquet, PARTITION_BY (part))")
     con.close()
-    shutil.rmtree(out / "by_part", ignore_errors=True)
-    (work / "by_part").mkdir(exist_ok=True)  # no kept unit at all: an empty folder
-    os.replace(work / "by_part", out / "by_part")
+    shutil.rmtree(out / BY_PART, ignore_errors=True)
+    (work / BY_PART).mkdir(exist_ok=True)  # no kept unit at all: an empty folder
+    os.replace(work / BY_PART, out / BY_PART)
     os.replace(tmp_kept, out / "kept.parquet")
     shutil.rmtree(work, ignore_errors=True)
     return {"score_rows": int(n_rows), "candidates": int(n_units), "selected": int(n), "threshold_used": cut}
@@ -162,7 +163,7 @@ def kept_for_part(out_dir: str | os.PathLike, part: str) -> pa.Table:
     """The kept ``key`` / ``sentence_index`` rows of one score part (empty when it kept nothing)."""
     import pyarrow.parquet as pq
 
-    d = Path(out_dir) / "by_part" / f"part={part}"
+    d = Path(out_dir) / BY_PART / f"part={part}"
     files = sorted(d.glob("*.parquet")) if d.is_dir() else []
     if not files:
         return pa.table({"key": pa.array([], pa.string()), "sentence_index": pa.array([], pa.int32())})
