@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of --random")
     p.add_argument("--maxcount", type=int, default=1000, help="samples per output shard")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from halsift.launch.select_engines import add_resumable_arguments
+
+    add_resumable_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,6 +42,11 @@ def run(args: argparse.Namespace) -> int:
     if args.agg != "min" and args.unit != "caption":
         raise UsageError(f"--agg {args.agg}: only used with --unit caption")
     from halsift.filtering.select import SelectError, select
+    from halsift.launch.select_engines import run_resumable
+
+    code = run_resumable(args)  # --resumable / --keys-only / --num-tasks; None: the in-memory select below
+    if code is not None:
+        return code
 
     try:
         m = select(args.scores, args.data, args.out, keep=args.keep, top_k=args.top_k, threshold=args.threshold,
