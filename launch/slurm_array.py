@@ -1,4 +1,4 @@
-"""SLURM job arrays for ``halsift score``: one sbatch script, N independent single-process tasks.
+"""SLURM job arrays for ``halsift score`` (and ``select``): one sbatch script, N independent single-process tasks.
 
 Each array task runs ``halsift score ... --num-tasks N --task-index $SLURM_ARRAY_TASK_ID`` on one GPU (or CPUs
 with ``--cpu``) of one node: no process group, no rendezvous, no barrier. Tasks share the output folder through
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from halsift.launch.launchers import ENTRY
 
-ARRAY_COMMANDS = ("score",)
+ARRAY_COMMANDS = ("score", "select")  # the commands that take --num-tasks/--task-index
 TASK_ID = '"$SLURM_ARRAY_TASK_ID"'
 
 
@@ -63,14 +63,14 @@ class ArraySpec:
 def task_command(command: Sequence[str], tasks: int) -> list[str]:
     """``command`` with ``--num-tasks`` / ``--task-index`` appended (the index as an unquoted shell variable)."""
     if not command or command[0] not in ARRAY_COMMANDS:
-        raise ValueError(f"--array: runs `halsift score` as independent tasks, not {command[0] if command else '?'!r}"
-                         " (select/train/eval run once: submit them without --array, after the array)")
+        raise ValueError(f"--array: runs `halsift score` or `select` as independent tasks, not "
+                         f"{command[0] if command else '?'!r} (train/eval run once: submit them without --array)")
     given = {a.split("=", 1)[0] for a in command}
     if "--task-index" in given:
         raise ValueError("--array: sets --task-index itself from $SLURM_ARRAY_TASK_ID; drop it from the command")
     if "--num-tasks" in given:
         raise ValueError(f"--array: sets --num-tasks itself ({tasks}); drop it from the command")
-    if "--engine" in given:
+    if command[0] == "score" and "--engine" in given:
         raise ValueError("--array: each task scores with the local engine; drop --engine")
     return [*command, "--num-tasks", str(tasks), "--task-index", TASK_ID]
 

@@ -52,8 +52,10 @@ def test_bad_array_flags_exit_2(capsys, args, msg):
 
 
 def test_array_only_runs_score_and_sets_task_flags_itself(capsys):
-    code, _, err = _dry(capsys, "--array", "2", "--dry-run", "--", "select", "--scores", "s")
-    assert code == 2 and "not 'select'" in err
+    code, _, err = _dry(capsys, "--array", "2", "--dry-run", "--", "train", "clip", "--data", "s")
+    assert code == 2 and "not 'train'" in err
+    code, text, _ = _dry(capsys, "--array", "2", "--dry-run", "--", "select", "--scores", "s", "--keep", "0.2")
+    assert code == 0 and text.rstrip().endswith("--keep 0.2 --num-tasks 2 --task-index \"$SLURM_ARRAY_TASK_ID\"")
     code, _, err = _dry(capsys, "--array", "2", "--dry-run", "--", "score", "--num-tasks", "2", "--out", "o")
     assert code == 2 and "--array: sets --num-tasks itself (2)" in err
     assert main(["launch", "--max-parallel", "2", "--dry-run", "--", "score"]) == 2
