@@ -17,6 +17,13 @@ def add_task_arguments(p: argparse.ArgumentParser) -> None:
                    help="this task's index, 0..N-1 (default: $SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN)")
     g.add_argument("--claim-timeout", type=float, default=None, metavar="S",
                    help="take over a part whose claim has had no heartbeat for S seconds (a dead node; default 600)")
+    g.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="ray: score the parts on a Ray cluster, one actor per GPU, parts dealt as actors free up "
+                        "(pip install 'halsift[ray]')")
+    g.add_argument("--address", default=None,
+                   help="--engine ray: the cluster to join, e.g. auto or ray://head:10001 (default: a local one)")
+    g.add_argument("--workers", type=int, default=None,
+                   help="--engine ray: number of scoring actors (default: one per GPU of the cluster, else per CPU)")
 
 
 def run_tasks(args: argparse.Namespace) -> int | None:
@@ -27,7 +34,22 @@ def run_tasks(args: argparse.Namespace) -> int | None:
     from halsift.launch.cli import UsageError
 
     stale = STALE_AFTER_S if args.claim_timeout is None else args.claim_timeout
+    if args.engine != "ray" and (args.address is not None or args.workers is not None):
+        raise UsageError("--address/--workers: only with --engine ray")
     try:
+        if args.engine == "ray":
+            if args.num_tasks is not None or args.task_index is not None or args.claim_timeout is not None:
+                raise UsageError("--engine ray: Ray deals the parts itself; drop --num-tasks/--task-index/"
+                                 "--claim-timeout")
+            if args.workers is not None and args.workers < 1:
+                raise UsageError(f"--workers: expected >= 1, got {args.workers}")
+            from halsift.filtering.ray_engine import score_ray
+
+            m = score_ray(args.detector, args.data, args.out, unit=args.unit, batch_size=args.batch_size,
+                          device=args.device, address=args.address, workers=args.workers)
+            print(f"ray: {m['workers']} workers, {m['parts_redone']} parts redone after a worker died", flush=True)
+            summary(Path(args.out) / MANIFEST)
+            return 0
         task = task_from_env(args.num_tasks, args.task_index)
         if task is None:
             if args.claim_timeout is not None:

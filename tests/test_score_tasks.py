@@ -154,3 +154,7 @@ def test_cli_task_errors_exit_2(corpus, tmp_path, capsys):
     assert "--task-index: expected 0 <= index < 2, got 2" in capsys.readouterr().err
     assert main([*base, "--claim-timeout", "5"]) == 2
     assert "--claim-timeout: only with --num-tasks" in capsys.readouterr().err
+    assert main([*base, "--engine", "ray", "--num-tasks", "2"]) == 2
+    assert "--engine ray: Ray deals the parts itself" in capsys.readouterr().err
+    assert main([*base, "--workers", "2"]) == 2
+    assert "--address/--workers: only with --engine ray" in capsys.readouterr().err
