@@ -19,6 +19,7 @@ import os
 import time
 from pathlib import Path
 
+from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
 from halsift.filtering.runner import MANIFEST, Part, _check_or_start, _finish_manifest, plan_parts, score_part
 from halsift.filtering.spec import load_detector
@@ -51,7 +52,7 @@ class PartScorer:
 
 def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence", batch_size: int = 64,
               device: str | None = None, address: str | None = None, workers: int | None = None,
-              max_failures: int = 3, on_part=None, on_start=None) -> dict:
+              max_failures: int = 3, show_progress: bool = True, on_part=None, on_start=None) -> dict:
     """Score ``data`` into ``out_dir`` on Ray; returns the manifest. Joins ``address`` (or the cluster this process
     is already connected to, or a new local one). A part whose actor died is retried up to ``max_failures`` times.
     ``on_start(actors)`` is called once the actors exist (tests use it to kill one)."""
@@ -90,6 +91,7 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
             part = queue.pop(0)
             running[actors[i].score.remote(part, n)] = (i, part)
 
+    bar = progress(desc=f"score ray ({n} workers)", unit="part", total=len(todo), disable=not show_progress)
     for i in actors:
         give(i)
     while running:
@@ -107,9 +109,12 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
             actors[i] = start(i)  # a replacement for the dead actor
         else:
             scored += stats["sentences"]
+            bar.update(1)
+            bar.set_postfix(sentences=scored, redone=redone)
             if on_part is not None:
                 on_part(stats)
         give(i)
+    bar.close()
     t_scoring = time.perf_counter() - t_scoring
     missing = [p.name for p in parts if not part_done(out, p)]
     if missing:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name
 from halsift.corpus.shards import Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard, write_json_atomic
 from halsift.filtering.select import SelectError, _caption_label, _labels, _precision
@@ -161,7 +162,7 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
                      top_k: int | None = None, threshold: float | None = None, unit: str = "sentence",
                      agg: str = "min", seed: int = 0, keys_only: bool = False, num_tasks: int = 1,
                      task_index: int = 0, memory_limit: str = MEMORY_LIMIT,
-                     stale_after: float = STALE_AFTER_S, on_shard=None) -> dict:
+                     stale_after: float = STALE_AFTER_S, show_progress: bool = True) -> dict:
     """Select out-of-core and reshard per input shard (see the module docstring); returns this run's stats, with
     ``manifest`` when the selection is complete after it. Rerun the same call to resume."""
     t0 = time.time()
@@ -179,13 +180,17 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
     _start(out, filt)
     board = ClaimBoard(out / STATE, f"select-{task_index}@{HOST}:{os.getpid()}", stale_after)
     info = _keys(out, board, scores_dir, args, memory_limit)
-    run = {"task_index": task_index, "num_tasks": num_tasks, "shards_written": 0, "shards_done_before": 0}
+    run = {"task_index": task_index, "num_tasks": num_tasks, "shards_written": 0, "shards_done_before": 0,
+           "samples_written": 0}
     marks = out / STATE / "shards"
+    bar = progress(desc=f"select task {task_index}/{num_tasks}", unit="shard", total=len(shards),
+                   disable=keys_only or not show_progress)
     if not keys_only:
         for i in task_order(range(len(shards)), num_tasks, task_index):
             marker = marks / f"{i:06d}.json"
             if marker.exists():
                 run["shards_done_before"] += 1
+                bar.update(1)
                 continue
             claim = board.try_claim(f"shard-{i:06d}")
             if claim is None:
@@ -195,10 +200,12 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
                     stats = reshard_one(i, shards[i], out, scores_dir, unit, agg)
                     write_json_atomic(marker, stats)
                     run["shards_written"] += 1
-                    if on_shard is not None:
-                        on_shard(stats)
+                    run["samples_written"] += stats["samples_written"]
+                    bar.update(1)
+                    bar.set_postfix(samples_written=run["samples_written"])
             finally:
                 board.finish(f"shard-{i:06d}", claim)
+    bar.close()
     missing = [] if keys_only else [i for i in range(len(shards)) if not (marks / f"{i:06d}.json").exists()]
     run["shards_missing"] = len(missing)
     if not missing:

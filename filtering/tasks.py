@@ -262,6 +262,7 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
             board.finish(p.name, claim)
         run["parts_scored"] += 1
         run["sentences"] += stats["sentences"]
+        bar.set_postfix(parts_scored=run["parts_scored"], parts=len(parts))
         if on_part is not None:
             on_part(stats)
     if bar is not None:

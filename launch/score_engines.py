@@ -46,7 +46,8 @@ def run_tasks(args: argparse.Namespace) -> int | None:
             from halsift.filtering.ray_engine import score_ray
 
             m = score_ray(args.detector, args.data, args.out, unit=args.unit, batch_size=args.batch_size,
-                          device=args.device, address=args.address, workers=args.workers)
+                          device=args.device, address=args.address, workers=args.workers,
+                          show_progress=not args.no_progress)
             print(f"ray: {m['workers']} workers, {m['parts_redone']} parts redone after a worker died", flush=True)
             summary(Path(args.out) / MANIFEST)
             return 0
