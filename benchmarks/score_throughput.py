@@ -4,7 +4,6 @@ memory for 1x vs 10x the shards (scoring streams, so it should not grow).
 
     python benchmarks/score_throughput.py                      # CPU: halsift-tiny, small corpus
     python benchmarks/score_throughput.py --device cuda        # GPU: ViT-B-32, random weights
-    python benchmarks/score_throughput.py --engine tasks --no-memory   # 1 vs 2 independent tasks (--num-tasks)
 
 Prints numbers; never passes or fails on time.
 """
@@ -68,20 +67,6 @@ def run_torchrun(spec: str, data: Path, out: Path, batch: int, device: str, npro
     return json.loads((out / "_manifest.json").read_text())
 
 
-def run_tasks(spec: str, data: Path, out: Path, batch: int, device: str, nproc: int) -> dict:
-    """``nproc`` independent ``score --num-tasks`` processes at once (what a SLURM array runs); the manifest's
-    ``sentences_per_s`` is over the span from the first task's start to the last one's end."""
-    env = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1"}  # one core per task: process scaling
-    procs = [subprocess.Popen([sys.executable, "-m", "halsift.launch.cli", "score", "--detector", spec, "--data",
-                               str(data), "--out", str(out), "--batch-size", str(batch), "--device", device,
-                               "--no-progress", "--num-tasks", str(nproc), "--task-index", str(i)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(nproc)]
-    for pr in procs:
-        if pr.wait() != 0:
-            raise RuntimeError(pr.stderr.read().decode()[-2000:])
-    return json.loads((out / "_manifest.json").read_text())
-
-
 def peak_rss_mb(spec: str, data: Path, out: Path, batch: int, device: str) -> float:
     code = ("import resource,sys;from halsift.filtering.runner import score;"
             f"score({spec!r},{str(data)!r},{str(out)!r},batch_size={batch},device={device!r},show_progress=False);"
@@ -101,8 +86,6 @@ def main(argv=None) -> int:
     p.add_argument("--batch-sizes", default=None, help="comma list; default 8,32,96 cpu / 32,128,512 cuda")
     p.add_argument("--procs", default="1,2", help="process counts to compare")
     p.add_argument("--no-memory", action="store_true", help="skip the 1x vs 10x shards memory check")
-    p.add_argument("--engine", choices=("torchrun", "tasks"), default="torchrun",
-                   help="how procs > 1 run: one torchrun process group, or independent tasks (--num-tasks)")
     a = p.parse_args(argv)
     gpu = a.device.startswith("cuda")
     arch = a.arch or ("ViT-B-32" if gpu else "halsift-tiny")
@@ -114,18 +97,15 @@ def main(argv=None) -> int:
     data = make_corpus(tmp / "data", samples, per_shard, a.image_size)
     print(f"device={a.device} arch={arch} samples={samples} sentences={3 * samples} shards="
           f"{len(list(data.glob('*.tar')))} image={a.image_size}px cpus={os.cpu_count()}")
-    print(f"{'procs':>5} {'batch':>6} {'sent/s':>10} {'data %':>7} {'model %':>8} {'speed-up':>9}")
-    base: dict[int, float] = {}
+    print(f"{'procs':>5} {'batch':>6} {'sent/s':>10} {'data %':>7} {'model %':>8}")
     for procs in [int(x) for x in a.procs.split(",")]:
         for b in batches:
             out = tmp / f"out-p{procs}-b{b}"
-            m = (run_tasks(spec, data, out, b, a.device, procs) if a.engine == "tasks" else
-                 run_one(spec, data, out, b, a.device) if procs == 1 else
+            m = (run_one(spec, data, out, b, a.device) if procs == 1 else
                  run_torchrun(spec, data, out, b, a.device, procs))
             ts = m["time_share"]
-            base.setdefault(b, m["sentences_per_s"])
-            print(f"{procs:>5} {b:>6} {m['sentences_per_s']:>10.1f} {100 * ts['data']:>7.1f} {100 * ts['model']:>8.1f}"
-                  f" {m['sentences_per_s'] / base[b]:>8.2f}x", flush=True)
+            print(f"{procs:>5} {b:>6} {m['sentences_per_s']:>10.1f} {100 * ts['data']:>7.1f} {100 * ts['model']:>8.1f}",
+                  flush=True)
     if not a.no_memory:
         small = make_corpus(tmp / "m1", per_shard * 2, per_shard, a.image_size, seed=1)
         big = make_corpus(tmp / "m10", per_shard * 20, per_shard, a.image_size, seed=1)
