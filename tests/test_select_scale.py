@@ -123,3 +123,19 @@ def test_resumable_errors_exit_2(scored, tmp_path, capsys):
     assert main([*base[:-1], str(tmp_path / "q"), "--keep", "0.3", "--unit", "caption", "--agg", "mean",
                  "--keys-only"]) == 2
     assert "not for caption agg=mean" in capsys.readouterr().err
+
+
+def test_pipeline_select_step_reuses_complete_and_clears_killed(scored, tmp_path):
+    from halsift.filtering.select_scale import reuse_or_clear
+
+    corpus, scores = scored
+    dest = tmp_path / "sel"
+    args = dict(keep=0.3, unit="sentence", agg="min", per_captioner=False, seed=0)
+    ref = select(scores, corpus, dest, show_progress=False, **args)
+    assert reuse_or_clear(dest, scores, **args) == ref  # complete, same arguments: kept as it is
+    digest = _digest(dest)
+    (dest / "manifest.json").unlink()  # what a select killed before its manifest leaves: shards, no manifest
+    assert reuse_or_clear(dest, scores, **args) is None and not dest.exists()
+    select(scores, corpus, dest, show_progress=False, **args)  # the rerun then succeeds, identically
+    assert _digest(dest) == digest
+    assert reuse_or_clear(dest, scores, **{**args, "keep": 0.5}) is None and not dest.exists()  # other arguments
