@@ -2,14 +2,18 @@
 
 Gives the same kept set as :func:`halsift.filtering.select.select_keys` (the cut-off is the ``n``-th highest score;
 units tied at the cut-off are broken by ``hash_uniform(seed, key, sentence_index)``, lowest first) without holding
-the score table in memory: DuckDB counts, finds the cut-off with a top-N, and writes ``kept.parquet`` sorted by
+the score table in memory: DuckDB counts, finds the cut-off from a score histogram, and writes ``kept.parquet`` sorted by
 (key, sentence_index) with its out-of-core sort, spilling to ``spill_dir`` beyond ``memory_limit``. Only the rows
 tied at the cut-off come into Python (to hash them). It also writes the kept units grouped by score part
-(``_kept_by_part/part=<part file>/*.parquet``), so that resharding reads one input shard's kept units at a time.
+(``_kept_by_part.parquet``, sorted by part), so that resharding reads one input shard's kept units at a time.
 
-Measured on 10M rows / 200 parts (2 cores): DuckDB 4.7 s / 288 MB peak RSS; Polars' streaming engine 2.4 s /
-299 MB (sort + gather; its ``top_k`` took 20.7 s). DuckDB is used: its memory limit and spill directory bound the
-memory of the sort that writes the kept table whatever its size, which Polars' streaming sort does not promise.
+Measured (``benchmarks/select_scale.py``, 2 shared cores): 10M rows / 200 parts in 1.9 s at 444 MB peak RSS (the
+in-memory pyarrow path: 3.9 s, 1037 MB); 30M rows in 5.3 s at 909 MB, and at 686 / 445 MB with ``memory_limit``
+512MB / 256MB -- peak RSS stays near the limit plus ~200 MB, so 100M rows fit in 2 GB with the default 1GB. A
+top-N query with an offset of ``n`` for the cut-off held its ``n`` rows in memory (770 MB at 30M rows); the
+histogram does not. Polars' streaming engine took 2.4 s / 299 MB on 10M rows (sort + gather; its ``top_k`` 20.7 s)
+against DuckDB's 4.7 s / 288 MB in the same busy moment: DuckDB is used because its memory limit and spill bound
+the sort that writes the kept table whatever its size, which Polars' streaming sort does not promise.
 
 Supported: ``unit=sentence``, ``unit=caption`` with ``agg`` ``prune`` or ``min`` (min is exact in any engine), or
 caption-level scores; ``keep``, ``top_k`` or ``threshold``. ``per_captioner``, ``random_baseline`` and
@@ -30,7 +34,7 @@ from halsift.filtering.baselines import hash_uniform
 from halsift.filtering.select import AGGS, UNITS, SelectError
 
 MEMORY_LIMIT = "1GB"
-BY_PART = "_kept_by_part"
+BY_PART = "_kept_by_part.parquet"
 
 
 def supported(unit: str, agg: str, per_captioner: bool = False, random_baseline: bool = False) -> str | None:
@@ -80,7 +84,7 @@ def connect(spill_dir: Path, memory_limit: str = MEMORY_LIMIT, threads: int | No
 def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep: float | None = None,
              top_k: int | None = None, threshold: float | None = None, unit: str = "sentence", agg: str = "min",
              seed: int = 0, memory_limit: str = MEMORY_LIMIT, threads: int | None = None) -> dict:
-    """Write ``out_dir/kept.parquet`` (``key``, ``sentence_index``, ``score``; sorted) and ``out_dir/_kept_by_part/``;
+    """Write ``out_dir/kept.parquet`` (``key``, ``sentence_index``, ``score``; sorted) and ``out_dir/_kept_by_part.parquet``;
     returns the info :func:`select_keys` returns (``score_rows``, ``candidates``, ``selected``,
     ``threshold_used``). Files are written under temporary names and renamed when complete."""
     if sum(x is not None for x in (keep, top_k, threshold)) != 1:
@@ -127,11 +131,10 @@ def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep:
     tmp_kept = work / "kept.parquet"
     con.execute(f"COPY (SELECT key, sentence_index, score FROM units WHERE {where} ORDER BY key, sentence_index) "
                 f"TO {_q(tmp_kept)} (FORMAT parquet)")
-    con.execute(f"COPY (SELECT part, key, sentence_index FROM units WHERE {where}) TO {_q(work / BY_PART)} "
-                "(FORMAT parquet, PARTITION_BY (part))")
+    # one file sorted by part: a shard's kept units are a few row groups, found by their min/max statistics
+    con.execute(f"COPY (SELECT part, key, sentence_index FROM units WHERE {where} ORDER BY part, key, sentence_index) "
+                f"TO {_q(work / BY_PART)} (FORMAT parquet, ROW_GROUP_SIZE 65536)")
     con.close()
-    shutil.rmtree(out / BY_PART, ignore_errors=True)
-    (work / BY_PART).mkdir(exist_ok=True)  # no kept unit at all: an empty folder
     os.replace(work / BY_PART, out / BY_PART)
     os.replace(tmp_kept, out / "kept.parquet")
     shutil.rmtree(work, ignore_errors=True)
@@ -144,7 +147,10 @@ def _cut(con, n: int, n_units: int, seed: int) -> tuple[str, float | None]:
         return "false", None
     if n >= n_units:
         return "true", float(con.execute("SELECT min(score) FROM units").fetchall()[0][0])
-    cut = float(con.execute(f"SELECT score FROM units ORDER BY score DESC LIMIT 1 OFFSET {n - 1}").fetchall()[0][0])
+    # the n-th highest score from a histogram (GROUP BY spills; a top-N with an offset of n holds n rows in memory)
+    cut = float(con.execute("SELECT score FROM (SELECT score, sum(c) OVER (ORDER BY score DESC) AS cum FROM "
+                            "(SELECT score, count(*) AS c FROM units GROUP BY score)) "
+                            f"WHERE cum >= {n} ORDER BY score DESC LIMIT 1").fetchall()[0][0])
     above = con.execute(f"SELECT count(*) FROM units WHERE score > {_num(cut)}").fetchall()[0][0]
     ties = con.sql(f"SELECT key, sentence_index FROM units WHERE score = {_num(cut)}").to_arrow_table()
     need = n - above
@@ -163,8 +169,4 @@ def kept_for_part(out_dir: str | os.PathLike, part: str) -> pa.Table:
     """The kept ``key`` / ``sentence_index`` rows of one score part (empty when it kept nothing)."""
     import pyarrow.parquet as pq
 
-    d = Path(out_dir) / BY_PART / f"part={part}"
-    files = sorted(d.glob("*.parquet")) if d.is_dir() else []
-    if not files:
-        return pa.table({"key": pa.array([], pa.string()), "sentence_index": pa.array([], pa.int32())})
-    return pa.concat_tables([pq.read_table(f, columns=["key", "sentence_index"]) for f in files])
+    return pq.read_table(Path(out_dir) / BY_PART, columns=["key", "sentence_index"], filters=[("part", "=", part)])
