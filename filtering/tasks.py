@@ -184,6 +184,23 @@ class ClaimBoard:
         return out
 
 
+def dist_timeout_kwargs(env: dict | None = None) -> dict:
+    """``{"timeout": timedelta}`` from ``HALSIFT_DIST_TIMEOUT`` (seconds) for the rank-split run's process group:
+    how long a barrier waits for the slowest rank (torch's default otherwise). ``{}`` when unset."""
+    from datetime import timedelta
+
+    raw = (os.environ if env is None else env).get("HALSIFT_DIST_TIMEOUT", "")
+    if not raw:
+        return {}
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise TaskError(f"HALSIFT_DIST_TIMEOUT={raw!r}: expected a number of seconds > 0")
+    return {"timeout": timedelta(seconds=seconds)}
+
+
 # ---------------------------------------------------------------------------------------------- one task
 def task_device() -> str:
     """A task's device: its (first visible) GPU, or the CPU when there is none or HALSIFT_FORCE_CPU is set."""

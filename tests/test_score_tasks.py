@@ -158,3 +158,14 @@ def test_cli_task_errors_exit_2(corpus, tmp_path, capsys):
     assert "--engine ray: Ray deals the parts itself" in capsys.readouterr().err
     assert main([*base, "--workers", "2"]) == 2
     assert "--address/--workers: only with --engine ray" in capsys.readouterr().err
+
+
+def test_dist_timeout_from_environment():
+    from datetime import timedelta
+
+    from halsift.filtering.tasks import dist_timeout_kwargs
+
+    assert dist_timeout_kwargs({}) == {}
+    assert dist_timeout_kwargs({"HALSIFT_DIST_TIMEOUT": "7200"}) == {"timeout": timedelta(seconds=7200)}
+    with pytest.raises(TaskError, match="HALSIFT_DIST_TIMEOUT='soon': expected a number of seconds > 0"):
+        dist_timeout_kwargs({"HALSIFT_DIST_TIMEOUT": "soon"})
