@@ -158,11 +158,21 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
             "bad_index": bad_index[:EXAMPLES], "bad_index_count": len(bad_index), "corrupt": corrupt}
 
 
+def _score_status(scores_dir: Path) -> str | None:
+    """The score folder's manifest status (``None`` without a manifest: parts made elsewhere)."""
+    path = scores_dir / "_manifest.json"
+    try:
+        return json.loads(path.read_text()).get("status") if path.exists() else None
+    except json.JSONDecodeError as e:
+        raise SelectError(f"scores: {path} is not valid JSON ({e})") from None
+
+
 def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, keep: float | None = None,
                      top_k: int | None = None, threshold: float | None = None, unit: str = "sentence",
                      agg: str = "min", seed: int = 0, keys_only: bool = False, num_tasks: int = 1,
                      task_index: int = 0, memory_limit: str = MEMORY_LIMIT,
-                     stale_after: float = STALE_AFTER_S, show_progress: bool = True) -> dict:
+                     stale_after: float = STALE_AFTER_S, show_progress: bool = True,
+                     allow_partial: bool = False) -> dict:
     """Select out-of-core and reshard per input shard (see the module docstring); returns this run's stats, with
     ``manifest`` when the selection is complete after it. Rerun the same call to resume."""
     t0 = time.time()
@@ -172,6 +182,10 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
     scores_dir = Path(scores_dir)
     if not scores_dir.is_dir():
         raise FileNotFoundError(f"scores: {scores_dir} is not a folder")
+    status = _score_status(scores_dir)
+    if status not in (None, "complete") and not allow_partial:
+        raise SelectError(f"scores: {scores_dir}/_manifest.json says {status!r}: scoring has not finished (rerun or "
+                          "finish its tasks first)")
     shards = expand_shards(data)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

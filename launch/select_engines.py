@@ -41,7 +41,8 @@ def run_resumable(args: argparse.Namespace) -> int | None:
         run = select_resumable(args.scores, args.data, args.out, keep=args.keep, top_k=args.top_k,
                                threshold=args.threshold, unit=args.unit, agg=args.agg, seed=args.seed,
                                keys_only=args.keys_only, num_tasks=n, task_index=i,
-                               memory_limit=args.memory_limit or MEMORY_LIMIT, show_progress=not args.no_progress)
+                               memory_limit=args.memory_limit or MEMORY_LIMIT, show_progress=not args.no_progress,
+                               allow_partial=bool(getattr(args, "allow_partial", False)))
     except SelectError as e:
         raise UsageError(str(e)) from None
     m = run.get("manifest")

@@ -123,6 +123,12 @@ def test_resumable_errors_exit_2(scored, tmp_path, capsys):
     assert main([*base[:-1], str(tmp_path / "q"), "--keep", "0.3", "--unit", "caption", "--agg", "mean",
                  "--keys-only"]) == 2
     assert "not for caption agg=mean" in capsys.readouterr().err
+    running = tmp_path / "running"
+    running.mkdir()
+    (running / "_manifest.json").write_text(json.dumps({"status": "running"}))
+    assert main(["select", "--scores", str(running), "--data", str(corpus), "--out", str(tmp_path / "r"), "--keep",
+                 "0.3", "--resumable"]) == 2
+    assert "_manifest.json says 'running': scoring has not finished" in capsys.readouterr().err
 
 
 def test_pipeline_select_step_reuses_complete_and_clears_killed(scored, tmp_path):
