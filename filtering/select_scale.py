@@ -58,8 +58,8 @@ def _start(out: Path, filt: dict) -> None:
     if out.exists() and (any(out.glob("*.tar")) or (out / "manifest.json").exists()):
         raise SelectError(f"out: {out} already holds shards or a manifest; choose a new folder")
     (out / STATE / "shards").mkdir(parents=True, exist_ok=True)
+    write_json_atomic(state, filt)  # first: a task starting meanwhile must find it before it finds the manifest
     write_json_atomic(out / "manifest.json", {"status": "running", "filter": filt})
-    write_json_atomic(state, filt)
 
 
 def _keys(out: Path, board: ClaimBoard, scores_dir, args: dict, memory_limit: str, poll: float = 1.0) -> dict:
