@@ -145,3 +145,20 @@ def test_pipeline_select_step_reuses_complete_and_clears_killed(scored, tmp_path
     select(scores, corpus, dest, show_progress=False, **args)  # the rerun then succeeds, identically
     assert _digest(dest) == digest
     assert reuse_or_clear(dest, scores, **{**args, "keep": 0.5}) is None and not dest.exists()  # other arguments
+
+
+def test_two_concurrent_select_tasks_equal_one(tmp_path):
+    corpus = make_corpus(tmp_path / "corpus", shards=30, per_shard=6, seed=5)
+    score("random:seed=4", corpus, tmp_path / "scores", batch_size=64, show_progress=False)
+    out = tmp_path / "two"
+    cmds = [[sys.executable, "-m", "halsift.launch.cli", "select", "--scores", str(tmp_path / "scores"), "--data",
+             str(corpus), "--out", str(out), "--keep", "0.4", "--num-tasks", "2", "--task-index", str(i),
+             "--no-progress"] for i in range(2)]
+    procs = [subprocess.Popen(c, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert any("kept " in o for o, _ in outs)  # whoever finished last wrote the manifest
+    one = select_resumable(tmp_path / "scores", corpus, tmp_path / "one", keep=0.4)
+    assert _digest(out) == _digest(tmp_path / "one")
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["status"] == "complete" and {k: m[k] for k in SAME} == {k: one["manifest"][k] for k in SAME}
