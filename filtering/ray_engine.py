@@ -52,7 +52,7 @@ class PartScorer:
 
 def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence", batch_size: int = 64,
               device: str | None = None, address: str | None = None, workers: int | None = None,
-              max_failures: int = 3, show_progress: bool = True, on_part=None, on_start=None) -> dict:
+              max_failures: int = 3, show_progress: bool = True, on_start=None) -> dict:
     """Score ``data`` into ``out_dir`` on Ray; returns the manifest. Joins ``address`` (or the cluster this process
     is already connected to, or a new local one). A part whose actor died is retried up to ``max_failures`` times.
     ``on_start(actors)`` is called once the actors exist (tests use it to kill one)."""
@@ -111,8 +111,6 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
             scored += stats["sentences"]
             bar.update(1)
             bar.set_postfix(sentences=scored, redone=redone)
-            if on_part is not None:
-                on_part(stats)
         give(i)
     bar.close()
     t_scoring = time.perf_counter() - t_scoring

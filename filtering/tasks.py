@@ -25,7 +25,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,12 +226,11 @@ class _Solo:
 
 def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: int, task_index: int, *,
                unit: str = "sentence", batch_size: int = 64, device: str | None = None, show_progress: bool = True,
-               stale_after: float = STALE_AFTER_S, steal: bool = True,
-               on_part: Callable[[dict], None] | None = None) -> dict:
+               stale_after: float = STALE_AFTER_S, steal: bool = True) -> dict:
     """Run task ``task_index`` of ``num_tasks`` over ``data`` into ``out_dir``; returns this run's stats.
 
-    ``stats["complete"]`` is true when every part exists after this task (then ``_manifest.json`` is complete).
-    ``on_part`` is called with each part's stats as it is written (progress logs, Ray).
+    ``complete`` in the result is true when every part exists after this task (then ``_manifest.json`` is
+    complete); ``held_by_live_tasks`` lists the missing parts that running tasks hold.
     """
     from halsift.filtering.ensemble import EnsembleDetector
 
@@ -239,6 +238,8 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
         raise TaskError(f"unit={unit!r}: expected sentence or caption")
     if batch_size < 1:
         raise TaskError(f"batch_size={batch_size}: expected >= 1")
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise TaskError("--num-tasks: each task is one process; do not run it under torchrun/accelerate launch")
     t0 = time.perf_counter()
     detector = load_detector(spec_or_detector)
     if isinstance(detector, EnsembleDetector) and detector.norm != "none":
@@ -248,8 +249,6 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     out.mkdir(parents=True, exist_ok=True)
     parts, inputs = plan_parts(data)
     ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-        raise TaskError("--num-tasks: each task is one process; do not run it under torchrun/accelerate launch")
     _check_or_start(out, ident, _Solo)
     resumed = sum(1 for p in parts if part_done(out, p))
     name = f"task-{task_index:05d}"
@@ -280,8 +279,6 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
         run["parts_scored"] += 1
         run["sentences"] += stats["sentences"]
         bar.set_postfix(parts_scored=run["parts_scored"], parts=len(parts))
-        if on_part is not None:
-            on_part(stats)
     if bar is not None:
         bar.close()
     run.update(end=time.time(), parts_taken_over=board.taken_over,
