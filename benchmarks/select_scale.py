@@ -90,7 +90,8 @@ def main(argv=None) -> int:
         if not (tmp / "scores").is_dir():
             generate(tmp / "scores", a.rows, a.parts)
         size = sum(f.stat().st_size for f in (tmp / "scores").glob("*.parquet")) / 2**20
-        print(f"{a.rows:,} score rows in {a.parts} parts ({size:.0f} MB), generated in {time.perf_counter() - t0:.1f} s")
+        print(f"{a.rows:,} score rows in {a.parts} parts ({size:.0f} MB), generated in "
+              f"{time.perf_counter() - t0:.1f} s")
         for unit in ["sentence"] + (["caption"] if a.caption else []):
             subprocess.run([sys.executable, __file__, "--_measure", str(tmp / "scores"), "--keep", str(a.keep),
                             "--_unit", unit, "--engine", a.engine, "--memory-limit", a.memory_limit], check=True)

@@ -2,10 +2,10 @@
 
 Gives the same kept set as :func:`halsift.filtering.select.select_keys` (the cut-off is the ``n``-th highest score;
 units tied at the cut-off are broken by ``hash_uniform(seed, key, sentence_index)``, lowest first) without holding
-the score table in memory: DuckDB counts, finds the cut-off from a score histogram, and writes ``kept.parquet`` sorted by
-(key, sentence_index) with its out-of-core sort, spilling to ``spill_dir`` beyond ``memory_limit``. Only the rows
-tied at the cut-off come into Python (to hash them). It also writes the kept units grouped by score part
-(``_kept_by_part.parquet``, sorted by part), so that resharding reads one input shard's kept units at a time.
+the score table in memory: DuckDB counts, finds the cut-off from a score histogram, and writes ``kept.parquet``
+sorted by (key, sentence_index) with its out-of-core sort, spilling to ``spill_dir`` beyond ``memory_limit``. Only
+the rows tied at the cut-off come into Python (to hash them). It also writes the kept units sorted by score part
+(``_kept_by_part.parquet``), so that resharding reads one input shard's kept units at a time.
 
 Measured (``benchmarks/select_scale.py``, 2 shared cores): 10M rows / 200 parts in 1.9 s at 444 MB peak RSS (the
 in-memory pyarrow path: 3.9 s, 1037 MB); 30M rows in 5.3 s at 909 MB, and at 686 / 445 MB with ``memory_limit``
@@ -84,7 +84,8 @@ def connect(spill_dir: Path, memory_limit: str = MEMORY_LIMIT, threads: int | No
 def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep: float | None = None,
              top_k: int | None = None, threshold: float | None = None, unit: str = "sentence", agg: str = "min",
              seed: int = 0, memory_limit: str = MEMORY_LIMIT, threads: int | None = None) -> dict:
-    """Write ``out_dir/kept.parquet`` (``key``, ``sentence_index``, ``score``; sorted) and ``out_dir/_kept_by_part.parquet``;
+    """Write ``out_dir/kept.parquet`` (``key``, ``sentence_index``, ``score``; sorted) and
+    ``out_dir/_kept_by_part.parquet``;
     returns the info :func:`select_keys` returns (``score_rows``, ``candidates``, ``selected``,
     ``threshold_used``). Files are written under temporary names and renamed when complete."""
     if sum(x is not None for x in (keep, top_k, threshold)) != 1:
