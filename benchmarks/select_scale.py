@@ -1,10 +1,13 @@
-"""Selection at scale: the top 20% of 10 million score rows spread over many parquet parts.
+"""Selection at scale: the top 20% of 10 million (or 100 million) score rows spread over many parquet parts.
 
-    python benchmarks/select_scale.py                 # 10M rows, 200 parts
-    python benchmarks/select_scale.py --rows 1000000  # smaller
+    python benchmarks/select_scale.py                                 # 10M rows, 200 parts, out-of-core (DuckDB)
+    python benchmarks/select_scale.py --rows 100000000 --parts 2000   # the 100M case
+    python benchmarks/select_scale.py --engine arrow                  # the in-memory select_keys, to compare
 
-Generates the score folder (not timed), then times :func:`halsift.filtering.select.select_keys` plus writing
-``kept.parquet`` in a fresh process and prints wall time and that process's peak RSS (target: < 30 s, < 2 GB).
+Generates the score folder (not timed), then times the selection plus writing ``kept.parquet`` in a fresh process
+and prints wall time and that process's peak RSS (target: 100M rows under 2 GB). ``duckdb`` is
+:func:`halsift.filtering.select_ooc.top_keys` (memory limit ``--memory-limit``); ``arrow`` is
+:func:`halsift.filtering.select.select_keys`, which holds the score columns in memory.
 """
 
 from __future__ import annotations
@@ -45,16 +48,23 @@ def generate(out: Path, rows: int, parts: int, sentences_per_caption: int = 3, s
         done += n
 
 
-def measure(scores: Path, keep: float, unit: str, agg: str) -> None:
+def measure(scores: Path, keep: float, unit: str, agg: str, engine: str, memory_limit: str) -> None:
     from halsift.corpus.scores import write_part_atomic
-    from halsift.filtering.select import select_keys
 
     t0 = time.perf_counter()
-    kept, info = select_keys(scores, keep=keep, unit=unit, agg=agg)
-    write_part_atomic(kept, scores.parent / f"kept-{unit}.parquet")
+    if engine == "duckdb":
+        from halsift.filtering.select_ooc import top_keys
+
+        info = top_keys(scores, scores.parent / f"kept-{unit}", keep=keep, unit=unit, agg=agg,
+                        memory_limit=memory_limit)
+    else:
+        from halsift.filtering.select import select_keys
+
+        kept, info = select_keys(scores, keep=keep, unit=unit, agg=agg)
+        write_part_atomic(kept, scores.parent / f"kept-{unit}.parquet")
     wall = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"unit={unit}{'/' + agg if unit == 'caption' else ''}: candidates {info['candidates']:,}, kept "
+    print(f"{engine} unit={unit}{'/' + agg if unit == 'caption' else ''}: candidates {info['candidates']:,}, kept "
           f"{info['selected']:,} (threshold {info['threshold_used']}) in {wall:.1f} s, peak RSS {rss:.0f} MB")
 
 
@@ -64,23 +74,30 @@ def main(argv=None) -> int:
     p.add_argument("--parts", type=int, default=200)
     p.add_argument("--keep", type=float, default=0.2)
     p.add_argument("--caption", action="store_true", help="also time caption-level selection (agg=min)")
+    p.add_argument("--engine", choices=("duckdb", "arrow"), default="duckdb",
+                   help="duckdb: out-of-core top_keys (default); arrow: the in-memory select_keys")
+    p.add_argument("--memory-limit", default="1GB", help="duckdb's memory limit (it spills beyond it)")
+    p.add_argument("--dir", default=None, help="keep the generated scores here (reused when present)")
     p.add_argument("--_measure", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_unit", default="sentence", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a._measure:
-        measure(Path(a._measure), a.keep, a._unit, "min")
+        measure(Path(a._measure), a.keep, a._unit, "min", a.engine, a.memory_limit)
         return 0
-    tmp = Path(tempfile.mkdtemp(prefix="halsift-select-scale-"))
+    tmp = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="halsift-select-scale-"))
     try:
         t0 = time.perf_counter()
-        generate(tmp / "scores", a.rows, a.parts)
+        if not (tmp / "scores").is_dir():
+            generate(tmp / "scores", a.rows, a.parts)
         size = sum(f.stat().st_size for f in (tmp / "scores").glob("*.parquet")) / 2**20
-        print(f"generated {a.rows:,} score rows in {a.parts} parts ({size:.0f} MB) in {time.perf_counter() - t0:.1f} s")
+        print(f"{a.rows:,} score rows in {a.parts} parts ({size:.0f} MB), generated in "
+              f"{time.perf_counter() - t0:.1f} s")
         for unit in ["sentence"] + (["caption"] if a.caption else []):
             subprocess.run([sys.executable, __file__, "--_measure", str(tmp / "scores"), "--keep", str(a.keep),
-                            "--_unit", unit], check=True)
+                            "--_unit", unit, "--engine", a.engine, "--memory-limit", a.memory_limit], check=True)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not a.dir:
+            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -282,7 +282,9 @@ def _state(device: str | None):
 
     cpu = device == "cpu" or (device is None and (not torch.cuda.is_available() or bool(os.environ.get(
         "HALSIFT_FORCE_CPU"))))
-    return PartialState(cpu=cpu)
+    from halsift.filtering.tasks import dist_timeout_kwargs
+
+    return PartialState(cpu=cpu, **dist_timeout_kwargs())  # HALSIFT_DIST_TIMEOUT: barrier timeout in seconds
 
 
 def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sentence", batch_size: int = 64,

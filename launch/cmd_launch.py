@@ -40,12 +40,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--cpus-per-task", type=int, default=32)
     s.add_argument("--job-name", default="halsift")
     s.add_argument("--setup", action="append", default=[], help="shell line run before srun (repeatable)")
+    from halsift.launch.slurm_array import add_array_arguments
+
+    add_array_arguments(s)
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- then the halsift command and its flags")
 
 
 def run(args: argparse.Namespace) -> int:
     from halsift.launch.cli import UsageError
     from halsift.launch.launchers import LaunchSpec, SlurmSpec, launch_command, sbatch_script
+    from halsift.launch.slurm_array import array_text
 
     command = list(args.argv)
     if command and command[0] == "--":
@@ -56,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"command: give the halsift subcommand itself (e.g. `-- score ...`), not {command[0]!r}")
     if args.gpus is not None and args.cpu is not None:
         raise UsageError("--gpus and --cpu are exclusive")
+    if (args.max_parallel is not None or args.requeue) and args.array is None:
+        raise UsageError("--max-parallel/--requeue: only with --slurm --array N")
+    if args.array is not None and not args.slurm:
+        raise UsageError("--array: a SLURM job array; add --slurm")
     if args.slurm:
         if args.wait and not args.submit:
             raise UsageError("--wait: only with --submit")
@@ -65,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
                          job_name=args.job_name, output=args.output, master_port=args.master_port,
                          backend=backend, cpu_procs=args.cpu, setup=args.setup)
         python = args.python or ("python" if args.setup else sys.executable)
+        spec.extra_sbatch = list(args.sbatch_extra)
         try:
-            text = sbatch_script(spec, command, python=python)
+            text = array_text(args, command, python) if args.array is not None else sbatch_script(spec, command, python)
         except ValueError as e:
             raise UsageError(str(e)) from None
         if args.dry_run:

@@ -17,10 +17,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="items per detector call")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: the process's accelerate device)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from halsift.launch.score_engines import add_task_arguments
+
+    add_task_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
     from halsift.launch.cli import UsageError
@@ -29,7 +31,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch-size: expected >= 1, got {args.batch_size}")
     from halsift.filtering.base import DetectorError
     from halsift.filtering.runner import MANIFEST, RunMismatch, score
+    from halsift.launch.score_engines import run_tasks, summary
 
+    code = run_tasks(args)  # --num-tasks / a SLURM array task / --engine ray; None: the rank-split run below
+    if code is not None:
+        return code
     try:
         out = score(args.detector, args.data, args.out, unit=args.unit, batch_size=args.batch_size,
                     device=args.device, show_progress=not args.no_progress)
@@ -40,8 +46,5 @@ def run(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
     if PartialState().is_main_process:
-        m = json.loads((Path(out) / MANIFEST).read_text())
-        print(f"scored {m['sentences']} items of {m['samples']} samples in {m['parts']} parts "
-              f"({m['sentences_per_s']} items/s this run); skipped {m['skipped']['total']}, "
-              f"parse failures {m['parse_failures']} -> {out}")
+        summary(Path(out) / MANIFEST)
     return 0

@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html", action="store_true",
                    help="also write OUT/index.html: a browser of the selected shards' captions, each sentence coloured "
                         "by its score and marked kept or dropped (thumbnails in OUT/samples/)")
+    from halsift.launch.select_engines import add_resumable_arguments
+
+    add_resumable_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
     if args.agg != "min" and args.unit != "caption":
         raise UsageError(f"--agg {args.agg}: only used with --unit caption")
     from halsift.filtering.select import SelectError, select
+    from halsift.launch.select_engines import run_resumable
+
+    code = run_resumable(args)  # --resumable / --keys-only / --num-tasks; None: the in-memory select below
+    if code is not None:
+        return code
 
     try:
         m = select(args.scores, args.data, args.out, keep=args.keep, top_k=args.top_k, threshold=args.threshold,

@@ -369,10 +369,16 @@ def _filters(r: Recipe) -> list[str]:
 
 def stage_select(r: Recipe, p: Paths) -> dict:
     from halsift.filtering.select import select
+    from halsift.filtering.select_scale import reuse_or_clear
 
     info = {}
     for name in _filters(r):
         scored, keep, unit, agg = r.select.resolved(name)
+        done = reuse_or_clear(p.stage("select") / name, _scores_dir(p, scored, "corpus"), keep=keep, unit=unit,
+                              agg=agg, per_captioner=r.select.per_captioner, seed=r.seed)
+        if done is not None:  # finished before the stage was killed; a half-written one was cleared above
+            info[name] = done
+            continue
         manifest = select(_scores_dir(p, scored, "corpus"), p.corpus, p.stage("select") / name, keep=keep,
                           unit=unit, agg=agg, per_captioner=r.select.per_captioner, seed=r.seed,
                           meta_defaults={"captioner": r.select.default_captioner,

@@ -1,0 +1,84 @@
+"""``halsift score`` as independent tasks (``--num-tasks``/``--task-index``, or a SLURM array task's environment)
+or on Ray (``--engine ray``): the flags, and the run that replaces the rank-split one when they are given."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_task_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("scale-out (independent tasks, SLURM arrays, Ray)")
+    g.add_argument("--num-tasks", type=int, default=None, metavar="N",
+                   help="run as one of N independent tasks sharing --out (default: $SLURM_ARRAY_TASK_COUNT in an "
+                        "array job); the last task to finish writes the complete manifest")
+    g.add_argument("--task-index", type=int, default=None, metavar="I",
+                   help="this task's index, 0..N-1 (default: $SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN)")
+    g.add_argument("--claim-timeout", type=float, default=None, metavar="S",
+                   help="take over a part whose claim has had no heartbeat for S seconds (a dead node; default 600)")
+    g.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="ray: score the parts on a Ray cluster, one actor per GPU, parts dealt as actors free up "
+                        "(pip install 'halsift[ray]')")
+    g.add_argument("--address", default=None,
+                   help="--engine ray: the cluster to join, e.g. auto or ray://head:10001 (default: a local one)")
+    g.add_argument("--workers", type=int, default=None,
+                   help="--engine ray: number of scoring actors (default: one per GPU of the cluster, else per CPU)")
+
+
+def run_tasks(args: argparse.Namespace) -> int | None:
+    """Run the task / Ray form of ``score`` when asked for; ``None`` when the ordinary run applies."""
+    from halsift.filtering.base import DetectorError
+    from halsift.filtering.runner import MANIFEST, RunMismatch
+    from halsift.filtering.tasks import STALE_AFTER_S, TaskError, score_task, task_from_env
+    from halsift.launch.cli import UsageError
+
+    stale = STALE_AFTER_S if args.claim_timeout is None else args.claim_timeout
+    if args.engine != "ray" and (args.address is not None or args.workers is not None):
+        raise UsageError("--address/--workers: only with --engine ray")
+    try:
+        if args.engine == "ray":
+            if args.num_tasks is not None or args.task_index is not None or args.claim_timeout is not None:
+                raise UsageError("--engine ray: Ray deals the parts itself; drop --num-tasks/--task-index/"
+                                 "--claim-timeout")
+            if args.workers is not None and args.workers < 1:
+                raise UsageError(f"--workers: expected >= 1, got {args.workers}")
+            from halsift.filtering.ray_engine import score_ray
+
+            m = score_ray(args.detector, args.data, args.out, unit=args.unit, batch_size=args.batch_size,
+                          device=args.device, address=args.address, workers=args.workers,
+                          show_progress=not args.no_progress)
+            print(f"ray: {m['workers']} workers, {m['parts_redone']} parts redone after a worker died", flush=True)
+            summary(Path(args.out) / MANIFEST)
+            return 0
+        task = task_from_env(args.num_tasks, args.task_index)
+        if task is None:
+            if args.claim_timeout is not None:
+                raise UsageError("--claim-timeout: only with --num-tasks (or in a SLURM array task)")
+            return None
+        n, i = task
+        run = score_task(args.detector, args.data, args.out, n, i, unit=args.unit, batch_size=args.batch_size,
+                         device=args.device, show_progress=not args.no_progress, stale_after=stale)
+    except TaskError as e:
+        raise UsageError(str(e)) from None
+    except RunMismatch as e:
+        raise UsageError(f"--out: {e}") from e
+    except DetectorError as e:
+        raise UsageError(f"--detector: {e}") from e
+    print(f"task {i}/{n}: scored {run['parts_scored']} parts ({run['sentences']} items), "
+          f"{run['parts_skipped_done']} already done, {run['parts_taken_over']} taken over from dead tasks",
+          flush=True)
+    if run["complete"]:
+        summary(Path(args.out) / MANIFEST)
+    else:
+        print(f"task {i}/{n}: {run['parts_missing']} parts not written yet ({len(run['held_by_live_tasks'])} held "
+              f"by running tasks); the last task to finish completes {Path(args.out) / MANIFEST}", flush=True)
+    return 0
+
+
+def summary(manifest: Path) -> None:
+    """The one-line result of a finished score run."""
+    m = json.loads(manifest.read_text())
+    print(f"scored {m['sentences']} items of {m['samples']} samples in {m['parts']} parts "
+          f"({m['sentences_per_s']} items/s this run); skipped {m['skipped']['total']}, "
+          f"parse failures {m['parse_failures']} -> {manifest.parent}", flush=True)

@@ -1,0 +1,61 @@
+"""``halsift select --resumable``: out-of-core keys (DuckDB), a key list without resharding (``--keys-only``),
+resharding that resumes per shard and is shared by ``--num-tasks`` processes (or a SLURM array's tasks)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_resumable_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("at scale (out-of-core, resumable, parallel)")
+    g.add_argument("--resumable", action="store_true",
+                   help="out-of-core keys (DuckDB) and one output shard per input shard, each written once: a "
+                        "killed run reruns to the identical result (implied by the flags below)")
+    g.add_argument("--keys-only", action="store_true",
+                   help="write only kept.parquet (the kept key, sentence_index, score) and the manifest: no shards")
+    g.add_argument("--num-tasks", type=int, default=None, metavar="N",
+                   help="reshard as one of N processes sharing --out (default: $SLURM_ARRAY_TASK_COUNT in an array)")
+    g.add_argument("--task-index", type=int, default=None, metavar="I", help="this process's index, 0..N-1")
+    g.add_argument("--memory-limit", default=None, help="DuckDB's memory limit for the keys, e.g. 1GB (default)")
+
+
+def run_resumable(args: argparse.Namespace) -> int | None:
+    """Run the resumable select when asked for; ``None`` when the ordinary one applies."""
+    from halsift.filtering.select import SelectError
+    from halsift.filtering.select_ooc import MEMORY_LIMIT
+    from halsift.filtering.select_scale import select_resumable
+    from halsift.filtering.tasks import TaskError, task_from_env
+    from halsift.launch.cli import UsageError
+
+    try:
+        task = task_from_env(args.num_tasks, args.task_index)
+    except TaskError as e:
+        raise UsageError(str(e)) from None
+    if not (args.resumable or args.keys_only or task is not None or args.memory_limit):
+        return None
+    if args.per_captioner or args.random:
+        raise UsageError(f"--resumable: not with {'--per-captioner' if args.per_captioner else '--random'}; "
+                         "run select without --resumable/--keys-only/--num-tasks")
+    n, i = task or (1, 0)
+    try:
+        run = select_resumable(args.scores, args.data, args.out, keep=args.keep, top_k=args.top_k,
+                               threshold=args.threshold, unit=args.unit, agg=args.agg, seed=args.seed,
+                               keys_only=args.keys_only, num_tasks=n, task_index=i,
+                               memory_limit=args.memory_limit or MEMORY_LIMIT, show_progress=not args.no_progress,
+                               allow_partial=bool(getattr(args, "allow_partial", False)))
+    except SelectError as e:
+        raise UsageError(str(e)) from None
+    m = run.get("manifest")
+    if m is None:
+        print(f"select task {i}/{n}: wrote {run['shards_written']} shards; {run['shards_missing']} not written "
+              f"yet (other tasks hold them); the last task to finish writes {args.out}/manifest.json", flush=True)
+        return 0
+    if args.keys_only:
+        print(f"kept {m['kept_units']} of {m['candidates']} units (threshold {m['threshold_used']}) -> "
+              f"{args.out}/kept.parquet", flush=True)
+        return 0
+    k = m["keys"]
+    print(f"kept {m['kept_units']} of {m['candidates']} units ({m['samples_written']} samples written); "
+          f"precision {m['precision']['input']} -> {m['precision']['kept']}; keys only in shards "
+          f"{k['only_in_shards']}, only in scores {k['only_in_scores']} -> {args.out}", flush=True)
+    return 0
