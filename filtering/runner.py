@@ -153,7 +153,7 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
                 continue
             yield items
     except ShardFormatError as e:
-        skipped.add(Path(part.source).name, str(e), "corrupt_shard")
+        skipped.add(Path(part.source).name, str(e), "corrupt_shard", n=e.lost or 1)
 
 
 def _batches(groups: Iterator[list[Item]], batch_size: int) -> Iterator[list[Item]]:
@@ -256,7 +256,7 @@ def _check_or_start(out: Path, ident: dict, state) -> None:
     elif any(out.glob("part-*.parquet")):
         raise RunMismatch(f"{out}: holds score parts but no {MANIFEST}; use a new --out folder")
     state.wait_for_everyone()
-    if state.is_main_process and not path.exists():
+    if state.is_main_process:  # "running" until every part is checked or rescored: select refuses it meanwhile
         write_json_atomic(path, {**ident, "status": "running"})
     state.wait_for_everyone()
 
@@ -272,7 +272,8 @@ def _finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, sco
     t_model = sum(s["time_model_s"] for s in stats)
     t_data = sum(s["time_data_s"] for s in stats)
     manifest = {
-        **ident, "status": "complete", "parts": len(parts), "parts_resumed": resumed,
+        **ident, "status": "complete", "parts": len(parts), "part_files": [p.name for p in parts],
+        "parts_resumed": resumed,
         "world_size": world, "ranks": sorted({s["rank"] for s in stats}),
         "part_world_sizes": sorted({s["world_size"] for s in stats}),
         "samples": sum(s["samples"] for s in stats), "sentences": sentences,

@@ -47,10 +47,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from halsift.corpus.scores import ScoresFormatError
     from halsift.corpus.shards import ShardFormatError
 
-    errs: list[type[BaseException]] = [UsageError, FileNotFoundError, NotADirectoryError, BenchFormatError,
-                                       ShardFormatError, ScoresFormatError]
+    errs: list[type[BaseException]] = [UsageError, FileNotFoundError, NotADirectoryError, FileExistsError,
+                                       BenchFormatError, ShardFormatError, ScoresFormatError]
     for mod, name in (("halsift.launch.config", "ConfigError"), ("halsift.corpus.retrieval", "RetrievalFormatError"),
-                      ("halsift.filtering.spec", "SpecError")):
+                      ("halsift.filtering.spec", "SpecError"), ("halsift.filtering.select", "SelectError")):
         try:
             errs.append(getattr(importlib.import_module(mod), name))
         except (ImportError, AttributeError):

@@ -23,6 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-captioner", action="store_true", help="apply --keep/--top-k within each captioner")
     p.add_argument("--random", action="store_true", help="baseline: keep the same number of units at random")
     p.add_argument("--seed", type=int, default=0, help="seed of --random")
+    p.add_argument("--detector", help="select from this detector's rows only (a score folder holds one detector; "
+                                      "without this, a folder whose parts name another detector is refused)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="select from a score folder whose _manifest.json is not complete (recorded in the manifest)")
     p.add_argument("--maxcount", type=int, default=1000, help="samples per output shard")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -43,11 +47,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         m = select(args.scores, args.data, args.out, keep=args.keep, top_k=args.top_k, threshold=args.threshold,
                    unit=args.unit, agg=args.agg, per_captioner=args.per_captioner, random_baseline=args.random,
-                   seed=args.seed, maxcount=args.maxcount, show_progress=not args.no_progress)
+                   seed=args.seed, maxcount=args.maxcount, show_progress=not args.no_progress,
+                   detector=args.detector, allow_partial=args.allow_partial)
     except SelectError as e:
         raise UsageError(str(e)) from e
     k = m["keys"]
     print(f"kept {m['kept_units']} of {m['candidates']} units ({m['samples_written']} samples written); "
           f"precision {m['precision']['input']} -> {m['precision']['kept']}; keys only in shards "
-          f"{k['only_in_shards']}, only in scores {k['only_in_scores']} -> {args.out}")
+          f"{k['only_in_shards']}, only in scores {k['only_in_scores']}; {m['skipped']['total']} sample(s) "
+          f"skipped -> {args.out}")
     return 0

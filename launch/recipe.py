@@ -349,7 +349,9 @@ def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
     parsed = merged[[f"p{i}" for i in range(len(member_dirs))]].all(axis=1)
     table = scores_table(merged["key"], merged["sentence_index"], merged[cols].mean(axis=1), parsed, name)
     write_part_atomic(table, out / "part-ensemble.parquet")
-    write_json_atomic(out / "_manifest.json", {"detector": name, "members": [str(d) for d in member_dirs],
+    write_json_atomic(out / "_manifest.json", {"detector": name, "detector_name": name, "status": "complete",
+                                               "part_files": ["part-ensemble.parquet"],
+                                               "members": [str(d) for d in member_dirs],
                                                "rows": int(len(merged)), "complete": True})
     del pd
 

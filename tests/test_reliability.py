@@ -72,3 +72,187 @@ def test_recipe_bench_split_cache_follows_its_bench(tmp_path):
     assert len(rows) == len(read_bench(b)) and all(str(tmp_path / "b") in r.image for r in rows)
     b.write_text(b.read_text().splitlines(keepends=True)[0])  # the same bench path, edited in place
     assert len(read_bench(bench_subset(str(b), "test", run))) == 1
+
+
+# ------------------------------------------------------------------------------- 3. select validates its inputs
+def _select(scores, data, out, *extra) -> int:
+    return main(["select", "--scores", str(scores), "--data", str(data), "--out", str(out), "--keep", "0.5",
+                 "--no-progress", *extra])
+
+
+@pytest.fixture()
+def scored(tmp_path):
+    data = make_corpus(tmp_path / "c", shards=2, per_shard=5, seed=3)
+    assert _score(data, tmp_path / "rand", "random:seed=1") == 0
+    return data, tmp_path / "rand"
+
+
+def test_select_refuses_a_foreign_part(scored, tmp_path, capsys):
+    data, rand = scored
+    assert _score(data, tmp_path / "oracle") == 0
+    shutil.copy(tmp_path / "oracle" / "part-000000.parquet", rand / "part-000000.parquet")
+    capsys.readouterr()
+    assert _select(rand, data, tmp_path / "sel") == 2
+    line = _err_line(capsys)
+    assert "part-000000.parquet" in line and "'oracle'" in line and "foreign" in line
+    assert not (tmp_path / "sel").exists()
+    # a part file the manifest does not list
+    shutil.copy(tmp_path / "oracle" / "part-000000.parquet", rand / "part-extra.parquet")
+    assert _select(rand, data, tmp_path / "sel", "--detector", "oracle") == 2
+    assert "part-extra.parquet" in _err_line(capsys)
+
+
+def test_select_refuses_partial_scores_unless_allowed(scored, tmp_path, capsys):
+    data, rand = scored
+    m = json.loads((rand / "_manifest.json").read_text())
+    (rand / "_manifest.json").write_text(json.dumps({**m, "status": "running"}))  # what a killed score leaves
+    capsys.readouterr()
+    assert _select(rand, data, tmp_path / "sel") == 2
+    line = _err_line(capsys)
+    assert "_manifest.json" in line and "'running'" in line and "--allow-partial" in line
+    assert not (tmp_path / "sel").exists()
+    assert _select(rand, data, tmp_path / "sel", "--allow-partial") == 0
+    sel = json.loads((tmp_path / "sel" / "manifest.json").read_text())
+    assert sel["status"] == "complete" and sel["filter"]["allow_partial"] is True
+    assert sel["filter"]["scores_status"] == "running"
+
+
+def test_select_refuses_duplicate_rows_and_indices_out_of_range(scored, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data, rand = scored
+    part = rand / "part-000001.parquet"
+    t = pq.read_table(part)
+    pq.write_table(pa.concat_tables([t, t.slice(0, 1)]), part)
+    capsys.readouterr()
+    assert _select(rand, data, tmp_path / "sel") == 2
+    line = _err_line(capsys)
+    assert "part-000001.parquet" in line and "more than once" in line
+    # an index past the caption's sentences (scores made from other shards)
+    idx = t["sentence_index"].to_pylist()
+    pq.write_table(t.set_column(1, "sentence_index", pa.array([40] + idx[1:], pa.int32())), part)
+    assert main(["select", "--scores", str(rand), "--data", str(data), "--out", str(tmp_path / "sel"),
+                 "--threshold", "0", "--no-progress"]) == 2
+    line = _err_line(capsys)
+    assert "part-000001.parquet" in line and "sentence_index 40" in line
+    assert not (tmp_path / "sel").exists()
+
+
+def test_int64_sentence_index_part_is_read(scored, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data, rand = scored
+    part = rand / "part-000001.parquet"
+    t = pq.read_table(part)
+    pq.write_table(t.set_column(1, "sentence_index", t["sentence_index"].cast(pa.int64())), part)
+    assert _select(rand, data, tmp_path / "sel") == 0
+    assert json.loads((tmp_path / "sel" / "manifest.json").read_text())["candidates"] == len(read_scores_df(rand))
+    from halsift.corpus.scores import read_scores  # what eval bench and the ensembles read
+
+    assert read_scores(rand)["sentence_index"].type == pa.int32()
+
+
+# ------------------------------------------------------------------------------- 4. bad samples are skipped one by one
+def _write_tar(path: Path, samples: list[tuple[str, bytes, str, dict]]) -> None:
+    """A shard written by hand (the ShardWriter refuses such keys)."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for key, image, caption, meta in samples:
+            for ext, data in (("png", image), ("txt", caption.encode()), ("json", json.dumps(meta).encode())):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def test_select_skips_a_rejected_key_and_keeps_the_rest_of_its_shard(tmp_path, capsys):
+    import random
+
+    from filtering_data import png
+
+    from halsift.corpus.shards import iter_samples
+
+    rng = random.Random(0)
+    (tmp_path / "c").mkdir()
+    keys = ["a_000", "pwned_key)", "a_002", "a_003"]
+    _write_tar(tmp_path / "c" / "000000.tar", [
+        (k, png(rng), f"A red dog number {i}.", {"captioner": "capA", "source": "i2t",
+                                                  "sentences": [{"text": f"A red dog number {i}.", "label": "correct"}]})
+        for i, k in enumerate(keys)])
+    assert _score(tmp_path / "c", tmp_path / "s") == 0
+    assert main(["select", "--scores", str(tmp_path / "s"), "--data", str(tmp_path / "c"), "--out",
+                 str(tmp_path / "sel"), "--keep", "1", "--unit", "caption", "--no-progress"]) == 0
+    m = json.loads((tmp_path / "sel" / "manifest.json").read_text())
+    assert m["skipped"]["by_kind"] == {"bad_sample": 1} and m["skipped"]["samples"][0]["key"] == "pwned_key)"
+    assert m["corrupt_shards"] == [] and m["samples_written"] == 3
+    assert [s.key for s in iter_samples(tmp_path / "sel")] == ["a_000", "a_002", "a_003"]
+    assert "1 sample(s) skipped" in capsys.readouterr().out
+
+
+def test_train_detector_skips_a_missing_bench_image(tmp_path):
+    from halsift.corpus.bench import read_bench, write_bench
+
+    bench = make_bench(tmp_path / "b", captions=8, seed=1)
+    rows = [r.to_json() for r in read_bench(bench)]
+    for r in rows:
+        r["split"] = "train"
+    write_bench(bench, rows)
+    (tmp_path / "b" / "images" / "im0.png").unlink()
+    lost = sum(r["image"] == "images/im0.png" and r["label"] != "unknown" for r in rows)
+    out = tmp_path / "det"
+    assert main(["train", "detector", "--base", "clip:arch=halsift-tiny,seed=1", "--bench", str(bench), "--out",
+                 str(out), "--steps", "1", "--batch-size", "4", "--val-split", "", "--wandb-mode", "disabled"]) == 0
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["skipped"]["by_kind"] == {"missing_image": lost} and lost >= 1
+    assert info["train_rows"] == sum(r["label"] != "unknown" for r in rows) - lost
+    assert (out / "adapter" / "detector.yaml").exists()
+
+
+# ------------------------------------------------------------------------------- 5. honest counts, incomplete inputs
+def test_truncated_shard_counts_the_samples_it_lost(tmp_path):
+    from halsift.corpus.shards import ShardFormatError, iter_shard
+
+    data = make_corpus(tmp_path / "c", shards=1, per_shard=12, seed=4)
+    tar = data / "000000.tar"
+    raw = tar.read_bytes()
+    tar.write_bytes(raw[: len(raw) // 3 + 100])
+    read = []
+    with pytest.raises(ShardFormatError):
+        for s in iter_shard(tar):
+            read.append(s.key)
+    assert _score(data, tmp_path / "s") == 0
+    m = json.loads((tmp_path / "s" / "_manifest.json").read_text())
+    assert m["skipped"]["by_kind"] == {"corrupt_shard": 12 - len(read)} and 12 - len(read) > 1
+    assert "sample(s) lost" in m["skipped"]["samples"][0]["reason"]
+
+
+def test_train_clip_refuses_an_unfinished_selection(scored, tmp_path, capsys):
+    data, rand = scored
+    assert _select(rand, data, tmp_path / "sel") == 0
+    m = json.loads((tmp_path / "sel" / "manifest.json").read_text())
+    (tmp_path / "sel" / "manifest.json").write_text(json.dumps({**m, "status": "running"}))  # a killed select
+    capsys.readouterr()
+    args = ["train", "clip", "--data", str(tmp_path / "sel"), "--out", str(tmp_path / "run"), "--model",
+            "halsift-tiny", "--steps", "1", "--batch-size", "2", "--workers", "0", "--wandb-mode", "disabled"]
+    assert main(args) == 2
+    line = _err_line(capsys)
+    assert str(tmp_path / "sel") in line and "'running'" in line
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_train_clip_without_resume_refuses_to_overwrite_checkpoints(tmp_path, capsys):
+    data = make_corpus(tmp_path / "c", shards=1, per_shard=4)
+    out = tmp_path / "run"
+    ckpt = out / "checkpoints" / "step_000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    (ckpt / "state.json").write_text('{"step": 2}')
+    args = ["train", "clip", "--data", str(data), "--out", str(out), "--model", "halsift-tiny", "--steps", "1",
+            "--batch-size", "2", "--workers", "0", "--wandb-mode", "disabled"]
+    assert main(args) == 2
+    line = _err_line(capsys)
+    assert "--resume" in line and str(out) in line
+    assert (ckpt / "model.safetensors").read_bytes() == b"weights" and not (out / "config.json").exists()

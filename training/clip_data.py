@@ -50,6 +50,31 @@ def decode_image(data: bytes):
         return None
 
 
+def check_selection_complete(spec: str) -> None:
+    """Refuse the output of a ``halsift select`` that did not finish (killed, or failed part-way): its folder
+    has a ``manifest.json`` that is not ``complete``, or a ``kept.parquet`` without a manifest."""
+    import json
+
+    from halsift.corpus.shards import ShardFormatError
+
+    for folder in sorted({p.parent for p in expand_shards(spec)}):
+        manifest = folder / "manifest.json"
+        if manifest.is_file():
+            try:
+                m = json.loads(manifest.read_text())
+            except ValueError as e:
+                raise ShardFormatError(f"data {folder}: manifest.json is not valid JSON ({e})") from e
+            if not isinstance(m, dict):
+                continue
+            status = m.get("status", "complete" if "kept_units" in m else None)
+            if "filter" in m and status != "complete":
+                raise ShardFormatError(f"data {folder}: a `halsift select` output whose manifest.json says status "
+                                       f"{status!r} (killed or failed); run select again into a new --out")
+        elif (folder / "kept.parquet").exists():
+            raise ShardFormatError(f"data {folder}: a `halsift select` output without manifest.json (incomplete); "
+                                   "run select again into a new --out")
+
+
 class ShardStream(IterableDataset):
     """Infinite stream of ``{"image": (B,3,H,W), "text": (B,L), "skipped": int}`` batches for one process."""
 

@@ -225,7 +225,7 @@ def train(cfg: ClipTrainConfig) -> dict:
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs, set_seed
 
-    from halsift.training.clip_data import make_loader
+    from halsift.training.clip_data import check_selection_complete, make_loader
 
     # ---- setup ---------------------------------------------------------------------------------
     cfg.validate()
@@ -239,6 +239,11 @@ def train(cfg: ClipTrainConfig) -> dict:
                               gradient_accumulation_steps=cfg.grad_accum, kwargs_handlers=handlers)
     rank, world = accelerator.process_index, accelerator.num_processes
     n_shards = [len(expand_shards(spec)) for spec in cfg.data]  # fail before building the model
+    for spec in cfg.data:
+        check_selection_complete(spec)
+    if not cfg.resume and (complete_checkpoints(cfg.out) or (Path(cfg.out) / "final").exists()):
+        raise FileExistsError(f"out: {cfg.out} already holds the checkpoints of a run; pass --resume to continue "
+                              "it, or choose another --out")
     workers = cfg.workers  # one data spec: every (rank, worker) reader needs a shard of its own
     if len(n_shards) == 1 and n_shards[0] < world * max(1, workers):
         if n_shards[0] < world:
