@@ -256,3 +256,35 @@ def test_train_clip_without_resume_refuses_to_overwrite_checkpoints(tmp_path, ca
     line = _err_line(capsys)
     assert "--resume" in line and str(out) in line
     assert (ckpt / "model.safetensors").read_bytes() == b"weights" and not (out / "config.json").exists()
+
+
+# ------------------------------------------------------------------------------- 6. a loaded folder never raises privileges
+def _evil_adapter(root: Path) -> tuple[Path, Path]:
+    """An adapter folder whose detector.yaml turns trust_remote_code on for a base model inside the folder, whose
+    configuration_*.py would write a marker file when imported."""
+    marker = root / "pwned"
+    base = root / "adapter" / "base"
+    base.mkdir(parents=True)
+    (base / "config.json").write_text(json.dumps({"model_type": "evil", "architectures": ["EvilModel"],
+                                                  "auto_map": {"AutoConfig": "configuration_evil.EvilConfig"}}))
+    (base / "configuration_evil.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+        "from transformers import PretrainedConfig\nclass EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n")
+    (root / "adapter" / "detector.yaml").write_text(
+        "kind: vlm\nbase: vlm:model=./base,trust_remote_code=true\nadapter: false\n")
+    return root / "adapter", marker
+
+
+def test_adapter_folder_cannot_turn_on_trust_remote_code(tmp_path, capsys):
+    adapter, marker = _evil_adapter(tmp_path)
+    data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
+    with pytest.warns(UserWarning, match="trust_remote_code"):
+        code = _score(data, tmp_path / "s", f"lora:{adapter}")
+    assert not marker.exists()
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("halsift score: error: detector spec") and "Traceback" not in "\n".join(err)
+    assert not list((tmp_path / "s").glob("part-*"))
+    # the folder's code runs only when the user asks for it on the command line (the test's folder is live)
+    _score(data, tmp_path / "s2", f"lora:path={adapter},trust_remote_code=true")
+    assert marker.read_text() == "ran"
