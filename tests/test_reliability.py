@@ -288,3 +288,82 @@ def test_adapter_folder_cannot_turn_on_trust_remote_code(tmp_path, capsys):
     # the folder's code runs only when the user asks for it on the command line (the test's folder is live)
     _score(data, tmp_path / "s2", f"lora:path={adapter},trust_remote_code=true")
     assert marker.read_text() == "ran"
+
+
+# ------------------------------------------------------------------------------- 7. api credentials stay at base_url
+class _Recorder:
+    """A loopback HTTP server that records requests and answers every POST with ``reply(handler)``."""
+
+    def __init__(self, reply) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+        self.requests: list[dict] = []
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _any(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(n)
+                outer.requests.append({"method": self.command, "path": self.path,
+                                       "auth": self.headers.get("Authorization")})
+                reply(self)
+
+            do_POST = do_GET = _any
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_api_detector_refuses_a_redirect_and_never_sends_the_key_elsewhere(tmp_path, monkeypatch, capsys):
+    def ok(h):
+        body = json.dumps({"choices": [{"message": {"content": '{"score": 99}'}}]}).encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    other = _Recorder(ok)  # another origin (another port)
+
+    def redirect(h):
+        h.send_response(302)  # urllib followed it as a GET to the other host, key included
+        h.send_header("Location", other.url + "/steal")
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    server = _Recorder(redirect)
+    try:
+        monkeypatch.setenv("HALSIFT_TEST_KEY", "sk-secret")
+        data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
+        spec = f"api:base_url={server.url}/v1,model=judge,api_key_env=HALSIFT_TEST_KEY,mode=prompt,max_retries=0"
+        assert _score(data, tmp_path / "s", spec) == 2
+        line = _err_line(capsys)
+        assert "redirect" in line and "/steal" in line
+        assert server.requests and server.requests[0]["auth"] == "Bearer sk-secret"
+        assert other.requests == []
+        assert not list((tmp_path / "s").glob("part-*"))
+    finally:
+        server.close()
+        other.close()
+
+
+def test_api_key_variable_cannot_be_chosen_by_a_spec_file(tmp_path, capsys):
+    spec = tmp_path / "judge.yaml"
+    spec.write_text("family: api\nbase_url: http://127.0.0.1:9/v1\nmodel: judge\napi_key_env: HOME\n")
+    data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
+    assert _score(data, tmp_path / "s", str(spec)) == 2
+    line = _err_line(capsys)
+    assert "api_key_env='HOME'" in line and "judge.yaml" in line
+    spec.write_text("family: ensemble\nmembers: ['api:base_url=http://127.0.0.1:9/v1,model=j,api_key_env=PATH', "
+                    "'random:seed=0']\n")
+    assert _score(data, tmp_path / "s", str(spec)) == 2
+    assert "api_key_env='PATH'" in _err_line(capsys)
