@@ -385,3 +385,28 @@ def test_sbatch_header_value_with_spaces_is_quoted_and_gpus_zero_refused(capsys)
     assert '#SBATCH --job-name="my run"\n' in capsys.readouterr().out
     assert main(["launch", "--gpus", "0", "--dry-run", "--", "stats", "--data", "d"]) == 2
     assert "--gpus: expected >= 1, got 0" in _err_line(capsys)
+
+
+# ------------------------------------------------------------------------------- 9. YAML errors never echo expanded values
+def test_yaml_alias_bomb_is_refused_in_one_short_line(tmp_path, capsys):
+    import time
+
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        prev = chr(ord("a") + i - 1)
+        levels.append(f"{chr(ord('a') + i)}: &{chr(ord('a') + i)} [{', '.join(['*' + prev] * 9)}]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(levels) + "\nmodel: *i\n")
+    assert len(bomb.read_bytes()) < 400
+    data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
+    t0 = time.perf_counter()
+    assert main(["train", "clip", "--config", str(bomb), "--data", str(data), "--out", str(tmp_path / "o")]) == 2
+    line = _err_line(capsys)
+    assert time.perf_counter() - t0 < 10 and len(line) < 600
+    assert "bomb.yaml" in line and "alias" in line
+    # a merely wrong (not expanding) value is echoed, bounded
+    (tmp_path / "big.yaml").write_text("model: [" + ", ".join(["abcdefgh"] * 5000) + "]\n")
+    assert main(["train", "clip", "--config", str(tmp_path / "big.yaml"), "--data", str(data), "--out",
+                 str(tmp_path / "o")]) == 2
+    line = _err_line(capsys)
+    assert "--model" in line and len(line) < 300
