@@ -60,8 +60,11 @@ def write_part_atomic(table: pa.Table, path: str | os.PathLike) -> None:
     """Write one parquet part through a temporary name, so a killed run never leaves a finished-looking part."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only still there when writing failed (e.g. a full disk)
 
 
 def read_scores(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table:

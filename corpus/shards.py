@@ -223,6 +223,9 @@ def expand_shards(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> list
             raise FileNotFoundError(f"shards: {s} does not exist")
     if not paths:
         raise FileNotFoundError(f"shards: no .tar files match {s}")
+    for p in paths:
+        if not p.is_file():  # a folder named *.tar, a FIFO or a device: reading it would fail or block
+            raise ShardFormatError(f"shards: {p} is not a regular file")
     return paths
 
 
@@ -250,6 +253,8 @@ def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"shard {path} does not exist")
+    if not path.is_file():
+        raise ShardFormatError(f"{path}: not a regular file")
     size = path.stat().st_size
     with open(path, "rb") as fh:
         compressed = fh.read(6).startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ"))

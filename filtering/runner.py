@@ -121,7 +121,10 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
                 image = last[1]
             elif decode:
                 try:
-                    image = decode_image((bench_dir / first.image).read_bytes(), first.id)
+                    path = bench_dir / first.image
+                    if not path.is_file():  # missing, a folder, or a FIFO/device that would block the read
+                        raise OSError(f"{path} is missing or not a regular file")
+                    image = decode_image(path.read_bytes(), first.id)
                 except (ImageDecodeError, OSError) as e:
                     for r in rows:
                         skipped.add(r.id, f"image {first.image}: {getattr(e, 'reason', e)}",
@@ -313,6 +316,8 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
         raise ValueError(f"unit={unit!r}: expected one of {UNITS}")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: expected >= 1")
+    if _is_bench(data) and unit != "sentence":
+        raise ValueError(f"unit={unit!r}: a bench file is scored per sentence (its rows); use unit='sentence'")
     t0 = time.perf_counter()
     detector = load_detector(spec_or_detector)
     state = _state(device)

@@ -203,6 +203,8 @@ def select_keys(scores: str | os.PathLike | pa.Table, *, keep: float | None = No
         raise SelectError(f"keep={keep}: expected a fraction in (0, 1]")
     if top_k is not None and top_k < 0:
         raise SelectError(f"top_k={top_k}: expected >= 0")
+    if threshold is not None and not 0 <= threshold <= 100:  # also refuses nan
+        raise SelectError(f"threshold={threshold}: expected a score in [0, 100]")
     if unit not in UNITS:
         raise SelectError(f"unit={unit!r}: expected one of {UNITS}")
     if agg not in AGGS:

@@ -4,8 +4,9 @@ Each (sub)command lives in its own module ``halsift.launch.cmd_*`` exposing ``HE
 ``add_arguments(parser)`` and ``run(args) -> int``. Command modules import only argparse-level things at the
 top; torch, transformers and open_clip are imported inside ``run``, so ``halsift --help`` is instant.
 
-Exit codes: 0 on success; 2 with a one-line message naming the bad flag/key/file on a usage or config error
-(no traceback); 1 on an unexpected failure.
+Exit codes: 0 on success; 2 with a one-line message naming the bad flag/key/file on a usage or config error, an
+unreadable or unwritable path (any ``OSError``: missing, read-only, a full disk) or a corrupt file (parquet,
+safetensors), with no traceback; 1 on an unexpected failure.
 """
 
 from __future__ import annotations
@@ -58,6 +59,34 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
+def _format_errors() -> tuple[type[BaseException], ...]:
+    """Errors of the file-format libraries: a corrupt parquet, a garbage safetensors file."""
+    errs: list[type[BaseException]] = []
+    for mod, name in (("pyarrow.lib", "ArrowInvalid"), ("safetensors", "SafetensorError")):
+        try:
+            errs.append(getattr(importlib.import_module(mod), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errs)
+
+
+def one_line(e: BaseException, limit: int = 500) -> str:
+    """The message of ``e`` as one line: an OSError names its path; an error re-raised from a DataLoader worker
+    ("Caught X in DataLoader worker process N." + traceback) gives the original error's last line."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        msg = f"{e.filename}: {e.strerror}"
+    else:
+        text = str(e)
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if lines and lines[0].startswith("Caught ") and "Original Traceback" in text:
+            msg = lines[-1].split(": ", 1)[-1]
+        else:
+            msg = lines[0] if lines else type(e).__name__
+    if isinstance(e, _format_errors()) and not isinstance(e, OSError):
+        msg = f"{type(e).__name__}: {msg}"
+    return msg if len(msg) <= limit else msg[:limit] + "..."
+
+
 def _load(module: str):
     try:
         return importlib.import_module(module)
@@ -101,9 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except _user_errors() as e:
-        name = args._name
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"halsift {name}: error: {msg}", file=sys.stderr)
+        print(f"halsift {args._name}: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except (OSError, *_format_errors()) as e:  # unreadable/unwritable paths, a full disk, corrupt files
+        print(f"halsift {args._name}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("halsift: interrupted", file=sys.stderr)

@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--keep: expected a fraction in (0, 1], got {args.keep}")
     if args.top_k is not None and args.top_k < 0:
         raise UsageError(f"--top-k: expected >= 0, got {args.top_k}")
+    if args.threshold is not None and not 0 <= args.threshold <= 100:  # also refuses nan
+        raise UsageError(f"--threshold: expected a score in [0, 100], got {args.threshold}")
     if args.maxcount < 1:
         raise UsageError(f"--maxcount: expected >= 1, got {args.maxcount}")
     if args.agg != "min" and args.unit != "caption":

@@ -410,3 +410,122 @@ def test_yaml_alias_bomb_is_refused_in_one_short_line(tmp_path, capsys):
                  str(tmp_path / "o")]) == 2
     line = _err_line(capsys)
     assert "--model" in line and len(line) < 300
+
+
+# ------------------------------------------------------------------------------- every user error: one line, exit 2
+def test_corrupt_parquet_part_is_one_line_and_a_rerun_rescores_it(scored, tmp_path, capsys):
+    data, rand = scored
+    part = rand / "part-000000.parquet"
+    part.write_bytes(part.read_bytes()[:50])
+    capsys.readouterr()
+    assert _select(rand, data, tmp_path / "sel") == 2
+    line = _err_line(capsys)
+    assert str(part) in line and "not a readable parquet" in line and not (tmp_path / "sel").exists()
+    bench = make_bench(tmp_path / "b", captions=3)
+    assert main(["eval", "bench", "--bench", str(bench), "--scores", str(rand), "--out", str(tmp_path / "ev")]) == 2
+    assert str(part) in _err_line(capsys)
+    assert _score(data, rand, "random:seed=1") == 0  # the rerun rescores the damaged part
+    m = json.loads((rand / "_manifest.json").read_text())
+    assert m["parts_resumed"] == 1 and len(read_scores_df(rand)) == m["sentences"]
+
+
+def test_full_disk_during_select_is_one_line_and_leaves_no_temp_shard(scored, tmp_path, monkeypatch, capsys):
+    import errno
+    import tarfile
+
+    data, rand = scored
+    real = tarfile.TarFile.addfile
+    calls = [0]
+
+    def addfile(self, *a, **kw):
+        calls[0] += 1
+        if calls[0] > 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(tarfile.TarFile, "addfile", addfile)
+    (tmp_path / "sel").mkdir()  # an existing, empty --out: kept, emptied of what the run wrote
+    assert _select(rand, data, tmp_path / "sel") == 2
+    assert "No space left on device" in _err_line(capsys)
+    assert list((tmp_path / "sel").iterdir()) == []
+
+
+def test_write_part_atomic_removes_its_temp_file_on_failure(tmp_path, monkeypatch):
+    import errno
+
+    import pyarrow.parquet as pq
+
+    from halsift.corpus.scores import scores_table, write_part_atomic
+
+    def full(table, where, *a, **kw):
+        Path(where).write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", full)
+    with pytest.raises(OSError):
+        write_part_atomic(scores_table(["a"], [0], [1.0], [True], "x"), tmp_path / "part-a.parquet")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_out_is_one_line(tmp_path, capsys):
+    data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
+    (tmp_path / "file").write_text("not a folder")
+    assert _score(data, tmp_path / "file" / "out") == 2
+    line = _err_line(capsys)
+    assert "file" in line and "Traceback" not in line
+
+
+def test_bench_given_as_a_folder_and_caption_unit_on_a_bench_are_one_line(tmp_path, capsys):
+    bench = make_bench(tmp_path / "b", captions=3)
+    assert main(["eval", "bench", "--bench", str(tmp_path / "b"), "--detector", "oracle",
+                 "--out", str(tmp_path / "ev")]) == 2
+    assert str(tmp_path / "b") in _err_line(capsys)
+    assert _score(bench, tmp_path / "s", "oracle", "--unit", "caption") == 2
+    assert "--unit caption" in _err_line(capsys)
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("value", ["200", "nan", "-1"])
+def test_select_threshold_outside_0_100_is_refused(scored, tmp_path, capsys, value):
+    data, rand = scored
+    capsys.readouterr()
+    assert main(["select", "--scores", str(rand), "--data", str(data), "--out", str(tmp_path / "sel"),
+                 "--threshold", value, "--no-progress"]) == 2
+    assert "--threshold" in _err_line(capsys) and not (tmp_path / "sel").exists()
+
+
+def test_fifo_image_in_a_bench_is_skipped_not_waited_for(tmp_path):
+    import os
+
+    bench = make_bench(tmp_path / "b", captions=3)
+    img = tmp_path / "b" / "images" / "im1.png"
+    img.unlink()
+    os.mkfifo(img)
+    assert _score(bench, tmp_path / "s") == 0
+    m = json.loads((tmp_path / "s" / "_manifest.json").read_text())
+    assert m["skipped"]["by_kind"] == {"missing_image": m["skipped"]["total"]} and m["skipped"]["total"] >= 1
+    assert "not a regular file" in m["skipped"]["samples"][0]["reason"]
+
+
+def test_fifo_shard_is_refused(tmp_path, capsys):
+    import os
+
+    (tmp_path / "c").mkdir()
+    os.mkfifo(tmp_path / "c" / "000000.tar")
+    assert _score(tmp_path / "c", tmp_path / "s") == 2
+    assert "not a regular file" in _err_line(capsys)
+
+
+def test_train_clip_on_shards_without_a_readable_sample_fails_fast(tmp_path, capsys):
+    import time
+
+    keys = {f"s0_{i:05d}": "image" for i in range(4)}
+    data = make_corpus(tmp_path / "c", shards=1, per_shard=4, corrupt=keys)
+    t0 = time.perf_counter()
+    assert main(["train", "clip", "--data", str(data), "--out", str(tmp_path / "run"), "--model", "halsift-tiny",
+                 "--steps", "2", "--batch-size", "2", "--workers", "0", "--wandb-mode", "disabled"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # (after the progress bar's lines)
+    line = err[-1]
+    assert line.startswith("halsift train clip: error: data") and "Traceback" not in "\n".join(err)
+    assert "no readable sample" in line and str(data) in line and time.perf_counter() - t0 < 60
+    assert not (tmp_path / "run" / "checkpoints").exists()
