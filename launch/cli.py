@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -87,6 +88,23 @@ def one_line(e: BaseException, limit: int = 500) -> str:
     return msg if len(msg) <= limit else msg[:limit] + "..."
 
 
+UNLOCKED = ("launch", "run")  # launch: its ranks take the lock; run: a recipe has no --out
+ERROR_FILE_ENV = "HALSIFT_ERROR_FILE"  # set by `halsift launch`: ranks append their one-line user error here
+
+
+def _user_error(line: str) -> int:
+    """Print the one-line error (and hand it to a `halsift launch` parent, which then exits 2 with it)."""
+    print(line, file=sys.stderr)
+    path = os.environ.get(ERROR_FILE_ENV)
+    if path:
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError:
+            pass
+    return 2
+
+
 def _load(module: str):
     try:
         return importlib.import_module(module)
@@ -127,14 +145,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "_run", None) is None:
         (getattr(args, "_group_parser", None) or parser).print_help()
         return 2
+    from halsift.launch.output_lock import OutputBusyError, output_lock
+
+    out = getattr(args, "out", None)
     try:
-        return int(args._run(args) or 0)
-    except _user_errors() as e:
-        print(f"halsift {args._name}: error: {one_line(e)}", file=sys.stderr)
-        return 2
-    except (OSError, *_format_errors()) as e:  # unreadable/unwritable paths, a full disk, corrupt files
-        print(f"halsift {args._name}: error: {one_line(e)}", file=sys.stderr)
-        return 2
+        with output_lock(out if isinstance(out, str) and args._name not in UNLOCKED else None, args._name):
+            return int(args._run(args) or 0)
+    except (*_user_errors(), OutputBusyError, OSError, *_format_errors()) as e:  # bad input, unreadable/unwritable paths, corrupt files
+        return _user_error(f"halsift {args._name}: error: {one_line(e)}")
     except KeyboardInterrupt:
         print("halsift: interrupted", file=sys.stderr)
         return 130

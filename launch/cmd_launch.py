@@ -97,4 +97,16 @@ def run(args: argparse.Namespace) -> int:
     if spec.cpu:
         env.setdefault("OMP_NUM_THREADS", "1")
         env["HALSIFT_FORCE_CPU"] = "1"
-    return subprocess.call(argv, env=env)
+    import tempfile
+
+    from halsift.launch.cli import ERROR_FILE_ENV
+
+    with tempfile.TemporaryDirectory(prefix="halsift-launch-") as tmp:
+        env[ERROR_FILE_ENV] = str(Path(tmp) / "errors.txt")
+        code = subprocess.call(argv, env=env)
+        errors = Path(env[ERROR_FILE_ENV])
+        lines = errors.read_text(encoding="utf-8").splitlines() if errors.exists() else []
+    if code != 0 and lines:  # a user error in the ranks: its one line (again, after the launcher's report), exit 2
+        print(lines[0], file=sys.stderr)
+        return 2
+    return code

@@ -529,3 +529,73 @@ def test_train_clip_on_shards_without_a_readable_sample_fails_fast(tmp_path, cap
     assert line.startswith("halsift train clip: error: data") and "Traceback" not in "\n".join(err)
     assert "no readable sample" in line and str(data) in line and time.perf_counter() - t0 < 60
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def _retrieval_set(root: Path, broken: bool) -> Path:
+    import random
+
+    from filtering_data import png
+
+    from halsift.corpus.retrieval import write_retrieval
+
+    rng = random.Random(0)
+    (root / "images").mkdir(parents=True)
+    for i in range(3):
+        (root / "images" / f"{i}.png").write_bytes(png(rng) if not (broken and i == 1) else b"\x89PNG broken")
+    write_retrieval(root / "retrieval.jsonl", [{"image": f"images/{i}.png", "captions": [f"a thing {i}."]}
+                                               for i in range(3)])
+    return root
+
+
+def test_eval_retrieval_corrupt_image_or_garbage_safetensors_is_one_line(tmp_path, capsys):
+    bad = _retrieval_set(tmp_path / "bad", broken=True)
+    args = ["eval", "retrieval", "--model", "halsift-tiny", "--device", "cpu", "--out", str(tmp_path / "ev")]
+    assert main([*args, "--data", str(bad)]) == 2
+    line = _err_line(capsys)
+    assert "1.png" in line and "cannot read image" in line and not (tmp_path / "ev" / "metrics.json").exists()
+    good = _retrieval_set(tmp_path / "good", broken=False)
+    garbage = tmp_path / "model.safetensors"
+    garbage.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    assert main([*args, "--data", str(good), "--pretrained", str(garbage)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("halsift eval retrieval: error: SafetensorError: pretrained: " + str(garbage))
+    assert "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "ev" / "metrics.json").exists()
+
+
+def test_train_detector_on_an_empty_split_is_one_line(tmp_path, capsys):
+    bench = make_bench(tmp_path / "b", captions=4)  # every row is split "test"
+    assert main(["train", "detector", "--base", "clip:arch=halsift-tiny,seed=1", "--bench", str(bench), "--out",
+                 str(tmp_path / "det"), "--steps", "1", "--wandb-mode", "disabled"]) == 2
+    line = _err_line(capsys)
+    assert "split 'train'" in line and str(bench) in line
+
+
+def test_user_error_under_launch_cpu_is_exit_2_with_its_line_last(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HALSIFT_QUIET": "1"}
+    proc = subprocess.run([sys.executable, "-m", "halsift.launch.cli", "launch", "--cpu", "2", "--", "score",
+                           "--detector", "oracle", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "o")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == f"halsift score: error: shards: {tmp_path / 'missing'} does not exist"
+
+
+# ------------------------------------------------------------------------------- one run per --out folder
+def test_second_run_into_a_busy_out_folder_is_refused(tmp_path, capsys):
+    from filelock import FileLock
+
+    data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
+    out = tmp_path / "s"
+    out.mkdir()
+    with FileLock(str(out / ".halsift.lock")):  # what a running `halsift score --out s` holds
+        assert _score(data, out) == 2
+        line = _err_line(capsys)
+        assert line.startswith("halsift score: error: --out") and "another halsift run" in line
+        assert not list(out.glob("part-*")) and not (out / "_manifest.json").exists()
+    assert _score(data, out) == 0  # free again; and the lock is gone once a run ends (even on SIGKILL: flock)
+    assert sorted(p.name for p in out.iterdir()) == ["_manifest.json", "part-000000.parquet"]

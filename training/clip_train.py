@@ -95,11 +95,14 @@ def load_model(arch: str, pretrained: str | None = None, device="cpu", **kw):
 
     ensure_model_configs()
     if pretrained and str(pretrained).endswith(".safetensors") and os.path.isfile(pretrained):
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(str(pretrained), framework="pt") as f:
-            if "logit_bias" in f.keys():
-                kw.setdefault("init_logit_bias", -10.0)  # overwritten by the stored value
+        try:
+            with safe_open(str(pretrained), framework="pt") as f:
+                if "logit_bias" in f.keys():
+                    kw.setdefault("init_logit_bias", -10.0)  # overwritten by the stored value
+        except SafetensorError as e:
+            raise SafetensorError(f"pretrained: {pretrained} is not a valid safetensors file ({e})") from None
     return open_clip.create_model_and_transforms(arch, pretrained=pretrained, device=device, **kw)
 
 
