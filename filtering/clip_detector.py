@@ -15,6 +15,8 @@ encoded once; all of its sentences are scored against that embedding.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +36,23 @@ def register_builtin_configs() -> None:
 
         open_clip.add_model_config(_CONFIG_DIR)
         _registered = True
+
+
+@contextlib.contextmanager
+def _quiet_random_init(loading_checkpoint: bool):
+    """Drop open_clip's "No pretrained weights loaded" warning when a checkpoint is loaded right after."""
+
+    class _Drop(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "No pretrained weights loaded" not in record.getMessage()
+
+    root, drop = logging.getLogger(), _Drop()
+    if loading_checkpoint:
+        root.addFilter(drop)
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)
 
 
 class ClipDetector(Detector):
@@ -65,18 +84,26 @@ class ClipDetector(Detector):
             raise ValueError(f"arch={arch!r}: not an open_clip architecture (see open_clip.list_models())")
         if checkpoint and not Path(checkpoint).exists():
             raise ValueError(f"checkpoint={checkpoint!r}: file does not exist")
-        with torch.random.fork_rng(devices=[]):  # random init is the same in every process
-            torch.manual_seed(int(seed))
+        with torch.random.fork_rng(devices=[]), _quiet_random_init(bool(checkpoint)):
+            torch.manual_seed(int(seed))  # random init is the same in every process
             model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained or None)
         if checkpoint:
-            if str(checkpoint).endswith(".safetensors"):
-                from safetensors.torch import load_file
+            try:
+                if str(checkpoint).endswith(".safetensors"):
+                    from safetensors import SafetensorError
+                    from safetensors.torch import load_file
 
-                state = load_file(checkpoint)
-                state = {k.removeprefix("module."): v for k, v in state.items()}
-                model.load_state_dict(state)
-            else:
-                open_clip.load_checkpoint(model, checkpoint, weights_only=True)
+                    try:
+                        state = load_file(checkpoint)
+                    except SafetensorError as e:
+                        raise ValueError(f"checkpoint={checkpoint!r}: not a valid safetensors file ({e})") from None
+                    state = {k.removeprefix("module."): v for k, v in state.items()}
+                    model.load_state_dict(state)
+                else:
+                    open_clip.load_checkpoint(model, checkpoint, weights_only=True)
+            except RuntimeError as e:  # state dict of another architecture
+                raise ValueError(f"checkpoint={checkpoint!r}: does not fit arch {arch!r} "
+                                 f"({str(e).splitlines()[0][:200]})") from None
         self._setup(model, preprocess, open_clip.get_tokenizer(arch), map=map, center=center, delay=delay,
                     precision=precision)
         self.to(device)

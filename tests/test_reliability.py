@@ -599,3 +599,25 @@ def test_second_run_into_a_busy_out_folder_is_refused(tmp_path, capsys):
         assert not list(out.glob("part-*")) and not (out / "_manifest.json").exists()
     assert _score(data, out) == 0  # free again; and the lock is gone once a run ends (even on SIGKILL: flock)
     assert sorted(p.name for p in out.iterdir()) == ["_manifest.json", "part-000000.parquet"]
+
+
+def test_clip_checkpoint_loads_without_the_random_init_warning_and_garbage_is_one_line(tmp_path, caplog, capsys):
+    import logging
+
+    from halsift.filtering.clip_detector import ClipDetector
+    from halsift.training.clip_train import save_state_dict_safetensors
+
+    ckpt = tmp_path / "model.safetensors"
+    save_state_dict_safetensors(ClipDetector(arch="halsift-tiny", seed=3).model, ckpt)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        ClipDetector(arch="halsift-tiny", checkpoint=str(ckpt))
+    assert "No pretrained weights loaded" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        ClipDetector(arch="halsift-tiny")  # a random init still says so
+    assert "No pretrained weights loaded" in caplog.text
+    ckpt.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
+    assert _score(data, tmp_path / "s", f"clip:arch=halsift-tiny,checkpoint={ckpt}") == 2
+    line = _err_line(capsys)
+    assert str(ckpt) in line and "not a valid safetensors file" in line
