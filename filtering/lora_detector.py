@@ -144,18 +144,20 @@ def read_description(folder: Path) -> dict:
     """``detector.yaml`` of an adapter folder, checked; errors name the file and the field."""
     import yaml
 
+    from halsift.launch.config import safe_load_yaml, short_repr
+
     path = folder / "detector.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"lora detector: {path} is missing (expected the adapter/ folder written by "
                                 "`halsift train detector`)")
     try:
-        desc = yaml.safe_load(path.read_text())
+        desc = safe_load_yaml(path.read_text())  # alias expansion capped
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(desc, dict):
         raise ValueError(f"{path}: expected a mapping with kind, base and adapter fields")
     if desc.get("kind") not in KINDS:
-        raise ValueError(f"{path}: field 'kind' must be one of {KINDS}, got {desc.get('kind')!r}")
+        raise ValueError(f"{path}: field 'kind' must be one of {KINDS}, got {short_repr(desc.get('kind'))}")
     if not isinstance(desc.get("base"), str) or not desc["base"]:
         raise ValueError(f"{path}: field 'base' must be a detector spec string (e.g. clip:arch=...)")
     return desc

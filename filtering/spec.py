@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from halsift.filtering.base import Detector
+from halsift.launch.config import safe_load_yaml, short_repr
 
 
 class SpecError(ValueError):
@@ -205,15 +206,15 @@ def load_detector(spec: str | os.PathLike | dict | Detector) -> Detector:
         opts = dict(spec)
         family = opts.pop("family", None) or opts.pop("detector", None)
         if not isinstance(family, str):
-            raise SpecError(f"detector spec {spec!r}: field 'family' is missing (expected e.g. 'clip')")
-        return _build(family, opts, str(spec))
+            raise SpecError(f"detector spec {short_repr(spec)}: field 'family' is missing (expected e.g. 'clip')")
+        return _build(family, opts, short_repr(spec))
     text = os.fspath(spec)
     if text.endswith((".yaml", ".yml")) or (os.path.isfile(text) and ":" not in Path(text).name):
         path = Path(text)
         if not path.exists():
             raise FileNotFoundError(f"detector spec: {path} does not exist")
         try:
-            data = yaml.safe_load(path.read_text())
+            data = safe_load_yaml(path.read_text())  # alias expansion capped
         except yaml.YAMLError as e:
             raise SpecError(f"detector spec {path}: not valid YAML ({e})") from e
         if not isinstance(data, dict):

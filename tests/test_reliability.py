@@ -621,3 +621,16 @@ def test_clip_checkpoint_loads_without_the_random_init_warning_and_garbage_is_on
     assert _score(data, tmp_path / "s", f"clip:arch=halsift-tiny,checkpoint={ckpt}") == 2
     line = _err_line(capsys)
     assert str(ckpt) in line and "not a valid safetensors file" in line
+
+
+def test_detector_spec_file_alias_bomb_is_one_short_line(tmp_path, capsys):
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        prev = chr(ord("a") + i - 1)
+        levels.append(f"{chr(ord('a') + i)}: &{chr(ord('a') + i)} [{', '.join(['*' + prev] * 9)}]")
+    spec = tmp_path / "det.yaml"
+    spec.write_text("family: random\n" + "\n".join(levels) + "\n")
+    data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
+    assert _score(data, tmp_path / "s", str(spec)) == 2
+    line = _err_line(capsys)
+    assert "det.yaml" in line and "alias" in line and len(line) < 600
