@@ -85,7 +85,8 @@ def read_scores(path: str | os.PathLike, columns: Sequence[str] | None = None) -
         raise ScoresFormatError(f"scores: the parts of {path} have different schemas ({e})") from e
 
 
-def read_part(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table:
+def read_part(path: str | os.PathLike, columns: Sequence[str] | None = None,
+              read_dictionary: Sequence[str] = ()) -> pa.Table:
     """Read one parquet part, checking the columns; ``sentence_index`` is cast to int32 (older or foreign parts
     may hold int64). An unreadable file raises :class:`ScoresFormatError` naming it."""
     try:
@@ -93,7 +94,8 @@ def read_part(path: str | os.PathLike, columns: Sequence[str] | None = None) -> 
         missing = [c for c in (columns or SCORE_COLUMNS) if c not in names]
         if missing:
             raise ScoresFormatError(f"scores: {path} lacks column(s) {missing}; expected {list(SCORE_COLUMNS)}")
-        t = pq.read_table(path, columns=list(columns) if columns else None)
+        t = pq.read_table(path, columns=list(columns) if columns else None,
+                          read_dictionary=list(read_dictionary) or None)
     except (pa.ArrowInvalid, OSError) as e:
         raise ScoresFormatError(f"scores: {path} is not a readable parquet file ({e})") from e
     if "sentence_index" in t.column_names and t.schema.field("sentence_index").type != pa.int32():

@@ -56,14 +56,14 @@ class SelectError(ValueError):
 SCORE_MANIFEST = "_manifest.json"  # written by halsift.filtering.runner
 
 
-def load_scores(scores: str | os.PathLike, detector: str | None = None,
-                allow_partial: bool = False) -> tuple[pa.Table, dict]:
+def load_scores(scores: str | os.PathLike, detector: str | None = None, allow_partial: bool = False,
+                captioner: bool = True) -> tuple[pa.Table, dict]:
     """Read and check a score folder (or one parquet file) for selection; returns ``(table, info)``.
 
-    ``table`` has key, sentence_index (int32), score, detector, captioner (when the parts have it) and ``_part``
-    (index into ``info["parts"]``). Raises :class:`SelectError` naming the part when the folder mixes
-    detectors, holds parts its manifest does not list, repeats a row, is incomplete (unless ``allow_partial``)
-    or has a sentence index below -1.
+    ``table`` has key, sentence_index (int32), score and (with ``captioner``, when the parts have it) captioner.
+    Raises :class:`SelectError` naming the part when the folder mixes detectors, holds parts its manifest does not
+    list, repeats a row, is incomplete (unless ``allow_partial``) or has a sentence index below -1. Memory: the
+    detector column is read dictionary-encoded and dropped part by part.
     """
     path = Path(scores)
     if path.is_dir():
@@ -79,30 +79,32 @@ def load_scores(scores: str | os.PathLike, detector: str | None = None,
         parts, manifest, manifest_path = [path], None, path
     else:
         raise FileNotFoundError(f"scores: {path} does not exist")
-    status = (manifest or {}).get("status", "complete" if (manifest or {}).get("complete") else None)
+    manifest = manifest if isinstance(manifest, dict) else {}
+    status = manifest.get("status", "complete" if manifest.get("complete") else None)
     if status != "complete" and not allow_partial:
         what = f"says status {status!r}" if manifest else "is missing"
         raise SelectError(f"scores: {path / SCORE_MANIFEST if path.is_dir() else path}: the score manifest {what} "
                           "(a killed or unfinished `halsift score`); rerun the score command to finish it, or pass "
                           "--allow-partial to select from the parts that exist")
-    listed = (manifest or {}).get("part_files")
+    listed = manifest.get("part_files")
     if listed is not None:
         extra = [p for p in parts if p.name not in listed]
         if extra:
             raise SelectError(f"scores: {extra[0]} is not a part that {manifest_path.name} lists (a foreign part?); "
                               "remove it or score again into a new folder")
-    expected = detector or (manifest or {}).get("detector_name")
+    expected = detector or manifest.get("detector_name")
     tables, seen, dropped = [], {}, 0
-    for i, p in enumerate(parts):
+    for p in parts:
         try:
             names = pq.read_schema(p).names
         except (pa.ArrowInvalid, OSError):
             names = []  # read_part names the unreadable file
-        cols = ["key", "sentence_index", "score", "detector"] + (["captioner"] if "captioner" in names else [])
-        t = read_part(p, cols)
-        dets = pc.unique(t["detector"]).to_pylist()
+        cols = ["key", "sentence_index", "score", "detector"]
+        cols += ["captioner"] if captioner and "captioner" in names else []
+        t = read_part(p, cols, read_dictionary=["detector"])
+        dets = pc.unique(t["detector"].cast(pa.string())).to_pylist()
         if detector is not None:
-            keep = pc.equal(t["detector"], detector)
+            keep = pc.equal(t["detector"].cast(pa.string()), detector)
             dropped += len(t) - (pc.sum(keep).as_py() or 0)
             t = t.filter(keep)
         elif expected is not None and any(d != expected for d in dets):
@@ -115,26 +117,36 @@ def load_scores(scores: str | os.PathLike, detector: str | None = None,
                 a, b = list(seen.items())[:2]
                 raise SelectError(f"scores: {b[1]} holds detector {b[0]!r} but {a[1]} holds {a[0]!r}; a score folder "
                                   "holds one detector (choose one with --detector)")
-        bad = pc.less(t["sentence_index"], CAPTION_INDEX)
-        if pc.any(bad).as_py():
+        if pc.any(pc.less(t["sentence_index"], CAPTION_INDEX)).as_py():
             raise SelectError(f"scores: {p} has sentence_index "
                               f"{pc.min(t['sentence_index']).as_py()} (expected -1 for a caption or >= 0)")
-        tables.append(t.append_column("_part", pa.array(np.full(len(t), i, np.int32))))
+        tables.append(t.drop_columns(["detector"]))
     table = pa.concat_tables(tables, promote_options="default")
     if detector is not None and not len(table):
         raise SelectError(f"--detector {detector}: no rows of that detector in {path}")
-    counts = table.group_by(["key", "sentence_index"], use_threads=False).aggregate(
-        [("_part", "count"), ("_part", "min"), ("_part", "max")])
-    dup = counts.filter(pc.greater(counts["_part_count"], 1))
+    counts = table.group_by(["key", "sentence_index"], use_threads=False).aggregate([("score", "count")])
+    dup = counts.filter(pc.greater(counts["score_count"], 1))
     if len(dup):
         k, idx = dup["key"][0].as_py(), dup["sentence_index"][0].as_py()
-        a, b = parts[dup["_part_min"][0].as_py()], parts[dup["_part_max"][0].as_py()]
-        where = f"{a}" if a == b else f"{a} and {b}"
+        where = " and ".join(str(p) for p in parts_holding(parts, k, idx))
         raise SelectError(f"scores: row (key={k!r}, sentence_index={idx}) appears more than once ({where}; "
                           f"{len(dup)} repeated rows in all)")
     info = {"parts": [str(p) for p in parts], "manifest_status": status, "allow_partial": allow_partial,
             "detector": expected, "rows_of_other_detectors_dropped": dropped}
     return table, info
+
+
+def parts_holding(parts: list[Path], key: str, sentence_index: int | None = None) -> list[Path]:
+    """The parts that hold ``key`` (at ``sentence_index``): only read to name them in an error."""
+    found = []
+    for p in parts:
+        t = read_part(p, ["key", "sentence_index"])
+        hit = pc.equal(t["key"], key)
+        if sentence_index is not None:
+            hit = pc.and_(hit, pc.equal(t["sentence_index"], sentence_index))
+        if pc.any(hit).as_py():
+            found.append(p)
+    return found
 
 
 def _top_n(score: np.ndarray, n: int, table: pa.Table, rows: np.ndarray,
@@ -299,7 +311,7 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
     if out.exists() and (any(out.glob("*.tar")) or (out / "manifest.json").exists()):
         raise SelectError(f"out: {out} already holds shards or a manifest; choose a new folder")
     shards = expand_shards(data)
-    table, source = load_scores(scores_dir, detector, allow_partial)
+    table, source = load_scores(scores_dir, detector, allow_partial, captioner=per_captioner)
     args = dict(keep=keep, top_k=top_k, threshold=threshold, unit=unit, agg=agg, per_captioner=per_captioner,
                 random_baseline=random_baseline, seed=seed)
     try:
@@ -343,12 +355,8 @@ def _write_selection(table: pa.Table, kept: pa.Table, info: dict, source: dict, 
                      out: Path, unit: str, agg: str, maxcount: int, show_progress: bool) -> dict:
     """Stream the shards once, writing the kept units; returns the manifest (without wall time)."""
     want: dict[str, list[int]] = defaultdict(list)
-    part_of: dict[str, int] = {}
-    has_part = "_part" in kept.column_names
-    for j, (k, i) in enumerate(zip(kept["key"].to_pylist(), kept["sentence_index"].to_pylist())):
+    for k, i in zip(kept["key"].to_pylist(), kept["sentence_index"].to_pylist()):
         want[k].append(i)
-        if has_part:
-            part_of.setdefault(k, j)
     score_keys = pc.unique(table["key"])
     sentence_level = unit == "sentence" or agg == "prune"
     inp, got = defaultdict(Counter), defaultdict(Counter)  # captioner -> label counts (input / kept)
@@ -386,7 +394,8 @@ def _write_selection(table: pa.Table, kept: pa.Table, info: dict, source: dict, 
                     idxs = sorted(want[s.key])
                     if sentence_level and any(not 0 <= i < len(texts) for i in idxs):
                         bad = next(i for i in idxs if not 0 <= i < len(texts))
-                        part = source["parts"][kept["_part"][part_of[s.key]].as_py()] if has_part else filt["scores"]
+                        held = parts_holding([Path(x) for x in source["parts"]], s.key, bad)
+                        part = held[0] if held else filt["scores"]
                         raise SelectError(f"scores: {part} has sentence_index {bad} for key {s.key!r}, whose caption "
                                           f"in {path} has {len(texts)} sentence(s); were these scores made from "
                                           "other shards?")
