@@ -45,15 +45,21 @@ def test_rerun_after_shards_replaced_at_same_paths_rescores(tmp_path):
 
 
 def test_rerun_after_detector_checkpoint_changed_rescores(tmp_path):
-    from halsift.corpus.fingerprint import spec_fingerprint
+    from halsift.filtering.clip_detector import ClipDetector
+    from halsift.training.clip_train import save_state_dict_safetensors
 
+    data = make_corpus(tmp_path / "c", shards=2, per_shard=3)
     ckpt = tmp_path / "model.safetensors"
-    ckpt.write_bytes(b"a" * 100)
+    save_state_dict_safetensors(ClipDetector(arch="halsift-tiny", seed=1).model, ckpt)
     spec = f"clip:arch=halsift-tiny,checkpoint={ckpt}"
-    before = spec_fingerprint(spec)
-    assert spec_fingerprint(spec) == before
-    ckpt.write_bytes(b"b" * 100)
-    assert spec_fingerprint(spec) != before
+    assert _score(data, tmp_path / "s", spec) == 0
+    first = read_scores_df(tmp_path / "s").sort_values(["key", "sentence_index"])["score"].to_numpy()
+    save_state_dict_safetensors(ClipDetector(arch="halsift-tiny", seed=2).model, ckpt)  # retrained in place
+    assert _score(data, tmp_path / "s", spec) == 0
+    m = json.loads((tmp_path / "s" / "_manifest.json").read_text())
+    assert m["parts_resumed"] == 0 and m["sentences_scored_this_run"] == m["sentences"]
+    again = read_scores_df(tmp_path / "s").sort_values(["key", "sentence_index"])["score"].to_numpy()
+    assert len(again) == len(first) and (again != first).any()
 
 
 # ------------------------------------------------------------------------------- 2. stale bench split cache in recipes
@@ -391,12 +397,12 @@ def test_sbatch_header_value_with_spaces_is_quoted_and_gpus_zero_refused(capsys)
 def test_yaml_alias_bomb_is_refused_in_one_short_line(tmp_path, capsys):
     import time
 
-    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    levels = ["&a [x, x, x, x, x, x, x, x, x]"]
     for i in range(1, 9):
         prev = chr(ord("a") + i - 1)
-        levels.append(f"{chr(ord('a') + i)}: &{chr(ord('a') + i)} [{', '.join(['*' + prev] * 9)}]")
+        levels.append(f"&{chr(ord('a') + i)} [{', '.join(['*' + prev] * 9)}]")
     bomb = tmp_path / "bomb.yaml"
-    bomb.write_text("\n".join(levels) + "\nmodel: *i\n")
+    bomb.write_text("model: [" + ", ".join(levels) + "]\n")  # a string field given 9^9 expanded items
     assert len(bomb.read_bytes()) < 400
     data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
     t0 = time.perf_counter()
@@ -467,12 +473,13 @@ def test_write_part_atomic_removes_its_temp_file_on_failure(tmp_path, monkeypatc
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unwritable_out_is_one_line(tmp_path, capsys):
+def test_out_that_is_a_file_is_one_line(tmp_path, capsys):
     data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
     (tmp_path / "file").write_text("not a folder")
-    assert _score(data, tmp_path / "file" / "out") == 2
+    assert _score(data, tmp_path / "file") == 2
     line = _err_line(capsys)
-    assert "file" in line and "Traceback" not in line
+    assert line.startswith(f"halsift score: error: {tmp_path / 'file'}: ") and "Traceback" not in line
+    assert (tmp_path / "file").read_text() == "not a folder"
 
 
 def test_bench_given_as_a_folder_and_caption_unit_on_a_bench_are_one_line(tmp_path, capsys):
