@@ -24,7 +24,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 DEFAULT_MAX_PIXELS = 8192 * 8192
 
 SKIP_KINDS = ("empty", "not_image", "truncated", "corrupt", "bomb", "empty_caption", "missing_image",
-              "corrupt_shard")
+              "corrupt_shard", "bad_sample")
 
 
 class ImageDecodeError(ValueError):
@@ -106,10 +106,11 @@ class SkipCounter:
         self.counts: Counter = Counter()
         self.examples: list[dict] = []
 
-    def add(self, key: str, reason: str, kind: str | None = None) -> None:
-        """Record one skipped sample; ``kind`` defaults to ``reason`` (use a short category for counting)."""
+    def add(self, key: str, reason: str, kind: str | None = None, n: int = 1) -> None:
+        """Record one skipped sample (or ``n`` lost together, e.g. the unreadable rest of a shard, under one
+        example); ``kind`` defaults to ``reason`` (use a short category for counting)."""
         kind = kind or reason
-        self.counts[kind] += 1
+        self.counts[kind] += n
         if len(self.examples) < self.max_examples:
             self.examples.append({"key": key, "kind": kind, "reason": reason})
 

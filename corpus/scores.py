@@ -60,8 +60,11 @@ def write_part_atomic(table: pa.Table, path: str | os.PathLike) -> None:
     """Write one parquet part through a temporary name, so a killed run never leaves a finished-looking part."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only still there when writing failed (e.g. a full disk)
 
 
 def read_scores(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table:
@@ -75,14 +78,33 @@ def read_scores(path: str | os.PathLike, columns: Sequence[str] | None = None) -
         parts = [path]
     else:
         raise FileNotFoundError(f"scores: {path} does not exist")
-    tables = []
-    for p in parts:
-        t = pq.read_table(p, columns=list(columns) if columns else None)
-        missing = [c for c in (columns or SCORE_COLUMNS) if c not in t.column_names]
+    tables = [read_part(p, columns) for p in parts]
+    try:
+        return pa.concat_tables(tables, promote_options="default")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise ScoresFormatError(f"scores: the parts of {path} have different schemas ({e})") from e
+
+
+def read_part(path: str | os.PathLike, columns: Sequence[str] | None = None,
+              read_dictionary: Sequence[str] = ()) -> pa.Table:
+    """Read one parquet part, checking the columns; ``sentence_index`` is cast to int32 (older or foreign parts
+    may hold int64). An unreadable file raises :class:`ScoresFormatError` naming it."""
+    try:
+        names = pq.read_schema(path).names
+        missing = [c for c in (columns or SCORE_COLUMNS) if c not in names]
         if missing:
-            raise ScoresFormatError(f"scores: {p} lacks column(s) {missing}; expected {list(SCORE_COLUMNS)}")
-        tables.append(t)
-    return pa.concat_tables(tables, promote_options="default")
+            raise ScoresFormatError(f"scores: {path} lacks column(s) {missing}; expected {list(SCORE_COLUMNS)}")
+        t = pq.read_table(path, columns=list(columns) if columns else None,
+                          read_dictionary=list(read_dictionary) or None)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ScoresFormatError(f"scores: {path} is not a readable parquet file ({e})") from e
+    if "sentence_index" in t.column_names and t.schema.field("sentence_index").type != pa.int32():
+        i = t.schema.get_field_index("sentence_index")
+        try:
+            t = t.set_column(i, "sentence_index", t["sentence_index"].cast(pa.int32()))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise ScoresFormatError(f"scores: {path} column 'sentence_index' is not an integer column ({e})") from e
+    return t
 
 
 def read_scores_df(path: str | os.PathLike, columns: Sequence[str] | None = None):

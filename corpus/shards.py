@@ -37,7 +37,14 @@ _CONVERT_HINT = ("tables, image folders, HF datasets and remote or piped shards 
 
 
 class ShardFormatError(ValueError):
-    """A shard or shard folder does not follow the contract; the message names the file and member."""
+    """A shard or shard folder does not follow the contract; the message names the file and member.
+
+    For a damaged shard, ``lost`` is how many of its samples could not be read (from ``sizes.json`` or the
+    shard's ``_stats.json``; None when neither records a count)."""
+
+    def __init__(self, message: str, lost: int | None = None) -> None:
+        super().__init__(message)
+        self.lost = lost
 
 
 @dataclass
@@ -138,7 +145,26 @@ class ShardWriter:
         self.index += 1
 
     def write(self, sample: Sample) -> None:
-        """Append one sample; validates the key, extension and required metadata."""
+        """Append one sample; validates the key, extension and required metadata (nothing is written for a
+        sample that fails, so the caller may skip it and go on)."""
+        ext, meta = self.validate(sample)
+        if self._tar is None:
+            self._open()
+        self._keys.add(sample.key)
+        _add_member(self._tar, f"{sample.key}.{ext}", sample.image)
+        _add_member(self._tar, f"{sample.key}.txt", sample.caption.encode("utf-8"))
+        _add_member(self._tar, f"{sample.key}.json",
+                    json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+        self._count += 1
+        self.total += 1
+        self._stats[f"captioner/{meta['captioner']}"] += 1
+        self._stats[f"source/{meta['source']}"] += 1
+        self._stats["image_bytes"] += len(sample.image)
+        if self._count >= self.maxcount:
+            self._finish()
+
+    def validate(self, sample: Sample) -> tuple[str, dict]:
+        """Raise :class:`ShardFormatError` if :meth:`write` would refuse ``sample``; returns (ext, json meta)."""
         if not _KEY_RE.match(sample.key):
             raise ShardFormatError(f"sample key {sample.key!r}: expected letters, digits, '_' or '-' only")
         ext = sample.ext.lower().lstrip(".")
@@ -153,22 +179,9 @@ class ShardWriter:
                 raise ShardFormatError(f"sample {sample.key}: json field {k!r} is required")
         if meta["source"] not in SOURCES:
             raise ShardFormatError(f"sample {sample.key}: json field 'source' must be one of {SOURCES}")
-        if self._tar is None:
-            self._open()
-        if sample.key in self._keys:
+        if self._tar is not None and sample.key in self._keys:
             raise ShardFormatError(f"sample key {sample.key!r} written twice to shard {self.shard_name}")
-        self._keys.add(sample.key)
-        _add_member(self._tar, f"{sample.key}.{ext}", sample.image)
-        _add_member(self._tar, f"{sample.key}.txt", sample.caption.encode("utf-8"))
-        _add_member(self._tar, f"{sample.key}.json",
-                    json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"))
-        self._count += 1
-        self.total += 1
-        self._stats[f"captioner/{meta['captioner']}"] += 1
-        self._stats[f"source/{meta['source']}"] += 1
-        self._stats["image_bytes"] += len(sample.image)
-        if self._count >= self.maxcount:
-            self._finish()
+        return ext, meta
 
     def abort(self) -> None:
         """Discard the shard being written (its temporary file); finished shards are kept."""
@@ -225,17 +238,23 @@ def expand_shards(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> list
             raise FileNotFoundError(f"shards: {s} does not exist")
     if not paths:
         raise FileNotFoundError(f"shards: no .tar files match {s}")
+    for p in paths:
+        if not p.is_file():  # a folder named *.tar, a FIFO or a device: reading it would fail or block
+            raise ShardFormatError(f"shards: {p} is not a regular file")
     return paths
 
 
 def _expected_count(path: Path) -> int | None:
-    """The count ``sizes.json`` beside ``path`` records for it, or None when there is none."""
-    sizes = path.parent / "sizes.json"
-    try:
-        value = json.loads(sizes.read_text()).get(path.name)
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) else None
+    """The count ``sizes.json`` (or the shard's own ``NNNNNN_stats.json``) beside ``path`` records for it."""
+    for record, field_ in ((path.parent / "sizes.json", path.name),
+                           (path.with_name(path.name.removesuffix(".tar") + "_stats.json"), "count")):
+        try:
+            value = json.loads(record.read_text()).get(field_)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
@@ -249,6 +268,8 @@ def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"shard {path} does not exist")
+    if not path.is_file():
+        raise ShardFormatError(f"{path}: not a regular file")
     size = path.stat().st_size
     with open(path, "rb") as fh:
         compressed = fh.read(6).startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ"))
@@ -297,15 +318,18 @@ def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
         damage = str(e)
     finally:
         tar.close()
+    expected = _expected_count(path)
     if damage:
         # The pending sample may be cut short: it is not yielded.
-        raise ShardFormatError(f"{path}: truncated or corrupt tar after sample {last_done} ({damage})")
+        lost = max(expected - count, 1) if expected is not None else None
+        raise ShardFormatError(f"{path}: truncated or corrupt tar after sample {last_done} ({damage}); "
+                               f"{lost if lost is not None else 'an unknown number of'} sample(s) lost", lost)
     if cur_key is not None:
         yield build(cur_key, parts)
         count += 1
-    expected = _expected_count(path)
     if expected is not None and count < expected:
-        raise ShardFormatError(f"{path}: holds {count} samples but sizes.json records {expected} (truncated?)")
+        raise ShardFormatError(f"{path}: holds {count} samples but sizes.json records {expected} (truncated?)",
+                               expected - count)
 
 
 def iter_samples(spec, skipped=None) -> Iterator[Sample]:
@@ -321,7 +345,7 @@ def iter_samples(spec, skipped=None) -> Iterator[Sample]:
         except ShardFormatError as e:
             if skipped is None:
                 raise
-            skipped.add(str(path), str(e), "corrupt_shard")
+            skipped.add(str(path), str(e), "corrupt_shard", n=e.lost or 1)
 
 
 def read_sizes(shard_dir: str | os.PathLike) -> dict[str, int]:

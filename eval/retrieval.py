@@ -158,6 +158,8 @@ def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.Pat
     import torch
     from PIL import Image
 
+    from halsift.corpus.retrieval import RetrievalFormatError
+
     rs = read_retrieval(retrieval_set)
     captions, t2i = rs.flat_captions()
     was_training = model.training
@@ -172,7 +174,7 @@ def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.Pat
                         with Image.open(p) as im:
                             ims.append(preprocess(im.convert("RGB")))
                     except (OSError, ValueError) as e:
-                        raise ValueError(f"retrieval set: cannot read image {p} ({e})") from e
+                        raise RetrievalFormatError(f"retrieval set: cannot read image {p} ({e})") from e
                 x = torch.stack(ims).to(device)
                 img_feats.append(model.encode_image(x).float().cpu())
             for lo in range(0, len(captions), batch_size):

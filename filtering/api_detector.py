@@ -19,8 +19,11 @@ Modes:
 * ``prompt``: the seeds' protocol: parse the reply with
   :func:`~halsift.filtering.vlm_prompts.parse_score`; unparseable -> 50 with ``parsed=False``.
 
-Only the stdlib (urllib) is used. The API key is read from the environment variable named by ``api_key_env``
-(none is sent if it is unset, e.g. for a local vLLM server).
+Requests go through ``httpx`` with redirects refused: a 3xx reply is an error naming its ``Location`` (set
+``base_url`` to the final address), so the ``Authorization`` header never follows a redirect to another host.
+The API key is read from the environment variable named by ``api_key_env`` (default ``OPENAI_API_KEY``; none is
+sent if it is unset, e.g. for a local vLLM server). A spec *file* may not name another variable (a shared file
+could otherwise send any secret of the environment to its ``base_url``): give ``api_key_env`` on the command line.
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ import io
 import json
 import math
 import os
+import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+
+import httpx
 
 from halsift.filtering import vlm_prompts as P
 from halsift.filtering.base import Detector, DetectorError, Item, Result
@@ -112,6 +116,8 @@ class ApiDetector(Detector):
             raise ValueError(f"concurrency={concurrency!r}, max_retries={max_retries!r}: expected >= 1 and >= 0")
         if cot and mode != "prompt":
             raise ValueError("cot=true needs mode=prompt: the score follows the reasoning")
+        if api_key_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(api_key_env)):
+            raise ValueError(f"api_key_env={api_key_env!r}: expected an environment variable name")
         self.url = str(base_url).rstrip("/") + "/chat/completions"
         self.model, self.mode, self.api_key_env = model, mode, api_key_env
         self.concurrency, self.max_retries = int(concurrency), int(max_retries)
@@ -131,8 +137,7 @@ class ApiDetector(Detector):
             body.update(logprobs=True, top_logprobs=self.top_logprobs)
         return body
 
-    def _post(self, body: dict) -> dict:
-        data = json.dumps(body).encode()
+    def _post(self, client: httpx.Client, body: dict) -> dict:
         headers = {"Content-Type": "application/json"}
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         if key:
@@ -140,24 +145,28 @@ class ApiDetector(Detector):
         for attempt in range(self.max_retries + 1):
             wait = self.backoff * 2 ** attempt
             try:
-                req = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return json.loads(resp.read().decode())
-            except urllib.error.HTTPError as e:
-                detail = e.read().decode(errors="replace")[:300]
-                if e.code not in _RETRY_STATUS or attempt == self.max_retries:
-                    raise DetectorError(f"api detector: POST {self.url} -> HTTP {e.code} after {attempt + 1} "
-                                        f"attempt(s): {detail}") from None
-                try:
-                    wait = max(wait, float(e.headers.get("Retry-After", 0)))
-                except (TypeError, ValueError):
-                    pass
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+                resp = client.post(self.url, json=body, headers=headers)
+            except httpx.TransportError as e:  # connect / read errors and timeouts
                 if attempt == self.max_retries:
                     raise DetectorError(f"api detector: POST {self.url} failed after {attempt + 1} attempt(s): "
-                                        f"{getattr(e, 'reason', e)}") from None
-            except json.JSONDecodeError as e:
-                raise DetectorError(f"api detector: POST {self.url} returned invalid JSON ({e})") from None
+                                        f"{type(e).__name__}: {e}") from None
+            else:
+                if resp.is_redirect:
+                    raise DetectorError(f"api detector: POST {self.url} -> HTTP {resp.status_code} redirect to "
+                                        f"{resp.headers.get('location', '?')!r} refused (credentials never follow a "
+                                        "redirect); set base_url to the final address")
+                if resp.status_code < 300:
+                    try:
+                        return resp.json()
+                    except ValueError as e:
+                        raise DetectorError(f"api detector: POST {self.url} returned invalid JSON ({e})") from None
+                if resp.status_code not in _RETRY_STATUS or attempt == self.max_retries:
+                    raise DetectorError(f"api detector: POST {self.url} -> HTTP {resp.status_code} after "
+                                        f"{attempt + 1} attempt(s): {resp.text[:300]}")
+                try:
+                    wait = max(wait, float(resp.headers.get("Retry-After", 0)))
+                except (TypeError, ValueError):
+                    pass
             with self._lock:
                 self.retries += 1
             time.sleep(min(wait, 60.0))
@@ -189,8 +198,9 @@ class ApiDetector(Detector):
             if k not in urls:
                 urls[k] = image_data_url(it.image)
         bodies = [self._payload(it, urls[(it.image_id, id(it.image))]) for it in items]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(bodies))) as pool:
-            replies = list(pool.map(self._post, bodies))
+        with httpx.Client(timeout=self.timeout, follow_redirects=False) as client, \
+                ThreadPoolExecutor(max_workers=min(self.concurrency, len(bodies))) as pool:
+            replies = list(pool.map(lambda body: self._post(client, body), bodies))
         return [self._result(r) for r in replies]
 
 

@@ -18,6 +18,8 @@ cannot be found or loaded are a ``ValueError`` naming the tag or path (one line 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,6 +51,23 @@ def register_builtin_configs() -> None:
 
         open_clip.add_model_config(_CONFIG_DIR)
         _registered = True
+
+
+@contextlib.contextmanager
+def _quiet_random_init(loading_checkpoint: bool):
+    """Drop open_clip's "No pretrained weights loaded" warning when a checkpoint is loaded right after."""
+
+    class _Drop(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "No pretrained weights loaded" not in record.getMessage()
+
+    root, drop = logging.getLogger(), _Drop()
+    if loading_checkpoint:
+        root.addFilter(drop)
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)
 
 
 class ClipDetector(Detector):
@@ -85,12 +104,10 @@ class ClipDetector(Detector):
         if checkpoint and not Path(checkpoint).exists():
             raise ValueError(f"checkpoint={checkpoint!r}: file does not exist")
         what = f"arch={arch!r}" if schema else f"pretrained={pretrained!r} of arch={arch!r}"
-        import logging
-
         logging.disable(logging.ERROR)  # open_clip logs a failed download before raising; we report it once
         try:
-            with torch.random.fork_rng(devices=[]):  # random init is the same in every process
-                torch.manual_seed(int(seed))
+            with torch.random.fork_rng(devices=[]), _quiet_random_init(bool(checkpoint)):
+                torch.manual_seed(int(seed))  # random init is the same in every process
                 model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained or None)
             tokenizer = open_clip.get_tokenizer(arch)
         except (RuntimeError, OSError, ValueError) as e:  # hub misses, missing files, a bad config
@@ -98,14 +115,22 @@ class ClipDetector(Detector):
         finally:
             logging.disable(logging.NOTSET)
         if checkpoint:
-            if str(checkpoint).endswith(".safetensors"):
-                from safetensors.torch import load_file
+            try:
+                if str(checkpoint).endswith(".safetensors"):
+                    from safetensors import SafetensorError
+                    from safetensors.torch import load_file
 
-                state = load_file(checkpoint)
-                state = {k.removeprefix("module."): v for k, v in state.items()}
-                model.load_state_dict(state)
-            else:
-                open_clip.load_checkpoint(model, checkpoint, weights_only=True)
+                    try:
+                        state = load_file(checkpoint)
+                    except SafetensorError as e:
+                        raise ValueError(f"checkpoint={checkpoint!r}: not a valid safetensors file ({e})") from None
+                    state = {k.removeprefix("module."): v for k, v in state.items()}
+                    model.load_state_dict(state)
+                else:
+                    open_clip.load_checkpoint(model, checkpoint, weights_only=True)
+            except RuntimeError as e:  # state dict of another architecture
+                raise ValueError(f"checkpoint={checkpoint!r}: does not fit arch {arch!r} "
+                                 f"({str(e).splitlines()[0][:200]})") from None
         self._setup(model, preprocess, tokenizer, map=map, center=center, delay=delay,
                     precision=precision)
         self.to(device)

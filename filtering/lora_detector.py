@@ -18,6 +18,7 @@ branch's output layer is zero-initialised), so an untrained head ranks exactly l
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -143,31 +144,41 @@ def read_description(folder: Path) -> dict:
     """``detector.yaml`` of an adapter folder, checked; errors name the file and the field."""
     import yaml
 
+    from halsift.launch.config import safe_load_yaml, short_repr
+
     path = folder / "detector.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"lora detector: {path} is missing (expected the adapter/ folder written by "
                                 "`halsift train detector`)")
     try:
-        desc = yaml.safe_load(path.read_text())
+        desc = safe_load_yaml(path.read_text())  # alias expansion capped
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(desc, dict):
         raise ValueError(f"{path}: expected a mapping with kind, base and adapter fields")
     if desc.get("kind") not in KINDS:
-        raise ValueError(f"{path}: field 'kind' must be one of {KINDS}, got {desc.get('kind')!r}")
+        raise ValueError(f"{path}: field 'kind' must be one of {KINDS}, got {short_repr(desc.get('kind'))}")
     if not isinstance(desc.get("base"), str) or not desc["base"]:
         raise ValueError(f"{path}: field 'base' must be a detector spec string (e.g. clip:arch=...)")
     return desc
 
 
-def _resolve_base(spec: str, folder: Path) -> str:
-    """Options of the base spec that are ``./relative`` paths are taken relative to the adapter folder."""
+def _resolve_base(spec: str, folder: Path, trust_remote_code: bool = False) -> str:
+    """Options of the base spec that are ``./relative`` paths are taken relative to the adapter folder.
+
+    A folder being loaded never raises privileges: its ``trust_remote_code`` is dropped (with a warning), and the
+    base gets it only from the user's own ``lora:...,trust_remote_code=true``."""
     from halsift.filtering.spec import format_spec, parse_spec
 
     family, opts = parse_spec(spec)
     for k, v in opts.items():
         if isinstance(v, str) and v.startswith("./"):
             opts[k] = str((folder / v).resolve())
+    if opts.pop("trust_remote_code", None) and not trust_remote_code:
+        warnings.warn(f"{folder / 'detector.yaml'}: its base asks for trust_remote_code; ignored (code in a folder "
+                      "being loaded never runs unless you pass lora:path=...,trust_remote_code=true)", stacklevel=3)
+    if trust_remote_code:
+        opts["trust_remote_code"] = True
     return format_spec(family, opts)
 
 
@@ -211,12 +222,14 @@ class LoraDetector(Detector):
     """A base ``clip``/``vlm`` detector plus the LoRA adapter (and clip head) in ``path`` (see module docstring).
 
     Options: ``path`` (the adapter folder), ``merge`` (merge the adapter into the base weights after loading),
-    ``device``, ``batch_size`` (vlm: rows per forward pass; default the base spec's).
+    ``device``, ``batch_size`` (vlm: rows per forward pass; default the base spec's), ``trust_remote_code`` (off;
+    only this option, never the folder's ``detector.yaml``, lets a vlm base run code shipped with its weights).
     """
 
     family = "lora"
 
-    def __init__(self, path: str, merge: bool = False, device: str = "cpu", batch_size: int | None = None) -> None:
+    def __init__(self, path: str, merge: bool = False, device: str = "cpu", batch_size: int | None = None,
+                 trust_remote_code: bool = False) -> None:
         super().__init__()
         from halsift.filtering.spec import load_detector
 
@@ -226,7 +239,7 @@ class LoraDetector(Detector):
         desc = read_description(folder)
         self.kind = desc["kind"]
         self.description = desc
-        base = load_detector(_resolve_base(desc["base"], folder))
+        base = load_detector(_resolve_base(desc["base"], folder, bool(trust_remote_code)))
         if base.family != self.kind:
             raise ValueError(f"{folder / 'detector.yaml'}: kind {self.kind!r} but base {desc['base']!r} is a "
                              f"{base.family!r} detector")

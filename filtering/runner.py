@@ -4,8 +4,11 @@ Work is split into *parts*: one per input shard (or per chunk of a ``bench.jsonl
 round-robin to the processes of an accelerate ``PartialState`` (``torchrun``/``accelerate launch``, any number
 of nodes; gloo on CPU), so no two ranks score the same shard. Each finished part is one parquet file written
 atomically (:mod:`halsift.corpus.scores`) whose schema metadata carries its own counts (samples, sentences,
-skipped samples with reasons, parse failures, timings). A rerun skips finished parts; ``_manifest.json``
-records detector spec, unit and inputs, and a rerun with a different spec or inputs raises :class:`RunMismatch`.
+skipped samples with reasons, parse failures, timings) and what it was made from: the fingerprint of its input
+(shard size, mtime and sampled hash; for a bench, the bench file's) and of the detector (spec plus the content of
+the checkpoints/adapters it names; :mod:`halsift.corpus.fingerprint`). A rerun reuses a finished part only if
+both still match and rescores it otherwise; ``_manifest.json`` records detector spec, unit and input paths, and a
+rerun with a different spec, unit or paths raises :class:`RunMismatch`.
 
 Memory: one part's rows and one batch of decoded images at a time, whatever the number of shards.
 """
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from halsift.corpus.fingerprint import file_fingerprint, path_fingerprint, spec_fingerprint
 from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_image, decode_sample
 from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name, scores_table, write_part_atomic
@@ -69,7 +73,7 @@ def plan_parts(data) -> tuple[list[Part], dict]:
         caps.sort(key=lambda c: first[c[0].image])
         parts = [Part(part_name(0, f"bench-{i // BENCH_CHUNK:05d}"), f"{path}#{i // BENCH_CHUNK}",
                       caps[i:i + BENCH_CHUNK]) for i in range(0, len(caps), BENCH_CHUNK)]
-        return parts, {"kind": "bench", "paths": [str(path)], "size": path.stat().st_size}
+        return parts, {"kind": "bench", "paths": [str(path)]}
     shards = expand_shards(data)
     names = [part_name(0, s.name) for s in shards]
     if len(set(names)) != len(names):
@@ -118,7 +122,10 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
                 image = last[1]
             elif decode:
                 try:
-                    image = decode_image((bench_dir / first.image).read_bytes(), first.id)
+                    path = bench_dir / first.image
+                    if not path.is_file():  # missing, a folder, or a FIFO/device that would block the read
+                        raise OSError(f"{path} is missing or not a regular file")
+                    image = decode_image(path.read_bytes(), first.id)
                 except (ImageDecodeError, OSError) as e:
                     for r in rows:
                         skipped.add(r.id, f"image {first.image}: {getattr(e, 'reason', e)}",
@@ -150,7 +157,7 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
                 continue
             yield items
     except ShardFormatError as e:
-        skipped.add(Path(part.source).name, str(e), "corrupt_shard")
+        skipped.add(Path(part.source).name, str(e), "corrupt_shard", n=e.lost or 1)
 
 
 def _batches(groups: Iterator[list[Item]], batch_size: int) -> Iterator[list[Item]]:
@@ -166,8 +173,27 @@ def _batches(groups: Iterator[list[Item]], batch_size: int) -> Iterator[list[Ite
 
 
 # ---------------------------------------------------------------------------------------------- scoring
+def source_fingerprint(part: Part) -> dict:
+    """What a part was made from: its shard's fingerprint, or the bench file's plus the chunk number."""
+    if part.captions is not None:
+        path, chunk = part.source.rsplit("#", 1)
+        return {"bench": path_fingerprint(path), "chunk": int(chunk)}
+    return file_fingerprint(part.source)
+
+
+def reusable(path: Path, source_fp: dict, detector_fp: str) -> bool:
+    """A finished part may be reused only if it was scored from the same input by the same detector."""
+    if not path.exists():
+        return False
+    try:
+        stats = part_stats(path)
+    except (OSError, ValueError):  # pyarrow.ArrowInvalid is a ValueError: a damaged part is rescored
+        return False
+    return stats.get("source_fp") == source_fp and stats.get("detector_fp") == detector_fp
+
+
 def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_size: int, bar=None,
-               rank: int = 0, world: int = 1) -> dict:
+               rank: int = 0, world: int = 1, fingerprints: dict | None = None) -> dict:
     """Score one part and write it atomically; returns its stats (also stored in the parquet metadata)."""
     t0 = time.perf_counter()
     skipped = SkipCounter(max_examples=1000)
@@ -209,7 +235,7 @@ def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_
              "sentences": len(cols["key"]), "parse_failures": cols["parsed"].count(False),
              "skipped": skipped.to_json(), "time_model_s": round(t_model, 4),
              "time_data_s": round(wall - t_model, 4), "time_decode_s": round(reader.busy_s, 4),
-             "wall_s": round(wall, 4)}
+             "wall_s": round(wall, 4), **(fingerprints or {})}
     table = table.replace_schema_metadata({_META_KEY: json.dumps(stats).encode()})
     write_part_atomic(table, out_path)
     return stats
@@ -236,7 +262,7 @@ def _check_or_start(out: Path, ident: dict, state) -> None:
     elif any(out.glob("part-*.parquet")):
         raise RunMismatch(f"{out}: holds score parts but no {MANIFEST}; use a new --out folder")
     state.wait_for_everyone()
-    if state.is_main_process and not path.exists():
+    if state.is_main_process:  # "running" until every part is checked or rescored: select refuses it meanwhile
         write_json_atomic(path, {**ident, "status": "running"})
     state.wait_for_everyone()
 
@@ -252,7 +278,8 @@ def _finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, sco
     t_model = sum(s["time_model_s"] for s in stats)
     t_data = sum(s["time_data_s"] for s in stats)
     manifest = {
-        **ident, "status": "complete", "parts": len(parts), "parts_resumed": resumed,
+        **ident, "status": "complete", "parts": len(parts), "part_files": [p.name for p in parts],
+        "parts_resumed": resumed,
         "world_size": world, "ranks": sorted({s["rank"] for s in stats}),
         "part_world_sizes": sorted({s["world_size"] for s in stats}),
         "samples": sum(s["samples"] for s in stats), "sentences": sentences,
@@ -299,6 +326,8 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
         raise ValueError(f"unit={unit!r}: expected one of {UNITS}")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: expected >= 1")
+    if _is_bench(data) and unit != "sentence":
+        raise ValueError(f"unit={unit!r}: a bench file is scored per sentence (its rows); use unit='sentence'")
     t0 = time.perf_counter()
     detector = load_detector(spec_or_detector)
     state = _state(device)
@@ -306,7 +335,6 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
     out.mkdir(parents=True, exist_ok=True)
     parts, inputs = plan_parts(data)
     ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
-    resumed = sum(1 for p in parts if (out / p.name).exists())
     _check_or_start(out, ident, state)
 
     from halsift.filtering.ensemble import EnsembleDetector
@@ -316,14 +344,18 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
 
     rank, world = state.process_index, state.num_processes
     mine = parts[rank::world]
-    todo = [p for p in mine if not (out / p.name).exists()]
+    det_fp = spec_fingerprint(detector.spec)
+    fps = {p.name: {"source_fp": source_fingerprint(p), "detector_fp": det_fp} for p in mine}
+    todo = [p for p in mine if not reusable(out / p.name, fps[p.name]["source_fp"], det_fp)]
+    resumed = int(_reduce(state, len(mine) - len(todo), "sum"))
     scored_now, t_scoring = 0, 0.0
     if todo:
         detector.to(device or state.device)
         ts = time.perf_counter()
         bar = progress(desc=f"score rank {rank}", unit="sent", disable=not show_progress)
         for p in todo:
-            scored_now += score_part(detector, p, out / p.name, unit, batch_size, bar, rank, world)["sentences"]
+            scored_now += score_part(detector, p, out / p.name, unit, batch_size, bar, rank, world,
+                                     fps[p.name])["sentences"]
         bar.close()
         t_scoring = time.perf_counter() - ts
     scored_now = int(_reduce(state, scored_now, "sum"))
@@ -333,7 +365,8 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
         missing = [p.name for p in parts if not (out / p.name).exists()]
         if missing:
             raise RuntimeError(f"{out}: parts {missing[:5]} were not written; rerun the same command to finish")
-        _finish_manifest(out, ident, parts, time.perf_counter() - t0, scored_now, resumed, world, t_scoring)
+        _finish_manifest(out, {**ident, "detector_fp": det_fp}, parts, time.perf_counter() - t0, scored_now, resumed,
+                         world, t_scoring)
     state.wait_for_everyone()
     return out
 
@@ -386,7 +419,8 @@ def _score_ensemble(det, data, out: Path, ident: dict, parts: list[Part], unit: 
             sub = ref.take(pa.array(sel))
             table = scores_table(sub["key"].to_pylist(), sub["sentence_index"].to_pylist(), scores[sel].tolist(),
                                  parsed[sel].tolist(), det.name, {"captioner": sub["captioner"].to_pylist()})
-            stats = {**part_stats(member_dirs[0] / p.name), "parse_failures": int((~parsed[sel]).sum())}
+            stats = {**part_stats(member_dirs[0] / p.name), "parse_failures": int((~parsed[sel]).sum()),
+                     "detector_fp": spec_fingerprint(det.spec)}
             write_part_atomic(table.replace_schema_metadata({_META_KEY: json.dumps(stats).encode()}), out / p.name)
         _finish_manifest(out, ident, parts, time.perf_counter() - t0, len(ref), 0, state.num_processes)
     state.wait_for_everyone()

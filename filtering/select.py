@@ -7,7 +7,15 @@ Two steps, so that neither holds the corpus in memory (DataComp's apply_filter -
    broken by (key, sentence_index) ascending, so the same scores always give the same selection.
    ``random_baseline`` keeps the same number of units chosen uniformly at random (seeded).
 2. :func:`select` streams the input shards once and writes the kept units as new shards (``sizes.json``),
-   ``kept.parquet`` (the subset, usable without resharding) and ``manifest.json``.
+   ``kept.parquet`` (the subset, usable without resharding) and ``manifest.json`` (``status: running`` from the
+   start, ``complete`` at the end; ``train clip`` refuses a folder whose selection did not complete).
+
+Inputs are checked before anything is written (:func:`load_scores`): the score folder's ``_manifest.json`` must
+say ``complete`` (or ``allow_partial``, recorded), every part must be one the manifest lists and hold the
+manifest's detector (or the one chosen with ``detector``), no (key, sentence_index) row may repeat and indices
+must be -1 or >= 0; a kept sentence index beyond its caption's sentences is an error naming the part. A sample the
+shard writer rejects (e.g. a key with characters outside ``[A-Za-z0-9_-]``) is skipped and counted on its own
+(``skipped`` in the manifest); an unreadable shard is counted with the number of samples lost.
 
 Units: ``sentence`` (one output sample per kept image–sentence pair, key ``<key>_s<idx>``) or ``caption``
 with ``agg``: ``min`` / ``mean`` of the sentence scores, ``prob`` (100 x product of score/100, i.e. the
@@ -17,7 +25,9 @@ only its kept sentences).
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -28,7 +38,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from halsift.corpus.progress import progress
-from halsift.corpus.scores import read_scores, write_part_atomic
+from halsift.corpus.images import SkipCounter
+from halsift.corpus.scores import ScoresFormatError, read_part, read_scores, write_part_atomic
 from halsift.corpus.sentences import sentence_texts
 from halsift.corpus.shards import (META_DEFAULTS, Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard,
                                    write_json_atomic)
@@ -41,6 +52,102 @@ AGGS = ("min", "mean", "prob", "prune")
 
 class SelectError(ValueError):
     """Bad selection arguments or inputs (names the argument and what was expected)."""
+
+
+SCORE_MANIFEST = "_manifest.json"  # written by halsift.filtering.runner
+
+
+def load_scores(scores: str | os.PathLike, detector: str | None = None, allow_partial: bool = False,
+                captioner: bool = True) -> tuple[pa.Table, dict]:
+    """Read and check a score folder (or one parquet file) for selection; returns ``(table, info)``.
+
+    ``table`` has key, sentence_index (int32), score and (with ``captioner``, when the parts have it) captioner.
+    Raises :class:`SelectError` naming the part when the folder mixes detectors, holds parts its manifest does not
+    list, repeats a row, is incomplete (unless ``allow_partial``) or has a sentence index below -1. Memory: the
+    detector column is read dictionary-encoded and dropped part by part.
+    """
+    path = Path(scores)
+    if path.is_dir():
+        parts = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
+        if not parts:
+            raise ScoresFormatError(f"scores: {path} holds no .parquet parts")
+        manifest_path = path / SCORE_MANIFEST
+        try:
+            manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+        except (ValueError, OSError) as e:
+            raise SelectError(f"scores: {manifest_path} is not readable JSON ({e})") from e
+    elif path.is_file():
+        parts, manifest, manifest_path = [path], None, path
+    else:
+        raise FileNotFoundError(f"scores: {path} does not exist")
+    manifest = manifest if isinstance(manifest, dict) else {}
+    status = manifest.get("status", "complete" if manifest.get("complete") else None)
+    if status != "complete" and not allow_partial:
+        what = f"says status {status!r}" if manifest else "is missing"
+        raise SelectError(f"scores: {path / SCORE_MANIFEST if path.is_dir() else path}: the score manifest {what} "
+                          "(a killed or unfinished `halsift score`); rerun the score command to finish it, or pass "
+                          "--allow-partial to select from the parts that exist")
+    listed = manifest.get("part_files")
+    if listed is not None:
+        extra = [p for p in parts if p.name not in listed]
+        if extra:
+            raise SelectError(f"scores: {extra[0]} is not a part that {manifest_path.name} lists (a foreign part?); "
+                              "remove it or score again into a new folder")
+    expected = detector or manifest.get("detector_name")
+    tables, seen, dropped = [], {}, 0
+    for p in parts:
+        try:
+            names = pq.read_schema(p).names
+        except (pa.ArrowInvalid, OSError):
+            names = []  # read_part names the unreadable file
+        cols = ["key", "sentence_index", "score", "detector"]
+        cols += ["captioner"] if captioner and "captioner" in names else []
+        t = read_part(p, cols, read_dictionary=["detector"])
+        dets = pc.unique(t["detector"].cast(pa.string())).to_pylist()
+        if detector is not None:
+            keep = pc.equal(t["detector"].cast(pa.string()), detector)
+            dropped += len(t) - (pc.sum(keep).as_py() or 0)
+            t = t.filter(keep)
+        elif expected is not None and any(d != expected for d in dets):
+            raise SelectError(f"scores: {p} holds scores of detector {[d for d in dets if d != expected][0]!r} but "
+                              f"the folder is {expected!r} (a foreign part?); remove it, or choose one with --detector")
+        else:
+            for d in dets:
+                seen.setdefault(d, p)
+            if len(seen) > 1:
+                a, b = list(seen.items())[:2]
+                raise SelectError(f"scores: {b[1]} holds detector {b[0]!r} but {a[1]} holds {a[0]!r}; a score folder "
+                                  "holds one detector (choose one with --detector)")
+        if pc.any(pc.less(t["sentence_index"], CAPTION_INDEX)).as_py():
+            raise SelectError(f"scores: {p} has sentence_index "
+                              f"{pc.min(t['sentence_index']).as_py()} (expected -1 for a caption or >= 0)")
+        tables.append(t.drop_columns(["detector"]))
+    table = pa.concat_tables(tables, promote_options="default")
+    if detector is not None and not len(table):
+        raise SelectError(f"--detector {detector}: no rows of that detector in {path}")
+    counts = table.group_by(["key", "sentence_index"], use_threads=False).aggregate([("score", "count")])
+    dup = counts.filter(pc.greater(counts["score_count"], 1))
+    if len(dup):
+        k, idx = dup["key"][0].as_py(), dup["sentence_index"][0].as_py()
+        where = " and ".join(str(p) for p in parts_holding(parts, k, idx))
+        raise SelectError(f"scores: row (key={k!r}, sentence_index={idx}) appears more than once ({where}; "
+                          f"{len(dup)} repeated rows in all)")
+    info = {"parts": [str(p) for p in parts], "manifest_status": status, "allow_partial": allow_partial,
+            "detector": expected, "rows_of_other_detectors_dropped": dropped}
+    return table, info
+
+
+def parts_holding(parts: list[Path], key: str, sentence_index: int | None = None) -> list[Path]:
+    """The parts that hold ``key`` (at ``sentence_index``): only read to name them in an error."""
+    found = []
+    for p in parts:
+        t = read_part(p, ["key", "sentence_index"])
+        hit = pc.equal(t["key"], key)
+        if sentence_index is not None:
+            hit = pc.and_(hit, pc.equal(t["sentence_index"], sentence_index))
+        if pc.any(hit).as_py():
+            found.append(p)
+    return found
 
 
 def _top_n(score: np.ndarray, n: int, table: pa.Table, rows: np.ndarray,
@@ -109,6 +216,8 @@ def select_keys(scores: str | os.PathLike | pa.Table, *, keep: float | None = No
         raise SelectError(f"keep={keep}: expected a fraction in (0, 1]")
     if top_k is not None and top_k < 0:
         raise SelectError(f"top_k={top_k}: expected >= 0")
+    if threshold is not None and not 0 <= threshold <= 100:  # also refuses nan
+        raise SelectError(f"threshold={threshold}: expected a score in [0, 100]")
     if unit not in UNITS:
         raise SelectError(f"unit={unit!r}: expected one of {UNITS}")
     if agg not in AGGS:
@@ -191,45 +300,93 @@ def _precision(c: Counter) -> float | None:
 def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, keep: float | None = None,
            top_k: int | None = None, threshold: float | None = None, unit: str = "sentence", agg: str = "min",
            per_captioner: bool = False, random_baseline: bool = False, seed: int = 0, maxcount: int = 1000,
-           show_progress: bool = True, meta_defaults: dict[str, str] | None = None) -> dict:
+           show_progress: bool = True, meta_defaults: dict[str, str] | None = None, detector: str | None = None,
+           allow_partial: bool = False) -> dict:
     """Select from ``scores_dir`` and write the kept units of the shards ``data`` into ``out_dir``.
 
     Returns the manifest (also written to ``out_dir/manifest.json``). Keys present only in the scores or only
     in the shards are counted and reported (with examples), never silently dropped. A sample whose json lacks
     ``captioner`` / ``source`` (img2dataset output) gets ``meta_defaults`` (default :data:`META_DEFAULTS`);
     the manifest records the defaults and how many samples took them. Raises :class:`SelectError` naming the
-    first failure when units were kept but not one sample could be written.
+    first failure when units were kept but not one sample could be written. On an error nothing this call wrote
+    is left in ``out_dir``.
     """
     defaults = {**META_DEFAULTS, **(meta_defaults or {})}
-    defaulted: Counter = Counter()
     t0 = time.perf_counter()
     out = Path(out_dir)
     if out.exists() and (any(out.glob("*.tar")) or (out / "manifest.json").exists()):
         raise SelectError(f"out: {out} already holds shards or a manifest; choose a new folder")
     shards = expand_shards(data)
+    table, source = load_scores(scores_dir, detector, allow_partial, captioner=per_captioner)
     args = dict(keep=keep, top_k=top_k, threshold=threshold, unit=unit, agg=agg, per_captioner=per_captioner,
                 random_baseline=random_baseline, seed=seed)
     try:
-        kept, info = select_keys(scores_dir, **args)
+        kept, info = select_keys(table, **args)
     except SelectError as e:
         if not (per_captioner and "captioner" in str(e)):
             raise
         # score tables without a captioner column: read it from the shards' json (one extra pass)
         pairs = [(smp.key, smp.captioner) for path in shards for smp in iter_shard(path)]
         caps = pa.table({"key": [k for k, _ in pairs], "captioner": [c for _, c in pairs]})
-        kept, info = select_keys(scores_dir, **args, captioners=caps)
+        kept, info = select_keys(table, **args, captioners=caps)
+    filt = {"scores": str(Path(scores_dir).resolve()), "data": [str(p.resolve()) for p in shards],
+            "keep": keep, "top_k": top_k, "threshold": threshold, "unit": unit,
+            "agg": agg if unit == "caption" else None, "per_captioner": per_captioner,
+            "random_baseline": random_baseline, "seed": seed, "detector": source["detector"],
+            "allow_partial": allow_partial, "scores_status": source["manifest_status"]}
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        write_json_atomic(out / "manifest.json", {"status": "running", "filter": filt})
+        manifest = _write_selection(table, kept, info, source, filt, shards, out, unit, agg, maxcount, show_progress,
+                                    defaults)
+    except BaseException:
+        _remove_selection(out, created)
+        raise
+    manifest["wall_time_s"] = round(time.perf_counter() - t0, 3)
+    write_json_atomic(out / "manifest.json", manifest)
+    return manifest
+
+
+def _remove_selection(out: Path, created: bool) -> None:
+    """Undo a failed selection: its shards, stats, sizes, kept table, manifest and temporary files."""
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for pattern in ("*.tar", "*_stats.json", "sizes.json", "kept.parquet", "manifest.json", ".*.tmp*"):
+        for f in out.glob(pattern):
+            f.unlink(missing_ok=True)
+
+
+def _write_selection(table: pa.Table, kept: pa.Table, info: dict, source: dict, filt: dict, shards: list[Path],
+                     out: Path, unit: str, agg: str, maxcount: int, show_progress: bool, defaults: dict) -> dict:
+    """Stream the shards once, writing the kept units (json fields a sample lacks taken from ``defaults``);
+    returns the manifest (without wall time)."""
+    defaulted: Counter = Counter()
     want: dict[str, list[int]] = defaultdict(list)
     for k, i in zip(kept["key"].to_pylist(), kept["sentence_index"].to_pylist()):
         want[k].append(i)
-    score_keys = pc.unique(read_scores(scores_dir, columns=["key"])["key"])
-    out.mkdir(parents=True, exist_ok=True)
+    score_keys = pc.unique(table["key"])
     sentence_level = unit == "sentence" or agg == "prune"
     inp, got = defaultdict(Counter), defaultdict(Counter)  # captioner -> label counts (input / kept)
     kept_units, kept_samples_by_cap = Counter(), Counter()
     shard_keys: list[pa.Array] = []
-    bad_index: list[str] = []
+    skipped = SkipCounter(max_examples=1000)
     corrupt_shards: list[str] = []
     bar = progress(desc="select", unit="sample", disable=not show_progress)
+
+    def write_all(writer: ShardWriter, samples: list[Sample]) -> bool:
+        """Write one source sample's outputs, or none of them: a rejected one is skipped and counted."""
+        try:
+            for smp in samples:
+                writer.validate(smp)
+        except ShardFormatError as e:
+            skipped.add(samples[0].meta.get("parent_key", samples[0].key), str(e), "bad_sample")
+            return False
+        for smp in samples:
+            writer.write(smp)
+        return True
+
     with ShardWriter(out, maxcount=maxcount) as writer:
         for path in shards:
             keys_here: list[str] = []
@@ -245,19 +402,25 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
                         continue
                     idxs = sorted(want[s.key])
                     if sentence_level and any(not 0 <= i < len(texts) for i in idxs):
-                        bad_index.append(s.key)
-                        idxs = [i for i in idxs if 0 <= i < len(texts)]
-                        if not idxs:
-                            continue
+                        bad = next(i for i in idxs if not 0 <= i < len(texts))
+                        held = parts_holding([Path(x) for x in source["parts"]], s.key, bad)
+                        part = held[0] if held else filt["scores"]
+                        raise SelectError(f"scores: {part} has sentence_index {bad} for key {s.key!r}, whose caption "
+                                          f"in {path} has {len(texts)} sentence(s); were these scores made from "
+                                          "other shards?")
                     missing = {k: v for k, v in defaults.items() if k not in s.meta}
                     defaulted.update(missing.keys())
                     base = {**missing, **{k: v for k, v in s.meta.items() if k not in ("key", "sentences")}}
                     if unit == "sentence":
+                        outs = []
                         for i in idxs:
                             meta = {**base, "parent_key": s.key, "sentence_index": i}
                             if gts is not None:
                                 meta["sentences"] = [{**gts[i], "position": 0}]
-                            writer.write(Sample(f"{s.key}_s{i}", s.image, texts[i], meta, s.ext or "jpg"))
+                            outs.append(Sample(f"{s.key}_s{i}", s.image, texts[i], meta, s.ext or "jpg"))
+                        if not write_all(writer, outs):
+                            continue
+                        for i in idxs:
                             if labels[i]:
                                 got[cap][labels[i]] += 1
                         kept_units[cap] += len(idxs)
@@ -265,13 +428,16 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
                         meta = {**base, "kept_sentence_indices": idxs}
                         if gts is not None:
                             meta["sentences"] = [{**gts[i], "position": j} for j, i in enumerate(idxs)]
-                        writer.write(Sample(s.key, s.image, " ".join(texts[i] for i in idxs), meta, s.ext or "jpg"))
+                        if not write_all(writer, [Sample(s.key, s.image, " ".join(texts[i] for i in idxs), meta,
+                                                         s.ext or "jpg")]):
+                            continue
                         got[cap].update(labels[i] for i in idxs if labels[i])
                         kept_units[cap] += len(idxs)
                     else:
                         meta = {**missing, **s.meta}
                         meta.pop("key", None)
-                        writer.write(Sample(s.key, s.image, s.caption, meta, s.ext or "jpg"))
+                        if not write_all(writer, [Sample(s.key, s.image, s.caption, meta, s.ext or "jpg")]):
+                            continue
                         lab = _caption_label(labels)
                         if lab:
                             got[cap][lab] += 1
@@ -279,6 +445,7 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
                     kept_samples_by_cap[cap] += 1
             except ShardFormatError as e:
                 corrupt_shards.append(f"{path.name}: {e}")
+                skipped.add(path.name, str(e), "corrupt_shard", n=e.lost or 1)
             shard_keys.append(pa.array(keys_here, pa.string()))
     bar.close()
     if len(kept) and not writer.total:
@@ -289,15 +456,13 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
     in_scores = pc.is_in(all_shard_keys, value_set=score_keys)
     shard_only = pc.filter(all_shard_keys, pc.invert(in_scores))
     score_only = pc.filter(score_keys, pc.invert(pc.is_in(score_keys, value_set=all_shard_keys)))
-    kept_path = out / "kept.parquet"
-    write_part_atomic(kept, kept_path)
+    cols = ["key", "sentence_index", "score"] + (["captioner"] if filt["per_captioner"] else [])
+    write_part_atomic(kept.select([c for c in cols if c in kept.column_names]), out / "kept.parquet")
     total_in, total_kept = sum(inp.values(), Counter()), sum(got.values(), Counter())
     caps = sorted(set(inp) | set(kept_units))
-    manifest = {
-        "filter": {"scores": str(Path(scores_dir).resolve()), "data": [str(p.resolve()) for p in shards],
-                   "keep": keep, "top_k": top_k, "threshold": threshold, "unit": unit,
-                   "agg": agg if unit == "caption" else None, "per_captioner": per_captioner,
-                   "random_baseline": random_baseline, "seed": seed},
+    return {
+        "status": "complete",
+        "filter": filt,
         **info,
         "kept_units": sum(kept_units.values()), "samples_written": writer.total,
         "source_samples_kept": sum(kept_samples_by_cap.values()),
@@ -311,13 +476,10 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
                  "only_in_shards": len(shard_only), "only_in_scores": len(score_only),
                  "only_in_shards_examples": shard_only.slice(0, 20).to_pylist(),
                  "only_in_scores_examples": score_only.slice(0, 20).to_pylist()},
-        "sentence_index_out_of_range": {"count": len(bad_index), "examples": bad_index[:20]},
+        "skipped": skipped.to_json(),
         "corrupt_shards": corrupt_shards,
         "meta_defaults": {"values": defaults, "samples": dict(sorted(defaulted.items()))},
-        "wall_time_s": round(time.perf_counter() - t0, 3),
     }
-    write_json_atomic(out / "manifest.json", manifest)
-    return manifest
 
 
 def read_kept(out_dir: str | os.PathLike) -> pa.Table:

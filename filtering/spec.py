@@ -29,12 +29,14 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from halsift.filtering.base import Detector
+from halsift.launch.config import safe_load_yaml, short_repr
 
 
 class SpecError(ValueError):
@@ -221,6 +223,25 @@ def _build(family: str, opts: dict[str, Any], where: str) -> Detector:
     return det
 
 
+def _refuse_key_env(data: Any, path: Path) -> None:
+    """A spec file may not choose which environment variable the ``api`` detector sends as its key (a shared file
+    could send any secret to its own ``base_url``); only the user's command line or ``OPENAI_API_KEY`` may."""
+    if isinstance(data, dict):
+        env = data.get("api_key_env")
+        if env not in (None, "OPENAI_API_KEY"):
+            raise SpecError(f"detector spec {path}: api_key_env={env!r} is refused in a spec file; give it on the "
+                            "command line (--detector api:...,api_key_env=NAME) or use OPENAI_API_KEY")
+        values = list(data.values())
+    elif isinstance(data, list):
+        values = data
+    elif isinstance(data, str):  # a member given as a spec string
+        values = [{"api_key_env": m.strip()} for m in re.findall(r"api_key_env=([^,;\]]*)", data)]
+    else:
+        return
+    for v in values:
+        _refuse_key_env(v, path)
+
+
 def load_detector(spec: str | os.PathLike | dict | Detector) -> Detector:
     """Build a detector from a spec string, a YAML file path, a dict with ``family``, or return a detector as is."""
     if isinstance(spec, Detector):
@@ -229,21 +250,22 @@ def load_detector(spec: str | os.PathLike | dict | Detector) -> Detector:
         opts = dict(spec)
         family = opts.pop("family", None) or opts.pop("detector", None)
         if not isinstance(family, str):
-            raise SpecError(f"detector spec {spec!r}: field 'family' is missing (expected e.g. 'clip')")
-        return _build(family, opts, str(spec))
+            raise SpecError(f"detector spec {short_repr(spec)}: field 'family' is missing (expected e.g. 'clip')")
+        return _build(family, opts, short_repr(spec))
     text = os.fspath(spec)
     if text.endswith((".yaml", ".yml")) or (os.path.isfile(text) and ":" not in Path(text).name):
         path = Path(text)
         if not path.exists():
             raise FileNotFoundError(f"detector spec: {path} does not exist")
         try:
-            data = yaml.safe_load(path.read_text())
+            data = safe_load_yaml(path.read_text())  # alias expansion capped
         except yaml.YAMLError as e:
             raise SpecError(f"detector spec {path}: not valid YAML ({e})") from e
         if not isinstance(data, dict):
             raise SpecError(f"detector spec {path}: expected a mapping with 'family' and options")
         if "family" not in data and "detector" not in data:
             raise SpecError(f"detector spec {path}: field 'family' is missing (expected one of {families()})")
+        _refuse_key_env(data, path)
         return load_detector(data)
     family, opts = parse_spec(text)
     return _build(family, opts, text)

@@ -4,14 +4,16 @@ Each (sub)command lives in its own module ``halsift.launch.cmd_*`` exposing ``HE
 ``add_arguments(parser)`` and ``run(args) -> int``. Command modules import only argparse-level things at the
 top; torch, transformers and open_clip are imported inside ``run``, so ``halsift --help`` is instant.
 
-Exit codes: 0 on success; 2 with a one-line message naming the bad flag/key/file on a usage or config error
-(no traceback); 1 on an unexpected failure.
+Exit codes: 0 on success; 2 with a one-line message naming the bad flag/key/file on a usage or config error, an
+unreadable or unwritable path (any ``OSError``: missing, read-only, a full disk) or a corrupt file (parquet,
+safetensors), with no traceback; 1 on an unexpected failure.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -48,15 +50,60 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from halsift.corpus.scores import ScoresFormatError
     from halsift.corpus.shards import ShardFormatError
 
-    errs: list[type[BaseException]] = [UsageError, FileNotFoundError, NotADirectoryError, BenchFormatError,
-                                       ShardFormatError, ScoresFormatError]
+    errs: list[type[BaseException]] = [UsageError, FileNotFoundError, NotADirectoryError, FileExistsError,
+                                       BenchFormatError, ShardFormatError, ScoresFormatError]
     for mod, name in (("halsift.launch.config", "ConfigError"), ("halsift.corpus.retrieval", "RetrievalFormatError"),
-                      ("halsift.filtering.spec", "SpecError")):
+                      ("halsift.filtering.spec", "SpecError"), ("halsift.filtering.select", "SelectError")):
         try:
             errs.append(getattr(importlib.import_module(mod), name))
         except (ImportError, AttributeError):
             pass
     return tuple(errs)
+
+
+def _format_errors() -> tuple[type[BaseException], ...]:
+    """Errors of the file-format libraries: a corrupt parquet, a garbage safetensors file."""
+    errs: list[type[BaseException]] = []
+    for mod, name in (("pyarrow.lib", "ArrowInvalid"), ("safetensors", "SafetensorError")):
+        try:
+            errs.append(getattr(importlib.import_module(mod), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errs)
+
+
+def one_line(e: BaseException, limit: int = 500) -> str:
+    """The message of ``e`` as one line: an OSError names its path; an error re-raised from a DataLoader worker
+    ("Caught X in DataLoader worker process N." + traceback) gives the original error's last line."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        msg = f"{e.filename}: {e.strerror}"
+    else:
+        text = str(e)
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if lines and lines[0].startswith("Caught ") and "Original Traceback" in text:
+            msg = lines[-1].split(": ", 1)[-1]
+        else:
+            msg = lines[0] if lines else type(e).__name__
+    if isinstance(e, _format_errors()) and not isinstance(e, OSError):
+        msg = f"{type(e).__name__}: {msg}"
+    return msg if len(msg) <= limit else msg[:limit] + "..."
+
+
+UNLOCKED = ("launch", "run")  # launch: its ranks take the lock; run: a recipe has no --out
+ERROR_FILE_ENV = "HALSIFT_ERROR_FILE"  # set by `halsift launch`: ranks append their one-line user error here
+
+
+def _user_error(line: str) -> int:
+    """Print the one-line error (and hand it to a `halsift launch` parent, which then exits 2 with it)."""
+    print(line, file=sys.stderr)
+    path = os.environ.get(ERROR_FILE_ENV)
+    if path:
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError:
+            pass
+    return 2
 
 
 def _load(module: str):
@@ -99,13 +146,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "_run", None) is None:
         (getattr(args, "_group_parser", None) or parser).print_help()
         return 2
+    from halsift.launch.output_lock import OutputBusyError, output_lock
+
+    out = getattr(args, "out", None)
     try:
-        return int(args._run(args) or 0)
-    except _user_errors() as e:
-        name = args._name
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"halsift {name}: error: {msg}", file=sys.stderr)
-        return 2
+        with output_lock(out if isinstance(out, str) and args._name not in UNLOCKED else None, args._name):
+            return int(args._run(args) or 0)
+    except (*_user_errors(), OutputBusyError, OSError, *_format_errors()) as e:  # bad input, unreadable/unwritable paths, corrupt files
+        return _user_error(f"halsift {args._name}: error: {one_line(e)}")
     except KeyboardInterrupt:
         print("halsift: interrupted", file=sys.stderr)
         return 130

@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-parallel/--requeue: only with --slurm --array N")
     if args.array is not None and not args.slurm:
         raise UsageError("--array: a SLURM job array; add --slurm")
+    for flag, value in (("--gpus", args.gpus), ("--cpu", args.cpu)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag}: expected >= 1, got {value}")
     if args.slurm:
         if args.wait and not args.submit:
             raise UsageError("--wait: only with --submit")
@@ -103,4 +106,16 @@ def run(args: argparse.Namespace) -> int:
     if spec.cpu:
         env.setdefault("OMP_NUM_THREADS", "1")
         env["HALSIFT_FORCE_CPU"] = "1"
-    return subprocess.call(argv, env=env)
+    import tempfile
+
+    from halsift.launch.cli import ERROR_FILE_ENV
+
+    with tempfile.TemporaryDirectory(prefix="halsift-launch-") as tmp:
+        env[ERROR_FILE_ENV] = str(Path(tmp) / "errors.txt")
+        code = subprocess.call(argv, env=env)
+        errors = Path(env[ERROR_FILE_ENV])
+        lines = errors.read_text(encoding="utf-8").splitlines() if errors.exists() else []
+    if code != 0 and lines:  # a user error in the ranks: its one line (again, after the launcher's report), exit 2
+        print(lines[0], file=sys.stderr)
+        return 2
+    return code

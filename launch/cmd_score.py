@@ -29,6 +29,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise UsageError(f"--batch-size: expected >= 1, got {args.batch_size}")
+    if args.unit != "sentence" and str(args.data).endswith(".jsonl"):
+        raise UsageError(f"--unit {args.unit}: a bench file ({args.data}) is scored per sentence (its rows); "
+                         "use --unit sentence")
     from halsift.filtering.base import DetectorError
     from halsift.filtering.runner import MANIFEST, RunMismatch, score
     from halsift.launch.score_engines import run_tasks, summary

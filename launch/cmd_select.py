@@ -31,6 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--export-keys", metavar="PATH", default=None,
                    help="also write the kept source samples as a subset file: PATH.npy = DataComp uids (u8,u8, "
                         "sorted; from the json 'uid'), any other name = one key per line")
+    p.add_argument("--detector", help="select from this detector's rows only (a score folder holds one detector; "
+                                      "without this, a folder whose parts name another detector is refused)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="select from a score folder whose _manifest.json is not complete (recorded in the manifest)")
     p.add_argument("--maxcount", type=int, default=1000, help="samples per output shard")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--html", action="store_true",
@@ -48,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--keep: expected a fraction in (0, 1], got {args.keep}")
     if args.top_k is not None and args.top_k < 0:
         raise UsageError(f"--top-k: expected >= 0, got {args.top_k}")
+    if args.threshold is not None and not 0 <= args.threshold <= 100:  # also refuses nan
+        raise UsageError(f"--threshold: expected a score in [0, 100], got {args.threshold}")
     if args.maxcount < 1:
         raise UsageError(f"--maxcount: expected >= 1, got {args.maxcount}")
     if args.agg != "min" and args.unit != "caption":
@@ -63,13 +69,15 @@ def run(args: argparse.Namespace) -> int:
         m = select(args.scores, args.data, args.out, keep=args.keep, top_k=args.top_k, threshold=args.threshold,
                    unit=args.unit, agg=args.agg, per_captioner=args.per_captioner, random_baseline=args.random,
                    seed=args.seed, maxcount=args.maxcount, show_progress=not args.no_progress,
-                   meta_defaults={"captioner": args.captioner, "source": args.source})
+                   meta_defaults={"captioner": args.captioner, "source": args.source},
+                   detector=args.detector, allow_partial=args.allow_partial)
     except SelectError as e:
         raise UsageError(str(e)) from e
     k = m["keys"]
     print(f"kept {m['kept_units']} of {m['candidates']} units ({m['samples_written']} samples written); "
           f"precision {m['precision']['input']} -> {m['precision']['kept']}; keys only in shards "
-          f"{k['only_in_shards']}, only in scores {k['only_in_scores']} -> {args.out}")
+          f"{k['only_in_shards']}, only in scores {k['only_in_scores']}; {m['skipped']['total']} sample(s) "
+          f"skipped -> {args.out}")
     if args.export_keys:
         from halsift.corpus.subset import write_subset
 

@@ -8,6 +8,7 @@ applied before validation.
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,54 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A recipe or config file has an unknown key, a wrong type or a bad value; the message names the key."""
+
+
+MAX_YAML_NODES = 100_000  # nodes after alias expansion: far above any config, far below a "billion laughs"
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlist = _SHORT.maxdict = _SHORT.maxtuple = _SHORT.maxset = 6
+_SHORT.maxlevel = 3
+
+
+def short_repr(value: Any) -> str:
+    """``repr`` bounded in size and depth (reprlib), so that an error message never echoes a huge value."""
+    return _SHORT.repr(value)
+
+
+def clip_text(text: str, limit: int = 300) -> str:
+    """``text`` cut to ``limit`` characters (with '...')."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a document whose aliases expand to more than :data:`MAX_YAML_NODES`
+    nodes (an alias bomb: a few hundred bytes that would expand to gigabytes when printed or walked)."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        if _expanded_size(node, {}) > MAX_YAML_NODES:
+            raise yaml.YAMLError(f"aliases expand to more than {MAX_YAML_NODES} nodes (an alias bomb?)")
+        return node
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Number of nodes ``node`` stands for once every alias is expanded (capped just above the limit)."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = 1  # a recursive alias counts once
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        total += sum(_expanded_size(c, memo) for c in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        total += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    memo[key] = min(total, MAX_YAML_NODES + 1)
+    return memo[key]
+
+
+def safe_load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` with alias expansion capped (raises ``yaml.YAMLError`` beyond it)."""
+    return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def field(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING, **kw):
@@ -52,15 +101,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, a, key)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches none of "
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {short_repr(value)} matches none of "
                           f"{[_type_name(a) for a in args]}")
     if origin is typing.Literal:
         if value not in args:
-            raise ConfigError(f"{key}: {value!r} is not one of {list(args)}")
+            raise ConfigError(f"{key}: {short_repr(value)} is not one of {list(args)}")
         return value
     if origin in (list, Sequence, tuple):
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r:.60}")
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {short_repr(value)}")
         inner = args[0] if args else Any
         return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin in (dict, Mapping):
@@ -73,23 +122,23 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        raise ConfigError(f"{key}: expected true/false, got {short_repr(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        raise ConfigError(f"{key}: expected an integer, got {short_repr(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        raise ConfigError(f"{key}: expected a number, got {short_repr(value)}")
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
+        raise ConfigError(f"{key}: expected a string, got {short_repr(value)}")
     if tp is Path:
         if isinstance(value, (str, Path)):
             return Path(value)
-        raise ConfigError(f"{key}: expected a path, got {value!r}")
+        raise ConfigError(f"{key}: expected a path, got {short_repr(value)}")
     return value
 
 
@@ -133,9 +182,9 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
             raise ConfigError(f"override {pair!r}: expected key=value")
         key, raw = pair.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = safe_load_yaml(raw) if raw != "" else ""
         except yaml.YAMLError as e:
-            raise ConfigError(f"override {key}: cannot parse {raw!r} ({e})") from None
+            raise ConfigError(f"override {key}: cannot parse {short_repr(raw)} ({clip_text(str(e))})") from None
         node = out
         parts = key.strip().split(".")
         for p in parts[:-1]:
@@ -161,9 +210,9 @@ def load_yaml(path: str | Path) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"recipe: {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = safe_load_yaml(path.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+        raise ConfigError(f"{path}: not valid YAML ({clip_text(str(e))})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -7,6 +7,7 @@ launcher sets, read by accelerate's ``PartialState``. Nothing here schedules wor
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -101,10 +102,37 @@ class SlurmSpec:
                                  "use --backend torchrun or auto")
         elif self.gpus_per_node < 1:
             raise ValueError(f"--gpus must be >= 1, got {self.gpus_per_node}")
+        for key in ("job_name", "output", "time", "partition", "account", "qos"):
+            check_header_value(f"--{key.replace('_', '-')}", getattr(self, key))
+        for x in self.extra_sbatch:
+            check_header_value("extra sbatch line", x, raw=True)
 
     @property
     def procs_per_node(self) -> int:
         return self.cpu_procs if self.cpu_procs is not None else self.gpus_per_node
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_HEADER_BAD = re.compile(r"[\x00-\x1f\x7f\"'`$\\]")
+
+
+def check_header_value(flag: str, value: str | None, raw: bool = False) -> None:
+    """An ``#SBATCH`` value must stay on its line and mean what it says: no control characters (a newline would
+    start a shell line in the script) and, unless ``raw`` (a whole ``--key=value`` line the user wrote), no
+    quotes, backslashes, ``$`` or backquotes. Raises ``ValueError`` naming the flag."""
+    if value is None:
+        return
+    bad = (_CONTROL if raw else _HEADER_BAD).search(str(value))
+    if bad:
+        what = "control characters" if raw else "control characters, quotes, backslashes, '$' or '`'"
+        raise ValueError(f"{flag}: {str(value)[:80]!r} contains {bad.group()!r} at position {bad.start()}; "
+                         f"an #SBATCH value may not hold {what}")
+
+
+def _header(key: str, value) -> str:
+    """``#SBATCH --key=value``, the value double-quoted when it holds spaces (sbatch reads quoted values)."""
+    value = str(value)
+    return f'#SBATCH --{key}="{value}"' if any(c.isspace() for c in value) else f"#SBATCH --{key}={value}"
 
 
 def sbatch_script(spec: SlurmSpec, command: Sequence[str], python: str = "python") -> str:
@@ -117,15 +145,15 @@ def sbatch_script(spec: SlurmSpec, command: Sequence[str], python: str = "python
     """
     spec.validate()
     cpu = spec.cpu_procs is not None
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={spec.job_name}", f"#SBATCH --nodes={spec.nodes}",
+    lines = ["#!/bin/bash", _header("job-name", spec.job_name), f"#SBATCH --nodes={spec.nodes}",
              "#SBATCH --ntasks-per-node=1"]
     if not cpu:
         lines.append(f"#SBATCH --gpus-per-node={spec.gpus_per_node}")
-    lines += [f"#SBATCH --cpus-per-task={spec.cpus_per_task}", f"#SBATCH --time={spec.time}",
-              f"#SBATCH --output={spec.output}"]
+    lines += [f"#SBATCH --cpus-per-task={spec.cpus_per_task}", _header("time", spec.time),
+              _header("output", spec.output)]
     for key in ("partition", "account", "qos"):
         if getattr(spec, key):
-            lines.append(f"#SBATCH --{key}={getattr(spec, key)}")
+            lines.append(_header(key, getattr(spec, key)))
     lines += [f"#SBATCH {x}" for x in spec.extra_sbatch]
     lines += ["", "set -euo pipefail", *spec.setup,
               # rendezvous on the first node, at its NodeAddr: the address slurmctld itself reaches it by, which is

@@ -240,15 +240,27 @@ def stage_world(r: Recipe, p: Paths) -> dict:
 
 
 def bench_subset(bench: str, split: str, out: Path) -> str:
-    """``bench`` restricted to one split, written under ``out`` with absolute image paths ('' if none left)."""
+    """``bench`` restricted to one split, written under ``out`` with absolute image paths ('' if none left).
+
+    The cached subset records the fingerprint of the bench it was cut from (``source.json``); it is rebuilt
+    whenever that bench (path or content) changed, so a new ``data.bench`` never meets the old rows."""
     from halsift.corpus.bench import iter_bench, write_bench
+    from halsift.corpus.fingerprint import path_fingerprint
 
     if not bench or split == "none":
         return ""
     if not split:
         return bench
     target = out / f"bench_{split}" / "bench.jsonl"
-    if not target.exists():
+    source = target.with_name("source.json")
+    ident = {"bench": str(Path(bench).resolve()), "split": split, "fingerprint": path_fingerprint(bench)}
+    try:
+        cached = json.loads(source.read_text()) == ident and target.exists()
+    except (OSError, ValueError):
+        cached = False
+    if not cached:
+        source.unlink(missing_ok=True)
+        target.unlink(missing_ok=True)
         root = Path(bench).parent.resolve()
         rows = []
         for row in iter_bench(bench):
@@ -258,6 +270,7 @@ def bench_subset(bench: str, split: str, out: Path) -> str:
         if not rows:
             return ""
         write_bench(target, rows)
+        write_json_atomic(source, ident)
     return str(target)
 
 
@@ -352,7 +365,9 @@ def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
     parsed = merged[[f"p{i}" for i in range(len(member_dirs))]].all(axis=1)
     table = scores_table(merged["key"], merged["sentence_index"], merged[cols].mean(axis=1), parsed, name)
     write_part_atomic(table, out / "part-ensemble.parquet")
-    write_json_atomic(out / "_manifest.json", {"detector": name, "members": [str(d) for d in member_dirs],
+    write_json_atomic(out / "_manifest.json", {"detector": name, "detector_name": name, "status": "complete",
+                                               "part_files": ["part-ensemble.parquet"],
+                                               "members": [str(d) for d in member_dirs],
                                                "rows": int(len(merged)), "complete": True})
     del pd
 

@@ -133,11 +133,15 @@ def test_select_argument_errors(tmp_path):
 def test_prune_and_one_sided_keys(tmp_path):
     data = make_corpus(tmp_path / "c", shards=2, per_shard=6, seed=9, corrupt={"s9_00004": "image"})
     out = score("oracle", data, tmp_path / "o", show_progress=False)
-    # add a score row for a key that is in no shard
+    # add a score row for a key that is in no shard (to a listed part: a foreign part file is refused)
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from halsift.corpus.scores import scores_table
-    pq.write_table(scores_table(["ghost"], [0], [100.0], [True], "oracle"), out / "part-ghost.parquet")
+    first = sorted(out.glob("part-*.parquet"))[0]
+    t = pq.read_table(first)
+    ghost = scores_table(["ghost"], [0], [100.0], [True], "oracle", {"captioner": ["capA"]})
+    pq.write_table(pa.concat_tables([t.select(ghost.column_names), ghost]), first)
     m = select(out, data, tmp_path / "p", threshold=60, unit="caption", agg="prune", show_progress=False)
     assert m["keys"]["only_in_shards"] == 1 and m["keys"]["only_in_shards_examples"] == ["s9_00004"]
     assert m["keys"]["only_in_scores"] == 1 and m["keys"]["only_in_scores_examples"] == ["ghost"]

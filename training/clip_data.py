@@ -50,6 +50,31 @@ def decode_image(data: bytes):
         return None
 
 
+def check_selection_complete(spec: str) -> None:
+    """Refuse the output of a ``halsift select`` that did not finish (killed, or failed part-way): its folder
+    has a ``manifest.json`` that is not ``complete``, or a ``kept.parquet`` without a manifest."""
+    import json
+
+    from halsift.corpus.shards import ShardFormatError
+
+    for folder in sorted({p.parent for p in expand_shards(spec)}):
+        manifest = folder / "manifest.json"
+        if manifest.is_file():
+            try:
+                m = json.loads(manifest.read_text())
+            except ValueError as e:
+                raise ShardFormatError(f"data {folder}: manifest.json is not valid JSON ({e})") from e
+            if not isinstance(m, dict):
+                continue
+            status = m.get("status", "complete" if "kept_units" in m else None)
+            if "filter" in m and status != "complete":
+                raise ShardFormatError(f"data {folder}: a `halsift select` output whose manifest.json says status "
+                                       f"{status!r} (killed or failed); run select again into a new --out")
+        elif (folder / "kept.parquet").exists():
+            raise ShardFormatError(f"data {folder}: a `halsift select` output without manifest.json (incomplete); "
+                                   "run select again into a new --out")
+
+
 class ShardStream(IterableDataset):
     """Infinite stream of ``{"image": (B,3,H,W), "text": (B,L), "skipped": int}`` batches for one process."""
 
@@ -82,14 +107,30 @@ class ShardStream(IterableDataset):
             yield rng.choice(self.shards[i])
 
     # -- samples -----------------------------------------------------------------------------------
-    def _samples(self, urls: Iterator[str], counter: list[int]) -> Iterator[tuple]:
+    def _samples(self, urls: Iterator[str], counter: list[int], spec: int = 0) -> Iterator[tuple]:
+        """Decoded (image, caption) pairs; bad samples are counted. Fails fast (``ShardFormatError``) when far more
+        shard reads than the spec has shards yield no usable sample, instead of spinning forever."""
         import webdataset as wds
+
+        from halsift.corpus.shards import ShardFormatError
+
+        n = len(self.shards[spec])
+        limit = 2 * n + 1 if len(self.shards) == 1 else 20 * n + 10  # epochs / random resampling
+        reads_since_good = [0]
 
         def on_error(exc: Exception) -> bool:
             counter[0] += 1
             return True  # skip and continue
 
-        for s in wds.tarfile_to_samples(handler=on_error)({"url": u} for u in urls):
+        def watched(us: Iterator[str]) -> Iterator[dict]:
+            for u in us:
+                reads_since_good[0] += 1
+                if reads_since_good[0] > limit:
+                    raise ShardFormatError(f"data {self.specs[spec]}: no readable sample in {limit} reads of its "
+                                           f"{n} shard(s) (every sample lacks a decodable image or a caption)")
+                yield {"url": u}
+
+        for s in wds.tarfile_to_samples(handler=on_error)(watched(urls)):
             ext = next((e for e in IMAGE_EXTS if e in s), None)
             caption = s.get("txt", b"")
             caption = caption.decode("utf-8", errors="replace").strip() if isinstance(caption, bytes) else ""
@@ -97,6 +138,7 @@ class ShardStream(IterableDataset):
             if image is None or not caption:
                 counter[0] += 1
                 continue
+            reads_since_good[0] = 0
             yield image, caption
 
     def __iter__(self) -> Iterator[dict]:
@@ -109,7 +151,7 @@ class ShardStream(IterableDataset):
         if len(self.shards) == 1:
             stream = self._samples(self._epoch_urls(g, total), counter)
         else:
-            sources = [self._samples(self._resampled_urls(i, random.Random(f"{self.seed}/{g}/{i}")), counter)
+            sources = [self._samples(self._resampled_urls(i, random.Random(f"{self.seed}/{g}/{i}")), counter, i)
                        for i in range(len(self.shards))]
             stream = (next(sources[rng.choices(range(len(sources)), weights=self.weights)[0]])
                       for _ in iter(int, 1))

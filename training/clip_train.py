@@ -96,11 +96,14 @@ def load_model(arch: str, pretrained: str | None = None, device="cpu", **kw):
 
     ensure_model_configs()
     if pretrained and str(pretrained).endswith(".safetensors") and os.path.isfile(pretrained):
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(str(pretrained), framework="pt") as f:
-            if "logit_bias" in f.keys():
-                kw.setdefault("init_logit_bias", -10.0)  # overwritten by the stored value
+        try:
+            with safe_open(str(pretrained), framework="pt") as f:
+                if "logit_bias" in f.keys():
+                    kw.setdefault("init_logit_bias", -10.0)  # overwritten by the stored value
+        except SafetensorError as e:
+            raise SafetensorError(f"pretrained: {pretrained} is not a valid safetensors file ({e})") from None
     return open_clip.create_model_and_transforms(arch, pretrained=pretrained, device=device, **kw)
 
 
@@ -226,7 +229,7 @@ def train(cfg: ClipTrainConfig) -> dict:
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs, set_seed
 
-    from halsift.training.clip_data import make_loader
+    from halsift.training.clip_data import check_selection_complete, make_loader
 
     # ---- setup ---------------------------------------------------------------------------------
     cfg.validate()
@@ -240,6 +243,11 @@ def train(cfg: ClipTrainConfig) -> dict:
                               gradient_accumulation_steps=cfg.grad_accum, kwargs_handlers=handlers)
     rank, world = accelerator.process_index, accelerator.num_processes
     n_shards = [len(expand_shards(spec)) for spec in cfg.data]  # fail before building the model
+    for spec in cfg.data:
+        check_selection_complete(spec)
+    if not cfg.resume and (complete_checkpoints(cfg.out) or (Path(cfg.out) / "final").exists()):
+        raise FileExistsError(f"out: {cfg.out} already holds the checkpoints of a run; pass --resume to continue "
+                              "it, or choose another --out")
     workers = cfg.workers  # one data spec: every (rank, worker) reader needs a shard of its own
     if len(n_shards) == 1 and n_shards[0] < world * max(1, workers):
         if n_shards[0] < world:

@@ -24,12 +24,15 @@ import math
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from halsift.corpus.bench import BenchFormatError
+from halsift.corpus.images import SkipCounter
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
 from halsift.filtering.base import Item
@@ -71,6 +74,26 @@ def row_items(bench: str | os.PathLike, rows: list) -> list[Item]:
                         {"captioner": r.generator, "source": r.generator_type, "label": r.label,
                          "image_path": str(root / r.image)}))
     return out
+
+
+def readable_items(items: list[Item], labels: np.ndarray, skipped) -> tuple[list[Item], np.ndarray]:
+    """Leave out the rows whose image cannot be read (missing, not a regular file, undecodable), counting each in
+    ``skipped`` (a :class:`~halsift.corpus.images.SkipCounter`), as ``score`` skips the same rows."""
+    from halsift.corpus.images import ImageDecodeError
+
+    keep = []
+    for i, it in enumerate(items):
+        path = Path(it.meta["image_path"])
+        try:
+            if not path.is_file():
+                raise OSError(f"{path} is missing or not a regular file")
+            _load_image(str(path))
+            keep.append(i)
+        except ImageDecodeError as e:
+            skipped.add(it.key, f"image {path}: {e.reason}", e.kind)
+        except OSError as e:
+            skipped.add(it.key, f"image {path}: {e}", "missing_image")
+    return [items[i] for i in keep], labels[keep]
 
 
 def with_image(it: Item) -> Item:
@@ -228,23 +251,28 @@ def train_detector(cfg: DetectorTrainConfig) -> dict:
     accelerator = Accelerator(cpu=not cuda, kwargs_handlers=handlers)
     rank, world = accelerator.process_index, accelerator.num_processes
     train_rows = bench_examples(cfg.bench, cfg.train_split)
-    y_train = np.array([y for _, y in train_rows], dtype=np.int64)
-    if len(set(y_train.tolist())) < 2:
-        raise ValueError(f"bench {cfg.bench}: split {cfg.train_split!r} needs correct and incorrect rows, has "
-                         f"{int(y_train.sum())} correct of {len(y_train)} labelled")
     val_rows = bench_examples(cfg.bench, cfg.val_split) if cfg.val_split else []
     if cfg.max_val_rows:
         val_rows = val_rows[:cfg.max_val_rows]
-    train_items = row_items(cfg.bench, [r for r, _ in train_rows])
-    val_items = row_items(cfg.bench, [r for r, _ in val_rows])
-    y_val = np.array([y for _, y in val_rows], dtype=np.int64)
+    skipped = SkipCounter(max_examples=1000)
+    train_items, y_train = readable_items(row_items(cfg.bench, [r for r, _ in train_rows]),
+                                          np.array([y for _, y in train_rows], dtype=np.int64), skipped)
+    val_items, y_val = readable_items(row_items(cfg.bench, [r for r, _ in val_rows]),
+                                      np.array([y for _, y in val_rows], dtype=np.int64), skipped)
+    if len(set(y_train.tolist())) < 2:
+        raise BenchFormatError(f"bench {cfg.bench}: split {cfg.train_split!r} needs correct and incorrect rows with "
+                               f"readable images, has {int(y_train.sum())} correct of {len(y_train)} usable labelled "
+                               f"rows ({skipped.summary()})")
+    if skipped.total:
+        warnings.warn(f"bench {cfg.bench}: {skipped.summary()} rows with unreadable images left out", stacklevel=2)
     out = Path(cfg.out)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out / "config.json", cfg.to_dict())
         write_json_atomic(out / "run_info.json", {"world_size": world, "device": str(accelerator.device),
                                                   "distributed_type": str(accelerator.distributed_type), "kind": kind,
-                                                  "train_rows": len(train_rows), "val_rows": len(val_rows)})
+                                                  "train_rows": len(train_items), "val_rows": len(val_items),
+                                                  "skipped": skipped.to_json()})
     set_seed(cfg.seed)
     task = build_task(cfg)
     module = task.module.to(accelerator.device)
