@@ -54,16 +54,18 @@ def register_builtin_configs() -> None:
 
 
 @contextlib.contextmanager
-def _quiet_random_init(loading_checkpoint: bool):
-    """Drop open_clip's "No pretrained weights loaded" warning when a checkpoint is loaded right after."""
+def _quiet_create(loading_checkpoint: bool):
+    """While open_clip builds the model: drop its error log of a failed download (we raise one line of our own)
+    and, when a checkpoint is loaded right after, its "No pretrained weights loaded" warning."""
 
     class _Drop(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
-            return "No pretrained weights loaded" not in record.getMessage()
+            if record.levelno >= logging.ERROR:
+                return False
+            return not (loading_checkpoint and "No pretrained weights loaded" in record.getMessage())
 
     root, drop = logging.getLogger(), _Drop()
-    if loading_checkpoint:
-        root.addFilter(drop)
+    root.addFilter(drop)
     try:
         yield
     finally:
@@ -104,16 +106,13 @@ class ClipDetector(Detector):
         if checkpoint and not Path(checkpoint).exists():
             raise ValueError(f"checkpoint={checkpoint!r}: file does not exist")
         what = f"arch={arch!r}" if schema else f"pretrained={pretrained!r} of arch={arch!r}"
-        logging.disable(logging.ERROR)  # open_clip logs a failed download before raising; we report it once
         try:
-            with torch.random.fork_rng(devices=[]), _quiet_random_init(bool(checkpoint)):
+            with torch.random.fork_rng(devices=[]), _quiet_create(bool(checkpoint)):
                 torch.manual_seed(int(seed))  # random init is the same in every process
                 model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained or None)
-            tokenizer = open_clip.get_tokenizer(arch)
+                tokenizer = open_clip.get_tokenizer(arch)
         except (RuntimeError, OSError, ValueError) as e:  # hub misses, missing files, a bad config
             raise ValueError(_load_error(what, e)) from e
-        finally:
-            logging.disable(logging.NOTSET)
         if checkpoint:
             try:
                 if str(checkpoint).endswith(".safetensors"):

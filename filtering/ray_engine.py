@@ -23,7 +23,7 @@ from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
 from halsift.filtering.runner import MANIFEST, Part, _check_or_start, _finish_manifest, plan_parts, score_part
 from halsift.filtering.spec import load_detector
-from halsift.filtering.tasks import TaskError, _Solo, part_done, task_device
+from halsift.filtering.tasks import TaskError, _Solo, part_done, part_fingerprints, task_device
 
 
 def _ray():
@@ -45,9 +45,9 @@ class PartScorer:
     def pid(self) -> int:
         return os.getpid()
 
-    def score(self, part: Part, workers: int) -> dict:
+    def score(self, part: Part, workers: int, fingerprints: dict) -> dict:
         return score_part(self.detector, part, self.out / part.name, self.unit, self.batch_size, None, self.index,
-                          workers)
+                          workers, fingerprints=fingerprints)
 
 
 def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence", batch_size: int = 64,
@@ -65,8 +65,11 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
     out.mkdir(parents=True, exist_ok=True)
     parts, inputs = plan_parts(data)
     ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
+    fps = part_fingerprints(parts, detector)
+    if fps:
+        ident["detector_fp"] = next(iter(fps.values()))["detector_fp"]
     _check_or_start(out, ident, _Solo)
-    todo = [p for p in parts if not part_done(out, p)]
+    todo = [p for p in parts if not part_done(out, p, fps[p.name])]
     resumed = len(parts) - len(todo)
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
@@ -89,7 +92,7 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
     def give(i: int) -> None:
         if queue:
             part = queue.pop(0)
-            running[actors[i].score.remote(part, n)] = (i, part)
+            running[actors[i].score.remote(part, n, fps[part.name])] = (i, part)
 
     bar = progress(desc=f"score ray ({n} workers)", unit="part", total=len(todo), disable=not show_progress)
     for i in actors:
@@ -114,7 +117,7 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
         give(i)
     bar.close()
     t_scoring = time.perf_counter() - t_scoring
-    missing = [p.name for p in parts if not part_done(out, p)]
+    missing = [p.name for p in parts if not part_done(out, p, fps[p.name])]
     if missing:
         raise RuntimeError(f"{out}: parts {missing[:5]} were not written; rerun the same command to finish")
     m = _finish_manifest(out, ident, parts, time.perf_counter() - t0, scored, resumed, n, t_scoring)

@@ -31,7 +31,9 @@ from pathlib import Path
 
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
-from halsift.filtering.runner import MANIFEST, Part, _check_or_start, _finish_manifest, plan_parts, score_part
+from halsift.corpus.fingerprint import spec_fingerprint
+from halsift.filtering.runner import (MANIFEST, Part, _check_or_start, _finish_manifest, plan_parts, reusable,
+                                     score_part, source_fingerprint)
 from halsift.filtering.spec import load_detector
 
 CLAIMS = "_claims"
@@ -209,9 +211,19 @@ def task_device() -> str:
     return "cuda" if torch.cuda.is_available() and not os.environ.get("HALSIFT_FORCE_CPU") else "cpu"
 
 
-def part_done(out: Path, part: Part) -> bool:
-    """The completion marker: the part's parquet file (written atomically) is there."""
-    return (out / part.name).exists()
+def part_fingerprints(parts: Sequence[Part], detector) -> dict[str, dict]:
+    """Part name -> what its scores must have been made from (:func:`runner.source_fingerprint` of its shard and
+    the detector's :func:`~halsift.corpus.fingerprint.spec_fingerprint`), as ``score_part`` records it."""
+    det_fp = spec_fingerprint(detector.spec)
+    return {p.name: {"source_fp": source_fingerprint(p), "detector_fp": det_fp} for p in parts}
+
+
+def part_done(out: Path, part: Part, fps: dict | None = None) -> bool:
+    """The completion marker: the part's parquet file (written atomically) is there and, given ``fps`` (its
+    :func:`part_fingerprints` entry), was made from the same shard by the same detector (else it is redone)."""
+    if fps is None:
+        return (out / part.name).exists()
+    return reusable(out / part.name, fps["source_fp"], fps["detector_fp"])
 
 
 class _Solo:
@@ -249,8 +261,10 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     out.mkdir(parents=True, exist_ok=True)
     parts, inputs = plan_parts(data)
     ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
+    fps = part_fingerprints(parts, detector)
+    ident["detector_fp"] = next(iter(fps.values()))["detector_fp"] if fps else spec_fingerprint(detector.spec)
     _check_or_start(out, ident, _Solo)
-    resumed = sum(1 for p in parts if part_done(out, p))
+    resumed = sum(1 for p in parts if part_done(out, p, fps[p.name]))
     name = f"task-{task_index:05d}"
     board = ClaimBoard(out, f"{name}@{HOST}:{os.getpid()}", stale_after)
     run = {"task_index": task_index, "num_tasks": num_tasks, "host": HOST, "pid": os.getpid(), "start": time.time(),
@@ -258,7 +272,7 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     loaded, bar = False, None
     ts = time.perf_counter()
     for p in task_order(parts, num_tasks, task_index, steal):
-        if part_done(out, p):
+        if part_done(out, p, fps[p.name]):
             run["parts_skipped_done"] += 1
             continue
         claim = board.try_claim(p.name)
@@ -266,14 +280,15 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
             run["parts_held_elsewhere"] += 1
             continue
         try:
-            if part_done(out, p):  # finished between our check and our claim
+            if part_done(out, p, fps[p.name]):  # finished between our check and our claim
                 run["parts_skipped_done"] += 1
                 continue
             if not loaded:
                 detector.to(device or task_device())
                 bar = progress(desc=f"score task {task_index}/{num_tasks}", unit="sent", disable=not show_progress)
                 loaded = True
-            stats = score_part(detector, p, out / p.name, unit, batch_size, bar, task_index, num_tasks)
+            stats = score_part(detector, p, out / p.name, unit, batch_size, bar, task_index, num_tasks,
+                               fingerprints=fps[p.name])
         finally:
             board.finish(p.name, claim)
         run["parts_scored"] += 1
@@ -286,7 +301,7 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     tasks_dir = out / TASKS
     tasks_dir.mkdir(exist_ok=True)
     write_json_atomic(tasks_dir / f"{name}.{HOST}.{os.getpid()}.json", run)
-    missing = [p.name for p in parts if not part_done(out, p)]
+    missing = [p.name for p in parts if not part_done(out, p, fps[p.name])]
     run["complete"] = not missing
     run["parts_missing"] = len(missing)
     run["held_by_live_tasks"] = board.held(missing)

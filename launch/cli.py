@@ -90,6 +90,13 @@ def one_line(e: BaseException, limit: int = 500) -> str:
 
 
 UNLOCKED = ("launch", "run")  # launch: its ranks take the lock; run: a recipe has no --out
+
+
+def _shares_out(args) -> bool:
+    """``score``/``select`` as one of several tasks (``--num-tasks``, or a SLURM array task): the tasks share one
+    ``--out`` on purpose and coordinate through per-part claims (:mod:`halsift.filtering.tasks`), not the lock."""
+    return args._name in ("score", "select") and (getattr(args, "num_tasks", None) is not None
+                                                  or "SLURM_ARRAY_TASK_ID" in os.environ)
 ERROR_FILE_ENV = "HALSIFT_ERROR_FILE"  # set by `halsift launch`: ranks append their one-line user error here
 
 
@@ -150,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     out = getattr(args, "out", None)
     try:
-        with output_lock(out if isinstance(out, str) and args._name not in UNLOCKED else None, args._name):
+        with output_lock(out if isinstance(out, str) and args._name not in UNLOCKED and not _shares_out(args)
+                         else None, args._name):
             return int(args._run(args) or 0)
     except (*_user_errors(), OutputBusyError, OSError, *_format_errors()) as e:  # bad input, unreadable/unwritable paths, corrupt files
         return _user_error(f"halsift {args._name}: error: {one_line(e)}")
@@ -159,5 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m halsift.launch.cli` (sbatch scripts): run the imported module's main, so
+    # that UsageError raised by the commands is the class main catches (not a second copy in __main__)
+    from halsift.launch.cli import main as _main
+
+    sys.exit(_main())
