@@ -449,7 +449,8 @@ def _write_selection(table: pa.Table, kept: pa.Table, info: dict, source: dict, 
             shard_keys.append(pa.array(keys_here, pa.string()))
     bar.close()
     if len(kept) and not writer.total:
-        why = (corrupt_shards[0] if corrupt_shards else
+        bad = next((e for e in skipped.examples if e["kind"] == "bad_sample"), None)
+        why = (corrupt_shards[0] if corrupt_shards else f"sample {bad['key']!r}: {bad['reason']}" if bad else
                f"no kept key is in the shards (e.g. {kept['key'][0].as_py()!r}): scores of other data?")
         raise SelectError(f"data: {len(kept)} units kept but no sample could be written; {why}")
     all_shard_keys = pa.concat_arrays(shard_keys) if shard_keys else pa.array([], pa.string())

@@ -1,6 +1,7 @@
 """One run per output folder: ``halsift <command> --out DIR`` holds an exclusive lock on ``DIR/.halsift.lock``
 while it runs, so a second run into the same folder stops at once with a one-line error instead of interleaving
-its parts, shards or checkpoints with the first one's.
+its parts, shards or checkpoints with the first one's. An ``--out`` that names a file (``convert coco ... --out
+set.jsonl``) is locked by the sibling ``set.jsonl.halsift.lock``.
 
 The lock is an OS file lock (``filelock``, ``flock`` on Unix): the kernel drops it when the holder exits, even on
 SIGKILL, so a killed run never leaves a stale lock behind. Under torchrun/accelerate only rank 0 (``RANK`` unset or
@@ -29,20 +30,24 @@ def output_lock(out: str | os.PathLike | None, command: str) -> Iterator[None]:
         return
     from filelock import FileLock, Timeout
 
-    folder = Path(out)
+    target = Path(out)
+    # an output *file* (e.g. `convert coco ... --out set.jsonl`) is locked by a sibling file, never made a folder
+    as_file = target.is_file() or (not target.is_dir() and target.suffix != "")
+    folder = target.parent if as_file else target
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(folder / LOCK_NAME))
+    path = target.with_name(target.name + LOCK_NAME) if as_file else folder / LOCK_NAME
+    lock = FileLock(str(path))
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        raise OutputBusyError(f"--out {folder}: another halsift run is writing into this folder (it holds "
-                              f"{folder / LOCK_NAME}); wait for it to finish or choose another --out") from None
+        raise OutputBusyError(f"--out {target}: another halsift run is writing into it (it holds {path}); wait for "
+                              "it to finish or choose another --out") from None
     try:
         yield
     finally:
         lock.release()
         with contextlib.suppress(OSError):
-            (folder / LOCK_NAME).unlink()
-            if created and not any(folder.iterdir()):
+            path.unlink()
+            if created and not as_file and not any(folder.iterdir()):
                 folder.rmdir()  # a run that failed before writing anything leaves no empty folder behind
