@@ -1,6 +1,6 @@
 """``api`` detector: a judge behind an OpenAI-compatible chat-completions endpoint (a vLLM server, a hosted model).
 
-Each item is one request: the image as a base64 PNG data URL, then the seeds' 0–100 prompt (AlignBench E.1,
+Each item is one request (each distinct image encoded once per batch, connections kept alive across batches): the image as a base64 PNG data URL, then the seeds' 0–100 prompt (AlignBench E.1,
 ``cot``/``context`` as in the ``vlm`` family). Requests run in a thread pool of ``concurrency`` workers; HTTP 429,
 5xx, timeouts and connection errors are retried ``max_retries`` times with exponential backoff
 (``backoff · 2^attempt`` seconds, or the server's ``Retry-After`` if larger, capped at 60 s); other 4xx errors
@@ -126,6 +126,7 @@ class ApiDetector(Detector):
         self.cot, self.context = bool(cot), bool(context)
         self.retries = 0  # retried requests so far (for logs and tests)
         self._lock = threading.Lock()
+        self._client: httpx.Client | None = None
 
     def _payload(self, item: Item, url: str) -> dict:
         prompt = P.COT_PROMPT if self.cot else P.SCORE_PROMPT
@@ -198,10 +199,28 @@ class ApiDetector(Detector):
             if k not in urls:
                 urls[k] = image_data_url(it.image)
         bodies = [self._payload(it, urls[(it.image_id, id(it.image))]) for it in items]
-        with httpx.Client(timeout=self.timeout, follow_redirects=False) as client, \
-                ThreadPoolExecutor(max_workers=min(self.concurrency, len(bodies))) as pool:
+        client = self._connection()
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(bodies))) as pool:
             replies = list(pool.map(lambda body: self._post(client, body), bodies))
         return [self._result(r) for r in replies]
+
+    def _connection(self) -> httpx.Client:
+        """One client for the detector's life: its connection pool (keep-alive, TLS sessions) serves every batch."""
+        if self._client is None:
+            limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
+            self._client = httpx.Client(timeout=self.timeout, follow_redirects=False, limits=limits)
+        return self._client
+
+    def close(self) -> None:
+        """Close the connection pool (also done when the detector is garbage-collected)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __del__(self) -> None:
+        client = getattr(self, "_client", None)
+        if client is not None:
+            client.close()
 
 
 __all__ = ["ApiDetector", "image_data_url", "score_from_logprobs"]

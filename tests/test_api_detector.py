@@ -46,20 +46,24 @@ def _single_token_reply(sentence: str) -> dict:
 class _Server:
     """Chat-completions on 127.0.0.1: the first ``fail_first`` requests get ``fail_status``; then ``answer``."""
 
-    def __init__(self, answer, fail_first: int = 0, fail_status: int = 429, delay: float = 0.0):
+    def __init__(self, answer, fail_first: int = 0, fail_status: int = 429, delay: float = 0.0,
+                 keepalive: bool = False):
         self.requests: list[dict] = []
         self.active = self.max_active = 0
         lock = threading.Lock()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keepalive else "HTTP/1.0"
+
             def log_message(self, *a):  # keep pytest output clean
                 pass
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with lock:
-                    outer.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+                    outer.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization"),
+                                           "port": self.client_address[1]})
                     n = len(outer.requests)
                     outer.active += 1
                     outer.max_active = max(outer.max_active, outer.active)
@@ -155,6 +159,17 @@ def test_concurrency_limit(serve):
     assert [r.score for r in det.score_batch(items)] == [10.0] * 8
     assert srv.max_active == 3  # parallel, but never more than the limit
     assert time.perf_counter() - t < 8 * 0.15
+
+
+def test_connections_are_reused_across_batches(serve):
+    """One client for the detector's life: with keep-alive, two batches of requests at concurrency 1 travel over
+    one connection (a new client per batch opened a new connection for each batch)."""
+    srv = serve(lambda sent, body: _reply('{"score": 10}', None), keepalive=True)
+    det = ApiDetector(srv.url, "judge", mode="prompt", concurrency=1)
+    det.score_batch(_items())
+    det.score_batch(_items())
+    assert len(srv.requests) == 6 and len({r["port"] for r in srv.requests}) == 1
+    det.close()
 
 
 def test_client_error_is_not_retried(serve):
