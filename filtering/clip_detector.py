@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +52,32 @@ def register_builtin_configs() -> None:
 
         open_clip.add_model_config(_CONFIG_DIR)
         _registered = True
+
+
+def load_open_clip(arch: str, pretrained: str | None = None, device="cpu", **kw):
+    """``open_clip.create_model_and_transforms`` with halsift's configs registered, for every stage that loads an
+    open_clip model (the detector, training, evaluation, the world judge's vision tower): one behaviour for all.
+
+    ``pretrained`` is an open_clip tag or a weights file. A ``.safetensors`` file that stores ``logit_bias`` (a
+    SigLIP-loss fine-tune of an arch without one) gets the parameter created before loading
+    (``init_logit_bias``, overwritten by the stored value), so such checkpoints load everywhere."""
+    import open_clip
+
+    register_builtin_configs()
+    if pretrained and str(pretrained).endswith(".safetensors") and os.path.isfile(pretrained):
+        kw = {**siglip_kwargs(pretrained), **kw}
+    return open_clip.create_model_and_transforms(arch, pretrained=pretrained, device=device, **kw)
+
+
+def siglip_kwargs(weights: str | os.PathLike) -> dict:
+    """``{"init_logit_bias": -10.0}`` when the safetensors file ``weights`` stores a ``logit_bias``, else ``{}``."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            return {"init_logit_bias": -10.0} if "logit_bias" in f.keys() else {}
+    except SafetensorError as e:
+        raise SafetensorError(f"{weights}: not a valid safetensors file ({e})") from None
 
 
 @contextlib.contextmanager
@@ -106,10 +133,19 @@ class ClipDetector(Detector):
         if checkpoint and not Path(checkpoint).exists():
             raise ValueError(f"checkpoint={checkpoint!r}: file does not exist")
         what = f"arch={arch!r}" if schema else f"pretrained={pretrained!r} of arch={arch!r}"
+        extra = {}
+        if checkpoint and str(checkpoint).endswith(".safetensors"):
+            from safetensors import SafetensorError
+
+            try:
+                extra = siglip_kwargs(checkpoint)  # a SigLIP fine-tune stores logit_bias: create it first
+            except SafetensorError as e:
+                raise ValueError(f"checkpoint={checkpoint!r}: {e}") from None
         try:
             with torch.random.fork_rng(devices=[]), _quiet_create(bool(checkpoint)):
                 torch.manual_seed(int(seed))  # random init is the same in every process
-                model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained or None)
+                model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained or None,
+                                                                             **extra)
                 tokenizer = open_clip.get_tokenizer(arch)
         except (RuntimeError, OSError, ValueError) as e:  # hub misses, missing files, a bad config
             raise ValueError(_load_error(what, e)) from e

@@ -289,12 +289,9 @@ def load_hf_vision(tower, sd: dict) -> None:
 
 def load_open_clip_visual(weights: str | os.PathLike, arch: str = "halsift-tiny"):
     """``(visual, preprocess)`` of an open_clip ``arch`` model with local ``weights`` (no download)."""
-    import open_clip
+    from halsift.filtering.clip_detector import load_open_clip
 
-    from halsift.filtering.clip_detector import register_builtin_configs
-
-    register_builtin_configs()
-    model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=str(weights))
+    model, _, preprocess = load_open_clip(arch, pretrained=str(weights))
     return model.visual.eval(), preprocess
 
 

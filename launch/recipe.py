@@ -437,6 +437,7 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
     from halsift.corpus.scores import read_scores_df
     from halsift.eval.bench_eval import evaluate_bench
     from halsift.eval.retrieval import evaluate_retrieval, ranks_key, write_ranks
+    from halsift.filtering.clip_detector import load_open_clip
 
     out_dir = p.stage("eval")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -456,7 +457,7 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
     ranks = {}  # per-query ranks of every model, for the report's bootstrap CIs
     for name, weights in models.items():
         for i, w in enumerate(weights):
-            model, _, preprocess = open_clip.create_model_and_transforms(r.model.arch, pretrained=w, device=device)
+            model, _, preprocess = load_open_clip(r.model.arch, pretrained=w, device=device)
             tokenizer = open_clip.get_tokenizer(r.model.arch)
             model.eval()
             res = {}

@@ -207,3 +207,22 @@ def test_clip_sigmoid_map(tiny_clip):
     scale = det.model.logit_scale.exp().item()
     want = 100 * torch.sigmoid(scale * (cos - 0.1))
     np.testing.assert_allclose([r.score for r in det.score_batch(items)], want.numpy(), atol=1e-4)
+
+
+def test_siglip_checkpoint_loads_through_every_loader(tmp_path):
+    """A SigLIP-loss fine-tune stores ``logit_bias``, which halsift-tiny lacks: the detector (``clip:checkpoint=``),
+    training's ``load_model`` and the shared ``load_open_clip`` (recipe eval, world judge tower) all load it."""
+    import open_clip
+    import torch
+
+    from halsift.filtering.clip_detector import load_open_clip, register_builtin_configs
+    from halsift.training.clip_train import load_model, save_state_dict_safetensors
+
+    register_builtin_configs()
+    trained = open_clip.create_model("halsift-tiny", init_logit_bias=-3.5)
+    ckpt = tmp_path / "siglip.safetensors"
+    save_state_dict_safetensors(trained, ckpt)
+    det = load_detector(f"clip:arch=halsift-tiny,checkpoint={ckpt}")
+    for model in (det.model, load_model("halsift-tiny", str(ckpt))[0], load_open_clip("halsift-tiny", str(ckpt))[0]):
+        assert float(model.logit_bias) == pytest.approx(-3.5)
+        assert torch.equal(model.visual.conv1.weight.float(), trained.visual.conv1.weight)

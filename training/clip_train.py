@@ -90,21 +90,16 @@ def complete_checkpoints(out: str | os.PathLike) -> list[Path]:
 
 
 def load_model(arch: str, pretrained: str | None = None, device="cpu", **kw):
-    """``open_clip.create_model_and_transforms`` for our checkpoints: a SigLIP-loss fine-tune of an arch without
-    a logit bias stores ``logit_bias``; plain open_clip loads such a file with ``init_logit_bias=<any>`` too."""
-    import open_clip
+    """:func:`halsift.filtering.clip_detector.load_open_clip` (SigLIP fine-tunes with a stored ``logit_bias``
+    load too); a damaged safetensors file is an error naming it as ``pretrained``."""
+    from safetensors import SafetensorError
 
-    ensure_model_configs()
-    if pretrained and str(pretrained).endswith(".safetensors") and os.path.isfile(pretrained):
-        from safetensors import SafetensorError, safe_open
+    from halsift.filtering.clip_detector import load_open_clip
 
-        try:
-            with safe_open(str(pretrained), framework="pt") as f:
-                if "logit_bias" in f.keys():
-                    kw.setdefault("init_logit_bias", -10.0)  # overwritten by the stored value
-        except SafetensorError as e:
-            raise SafetensorError(f"pretrained: {pretrained} is not a valid safetensors file ({e})") from None
-    return open_clip.create_model_and_transforms(arch, pretrained=pretrained, device=device, **kw)
+    try:
+        return load_open_clip(arch, pretrained, device=device, **kw)
+    except SafetensorError as e:
+        raise SafetensorError(f"pretrained: {e}") from None
 
 
 def save_state_dict_safetensors(model: torch.nn.Module, path: Path) -> None:
