@@ -79,3 +79,21 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     assert not (run / "select" / "stale.txt").exists()
     kept = json.loads((run / "select" / "random" / "manifest.json").read_text())["kept_units"]
     assert kept > before
+
+
+def test_siglip_pretrain_and_finetune_run_end_to_end(tmp_path):
+    """``pretrain.loss=siglip finetune.loss=siglip``: the base and fine-tuned checkpoints store ``logit_bias``, and
+    every loader (the clip detector on the base, the world judge's vision tower, fine-tuning, the eval) reads them."""
+    run = tmp_path / "run"
+    over = [f"run_dir={run}", *TINY, "pretrain.loss=siglip", "finetune.loss=siglip", "select.variants={}",
+            "score.detectors={clip: 'clip:arch={arch},checkpoint={base}', judge: '{trained.judge}', "
+            "clip-lora: '{trained.clip-lora}', random: 'random:seed=0', oracle: oracle}", "score.ensembles={}"]
+    over = [o for o in over if not o.startswith("evals.")] + ["evals={}"]
+    assert main(["run", "quickstart", *over]) == 0
+    from safetensors import safe_open
+
+    with safe_open(str(run / "pretrain" / "final" / "open_clip_model.safetensors"), framework="pt") as f:
+        assert "logit_bias" in f.keys()
+    metrics = json.loads((run / "report" / "metrics.json").read_text())
+    for name in ("no-tune", "clip", "clip-lora", "judge", "random", "oracle"):
+        assert 0 <= metrics[f"{name}/synthetic/i2t/r@5"] <= 100
