@@ -144,7 +144,7 @@ def read_description(folder: Path) -> dict:
     """``detector.yaml`` of an adapter folder, checked; errors name the file and the field."""
     import yaml
 
-    from halsift.launch.config import safe_load_yaml, short_repr
+    from halsift.corpus.safe_yaml import safe_load_yaml, short_repr
 
     path = folder / "detector.yaml"
     if not path.is_file():

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from halsift.filtering.base import Detector
-from halsift.launch.config import safe_load_yaml, short_repr
+from halsift.corpus.safe_yaml import safe_load_yaml, short_repr
 
 
 class SpecError(ValueError):

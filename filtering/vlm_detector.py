@@ -492,7 +492,7 @@ class VlmDetector(Detector):
             out = self.model.generate(**batch, **gen)
         texts = self.tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
         if self.mode == "localize":
-            from halsift.eval.localization import parse_marked, unwrap_output
+            from halsift.filtering.marked_spans import parse_marked, unwrap_output
 
             res = []
             for it, t in zip(items, texts):
