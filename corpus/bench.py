@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from halsift.corpus.atomic import atomic_file
 from halsift.corpus.sentences import words
 
 LABELS = ("correct", "incorrect", "unknown")
@@ -137,23 +138,18 @@ def write_bench(path: str | os.PathLike, rows: Iterable[BenchRow | dict]) -> int
     """Write rows as JSONL through a temporary file; returns the number of rows written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     n = 0
     seen: set[str] = set()
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in rows:
-                obj = row.to_json() if isinstance(row, BenchRow) else row
-                where = f"{path}:{n + 1}"
-                checked = validate_row(obj, where)
-                if checked.id in seen:
-                    raise BenchFormatError(f"{where}: field 'id' {checked.id!r} repeats an earlier row")
-                seen.add(checked.id)
-                f.write(json.dumps(obj, ensure_ascii=False, sort_keys=True) + "\n")
-                n += 1
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # only still there when writing failed
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            obj = row.to_json() if isinstance(row, BenchRow) else row
+            where = f"{path}:{n + 1}"
+            checked = validate_row(obj, where)
+            if checked.id in seen:
+                raise BenchFormatError(f"{where}: field 'id' {checked.id!r} repeats an earlier row")
+            seen.add(checked.id)
+            f.write(json.dumps(obj, ensure_ascii=False, sort_keys=True) + "\n")
+            n += 1
     return n
 
 

@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from halsift.corpus.atomic import atomic_file
+
 
 class RetrievalFormatError(ValueError):
     """A retrieval or source annotation file breaks its format; the message names file, line and field."""
@@ -104,17 +106,12 @@ def write_retrieval(path: str | os.PathLike, rows: Iterable[dict]) -> int:
     """Write rows ``{"image", "captions", ...}`` as JSONL through a temporary file; returns the row count."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     n = 0
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in rows:
-                _check_row(row, f"{path}:{n + 1}")
-                f.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
-                n += 1
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            _check_row(row, f"{path}:{n + 1}")
+            f.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+            n += 1
     return n
 
 

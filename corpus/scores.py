@@ -14,6 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from halsift.corpus.atomic import atomic_file
+
 SCORE_COLUMNS = ("key", "sentence_index", "score", "parsed", "detector")
 SCHEMA = pa.schema([
     ("key", pa.string()),
@@ -58,13 +60,8 @@ def scores_table(keys: Sequence[str], sentence_index: Sequence[int], score: Sequ
 
 def write_part_atomic(table: pa.Table, path: str | os.PathLike) -> None:
     """Write one parquet part through a temporary name, so a killed run never leaves a finished-looking part."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
+    with atomic_file(path) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # only still there when writing failed (e.g. a full disk)
 
 
 def read_scores(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table:

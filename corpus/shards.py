@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from halsift.corpus.atomic import atomic_file
+
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 REQUIRED_META = ("key", "captioner", "source")
 SOURCES = ("i2t", "t2i")
@@ -69,15 +71,9 @@ class Sample:
 
 def write_json_atomic(path: str | os.PathLike, obj, indent: int | None = 2) -> None:
     """Write JSON to ``path`` through a temporary name, so a reader never sees half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=indent, sort_keys=True, ensure_ascii=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # only still there when writing failed
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=indent, sort_keys=True, ensure_ascii=False)
+        f.write("\n")
 
 
 def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from halsift.corpus.atomic import atomic_file
+
 UID_DTYPE = np.dtype("u8,u8")
 _UID_RE = re.compile(r"^[0-9a-fA-F]{32}$")
 
@@ -56,8 +58,7 @@ def write_subset(path: str | os.PathLike, select_dir: str | os.PathLike) -> int:
     path = Path(path)
     as_npy = path.suffix == ".npy"
     ids = selection_ids(select_dir, uids=as_npy)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
+    with atomic_file(path) as tmp:
         if as_npy:
             arr = uid_array(ids)
             with open(tmp, "wb") as f:
@@ -67,7 +68,4 @@ def write_subset(path: str | os.PathLike, select_dir: str | os.PathLike) -> int:
             keys = sorted(set(ids))
             tmp.write_text("".join(k + "\n" for k in keys), encoding="utf-8")
             n = len(keys)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return n

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from halsift.corpus.atomic import write_text_atomic
 from halsift.eval.retrieval import ranks_key
 
 NOT_DETECTORS = ("oracle", "random", "no-tune", "unfiltered")  # bounds and baselines: never the "best filter"
@@ -431,9 +432,7 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
             if Path(path).exists():
                 text += "\n---\n\n" + Path(path).read_text().replace("\n# ", "\n## ", 1) + "\n"
 
-    tmp = out / ".report.md.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, out / "report.md")
+    write_text_atomic(out / "report.md", text)
     plot_rows(rows, sets, out, k)
     plot_dose_response(rows, out, k)
     if html:

@@ -10,6 +10,8 @@ from pathlib import Path
 from ..corpus.shards import write_json_atomic
 from .report import _table as md_table  # one table renderer for every report
 
+from halsift.corpus.atomic import atomic_file, write_text_atomic
+
 NA = "n/a"
 
 
@@ -18,16 +20,6 @@ def fmt(v: float | None, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return NA
     return f"{v:.{digits}f}"
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to a temporary name beside ``path`` and rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
 
 
 def flat_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -52,10 +44,9 @@ def save_plot(out_dir: Path, name: str, draw: Callable, figsize: tuple[float, fl
     draw(fig, ax)
     fig.tight_layout()
     path = plots / name
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=90)
+    with atomic_file(path, ".png") as tmp:
+        fig.savefig(tmp, dpi=90)
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 

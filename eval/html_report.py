@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from halsift.eval.eval_report import write_text_atomic
+from halsift.corpus.atomic import write_text_atomic
 
 SAMPLES_DIR = "samples"  # thumbnails beside index.html
 THUMB_PX = 160  # longest side of a thumbnail

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from halsift.corpus.atomic import atomic_file, write_text_atomic
+
 NA = "n/a"
 
 PLOT_TITLES = {  # plots/<name> -> its caption (report.md headings, index.html captions and alt text)
@@ -116,12 +118,10 @@ def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.Data
     made: list[tuple[str, str]] = []
 
     def save(fig, name: str) -> None:
-        path = out / name
-        tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
         fig.tight_layout()
-        fig.savefig(tmp, dpi=100)
+        with atomic_file(out / name, ".png") as tmp:
+            fig.savefig(tmp, dpi=100)
         plt.close(fig)
-        os.replace(tmp, path)
         made.append((PLOT_TITLES[name], f"plots/{name}"))
 
     gens = [g for g, _ in generator_order(bench)]
@@ -296,11 +296,7 @@ def write_report(out_dir: str | os.PathLike, bench: pd.DataFrame, results: Seque
     if plots:
         made = _plots(out / "plots", bench, results, self_pref, self_pref_map, keep, likelihood)
         md += ["## Plots", ""] + [f"### {t}\n\n![{t}]({p})\n" for t, p in made]
-    path = out / "report.md"
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text("\n".join(md), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(out / "report.md", "\n".join(md))
 
 
 def bench_figures(plots_dir: str | os.PathLike) -> list[dict]:

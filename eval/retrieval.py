@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from halsift.corpus.atomic import atomic_file
 from halsift.corpus.retrieval import read_retrieval
 
 _CHUNK = 1024  # rows of the similarity matrix computed at once (bounded memory on 5k x 25k COCO)
@@ -124,11 +125,8 @@ def ranks_key(model: str, seed_index: int, set_name: str, direction: str) -> str
 
 def write_ranks(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
     """Write named rank arrays to an ``.npz`` atomically (plain arrays, no pickles)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
         np.savez_compressed(f, **{k: np.asarray(v) for k, v in arrays.items()})
-    os.replace(tmp, path)
 
 
 def read_ranks(path: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -75,7 +75,7 @@ def _score_with_detectors(specs: list[str], bench: str, out_dir: Path) -> dict:
 
 
 def _likelihood(spec: str, bench: str, out_dir: Path, seed: int, max_images: int | None):
-    from halsift.eval.eval_report import write_text_atomic
+    from halsift.corpus.atomic import write_text_atomic
     from halsift.eval.likelihood import likelihood_table
     from halsift.filtering.spec import load_detector
     from halsift.launch.cli import UsageError

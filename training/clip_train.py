@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from halsift.corpus.atomic import write_text_atomic
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import ShardFormatError, expand_shards, write_json_atomic
 from halsift.training.clip_config import ClipTrainConfig, check_model_name, ensure_model_configs
@@ -161,9 +162,7 @@ class MetricsLog:
         if resume_step is not None and self.path.exists():  # drop lines logged after the checkpoint we resume
             keep = [ln for ln in self.path.read_text().splitlines() if ln.strip()
                     and json.loads(ln).get("step", 0) <= resume_step]
-            tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
-            tmp.write_text("".join(k + "\n" for k in keep))
-            os.replace(tmp, self.path)
+            write_text_atomic(self.path, "".join(k + "\n" for k in keep))
         elif resume_step is None and self.path.exists():
             self.path.unlink()
         if cfg.wandb_mode != "disabled":
