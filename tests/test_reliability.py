@@ -394,13 +394,20 @@ def test_sbatch_header_value_with_spaces_is_quoted_and_gpus_zero_refused(capsys)
 
 
 # ------------------------------------------------------------------------------- 9. YAML errors never echo expanded values
+def _alias_bomb(keys: bool) -> list[str]:
+    """9 levels of 9 aliases to the level below (9^9 items expanded), as list items or as mapping entries."""
+    levels = []
+    for i in range(9):
+        name = chr(ord("a") + i)
+        body = "[x, x, x, x, x, x, x, x, x]" if i == 0 else f"[{', '.join(['*' + chr(ord(name) - 1)] * 9)}]"
+        levels.append(f"{name + ': ' if keys else ''}&{name} {body}")
+    return levels
+
+
 def test_yaml_alias_bomb_is_refused_in_one_short_line(tmp_path, capsys):
     import time
 
-    levels = ["&a [x, x, x, x, x, x, x, x, x]"]
-    for i in range(1, 9):
-        prev = chr(ord("a") + i - 1)
-        levels.append(f"&{chr(ord('a') + i)} [{', '.join(['*' + prev] * 9)}]")
+    levels = _alias_bomb(keys=False)
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text("model: [" + ", ".join(levels) + "]\n")  # a string field given 9^9 expanded items
     assert len(bomb.read_bytes()) < 400
@@ -631,10 +638,7 @@ def test_clip_checkpoint_loads_without_the_random_init_warning_and_garbage_is_on
 
 
 def test_detector_spec_file_alias_bomb_is_one_short_line(tmp_path, capsys):
-    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
-    for i in range(1, 9):
-        prev = chr(ord("a") + i - 1)
-        levels.append(f"{chr(ord('a') + i)}: &{chr(ord('a') + i)} [{', '.join(['*' + prev] * 9)}]")
+    levels = _alias_bomb(keys=True)
     spec = tmp_path / "det.yaml"
     spec.write_text("family: random\n" + "\n".join(levels) + "\n")
     data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
