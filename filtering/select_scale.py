@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name
-from halsift.corpus.shards import Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard, write_json_atomic
+from halsift.corpus.shards import (META_DEFAULTS, Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard,
+                                   write_json_atomic)
 from halsift.filtering.select import SelectError, _caption_label, _labels, _precision
 from halsift.filtering.select_ooc import MEMORY_LIMIT, supported, top_keys, kept_for_part
 from halsift.filtering.tasks import HOST, STALE_AFTER_S, ClaimBoard, task_order
@@ -79,9 +80,12 @@ def _keys(out: Path, board: ClaimBoard, scores_dir, args: dict, memory_limit: st
     return json.loads(marker.read_text())
 
 
-def _outputs(s: Sample, idxs: list[int], unit: str, agg: str, texts: list[str], gts: list | None) -> list[Sample]:
-    """The output samples of one kept source sample (as :func:`halsift.filtering.select.select` writes them)."""
-    base = {k: v for k, v in s.meta.items() if k not in ("key", "sentences")}
+def _outputs(s: Sample, idxs: list[int], unit: str, agg: str, texts: list[str], gts: list | None,
+             defaults: dict) -> list[Sample]:
+    """The output samples of one kept source sample (as :func:`halsift.filtering.select.select` writes them;
+    json fields the sample lacks, e.g. img2dataset's ``captioner``, taken from ``defaults``)."""
+    missing = {k: v for k, v in defaults.items() if k not in s.meta}
+    base = {**missing, **{k: v for k, v in s.meta.items() if k not in ("key", "sentences")}}
     if unit == "sentence":
         outs = []
         for i in idxs:
@@ -95,13 +99,17 @@ def _outputs(s: Sample, idxs: list[int], unit: str, agg: str, texts: list[str], 
         if gts is not None:
             meta["sentences"] = [{**gts[i], "position": j} for j, i in enumerate(idxs)]
         return [Sample(s.key, s.image, " ".join(texts[i] for i in idxs), meta, s.ext or "jpg")]
-    meta = dict(s.meta)
+    meta = {**missing, **s.meta}
     meta.pop("key", None)
     return [Sample(s.key, s.image, s.caption, meta, s.ext or "jpg")]
 
 
-def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str, agg: str) -> dict:
-    """Step 2 for one input shard: write its kept units to ``out/<index>.tar``; returns its counts."""
+def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str, agg: str,
+                defaults: dict | None = None) -> dict:
+    """Step 2 for one input shard: write its kept units to ``out/<index>.tar``; returns its counts. A source
+    sample whose outputs the writer rejects is skipped and counted (never the rest of the shard)."""
+    defaults = {**META_DEFAULTS, **(defaults or {})}
+    bad_samples: list[str] = []
     part = part_name(0, shard.name)
     kept = kept_for_part(out, part)
     want: dict[str, list[int]] = defaultdict(list)
@@ -130,7 +138,14 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
                     idxs = [i for i in idxs if 0 <= i < len(texts)]
                     if not idxs:
                         continue
-                for smp in _outputs(s, idxs, unit, agg, texts, gts):
+                outs = _outputs(s, idxs, unit, agg, texts, gts, defaults)
+                try:
+                    for smp in outs:
+                        writer.validate(smp)
+                except ShardFormatError as e:
+                    bad_samples.append(f"{s.key}: {e}")
+                    continue
+                for smp in outs:
                     writer.write(smp)
                 if unit == "caption" and agg != "prune":
                     lab = _caption_label(labels)
@@ -155,7 +170,8 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
             "kept_units": dict(kept_units), "kept_samples": dict(kept_samples), "shard_keys": len(shard_keys),
             "score_keys": len(score_keys), "only_in_shards": len(only_shard), "only_in_scores": len(only_scores),
             "only_in_shards_examples": only_shard[:EXAMPLES], "only_in_scores_examples": only_scores[:EXAMPLES],
-            "bad_index": bad_index[:EXAMPLES], "bad_index_count": len(bad_index), "corrupt": corrupt}
+            "bad_index": bad_index[:EXAMPLES], "bad_index_count": len(bad_index), "corrupt": corrupt,
+            "bad_samples": bad_samples[:EXAMPLES], "bad_samples_count": len(bad_samples)}
 
 
 def _score_status(scores_dir: Path) -> str | None:
@@ -172,7 +188,7 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
                      agg: str = "min", seed: int = 0, keys_only: bool = False, num_tasks: int = 1,
                      task_index: int = 0, memory_limit: str = MEMORY_LIMIT,
                      stale_after: float = STALE_AFTER_S, show_progress: bool = True,
-                     allow_partial: bool = False) -> dict:
+                     allow_partial: bool = False, meta_defaults: dict | None = None) -> dict:
     """Select out-of-core and reshard per input shard (see the module docstring); returns this run's stats, with
     ``manifest`` when the selection is complete after it. Rerun the same call to resume."""
     t0 = time.time()
@@ -211,7 +227,7 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
                 continue
             try:
                 if not marker.exists():
-                    stats = reshard_one(i, shards[i], out, scores_dir, unit, agg)
+                    stats = reshard_one(i, shards[i], out, scores_dir, unit, agg, meta_defaults)
                     write_json_atomic(marker, stats)
                     run["shards_written"] += 1
                     run["samples_written"] += stats["samples_written"]
@@ -274,6 +290,8 @@ def _finish(out: Path, filt: dict, info: dict, shards: list[Path], scores_dir: P
         "sentence_index_out_of_range": {"count": sum(s["bad_index_count"] for s in stats),
                                         "examples": [k for s in stats for k in s["bad_index"]][:EXAMPLES]},
         "corrupt_shards": [c for s in stats for c in s["corrupt"]],
+        "skipped_samples": {"count": sum(s.get("bad_samples_count", 0) for s in stats),
+                            "examples": [k for s in stats for k in s.get("bad_samples", [])][:EXAMPLES]},
         "wall_time_s": round(time.time() - t0, 3),
     })
     write_json_atomic(out / "manifest.json", manifest)

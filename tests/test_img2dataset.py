@@ -94,3 +94,24 @@ def test_export_keys_datacomp_uids_and_key_list(tmp_path, capsys):
     assert main(["select", "--scores", str(tmp_path / "sc3"), "--data", str(plain), "--out", str(tmp_path / "sel3"),
                  "--keep", "0.5", "--export-keys", str(tmp_path / "x.npy"), "--no-progress"]) == 2
     assert "json field 'uid' is missing" in capsys.readouterr().err and not (tmp_path / "x.npy").exists()
+
+
+def test_resumable_select_writes_img2dataset_samples_and_skips_bad_ones_one_by_one(tmp_path, capsys):
+    """``select --resumable`` (the out-of-core, per-shard path) fills the same json defaults as the in-memory
+    select, and a sample the writer rejects is skipped and counted, not the rest of its shard."""
+    data = make_img2dataset(tmp_path / "i2d")
+    _score(data, tmp_path / "sc")
+    assert main(["select", "--scores", str(tmp_path / "sc"), "--data", str(data), "--out", str(tmp_path / "mem"),
+                 "--keep", "0.5", "--no-progress", "--captioner", "laion-alt"]) == 0
+    assert main(["select", "--scores", str(tmp_path / "sc"), "--data", str(data), "--out", str(tmp_path / "res"),
+                 "--keep", "0.5", "--no-progress", "--captioner", "laion-alt", "--resumable"]) == 0
+    mem, res = list(iter_samples(tmp_path / "mem")), list(iter_samples(tmp_path / "res"))
+    assert sorted(s.key for s in res) == sorted(s.key for s in mem) and len(res) == 8
+    assert {s.meta["captioner"] for s in res} == {"laion-alt"}
+    bad = make_img2dataset(tmp_path / "bad", extra={"source": "web"})  # no writer accepts source 'web'
+    _score(bad, tmp_path / "sc2")
+    main(["select", "--scores", str(tmp_path / "sc2"), "--data", str(bad), "--out", str(tmp_path / "res2"),
+          "--keep", "0.5", "--no-progress", "--resumable"])
+    m = json.loads((tmp_path / "res2" / "manifest.json").read_text())
+    assert m["source_samples_kept"] == 0 and m["skipped_samples"]["count"] > 0  # every kept sample, one by one
+    assert m["corrupt_shards"] == [] and "source" in m["skipped_samples"]["examples"][0]
