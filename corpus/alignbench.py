@@ -43,6 +43,7 @@ import os
 import re
 from pathlib import Path
 
+from halsift.corpus.errors import InputError
 from halsift.corpus.bench import TYPES, BenchRow, write_bench
 from halsift.corpus.sentences import find_word_span, sentence_texts
 
@@ -64,7 +65,7 @@ _LABELS = {
 _TYPES_LOWER = {t.lower(): t for t in TYPES}
 
 
-class AlignBenchFormatError(ValueError):
+class AlignBenchFormatError(InputError):
     """The AlignBench table breaks its format; the message names the file, row and column."""
 
 

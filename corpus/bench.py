@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from halsift.corpus.errors import InputError
 from halsift.corpus.atomic import atomic_file
 from halsift.corpus.sentences import words
 
@@ -17,7 +18,7 @@ GENERATOR_TYPES = ("i2t", "t2i")
 SPLITS = ("train", "val", "test")
 
 
-class BenchFormatError(ValueError):
+class BenchFormatError(InputError):
     """A benchmark row breaks the schema; the message names file, line and field."""
 
 

@@ -22,13 +22,14 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from halsift.corpus.errors import InputError
 from halsift.corpus.shards import IMAGE_EXTS, META_DEFAULTS, Sample, ShardFormatError, ShardWriter
 
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".ndjson", ".csv", ".tsv")
 _BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-]+")
 
 
-class ConvertError(ValueError):
+class ConvertError(InputError):
     """An input that cannot be converted; the message names the file, column or field."""
 
 

@@ -18,10 +18,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from halsift.corpus.errors import InputError
 from halsift.corpus.atomic import atomic_file
 
 
-class RetrievalFormatError(ValueError):
+class RetrievalFormatError(InputError):
     """A retrieval or source annotation file breaks its format; the message names file, line and field."""
 
 

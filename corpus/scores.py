@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from halsift.corpus.errors import InputError
 from halsift.corpus.atomic import atomic_file
 
 SCORE_COLUMNS = ("key", "sentence_index", "score", "parsed", "detector")
@@ -26,7 +27,7 @@ SCHEMA = pa.schema([
 ])
 
 
-class ScoresFormatError(ValueError):
+class ScoresFormatError(InputError):
     """A score folder or part does not follow the contract; the message names the file and column."""
 
 

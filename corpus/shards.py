@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from halsift.corpus.errors import InputError
 from halsift.corpus.atomic import atomic_file
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
@@ -38,7 +39,7 @@ _CONVERT_HINT = ("tables, image folders, HF datasets and remote or piped shards 
                  "`halsift convert table|folder|hf|webdataset SRC --out DIR`")
 
 
-class ShardFormatError(ValueError):
+class ShardFormatError(InputError):
     """A shard or shard folder does not follow the contract; the message names the file and member.
 
     For a damaged shard, ``lost`` is how many of its samples could not be read (from ``sizes.json`` or the

@@ -7,10 +7,12 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from halsift.corpus.errors import InputError
+
 COUNT_COLUMNS = ("n_correct", "n_incorrect", "n_unknown")
 
 
-class AgreementError(ValueError):
+class AgreementError(InputError):
     """Counts that Fleiss' kappa cannot use; the message says which rows and why."""
 
 

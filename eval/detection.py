@@ -14,10 +14,12 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import roc_auc_score
 
+from halsift.corpus.errors import InputError
+
 PARSE_FAILURE_LIMIT = 0.05  # the papers list only detectors whose parse-failure rate is below 5%
 
 
-class MetricError(ValueError):
+class MetricError(InputError):
     """A metric cannot be computed from the given data (e.g. a single class); the message says why."""
 
 

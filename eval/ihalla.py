@@ -23,13 +23,15 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from halsift.corpus.errors import InputError
+
 LETTERS = "ABCDE"
 NONE_CHOICE = "None of the above"
 COIS = ("color", "counting", "existence", "others", "posture", "relation", "scene", "shape", "size")
 _COI_ALIASES = {"colour": "color", "count": "counting", "other": "others", "position": "relation"}
 
 
-class QAFormatError(ValueError):
+class QAFormatError(InputError):
     """A QA file or predictions file that does not follow the expected layout."""
 
 

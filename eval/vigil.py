@@ -23,10 +23,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from halsift.corpus.errors import InputError
+
 TYPES = ("objects", "background", "object_omission")
 
 
-class VigilFormatError(ValueError):
+class VigilFormatError(InputError):
     """An annotation file that does not follow the VIGIL layout."""
 
 

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from halsift.corpus.errors import InputError
 from halsift.corpus.progress import progress
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.scores import ScoresFormatError, read_part, read_scores, write_part_atomic
@@ -50,7 +51,7 @@ UNITS = ("sentence", "caption")
 AGGS = ("min", "mean", "prob", "prune")
 
 
-class SelectError(ValueError):
+class SelectError(InputError):
     """Bad selection arguments or inputs (names the argument and what was expected)."""
 
 

@@ -35,11 +35,12 @@ from typing import Any
 
 import yaml
 
+from halsift.corpus.errors import InputError
 from halsift.filtering.base import Detector
 from halsift.corpus.safe_yaml import safe_load_yaml, short_repr
 
 
-class SpecError(ValueError):
+class SpecError(InputError):
     """A detector spec is malformed; the message names the spec, key and value, and what was expected."""
 
 

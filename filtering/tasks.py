@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from halsift.corpus.errors import InputError
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
 from halsift.corpus.fingerprint import spec_fingerprint
@@ -42,7 +43,7 @@ STALE_AFTER_S = 600.0  # a claim whose heartbeat is older than this is taken ove
 HOST = socket.gethostname()
 
 
-class TaskError(ValueError):
+class TaskError(InputError):
     """Bad task arguments (names the flag or variable and what was expected)."""
 
 

@@ -46,19 +46,9 @@ class UsageError(Exception):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean 'the input is wrong', reported without a traceback."""
-    from halsift.corpus.bench import BenchFormatError
-    from halsift.corpus.scores import ScoresFormatError
-    from halsift.corpus.shards import ShardFormatError
+    from halsift.corpus.errors import InputError
 
-    errs: list[type[BaseException]] = [UsageError, FileNotFoundError, NotADirectoryError, FileExistsError,
-                                       BenchFormatError, ShardFormatError, ScoresFormatError]
-    for mod, name in (("halsift.launch.config", "ConfigError"), ("halsift.corpus.retrieval", "RetrievalFormatError"),
-                      ("halsift.filtering.spec", "SpecError"), ("halsift.filtering.select", "SelectError")):
-        try:
-            errs.append(getattr(importlib.import_module(mod), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errs)
+    return (UsageError, FileNotFoundError, NotADirectoryError, FileExistsError, InputError)
 
 
 def _format_errors() -> tuple[type[BaseException], ...]:

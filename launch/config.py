@@ -16,12 +16,13 @@ from typing import Any, TypeVar
 
 import yaml
 
+from halsift.corpus.errors import InputError
 from halsift.corpus.safe_yaml import MAX_YAML_NODES, clip_text, safe_load_yaml, short_repr  # noqa: F401 (re-exported)
 
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A recipe or config file has an unknown key, a wrong type or a bad value; the message names the key."""
 
 

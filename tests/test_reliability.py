@@ -645,3 +645,13 @@ def test_detector_spec_file_alias_bomb_is_one_short_line(tmp_path, capsys):
     assert _score(data, tmp_path / "s", str(spec)) == 2
     line = _err_line(capsys)
     assert "det.yaml" in line and "alias" in line and len(line) < 600
+
+
+# ------------------------------------------------------------------------------- T6. eval input files with missing columns
+def test_ihalla_qa_file_missing_a_column_is_one_line(tmp_path, capsys):
+    (tmp_path / "qa.csv").write_text("index,CoI,question\n1,x,What is shown?\n")
+    (tmp_path / "pred.csv").write_text("generator,index,question_no,prediction\nsd,1,1,A\n")
+    assert main(["eval", "ihalla", "--qa", str(tmp_path / "qa.csv"), "--predictions", str(tmp_path / "pred.csv"),
+                 "--out", str(tmp_path / "o")]) == 2
+    line = _err_line(capsys)
+    assert "qa.csv" in line and "no 'answer' column" in line
