@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "--out", str(hs_out), "--model", args.model, "--batch-size", str(args.batch_size),
                                  "--steps", str(args.steps), "--workers", str(args.workers), "--precision",
                                  precision, "--wandb-mode", "disabled", "--warmup", "1", "--shuffle-buffer", "0",
-                                 "--lr", "1e-4"], env)
+                                 "--lr", "1e-4", "--log-every", "1"], env)
     rates = [json.loads(x)["train/samples_per_s"] for x in (hs_out / "metrics.jsonl").read_text().splitlines()
              if "train/samples_per_s" in x][args.warmup_steps:]
     hs_rate = statistics.median(rates)

@@ -54,7 +54,8 @@ class ClipTrainConfig:
     retrieval: str = _f("", help="retrieval set (retrieval.jsonl or its folder) evaluated in the loop")
     bench: str = _f("", help="benchmark bench.jsonl: the model's own detection AUROC, evaluated in the loop")
     eval_batch_size: int = _f(64, help="batch size for evaluation")
-    log_every: int = _f(1, help="write a metrics.jsonl line every N steps")
+    log_every: int = _f(10, help="write a metrics.jsonl line every N steps (the loss is read from the device only "
+                                 "then: no host sync on the other steps)")
     wandb_project: str = _f("halsift", help="wandb project")
     wandb_run: str = _f("", help="wandb run name ('' = the run folder's name)")
     wandb_mode: str = _f("offline", help="wandb mode: offline | online | disabled")

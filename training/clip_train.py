@@ -337,9 +337,26 @@ def train(cfg: ClipTrainConfig) -> dict:
     model.train()
     step, skipped, final_metrics = start_step, 0, {}
     t_last, n_last = time.perf_counter(), 0
+    # The loss stays on the device between log steps (no host sync per micro-batch): a non-finite loss is
+    # recorded there (its first step and value) and checked before anything is logged, evaluated or saved.
+    first_bad = torch.zeros((), dtype=torch.long, device=accelerator.device)
+    bad_value = torch.zeros((), device=accelerator.device)
+
+    def stop_if_nonfinite() -> None:
+        flag = (first_bad > 0).float()
+        if world > 1:  # every rank must stop together, or the others hang in the next collective
+            flag = accelerator.reduce(flag, reduction="sum")
+        if float(flag) > 0:
+            at = int(first_bad) or step
+            value = float(bad_value) if int(first_bad) else float("nan")
+            last = complete_checkpoints(out)
+            log.log(at, {"event": "nonfinite_loss", "train/loss": value})
+            raise NonFiniteLossError(f"loss is {value} at step {at}; stopped without saving. "
+                                     f"Last good checkpoint: {last[-1] if last else 'none'}")
+
     try:
         while step < cfg.steps:
-            loss_sum = 0.0
+            loss_sum = torch.zeros((), device=accelerator.device)
             for _ in range(cfg.grad_accum):
                 batch = next(data)
                 skipped += int(batch["skipped"])
@@ -349,31 +366,30 @@ def train(cfg: ClipTrainConfig) -> dict:
                     with accelerator.autocast():
                         feats = model(images, texts)
                         loss = loss_fn(feats)
-                    loss_val = float(loss.detach())  # one host sync per micro-batch, also used for logging
-                    bad = not math.isfinite(loss_val)
-                    if world > 1:  # every rank must stop together, or the others hang in the next all-gather
-                        flag = torch.tensor(float(bad), device=accelerator.device)
-                        bad = accelerator.reduce(flag, reduction="sum").item() > 0
-                    if bad:
-                        last = complete_checkpoints(out)
-                        log.log(step + 1, {"event": "nonfinite_loss", "train/loss": loss_val})
-                        raise NonFiniteLossError(
-                            f"loss is {loss_val} at step {step + 1}; stopped without saving. "
-                            f"Last good checkpoint: {last[-1] if last else 'none'}")
+                    value = loss.detach().float()
+                    new_bad = (first_bad == 0) & ~torch.isfinite(value)
+                    first_bad = torch.where(new_bad, step + 1, first_bad)
+                    bad_value = torch.where(new_bad, value, bad_value)
                     accelerator.backward(loss)
                     if accelerator.sync_gradients and cfg.grad_clip > 0:
                         accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
-                loss_sum += loss_val / cfg.grad_accum
+                loss_sum += value / cfg.grad_accum
             scheduler.step()
             with torch.no_grad():  # open_clip_train clamps the temperature to 100
                 unwrapped.logit_scale.clamp_(0, math.log(100))
             step += 1
             n_last += global_batch
             bar.update(global_batch)
-            if step % cfg.log_every == 0 or step == cfg.steps:
+            logs = step % cfg.log_every == 0 or step == cfg.steps
+            evals = bool(cfg.eval_every) and step % cfg.eval_every == 0 and step < cfg.steps
+            saves = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0 and step < cfg.steps
+            if logs or evals or saves or step == kill_after:
+                stop_if_nonfinite()
+            if logs:
                 now = time.perf_counter()
+                loss_sum = float(loss_sum)
                 log.log(step, {"train/loss": loss_sum, "train/lr": scheduler.get_last_lr()[-1],
                                "train/logit_scale": float(unwrapped.logit_scale.detach().exp()),
                                "train/samples_per_s": n_last / max(now - t_last, 1e-9),
@@ -381,13 +397,14 @@ def train(cfg: ClipTrainConfig) -> dict:
                 bar.set_postfix(loss=f"{loss_sum:.4f}")
                 t_last, n_last = now, 0
             # ---- eval / checkpoint ---------------------------------------------------------------
-            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+            if evals:
                 run_eval(step)
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+            if saves:
                 checkpoint(step)
             if kill_after and step == kill_after:
                 os.kill(os.getpid(), signal.SIGKILL)
         # ---- the end: final eval, last checkpoint, open_clip-loadable weights -----------------------
+        stop_if_nonfinite()
         final_metrics = run_eval(step)
         checkpoint(step)
         if accelerator.is_main_process:
