@@ -359,6 +359,31 @@ def _remove_selection(out: Path, created: bool) -> None:
             f.unlink(missing_ok=True)
 
 
+def unit_outputs(s: Sample, idxs: list[int], unit: str, agg: str, texts: list[str], gts: list | None,
+                 defaults: dict) -> list[Sample]:
+    """The output samples of one kept source sample: one per kept sentence (``unit=sentence``), its caption
+    pruned to the kept sentences (``agg=prune``) or the whole caption; json fields the sample lacks (e.g.
+    img2dataset's ``captioner``) are taken from ``defaults``."""
+    missing = {k: v for k, v in defaults.items() if k not in s.meta}
+    base = {**missing, **{k: v for k, v in s.meta.items() if k not in ("key", "sentences")}}
+    if unit == "sentence":
+        outs = []
+        for i in idxs:
+            meta = {**base, "parent_key": s.key, "sentence_index": i}
+            if gts is not None:
+                meta["sentences"] = [{**gts[i], "position": 0}]
+            outs.append(Sample(f"{s.key}_s{i}", s.image, texts[i], meta, s.ext or "jpg"))
+        return outs
+    if agg == "prune":
+        meta = {**base, "kept_sentence_indices": idxs}
+        if gts is not None:
+            meta["sentences"] = [{**gts[i], "position": j} for j, i in enumerate(idxs)]
+        return [Sample(s.key, s.image, " ".join(texts[i] for i in idxs), meta, s.ext or "jpg")]
+    meta = {**missing, **s.meta}
+    meta.pop("key", None)
+    return [Sample(s.key, s.image, s.caption, meta, s.ext or "jpg")]
+
+
 def _write_selection(table: pa.Table, kept: pa.Table, info: dict, source: dict, filt: dict, shards: list[Path],
                      out: Path, unit: str, agg: str, maxcount: int, show_progress: bool, defaults: dict) -> dict:
     """Stream the shards once, writing the kept units (json fields a sample lacks taken from ``defaults``);
@@ -409,36 +434,13 @@ def _write_selection(table: pa.Table, kept: pa.Table, info: dict, source: dict, 
                         raise SelectError(f"scores: {part} has sentence_index {bad} for key {s.key!r}, whose caption "
                                           f"in {path} has {len(texts)} sentence(s); were these scores made from "
                                           "other shards?")
-                    missing = {k: v for k, v in defaults.items() if k not in s.meta}
-                    defaulted.update(missing.keys())
-                    base = {**missing, **{k: v for k, v in s.meta.items() if k not in ("key", "sentences")}}
-                    if unit == "sentence":
-                        outs = []
-                        for i in idxs:
-                            meta = {**base, "parent_key": s.key, "sentence_index": i}
-                            if gts is not None:
-                                meta["sentences"] = [{**gts[i], "position": 0}]
-                            outs.append(Sample(f"{s.key}_s{i}", s.image, texts[i], meta, s.ext or "jpg"))
-                        if not write_all(writer, outs):
-                            continue
-                        for i in idxs:
-                            if labels[i]:
-                                got[cap][labels[i]] += 1
-                        kept_units[cap] += len(idxs)
-                    elif agg == "prune":
-                        meta = {**base, "kept_sentence_indices": idxs}
-                        if gts is not None:
-                            meta["sentences"] = [{**gts[i], "position": j} for j, i in enumerate(idxs)]
-                        if not write_all(writer, [Sample(s.key, s.image, " ".join(texts[i] for i in idxs), meta,
-                                                         s.ext or "jpg")]):
-                            continue
+                    defaulted.update(k for k in defaults if k not in s.meta)
+                    if not write_all(writer, unit_outputs(s, idxs, unit, agg, texts, gts, defaults)):
+                        continue
+                    if sentence_level:
                         got[cap].update(labels[i] for i in idxs if labels[i])
                         kept_units[cap] += len(idxs)
                     else:
-                        meta = {**missing, **s.meta}
-                        meta.pop("key", None)
-                        if not write_all(writer, [Sample(s.key, s.image, s.caption, meta, s.ext or "jpg")]):
-                            continue
                         lab = _caption_label(labels)
                         if lab:
                             got[cap][lab] += 1

@@ -29,9 +29,9 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name
-from halsift.corpus.shards import (META_DEFAULTS, Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard,
+from halsift.corpus.shards import (META_DEFAULTS, ShardFormatError, ShardWriter, expand_shards, iter_shard,
                                    write_json_atomic)
-from halsift.filtering.select import SelectError, _caption_label, _labels, _precision
+from halsift.filtering.select import SelectError, _caption_label, _labels, _precision, unit_outputs
 from halsift.filtering.select_ooc import MEMORY_LIMIT, supported, top_keys, kept_for_part
 from halsift.filtering.tasks import HOST, STALE_AFTER_S, ClaimBoard, task_order
 
@@ -80,30 +80,6 @@ def _keys(out: Path, board: ClaimBoard, scores_dir, args: dict, memory_limit: st
     return json.loads(marker.read_text())
 
 
-def _outputs(s: Sample, idxs: list[int], unit: str, agg: str, texts: list[str], gts: list | None,
-             defaults: dict) -> list[Sample]:
-    """The output samples of one kept source sample (as :func:`halsift.filtering.select.select` writes them;
-    json fields the sample lacks, e.g. img2dataset's ``captioner``, taken from ``defaults``)."""
-    missing = {k: v for k, v in defaults.items() if k not in s.meta}
-    base = {**missing, **{k: v for k, v in s.meta.items() if k not in ("key", "sentences")}}
-    if unit == "sentence":
-        outs = []
-        for i in idxs:
-            meta = {**base, "parent_key": s.key, "sentence_index": i}
-            if gts is not None:
-                meta["sentences"] = [{**gts[i], "position": 0}]
-            outs.append(Sample(f"{s.key}_s{i}", s.image, texts[i], meta, s.ext or "jpg"))
-        return outs
-    if agg == "prune":
-        meta = {**base, "kept_sentence_indices": idxs}
-        if gts is not None:
-            meta["sentences"] = [{**gts[i], "position": j} for j, i in enumerate(idxs)]
-        return [Sample(s.key, s.image, " ".join(texts[i] for i in idxs), meta, s.ext or "jpg")]
-    meta = {**missing, **s.meta}
-    meta.pop("key", None)
-    return [Sample(s.key, s.image, s.caption, meta, s.ext or "jpg")]
-
-
 def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str, agg: str,
                 defaults: dict | None = None) -> dict:
     """Step 2 for one input shard: write its kept units to ``out/<index>.tar``; returns its counts. A source
@@ -138,7 +114,7 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
                     idxs = [i for i in idxs if 0 <= i < len(texts)]
                     if not idxs:
                         continue
-                outs = _outputs(s, idxs, unit, agg, texts, gts, defaults)
+                outs = unit_outputs(s, idxs, unit, agg, texts, gts, defaults)
                 try:
                     for smp in outs:
                         writer.validate(smp)

@@ -65,7 +65,22 @@ def launch_command(spec: LaunchSpec, command: Sequence[str], python: str = sys.e
 
 
 @dataclass
-class SlurmSpec:
+class SbatchOptions:
+    """The ``#SBATCH`` header values and setup lines every halsift job script shares."""
+
+    cpus_per_task: int = 32
+    time: str = "24:00:00"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    job_name: str = "halsift"
+    output: str = "slurm-%j.out"
+    setup: list[str] = field(default_factory=list)  # shell lines before the command (module load, venv activate)
+    extra_sbatch: list[str] = field(default_factory=list)  # raw "--key=value" lines
+
+
+@dataclass
+class SlurmSpec(SbatchOptions):
     """sbatch options for a multi-node job: one task per node, the launcher inside spawns the per-GPU ranks.
 
     ``cpu_procs`` set: a CPU-only job (no GPU request; ``cpu_procs`` gloo ranks per node under torchrun, since
@@ -74,18 +89,9 @@ class SlurmSpec:
 
     nodes: int = 1
     gpus_per_node: int = 8
-    cpus_per_task: int = 32
-    time: str = "24:00:00"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    job_name: str = "halsift"
-    output: str = "slurm-%j.out"
     master_port: int = 29500
     backend: str = "accelerate"  # accelerate | torchrun
     cpu_procs: int | None = None  # CPU ranks per node instead of GPUs (torchrun only)
-    setup: list[str] = field(default_factory=list)  # shell lines before srun (module load, venv activate)
-    extra_sbatch: list[str] = field(default_factory=list)  # raw "--key=value" lines
 
     def validate(self) -> None:
         if self.backend not in ("accelerate", "torchrun"):

@@ -17,31 +17,24 @@ from __future__ import annotations
 import argparse
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from halsift.launch.launchers import ENTRY
+from halsift.launch.launchers import ENTRY, SbatchOptions
 
 ARRAY_COMMANDS = ("score", "select")  # the commands that take --num-tasks/--task-index
 TASK_ID = '"$SLURM_ARRAY_TASK_ID"'
 
 
 @dataclass
-class ArraySpec:
+class ArraySpec(SbatchOptions):
     """sbatch options for an array of ``tasks`` single-process tasks, at most ``max_parallel`` at once."""
 
-    tasks: int
+    cpus_per_task: int = 8
+    output: str = "slurm-%A_%a.out"
+    tasks: int = 1
     max_parallel: int | None = None
     requeue: bool = False
     gpus: int = 1  # per task; 0 = CPU only
-    cpus_per_task: int = 8
-    time: str = "24:00:00"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    job_name: str = "halsift"
-    output: str = "slurm-%A_%a.out"
-    setup: list[str] = field(default_factory=list)
-    extra_sbatch: list[str] = field(default_factory=list)  # "--key=value" each
 
     def validate(self) -> None:
         if self.tasks < 1:
