@@ -62,6 +62,15 @@ class Detector:
         """Score ``items`` (one result per item, same order)."""
         raise NotImplementedError
 
+    def prepare(self, items: Sequence[Item]) -> Any:
+        """The CPU half of scoring ``items`` (image preprocessing, tokenization), for the runner's read-ahead
+        thread; ``None`` (the default) when the detector has no such half. Must not touch the model."""
+        return None
+
+    def score_prepared(self, items: Sequence[Item], prepared: Any) -> list[Result]:
+        """Score ``items`` from their :meth:`prepare` output; the same results as :meth:`score_batch`."""
+        return self.score_batch(items)
+
     def to(self, device: Any) -> "Detector":
         """Move to ``device`` (no-op for detectors without a model)."""
         return self

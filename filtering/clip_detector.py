@@ -205,9 +205,9 @@ class ClipDetector(Detector):
         self.device = device
         return self
 
-    def cosines(self, items: Sequence[Item]):
-        """Cosine similarity per item (a float32 CPU tensor); each distinct image (``image_id`` or else ``key``, and
-        the image object) is encoded once."""
+    def prepare(self, items: Sequence[Item]) -> dict:
+        """Preprocessed images (each distinct image once), the row of each item's image, and the tokenized
+        sentences, on the CPU: what :meth:`cosines` feeds the model."""
         import torch
 
         slot: dict[tuple[str, int], int] = {}
@@ -222,19 +222,35 @@ class ClipDetector(Detector):
                 slot[k] = len(images)
                 images.append(self.preprocess(it.image))
             idx.append(slot[k])
+        out = {"pixels": torch.stack(images), "rows": torch.as_tensor(idx),
+               "tokens": self.tokenizer([it.sentence for it in items])}
+        if torch.cuda.is_available():  # page-locked: the copies to the GPU run asynchronously
+            out = {k: v.pin_memory() for k, v in out.items()}
+        return out
+
+    def cosines(self, items: Sequence[Item], prepared: dict | None = None):
+        """Cosine similarity per item (a float32 CPU tensor); each distinct image (``image_id`` or else ``key``, and
+        the image object) is encoded once."""
+        import torch
+
+        prepared = prepared if prepared is not None else self.prepare(items)
         dtype = next(self.model.parameters()).dtype
         with torch.inference_mode():
-            pix = torch.stack(images).to(self.device, dtype=dtype)
-            tok = self.tokenizer([it.sentence for it in items]).to(self.device)
+            pix = prepared["pixels"].to(self.device, dtype=dtype, non_blocking=True)
+            tok = prepared["tokens"].to(self.device, non_blocking=True)
+            idx = prepared["rows"].to(self.device)
             img = torch.nn.functional.normalize(self.model.encode_image(pix).float(), dim=-1)
             txt = torch.nn.functional.normalize(self.model.encode_text(tok).float(), dim=-1)
-            cos = (img[torch.as_tensor(idx, device=img.device)] * txt).sum(-1)
+            cos = (img[idx] * txt).sum(-1)
         return cos.cpu()
 
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
+        return self.score_prepared(items, None)
+
+    def score_prepared(self, items: Sequence[Item], prepared: dict | None) -> list[Result]:
         if not items:
             return []
-        cos = self.cosines(items)
+        cos = self.cosines(items, prepared)
         if self.map == "linear":
             scores = ((cos + 1) * 50).clamp(0, 100)
         else:

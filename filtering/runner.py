@@ -210,10 +210,15 @@ def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_
             samples += 1
             yield g
 
-    reader = Prefetcher(_batches(counted(groups), batch_size), depth=2)  # tar + decode overlap the model
-    for batch in reader:
+    def prepared(batches):  # the detector's CPU half (preprocess, tokenize) runs in the reader thread too
+        for b in batches:
+            yield b, detector.prepare(b)
+
+    # tar reading, decoding and preprocessing run one batch ahead of the model, in a thread
+    reader = Prefetcher(prepared(_batches(counted(groups), batch_size)), depth=2)
+    for batch, prep in reader:
         tm = time.perf_counter()
-        results = detector.score_batch(batch)
+        results = detector.score_batch(batch) if prep is None else detector.score_prepared(batch, prep)
         t_model += time.perf_counter() - tm
         if len(results) != len(batch):
             raise RuntimeError(f"detector {detector.name} returned {len(results)} results for {len(batch)} items")
@@ -289,9 +294,9 @@ def _finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, sco
         "scoring_time_s": round(t_scoring if t_scoring is not None else wall, 3),
         # throughput of this invocation's scoring loop (model loading excluded), all ranks together
         "sentences_per_s": round(scored_now / (t_scoring or wall), 2) if (t_scoring or wall) > 0 else None,
-        # of the scoring loop's wall time: in score_batch (the detector's own preprocessing, tokenization and
-        # forward) vs waiting for input and writing; "decode" is the reader thread's busy time (tar + image
-        # decoding), which overlaps the model and so is not part of the other two
+        # of the scoring loop's wall time: in the detector (its forward, plus its preprocessing and tokenization
+        # when it has no prepare step) vs waiting for input and writing; "decode" is the reader thread's busy
+        # time (tar, image decoding, the detector's prepare step), which overlaps the model
         "time_share": {"model": round(t_model / max(t_model + t_data, 1e-9), 4),
                        "data": round(t_data / max(t_model + t_data, 1e-9), 4),
                        "decode": round(sum(s.get("time_decode_s", 0.0) for s in stats)

@@ -226,3 +226,16 @@ def test_siglip_checkpoint_loads_through_every_loader(tmp_path):
     for model in (det.model, load_model("halsift-tiny", str(ckpt))[0], load_open_clip("halsift-tiny", str(ckpt))[0]):
         assert float(model.logit_bias) == pytest.approx(-3.5)
         assert torch.equal(model.visual.conv1.weight.float(), trained.visual.conv1.weight)
+
+
+def test_clip_prepare_then_score_prepared_equals_score_batch(tiny_clip, tmp_path):
+    """The runner runs ``prepare`` (preprocessing, tokenization) in its read-ahead thread and ``score_prepared`` on
+    the model: the same scores as ``score_batch``."""
+    from halsift.filtering.base import Detector
+
+    items = _items(n_images=3, per=4)
+    direct = [r.score for r in tiny_clip.score_batch(items)]
+    prep = tiny_clip.prepare(items)
+    assert prep["pixels"].shape[0] == 3 and len(prep["rows"]) == len(items)
+    assert [r.score for r in tiny_clip.score_prepared(items, prep)] == direct
+    assert Detector().prepare(items) is None  # a detector without a CPU half is scored by score_batch
