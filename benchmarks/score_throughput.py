@@ -47,10 +47,10 @@ def make_corpus(out: Path, samples: int, per_shard: int, image_size: int, seed: 
     return out
 
 
-def run_one(spec: str, data: Path, out: Path, batch: int, device: str) -> dict:
+def run_one(spec: str, data: Path, out: Path, batch: int, device: str, workers: int = 0) -> dict:
     from halsift.filtering.runner import score
 
-    score(spec, data, out, batch_size=batch, device=device, show_progress=False)
+    score(spec, data, out, batch_size=batch, device=device, show_progress=False, workers=workers)
     return json.loads((out / "_manifest.json").read_text())
 
 
@@ -124,6 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--procs", default="1,2", help="process counts to compare")
     p.add_argument("--no-memory", action="store_true", help="skip the 1x vs 10x shards memory check")
     p.add_argument("--json", default="", help="also write the figures to this JSON file")
+    p.add_argument("--decode-workers", type=int, default=0, help="input processes per rank (score --decode-workers)")
     a = p.parse_args(argv)
     gpu = a.device.startswith("cuda")
     arch = a.arch or ("ViT-B-32" if gpu else "halsift-tiny")
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
     for procs in [int(x) for x in a.procs.split(",")]:
         for b in batches:
             out = tmp / f"out-p{procs}-b{b}"
-            m = (run_one(spec, data, out, b, a.device) if procs == 1 else
+            m = (run_one(spec, data, out, b, a.device, a.decode_workers) if procs == 1 else
                  run_torchrun(spec, data, out, b, a.device, procs))
             ts = m["time_share"]
             eff = m["sentences_per_s"] / bare[b]

@@ -192,14 +192,50 @@ def reusable(path: Path, source_fp: dict, detector_fp: str) -> bool:
     return stats.get("source_fp") == source_fp and stats.get("detector_fp") == detector_fp
 
 
+class PartRows:
+    """The scored rows of one part, accumulated batch by batch, then written as one parquet part whose schema
+    metadata carries the part's stats (what :func:`part_stats` reads)."""
+
+    def __init__(self, detector: Detector) -> None:
+        self.detector = detector
+        self.cols: dict[str, list] = {"key": [], "sentence_index": [], "score": [], "parsed": [], "captioner": []}
+        self.spans: list = []
+        self.t_model = 0.0
+
+    def add(self, rows: Sequence[tuple[str, int, str]], results: Sequence) -> None:
+        """``rows``: (key, sentence_index, captioner) of each scored item, in order; ``results`` the detector's."""
+        if len(results) != len(rows):
+            raise RuntimeError(f"detector {self.detector.name} returned {len(results)} results for {len(rows)} items")
+        for (key, index, captioner), r in zip(rows, results):
+            self.cols["key"].append(key)
+            self.cols["sentence_index"].append(index)
+            self.cols["score"].append(min(100.0, max(0.0, float(r.score))))
+            self.cols["parsed"].append(bool(r.parsed))
+            self.cols["captioner"].append(captioner)
+            self.spans.append(r.spans or [])
+
+    def write(self, out_path: Path, stats: dict) -> dict:
+        """Write the part atomically with ``stats`` (+ its row counts) in the metadata; returns the stats."""
+        c = self.cols
+        extra = {"captioner": c["captioner"], **({"spans": self.spans} if self.detector.localizes else {})}
+        table = scores_table(c["key"], c["sentence_index"], c["score"], c["parsed"], self.detector.name, extra)
+        stats = {**stats, "sentences": len(c["key"]), "parse_failures": c["parsed"].count(False),
+                 "time_model_s": round(self.t_model, 4)}
+        write_part_atomic(table.replace_schema_metadata({_META_KEY: json.dumps(stats).encode()}), out_path)
+        return stats
+
+
+def item_rows(batch: Sequence[Item]) -> list[tuple[str, int, str]]:
+    """What a part records of each scored item besides its result: (key, sentence_index, captioner)."""
+    return [(it.key, it.sentence_index, it.meta.get("captioner", "")) for it in batch]
+
+
 def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_size: int, bar=None,
                rank: int = 0, world: int = 1, fingerprints: dict | None = None) -> dict:
     """Score one part and write it atomically; returns its stats (also stored in the parquet metadata)."""
     t0 = time.perf_counter()
     skipped = SkipCounter(max_examples=1000)
-    cols: dict[str, list] = {"key": [], "sentence_index": [], "score": [], "parsed": [], "captioner": []}
-    spans: list = []
-    t_model = 0.0
+    rows = PartRows(detector)
     samples = 0
     # Images are decoded even for detectors that ignore them, so every detector skips the same samples.
     groups = iter_caption_groups(part, unit, skipped)
@@ -219,31 +255,16 @@ def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_
     for batch, prep in reader:
         tm = time.perf_counter()
         results = detector.score_batch(batch) if prep is None else detector.score_prepared(batch, prep)
-        t_model += time.perf_counter() - tm
-        if len(results) != len(batch):
-            raise RuntimeError(f"detector {detector.name} returned {len(results)} results for {len(batch)} items")
-        for it, r in zip(batch, results):
-            cols["key"].append(it.key)
-            cols["sentence_index"].append(it.sentence_index)
-            cols["score"].append(min(100.0, max(0.0, float(r.score))))
-            cols["parsed"].append(bool(r.parsed))
-            cols["captioner"].append(it.meta.get("captioner", ""))
-            spans.append(r.spans or [])
+        rows.t_model += time.perf_counter() - tm
+        rows.add(item_rows(batch), results)
         if bar is not None:
             bar.update(len(batch))
-    extra = {"captioner": cols["captioner"]}
-    if detector.localizes:
-        extra["spans"] = spans
-    table = scores_table(cols["key"], cols["sentence_index"], cols["score"], cols["parsed"], detector.name, extra)
     wall = time.perf_counter() - t0
-    stats = {"part": part.name, "source": part.source, "rank": rank, "world_size": world, "samples": samples,
-             "sentences": len(cols["key"]), "parse_failures": cols["parsed"].count(False),
-             "skipped": skipped.to_json(), "time_model_s": round(t_model, 4),
-             "time_data_s": round(wall - t_model, 4), "time_decode_s": round(reader.busy_s, 4),
-             "wall_s": round(wall, 4), **(fingerprints or {})}
-    table = table.replace_schema_metadata({_META_KEY: json.dumps(stats).encode()})
-    write_part_atomic(table, out_path)
-    return stats
+    return rows.write(out_path, {"part": part.name, "source": part.source, "rank": rank, "world_size": world,
+                                 "samples": samples, "skipped": skipped.to_json(),
+                                 "time_data_s": round(wall - rows.t_model, 4),
+                                 "time_decode_s": round(reader.busy_s, 4), "wall_s": round(wall, 4),
+                                 **(fingerprints or {})})
 
 
 def part_stats(path: Path) -> dict:
@@ -320,13 +341,17 @@ def _state(device: str | None):
 
 
 def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sentence", batch_size: int = 64,
-          device: str | None = None, show_progress: bool = True) -> Path:
+          device: str | None = None, show_progress: bool = True, workers: int = 0) -> Path:
     """Score ``data`` (a shard spec or a ``bench.jsonl``) with a detector into ``out_dir``; returns ``out_dir``.
 
     Runs on every process of the current accelerate/torchrun launch (each scores its round-robin share of
     the parts); finished parts are skipped, so rerunning the same call resumes. ``device`` defaults to the
-    process's accelerate device ("cpu" forces CPU).
+    process's accelerate device ("cpu" forces CPU). ``workers`` > 0: reading, decoding and the detector's
+    ``prepare`` step run in that many processes per rank (:mod:`halsift.filtering.score_workers`) for detectors
+    that have one; else in one read-ahead thread.
     """
+    if workers < 0:
+        raise ValueError(f"workers={workers}: expected >= 0")
     if unit not in UNITS:
         raise ValueError(f"unit={unit!r}: expected one of {UNITS}")
     if batch_size < 1:
@@ -358,9 +383,14 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
         detector.to(device or state.device)
         ts = time.perf_counter()
         bar = progress(desc=f"score rank {rank}", unit="sent", disable=not show_progress)
-        for p in todo:
-            scored_now += score_part(detector, p, out / p.name, unit, batch_size, bar, rank, world,
-                                     fps[p.name])["sentences"]
+        from halsift.filtering.score_workers import score_parts_in_workers, supports_workers
+
+        if workers and supports_workers(detector):
+            scored_now = score_parts_in_workers(detector, todo, out, unit, batch_size, workers, bar, rank, world, fps)
+        else:
+            for p in todo:
+                scored_now += score_part(detector, p, out / p.name, unit, batch_size, bar, rank, world,
+                                         fps[p.name])["sentences"]
         bar.close()
         t_scoring = time.perf_counter() - ts
     scored_now = int(_reduce(state, scored_now, "sum"))

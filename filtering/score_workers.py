@@ -1,0 +1,97 @@
+"""Scoring with the input pipeline in worker processes: tar reading, image decoding and the detector's CPU half
+(:meth:`~halsift.filtering.base.Detector.prepare`: preprocessing, tokenization) run in ``torch.utils.data``
+DataLoader workers, one part (shard) per worker at a time, while the main process only runs the model.
+
+The read-ahead thread of :func:`halsift.filtering.runner.score_part` overlaps that work with the model but shares
+the GIL with it; worker processes do not. Each worker streams its parts' batches as
+``{"part", "rows", "prepared"}`` messages and ends each part with ``{"part", "end": True, "samples", "skipped"}``;
+the main process scores the batches as they come (parts interleave across workers) and writes a part, atomically,
+when its end arrives, so parts are written whole or not at all and a rerun resumes exactly as before. The parts'
+rows, scores and skip counts are the ones :func:`~halsift.filtering.runner.score_part` writes. Workers are forked
+(the default on Linux): the detector is inherited, not pickled, and workers never touch its model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from halsift.corpus.images import SkipCounter
+from halsift.filtering.base import Detector
+from halsift.filtering.runner import Part, PartRows, _batches, item_rows, iter_caption_groups
+
+
+def supports_workers(detector: Detector) -> bool:
+    """Whether ``detector`` has a CPU half to move into workers (else scoring stays in-process)."""
+    return type(detector).prepare is not Detector.prepare
+
+
+class _Counted:
+    """Iterate ``it`` and count its items (the caption groups of a part: its samples)."""
+
+    def __init__(self, it) -> None:
+        self.it, self.count = iter(it), 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        x = next(self.it)
+        self.count += 1
+        return x
+
+
+class _PartStream(IterableDataset):
+    def __init__(self, detector: Detector, parts: Sequence[Part], unit: str, batch_size: int) -> None:
+        self.detector, self.parts, self.unit, self.batch_size = detector, list(parts), unit, batch_size
+
+    def __iter__(self) -> Iterator[dict]:
+        info = get_worker_info()
+        mine = self.parts[info.id::info.num_workers] if info is not None else self.parts
+        for part in mine:
+            t0 = time.perf_counter()
+            skipped = SkipCounter(max_examples=1000)
+            groups = _Counted(iter_caption_groups(part, self.unit, skipped))
+            for batch in _batches(groups, self.batch_size):
+                yield {"part": part.name, "rows": item_rows(batch), "prepared": self.detector.prepare(batch)}
+            yield {"part": part.name, "end": True, "samples": groups.count, "skipped": skipped.to_json(),
+                   "decode_s": time.perf_counter() - t0}
+
+
+def score_parts_in_workers(detector: Detector, parts: Sequence[Part], out: Path, unit: str, batch_size: int,
+                           workers: int, bar=None, rank: int = 0, world: int = 1,
+                           fingerprints: dict | None = None) -> int:
+    """Score ``parts`` into ``out`` with ``workers`` input processes; returns the number of sentences scored."""
+    import torch
+
+    loader = DataLoader(_PartStream(detector, parts, unit, batch_size), batch_size=None, num_workers=workers,
+                        prefetch_factor=4, pin_memory=torch.cuda.is_available(), persistent_workers=False)
+    open_parts: dict[str, tuple[PartRows, float]] = {}
+    by_name = {p.name: p for p in parts}
+    scored = 0
+    for msg in loader:
+        name = msg["part"]
+        rows, started = open_parts.setdefault(name, (PartRows(detector), time.perf_counter()))
+        if msg.get("end"):
+            wall = time.perf_counter() - started
+            stats = rows.write(out / name, {
+                "part": name, "source": by_name[name].source, "rank": rank, "world_size": world,
+                "samples": msg["samples"], "skipped": msg["skipped"], "time_data_s": round(wall - rows.t_model, 4),
+                "time_decode_s": round(msg["decode_s"], 4), "wall_s": round(wall, 4),
+                **((fingerprints or {}).get(name, {}))})
+            scored += stats["sentences"]
+            del open_parts[name]
+            continue
+        tm = time.perf_counter()
+        results = detector.score_prepared(msg["rows"], msg["prepared"])
+        rows.t_model += time.perf_counter() - tm
+        rows.add(msg["rows"], results)
+        if bar is not None:
+            bar.update(len(msg["rows"]))
+    return scored
+
+
+__all__ = ["score_parts_in_workers", "supports_workers"]
