@@ -540,6 +540,10 @@ def run_recipe(r: Recipe, dry_run: bool = False, force: tuple[str, ...] = ()) ->
     p = check(r)
     if dry_run:
         return p.stage("report")
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # every rank would run the single-process stages too
+        raise ConfigError("halsift run: a recipe runs in one process; it must not be started under `halsift launch` "
+                          "or torchrun (WORLD_SIZE > 1). Scale its heavy stages out on their own: "
+                          "`halsift launch ... -- score ...` / `-- train clip ...`, or score as SLURM array tasks")
     p.run.mkdir(parents=True, exist_ok=True)
     write_json_atomic(p.run / "recipe.resolved.json", to_dict(r))
     import yaml

@@ -141,3 +141,12 @@ def test_stage_fingerprints_change_from_the_edited_stage_on(tmp_path):
     assert lr["finetune"]["sections"] != base["finetune"]["sections"] and lr["eval"]["sections"] == base["eval"]["sections"]
     seed = stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}", "seed=1"]))
     assert all(seed[s]["fingerprint"] != base[s]["fingerprint"] for s in order)
+
+
+def test_a_recipe_refuses_to_run_on_several_ranks(tmp_path, monkeypatch, capsys):
+    """Under `halsift launch -- run` every rank would run select, fine-tuning and eval on its own: refused."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["run", "quickstart", f"run_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert "WORLD_SIZE > 1" in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
