@@ -1,7 +1,11 @@
 """``api`` detector: a judge behind an OpenAI-compatible chat-completions endpoint (a vLLM server, a hosted model).
 
-Each item is one request (each distinct image encoded once per batch, connections kept alive across batches): the image as a base64 PNG data URL, then the seeds' 0–100 prompt (AlignBench E.1,
-``cot``/``context`` as in the ``vlm`` family). Requests run in a thread pool of ``concurrency`` workers; HTTP 429,
+Each item is one request: the image as a base64 PNG data URL (each distinct image encoded once per batch), then
+the seeds' 0–100 prompt (AlignBench E.1, ``cot``/``context`` as in the ``vlm`` family). ``per_caption=true``
+(with ``mode=prompt``) sends one request per caption instead, asking for every numbered sentence's score as one
+JSON list (:data:`~halsift.filtering.vlm_prompts.PER_CAPTION_PROMPT`): n sentences cost one request, not n; a
+reply without a usable list is rescored one request per sentence (``caption_fallbacks``). One connection pool
+serves the detector's life (keep-alive). Requests run in a thread pool of ``concurrency`` workers; HTTP 429,
 5xx, timeouts and connection errors are retried ``max_retries`` times with exponential backoff
 (``backoff · 2^attempt`` seconds, or the server's ``Retry-After`` if larger, capped at 60 s); other 4xx errors
 raise :class:`~halsift.filtering.base.DetectorError` at once with the server's message.
@@ -106,7 +110,7 @@ class ApiDetector(Detector):
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", mode: str = "logprobs",
                  concurrency: int = 8, max_retries: int = 5, timeout: float = 60, backoff: float = 1.0,
                  top_logprobs: int = 20, max_tokens: int | None = None, cot: bool = False,
-                 context: bool = False) -> None:
+                 context: bool = False, per_caption: bool = False) -> None:
         super().__init__()
         if mode not in ("logprobs", "prompt"):
             raise ValueError(f"mode={mode!r}: expected 'logprobs' or 'prompt'")
@@ -116,6 +120,9 @@ class ApiDetector(Detector):
             raise ValueError(f"concurrency={concurrency!r}, max_retries={max_retries!r}: expected >= 1 and >= 0")
         if cot and mode != "prompt":
             raise ValueError("cot=true needs mode=prompt: the score follows the reasoning")
+        if per_caption and (mode != "prompt" or cot or context):
+            raise ValueError("per_caption=true needs mode=prompt without cot/context: one JSON list of scores per "
+                             "caption is parsed from the reply")
         if api_key_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(api_key_env)):
             raise ValueError(f"api_key_env={api_key_env!r}: expected an environment variable name")
         self.url = str(base_url).rstrip("/") + "/chat/completions"
@@ -123,8 +130,11 @@ class ApiDetector(Detector):
         self.concurrency, self.max_retries = int(concurrency), int(max_retries)
         self.timeout, self.backoff, self.top_logprobs = float(timeout), float(backoff), int(top_logprobs)
         self.max_tokens = int(max_tokens or (256 if cot else 16 if mode == "logprobs" else 64))
-        self.cot, self.context = bool(cot), bool(context)
+        self.cot, self.context, self.per_caption = bool(cot), bool(context), bool(per_caption)
+        if per_caption and not max_tokens:
+            self.max_tokens = 256
         self.retries = 0  # retried requests so far (for logs and tests)
+        self.caption_fallbacks = 0  # per-caption replies without a usable list: rescored one request per sentence
         self._lock = threading.Lock()
         self._client: httpx.Client | None = None
 
@@ -174,12 +184,8 @@ class ApiDetector(Detector):
         raise AssertionError("unreachable")
 
     def _result(self, reply: dict) -> Result:
-        try:
-            choice = reply["choices"][0]
-            text = choice["message"].get("content") or ""
-        except (KeyError, IndexError, TypeError, AttributeError):
-            raise DetectorError(f"api detector: reply from {self.url} has no choices[0].message: "
-                                f"{json.dumps(reply)[:300]}") from None
+        choice = self._choice(reply)
+        text = choice["message"].get("content") or ""
         if self.mode == "logprobs":
             content = (choice.get("logprobs") or {}).get("content") or []
             s = score_from_logprobs(content) if content else None
@@ -197,12 +203,63 @@ class ApiDetector(Detector):
                 raise DetectorError(f"api detector: item {it.key}/{it.sentence_index} has no image")
             k = (it.image_id, id(it.image))
             if k not in urls:
-                urls[k] = image_data_url(it.image)
-        bodies = [self._payload(it, urls[(it.image_id, id(it.image))]) for it in items]
+                urls[k] = image_data_url(it.image)  # each image encoded once per batch
+        url_of = [urls[(it.image_id, id(it.image))] for it in items]
+        if self.per_caption:
+            return self._score_per_caption(items, url_of)
+        replies = self._post_all([self._payload(it, u) for it, u in zip(items, url_of)])
+        return [self._result(r) for r in replies]
+
+    def _post_all(self, bodies: list[dict]) -> list[dict]:
         client = self._connection()
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(bodies))) as pool:
-            replies = list(pool.map(lambda body: self._post(client, body), bodies))
-        return [self._result(r) for r in replies]
+            return list(pool.map(lambda body: self._post(client, body), bodies))
+
+    def _score_per_caption(self, items: Sequence[Item], url_of: list[str]) -> list[Result]:
+        """One request per caption: items whose context continues the previous item's caption (same image) share
+        it; the reply's JSON list gives every sentence's score. A reply without a list of the right length is
+        rescored one request per sentence (counted in ``caption_fallbacks``)."""
+        groups: list[tuple[list[str], list[tuple[int, int]], str]] = []  # sentences, (item, position), image url
+        for i, it in enumerate(items):
+            g = groups[-1] if groups else None
+            ctx = [c.strip() for c in it.context]
+            if g is None or g[2] != url_of[i] or g[0] != ctx:
+                g = (ctx, [], url_of[i])
+                groups.append(g)
+            g[1].append((i, len(g[0])))
+            g[0].append(it.sentence.strip())
+        bodies = [self._caption_payload(sents, url) for sents, _, url in groups]
+        out: list[Result | None] = [None] * len(items)
+        retry = []
+        for (sents, members, _), reply in zip(groups, self._post_all(bodies)):
+            scores = P.parse_score_list(self._choice(reply)["message"].get("content") or "", len(sents))
+            if scores is None:
+                retry += [i for i, _ in members]
+                self.caption_fallbacks += 1
+                continue
+            for i, pos in members:
+                out[i] = Result(scores[pos])
+        if retry:
+            replies = self._post_all([self._payload(items[i], url_of[i]) for i in retry])
+            for i, r in zip(retry, replies):
+                out[i] = self._result(r)
+        return out
+
+    def _caption_payload(self, sentences: list[str], url: str) -> dict:
+        text = P.PER_CAPTION_PROMPT + P.CAPTION_LEAD + "\n" + P.numbered_sentences(sentences)
+        return {"model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                          {"type": "text", "text": text}]}]}
+
+    def _choice(self, reply: dict) -> dict:
+        """``choices[0]`` of a reply, checked to hold a message."""
+        try:
+            choice = reply["choices"][0]
+            choice["message"].get("content")
+            return choice
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise DetectorError(f"api detector: reply from {self.url} has no choices[0].message: "
+                                f"{json.dumps(reply)[:300]}") from None
 
     def _connection(self) -> httpx.Client:
         """One client for the detector's life: its connection pool (keep-alive, TLS sessions) serves every batch."""

@@ -41,6 +41,33 @@ CONTEXT_TEMPLATE = "{context} {sentence} Think about the correctness of **{sente
 
 CAPTION_LEAD = "\n\nCaption:"  # the caption text follows after one space
 
+# One request per caption (the ``api`` detector's ``per_caption``): the seeds' 0-100 judgement asked for every
+# sentence at once, answered as one JSON list; the numbered sentences follow CAPTION_LEAD, one per line.
+PER_CAPTION_PROMPT = (
+    "You are given an image and a caption describing the given image, split into numbered sentences. For each "
+    "sentence, judge if it describes the image correctly. If the sentence does not describe the image correctly, "
+    "return a low score; if there is no mistake in it, return a high score. Judge the correctness from 0-100 points. "
+    "Return only a JSON list with one score per sentence, in order, e.g. [90, 15, 70]."
+)
+
+
+def numbered_sentences(sentences: list[str]) -> str:
+    """``1. first\n2. second ...``: the caption text of :data:`PER_CAPTION_PROMPT`."""
+    return "\n".join(f"{i + 1}. {s.strip()}" for i, s in enumerate(sentences))
+
+
+def parse_score_list(text: str, n: int) -> list[float] | None:
+    """The ``n`` scores of a per-caption reply (the first JSON list of ``n`` numbers in 0-100), or ``None``."""
+    for m in re.finditer(r"\[[^\[\]]*\]", text):
+        try:
+            values = json.loads(m.group(0))
+        except ValueError:
+            continue
+        if (isinstance(values, list) and len(values) == n and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                                   and 0 <= v <= 100 for v in values)):
+            return [float(v) for v in values]
+    return None
+
 SCORE_PREFILL = '{"score": '  # mode ``logits``: the assistant turn up to where the number goes
 
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 from halsift.filtering.api_detector import ApiDetector, score_from_logprobs
 from halsift.filtering.base import DetectorError, Item
-from halsift.filtering.spec import load_detector
+from halsift.filtering.spec import SpecError, load_detector
 from halsift.filtering.vlm_prompts import SCORE_PROMPT
 
 
@@ -72,7 +72,7 @@ class _Server:
                     status, payload = fail_status, {"error": {"message": "slow down"}}
                 else:
                     text = body["messages"][0]["content"][1]["text"]
-                    status, payload = 200, answer(text.rsplit("Caption: ", 1)[1], body)
+                    status, payload = 200, answer(text.rsplit("Caption:", 1)[1].lstrip(" "), body)
                 data = json.dumps(payload).encode()
                 with lock:  # before answering: once the client has the reply it may send the next request at once
                     outer.active -= 1
@@ -245,3 +245,32 @@ def test_loopback_server_backed_by_tiny_vlm(serve, tmp_path):
         expected = sum(n * p for n, p in nums) / sum(p for _, p in nums)
         assert r.parsed and r.score == pytest.approx(expected, abs=1e-6)
     assert len({round(r.score, 3) for r in res}) > 1
+
+
+def test_per_caption_sends_one_request_per_caption_and_falls_back_per_sentence(serve):
+    """``per_caption=true``: the sentences of a caption (context chains, also a caption split across batches) go
+    in one request and its JSON list scores them; a reply without a usable list is rescored per sentence."""
+    def answer(text, body):
+        if "numbered sentences" not in body["messages"][0]["content"][1]["text"]:
+            return _reply('{"score": 33}', None)  # the per-sentence fallback
+        lines = body["messages"][0]["content"][1]["text"].split("Caption:\n", 1)[1].splitlines()
+        if any("broken" in ln for ln in lines):
+            return _reply("I cannot tell.", None)
+        return _reply("Scores: " + json.dumps([10 * (i + 1) for i in range(len(lines))]), None)
+
+    srv = serve(answer)
+    det = load_detector(f"api:base_url={srv.url},model=judge,mode=prompt,per_caption=true")
+    img = Image.new("RGB", (8, 8), (255, 0, 0))
+    other = Image.new("RGB", (8, 8), (0, 0, 255))
+    items = [Item("k0", 0, "a dog runs.", [], img, "i0"), Item("k0", 1, "a cat sits.", ["a dog runs."], img, "i0"),
+             Item("k0", 2, "two birds.", ["a dog runs.", "a cat sits."], img, "i0"),
+             Item("k1", 0, "a red car.", [], other, "i1"), Item("k1", 1, "a tree.", ["a red car."], other, "i1")]
+    assert [r.score for r in det.score_batch(items)] == [10, 20, 30, 10, 20]
+    assert len(srv.requests) == 2 and det.caption_fallbacks == 0
+    tail = det.score_batch(items[2:3])  # the rest of a caption in a later batch: its context is sent along
+    assert tail[0].score == 30 and "1. a dog runs.\n2. a cat sits.\n3. two birds." in \
+        srv.requests[-1]["body"]["messages"][0]["content"][1]["text"]
+    broken = [Item("k2", 0, "broken.", [], img, "i2"), Item("k2", 1, "fine.", ["broken."], img, "i2")]
+    assert [r.score for r in det.score_batch(broken)] == [33, 33] and det.caption_fallbacks == 1
+    with pytest.raises(SpecError, match="per_caption=true needs mode=prompt"):
+        load_detector(f"api:base_url={srv.url},model=judge,per_caption=true")
