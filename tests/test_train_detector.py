@@ -375,3 +375,25 @@ def test_lora_clip_beats_its_untuned_base(tmp_path):
     tuned, untuned = _test_auroc(f"lora:{res['adapter']}", bench, tmp_path), _test_auroc(base, bench, tmp_path)
     print(f"clip test AUROC: base {untuned:.2f}, LoRA {tuned:.2f}")
     assert tuned > untuned
+
+
+def test_nonfinite_loss_stops_before_the_next_save(data, tmp_path, monkeypatch):
+    """The loss stays on the device between log/eval/checkpoint steps; a NaN at step 3 is caught before step 4's
+    evaluation and checkpoint: stopped with the step and value, no adapter exported."""
+    import torch
+
+    import halsift.training.detector_train as dt
+
+    real, calls = torch.nn.functional.binary_cross_entropy_with_logits, {"n": 0}
+
+    def poisoned(*a, **kw):
+        calls["n"] += 1
+        loss = real(*a, **kw)
+        return loss * float("nan") if calls["n"] == 3 else loss
+
+    monkeypatch.setattr(torch.nn.functional, "binary_cross_entropy_with_logits", poisoned)
+    with pytest.raises(FloatingPointError, match="loss is nan at step 3; stopped without saving"):
+        dt.train_detector(_cfg(base=CLIP, bench=str(data["bench"]), out=str(tmp_path / "nan"), steps=6, eval_every=2,
+                               log_every=10))
+    assert not (tmp_path / "nan" / "adapter").exists()
+    assert sorted(p.name for p in (tmp_path / "nan" / "checkpoints").iterdir()) == ["step_000002"]

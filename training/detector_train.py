@@ -20,7 +20,6 @@ Batches are drawn per step from ``(seed, step)``, so a resumed run sees exactly 
 from __future__ import annotations
 
 import functools
-import math
 import os
 import shutil
 import time
@@ -325,6 +324,15 @@ def train_detector(cfg: DetectorTrainConfig) -> dict:
     bar = progress(total=cfg.steps * cfg.batch_size * world, initial=start * cfg.batch_size * world,
                    desc=f"train detector ({kind})", unit="sent", disable=not accelerator.is_local_main_process)
     t0, step, t_last, n_last = time.perf_counter(), start, time.perf_counter(), 0
+    # the loss stays on the device between log/eval/checkpoint steps: a non-finite one is recorded there (its first
+    # step and value) and checked before anything is logged, evaluated or saved
+    first_bad = torch.zeros((), dtype=torch.long, device=accelerator.device)
+    bad_value = torch.zeros((), device=accelerator.device)
+
+    def stop_if_nonfinite() -> None:
+        if int(first_bad):
+            raise FloatingPointError(f"loss is {float(bad_value)} at step {int(first_bad)}; stopped without saving")
+
     model.train()
     if start == 0 and len(val_items) and not state["stopped_early"]:
         evaluate(0)  # the base detector's val AUROC: the tuned one has to beat it to replace it
@@ -334,8 +342,10 @@ def train_detector(cfg: DetectorTrainConfig) -> dict:
             logits = task.forward(model, batch, accelerator.device)
             w = class_w.to(labels.device)[labels.long()]
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), labels, weight=w)
-            if not math.isfinite(float(loss.detach())):
-                raise FloatingPointError(f"loss is {float(loss)} at step {step + 1}; stopped without saving")
+            value = loss.detach().float()
+            new_bad = (first_bad == 0) & ~torch.isfinite(value)
+            first_bad = torch.where(new_bad, step + 1, first_bad)
+            bad_value = torch.where(new_bad, value, bad_value)
             accelerator.backward(loss)
             if cfg.grad_clip > 0:
                 accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -345,20 +355,25 @@ def train_detector(cfg: DetectorTrainConfig) -> dict:
             step += 1
             n_last += len(labels) * world
             bar.update(len(labels) * world)
-            if step % cfg.log_every == 0 or step == cfg.steps:
+            evals = step % cfg.eval_every == 0 or step == cfg.steps
+            saves = evals or bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+            logs = step % cfg.log_every == 0 or step == cfg.steps
+            if logs or saves:
+                stop_if_nonfinite()
+            if logs:
                 now = time.perf_counter()
-                log.log(step, {"train/loss": float(loss.detach()), "train/lr": scheduler.get_last_lr()[0],
+                value = float(value)
+                log.log(step, {"train/loss": value, "train/lr": scheduler.get_last_lr()[0],
                                "train/sentences_per_s": n_last / max(now - t_last, 1e-9)})
-                bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
+                bar.set_postfix(loss=f"{value:.4f}")
                 t_last, n_last = now, 0
             stop = False
-            if step % cfg.eval_every == 0 or step == cfg.steps:
+            if evals:
                 model.eval()
                 stop = evaluate(step)
                 model.train()
                 state["stopped_early"] = stop
-            if stop or step == cfg.steps or step % cfg.eval_every == 0 or \
-                    (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+            if stop or saves:
                 checkpoint(step)
             if stop:
                 accelerator.print(f"early stop at step {step}: no better val AUROC in {cfg.patience} evaluations "
