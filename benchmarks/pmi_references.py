@@ -29,24 +29,13 @@ def _test_bench(bench: Path) -> Path:
 
 
 def _caption_items(bench: Path, captions: int) -> list:
-    """Scoring items of the first ``captions`` captions of ``bench`` (sentences in order, with their context)."""
-    from halsift.corpus.bench import image_path, read_bench
-    from halsift.corpus.images import decode_image
-    from halsift.filtering.base import Item
+    """Scoring items of the first ``captions`` captions of ``bench``, as the scoring runner reads them."""
+    from halsift.corpus.images import SkipCounter
+    from halsift.filtering.runner import iter_caption_groups, plan_parts
 
-    by_caption: dict[str, list] = {}
-    for r in read_bench(bench):
-        by_caption.setdefault(r.caption_id, []).append(r)
-    items, images = [], {}
-    for rows in list(by_caption.values())[:captions]:
-        rows.sort(key=lambda r: r.position)
-        for r in rows:
-            if r.image_id not in images:
-                f = image_path(bench, r)
-                images[r.image_id] = decode_image(f.read_bytes(), str(f))
-            items.append(Item(r.id, r.position, r.sentence, [x.sentence for x in rows[:r.position]],
-                              images[r.image_id], r.image_id))
-    return items
+    parts, _ = plan_parts(str(bench))
+    groups = (g for part in parts for g in iter_caption_groups(part, "sentence", SkipCounter()))
+    return [it for _, g in zip(range(captions), groups) for it in g]
 
 
 def _bench_scores(spec: str, test: Path):

@@ -104,7 +104,8 @@ class ClipDetector(Detector):
 
     Options: ``arch`` (open_clip model name), ``pretrained`` (open_clip tag), ``checkpoint`` (local
     ``.safetensors`` or an open_clip checkpoint), neither = random init seeded by ``seed``; ``device``,
-    ``precision`` (auto|fp32|bf16|fp16; ``auto``, the default: bf16 with TF32 matmuls on CUDA, fp32 elsewhere), ``map`` (linear|sigmoid), ``center`` (sigmoid map), ``delay`` (seconds to
+    ``precision`` (auto|fp32|bf16|fp16; ``auto``, the default: bf16 with TF32 matmuls on CUDA, fp32 elsewhere),
+    ``map`` (linear|sigmoid), ``center`` (sigmoid map), ``delay`` (seconds to
     sleep per batch; for interruption tests only).
     """
 

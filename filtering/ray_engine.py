@@ -21,9 +21,11 @@ from pathlib import Path
 
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
-from halsift.filtering.runner import MANIFEST, Part, _check_or_start, _finish_manifest, plan_parts, score_part
+from halsift.corpus.fingerprint import spec_fingerprint
+from halsift.filtering.runner import (MANIFEST, Part, _check_or_start, _finish_manifest, part_fingerprints,
+                                     plan_parts, score_part)
 from halsift.filtering.spec import load_detector
-from halsift.filtering.tasks import TaskError, _Solo, part_done, part_fingerprints, task_device
+from halsift.filtering.tasks import TaskError, _Solo, part_done, task_device
 
 
 def _ray():
@@ -65,9 +67,8 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
     out.mkdir(parents=True, exist_ok=True)
     parts, inputs = plan_parts(data)
     ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
-    fps = part_fingerprints(parts, detector)
-    if fps:
-        ident["detector_fp"] = next(iter(fps.values()))["detector_fp"]
+    ident["detector_fp"] = spec_fingerprint(detector.spec)
+    fps = part_fingerprints(parts, ident["detector_fp"])
     _check_or_start(out, ident, _Solo)
     todo = [p for p in parts if not part_done(out, p, fps[p.name])]
     resumed = len(parts) - len(todo)

@@ -181,6 +181,12 @@ def source_fingerprint(part: Part) -> dict:
     return file_fingerprint(part.source)
 
 
+def part_fingerprints(parts: Sequence[Part], detector_fp: str) -> dict[str, dict]:
+    """Part name -> what its scores must have been made from: its :func:`source_fingerprint` and the detector's
+    ``detector_fp`` (:func:`~halsift.corpus.fingerprint.spec_fingerprint`), as ``score_part`` records them."""
+    return {p.name: {"source_fp": source_fingerprint(p), "detector_fp": detector_fp} for p in parts}
+
+
 def reusable(path: Path, source_fp: dict, detector_fp: str) -> bool:
     """A finished part may be reused only if it was scored from the same input by the same detector."""
     if not path.exists():
@@ -190,6 +196,21 @@ def reusable(path: Path, source_fp: dict, detector_fp: str) -> bool:
     except (OSError, ValueError):  # pyarrow.ArrowInvalid is a ValueError: a damaged part is rescored
         return False
     return stats.get("source_fp") == source_fp and stats.get("detector_fp") == detector_fp
+
+
+class Counted:
+    """Iterate ``it`` and count its items (a part's caption groups: its samples)."""
+
+    def __init__(self, it) -> None:
+        self.it, self.count = iter(it), 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        x = next(self.it)
+        self.count += 1
+        return x
 
 
 class PartRows:
@@ -214,13 +235,17 @@ class PartRows:
             self.cols["captioner"].append(captioner)
             self.spans.append(r.spans or [])
 
-    def write(self, out_path: Path, stats: dict) -> dict:
-        """Write the part atomically with ``stats`` (+ its row counts) in the metadata; returns the stats."""
+    def write(self, out_path: Path, part: Part, rank: int, world: int, samples: int, skipped: dict, wall: float,
+              decode_s: float, fingerprints: dict | None) -> dict:
+        """Write the part atomically with its stats in the metadata; returns the stats. ``wall``: seconds from
+        the part's start; ``decode_s``: the input pipeline's busy time for it; ``skipped``: a SkipCounter's JSON."""
         c = self.cols
         extra = {"captioner": c["captioner"], **({"spans": self.spans} if self.detector.localizes else {})}
         table = scores_table(c["key"], c["sentence_index"], c["score"], c["parsed"], self.detector.name, extra)
-        stats = {**stats, "sentences": len(c["key"]), "parse_failures": c["parsed"].count(False),
-                 "time_model_s": round(self.t_model, 4)}
+        stats = {"part": part.name, "source": part.source, "rank": rank, "world_size": world, "samples": samples,
+                 "sentences": len(c["key"]), "parse_failures": c["parsed"].count(False), "skipped": skipped,
+                 "time_model_s": round(self.t_model, 4), "time_data_s": round(wall - self.t_model, 4),
+                 "time_decode_s": round(decode_s, 4), "wall_s": round(wall, 4), **(fingerprints or {})}
         write_part_atomic(table.replace_schema_metadata({_META_KEY: json.dumps(stats).encode()}), out_path)
         return stats
 
@@ -236,22 +261,15 @@ def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_
     t0 = time.perf_counter()
     skipped = SkipCounter(max_examples=1000)
     rows = PartRows(detector)
-    samples = 0
     # Images are decoded even for detectors that ignore them, so every detector skips the same samples.
-    groups = iter_caption_groups(part, unit, skipped)
-
-    def counted(gs):
-        nonlocal samples
-        for g in gs:
-            samples += 1
-            yield g
+    groups = Counted(iter_caption_groups(part, unit, skipped))
 
     def prepared(batches):  # the detector's CPU half (preprocess, tokenize) runs in the reader thread too
         for b in batches:
             yield b, detector.prepare(b)
 
     # tar reading, decoding and preprocessing run one batch ahead of the model, in a thread
-    reader = Prefetcher(prepared(_batches(counted(groups), batch_size)), depth=2)
+    reader = Prefetcher(prepared(_batches(groups, batch_size)), depth=2)
     for batch, prep in reader:
         tm = time.perf_counter()
         results = detector.score_batch(batch) if prep is None else detector.score_prepared(batch, prep)
@@ -259,12 +277,8 @@ def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_
         rows.add(item_rows(batch), results)
         if bar is not None:
             bar.update(len(batch))
-    wall = time.perf_counter() - t0
-    return rows.write(out_path, {"part": part.name, "source": part.source, "rank": rank, "world_size": world,
-                                 "samples": samples, "skipped": skipped.to_json(),
-                                 "time_data_s": round(wall - rows.t_model, 4),
-                                 "time_decode_s": round(reader.busy_s, 4), "wall_s": round(wall, 4),
-                                 **(fingerprints or {})})
+    return rows.write(out_path, part, rank, world, groups.count, skipped.to_json(), time.perf_counter() - t0,
+                      reader.busy_s, fingerprints)
 
 
 def part_stats(path: Path) -> dict:
@@ -375,7 +389,7 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
     rank, world = state.process_index, state.num_processes
     mine = parts[rank::world]
     det_fp = spec_fingerprint(detector.spec)
-    fps = {p.name: {"source_fp": source_fingerprint(p), "detector_fp": det_fp} for p in mine}
+    fps = part_fingerprints(mine, det_fp)
     todo = [p for p in mine if not reusable(out / p.name, fps[p.name]["source_fp"], det_fp)]
     resumed = int(_reduce(state, len(mine) - len(todo), "sum"))
     scored_now, t_scoring = 0, 0.0

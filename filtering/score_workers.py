@@ -21,27 +21,12 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from halsift.corpus.images import SkipCounter
 from halsift.filtering.base import Detector
-from halsift.filtering.runner import Part, PartRows, _batches, item_rows, iter_caption_groups
+from halsift.filtering.runner import Counted, Part, PartRows, _batches, item_rows, iter_caption_groups
 
 
 def supports_workers(detector: Detector) -> bool:
     """Whether ``detector`` has a CPU half to move into workers (else scoring stays in-process)."""
     return type(detector).prepare is not Detector.prepare
-
-
-class _Counted:
-    """Iterate ``it`` and count its items (the caption groups of a part: its samples)."""
-
-    def __init__(self, it) -> None:
-        self.it, self.count = iter(it), 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        x = next(self.it)
-        self.count += 1
-        return x
 
 
 class _PartStream(IterableDataset):
@@ -54,7 +39,7 @@ class _PartStream(IterableDataset):
         for part in mine:
             t0 = time.perf_counter()
             skipped = SkipCounter(max_examples=1000)
-            groups = _Counted(iter_caption_groups(part, self.unit, skipped))
+            groups = Counted(iter_caption_groups(part, self.unit, skipped))
             for batch in _batches(groups, self.batch_size):
                 yield {"part": part.name, "rows": item_rows(batch), "prepared": self.detector.prepare(batch)}
             yield {"part": part.name, "end": True, "samples": groups.count, "skipped": skipped.to_json(),
@@ -76,12 +61,8 @@ def score_parts_in_workers(detector: Detector, parts: Sequence[Part], out: Path,
         name = msg["part"]
         rows, started = open_parts.setdefault(name, (PartRows(detector), time.perf_counter()))
         if msg.get("end"):
-            wall = time.perf_counter() - started
-            stats = rows.write(out / name, {
-                "part": name, "source": by_name[name].source, "rank": rank, "world_size": world,
-                "samples": msg["samples"], "skipped": msg["skipped"], "time_data_s": round(wall - rows.t_model, 4),
-                "time_decode_s": round(msg["decode_s"], 4), "wall_s": round(wall, 4),
-                **((fingerprints or {}).get(name, {}))})
+            stats = rows.write(out / name, by_name[name], rank, world, msg["samples"], msg["skipped"],
+                               time.perf_counter() - started, msg["decode_s"], (fingerprints or {}).get(name))
             scored += stats["sentences"]
             del open_parts[name]
             continue

@@ -198,14 +198,21 @@ def _check_keys(family: str, opts: dict[str, Any], allowed: list[str], where: st
                         f"expected one of {allowed}")
 
 
+def iter_specs(spec: str):
+    """``(spec, family, options)`` of a short spec string and, depth first, of every short-form ensemble member
+    (members given as YAML files are not opened)."""
+    family, opts = parse_spec(spec)
+    yield spec, family, opts
+    for member in opts.get("members") or []:
+        if isinstance(member, str) and not member.endswith((".yaml", ".yml")):
+            yield from iter_specs(member)
+
+
 def check_spec(spec: str) -> None:
     """Validate a short spec string without building the detector or importing heavy libraries: the family
     exists and every option (ensemble members too) is one its class takes. Raises :class:`SpecError`."""
-    family, opts = parse_spec(spec)
-    _check_keys(family, opts, _family_options(family, spec), spec)
-    for member in opts.get("members") or []:
-        if isinstance(member, str) and not member.endswith((".yaml", ".yml")):
-            check_spec(member)
+    for where, family, opts in iter_specs(spec):
+        _check_keys(family, opts, _family_options(family, where), where)
 
 
 def _build(family: str, opts: dict[str, Any], where: str) -> Detector:

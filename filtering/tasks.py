@@ -33,8 +33,8 @@ from halsift.corpus.errors import InputError
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
 from halsift.corpus.fingerprint import spec_fingerprint
-from halsift.filtering.runner import (MANIFEST, Part, _check_or_start, _finish_manifest, plan_parts, reusable,
-                                     score_part, source_fingerprint)
+from halsift.filtering.runner import (MANIFEST, Part, _check_or_start, _finish_manifest, part_fingerprints,
+                                     plan_parts, reusable, score_part)
 from halsift.filtering.spec import load_detector
 
 CLAIMS = "_claims"
@@ -212,13 +212,6 @@ def task_device() -> str:
     return "cuda" if torch.cuda.is_available() and not os.environ.get("HALSIFT_FORCE_CPU") else "cpu"
 
 
-def part_fingerprints(parts: Sequence[Part], detector) -> dict[str, dict]:
-    """Part name -> what its scores must have been made from (:func:`runner.source_fingerprint` of its shard and
-    the detector's :func:`~halsift.corpus.fingerprint.spec_fingerprint`), as ``score_part`` records it."""
-    det_fp = spec_fingerprint(detector.spec)
-    return {p.name: {"source_fp": source_fingerprint(p), "detector_fp": det_fp} for p in parts}
-
-
 def part_done(out: Path, part: Part, fps: dict | None = None) -> bool:
     """The completion marker: the part's parquet file (written atomically) is there and, given ``fps`` (its
     :func:`part_fingerprints` entry), was made from the same shard by the same detector (else it is redone)."""
@@ -262,8 +255,8 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     out.mkdir(parents=True, exist_ok=True)
     parts, inputs = plan_parts(data)
     ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
-    fps = part_fingerprints(parts, detector)
-    ident["detector_fp"] = next(iter(fps.values()))["detector_fp"] if fps else spec_fingerprint(detector.spec)
+    ident["detector_fp"] = spec_fingerprint(detector.spec)
+    fps = part_fingerprints(parts, ident["detector_fp"])
     _check_or_start(out, ident, _Solo)
     resumed = sum(1 for p in parts if part_done(out, p, fps[p.name]))
     name = f"task-{task_index:05d}"

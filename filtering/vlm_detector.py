@@ -32,10 +32,10 @@ Modes (option ``mode``):
   ``n_references`` (default 8) decodable images are the references. Each reference's prefix (image + prompt) is
   encoded once per run and its KV cache reused for every caption (``reuse_prefix=true``, the default), so a caption
   costs one full forward pass (its own image) plus ``n_references`` passes over its tokens alone; the sentences of
-  a caption share those passes. Always conditions on the preceding sentences. Useful with a captioner the ``yes_prob``/``logits``
-  judges cannot be, and as an image-grounded ensemble member next to a text-leaning judge.
+  a caption share those passes. Always conditions on the preceding sentences. Useful with a captioner the
+  ``yes_prob``/``logits`` judges cannot be, and as an image-grounded ensemble member next to a text-leaning judge.
 * ``localize``: the seeds' localization prompt; the ``**[...]**`` segments become ``Result.spans`` (word ranges,
-  :func:`halsift.eval.localization.parse_marked`); score = 0 if any segment is marked, else 100.
+  :func:`halsift.filtering.marked_spans.parse_marked`); score = 0 if any segment is marked, else 100.
 
 ``context=true`` puts the preceding sentences before the target (AlignBench Table D).
 

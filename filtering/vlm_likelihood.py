@@ -286,5 +286,6 @@ def own_vs_random(det, items: Sequence[Item], seed: int = 0, batch_size: int = 1
     return res
 
 
-__all__ = ["DESCRIBE_PROMPT", "EncodedPrefix", "cached_token_logprobs", "describe_prefix", "image_key", "image_pmi", "own_vs_random", "reference_images",
+__all__ = ["DESCRIBE_PROMPT", "EncodedPrefix", "cached_token_logprobs", "describe_prefix", "image_key", "image_pmi",
+           "own_vs_random", "reference_images",
            "sentence_logliks", "token_logprobs", "with_random_images"]

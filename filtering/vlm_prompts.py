@@ -63,8 +63,9 @@ def parse_score_list(text: str, n: int) -> list[float] | None:
             values = json.loads(m.group(0))
         except ValueError:
             continue
-        if (isinstance(values, list) and len(values) == n and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                                   and 0 <= v <= 100 for v in values)):
+        numbers = isinstance(values, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                   for v in values)
+        if numbers and len(values) == n and all(0 <= v <= 100 for v in values):
             return [float(v) for v in values]
     return None
 

@@ -85,8 +85,14 @@ UNLOCKED = ("launch", "run")  # launch: its ranks take the lock; run: a recipe h
 def _shares_out(args) -> bool:
     """``score``/``select`` as one of several tasks (``--num-tasks``, or a SLURM array task): the tasks share one
     ``--out`` on purpose and coordinate through per-part claims (:mod:`halsift.filtering.tasks`), not the lock."""
-    return args._name in ("score", "select") and (getattr(args, "num_tasks", None) is not None
-                                                  or "SLURM_ARRAY_TASK_ID" in os.environ)
+    if args._name not in ("score", "select"):
+        return False
+    from halsift.filtering.tasks import TaskError, task_from_env
+
+    try:
+        return task_from_env(getattr(args, "num_tasks", None), getattr(args, "task_index", None)) is not None
+    except TaskError:  # the command itself reports it, in one line
+        return False
 ERROR_FILE_ENV = "HALSIFT_ERROR_FILE"  # set by `halsift launch`: ranks append their one-line user error here
 
 

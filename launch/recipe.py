@@ -158,16 +158,13 @@ _FILE_OPTIONS = {"clip": ("checkpoint",), "lora": ("path",)}
 
 
 def _check_spec_files(key: str, spec: str, run: Path) -> None:
-    from halsift.filtering.spec import parse_spec
+    from halsift.filtering.spec import iter_specs
 
-    family, opts = parse_spec(spec)
-    for opt in _FILE_OPTIONS.get(family, ()):
-        value = opts.get(opt)
-        if value and not Path(str(value)).resolve().is_relative_to(run.resolve()) and not Path(str(value)).exists():
-            raise ConfigError(f"{key}: {family} option {opt}={value} does not exist")
-    for member in opts.get("members") or []:
-        if isinstance(member, str) and not member.endswith((".yaml", ".yml")):
-            _check_spec_files(key, member, run)
+    for _, family, opts in iter_specs(spec):
+        for opt in _FILE_OPTIONS.get(family, ()):
+            value = opts.get(opt)
+            if value and not Path(str(value)).resolve().is_relative_to(run.resolve()) and not Path(str(value)).exists():
+                raise ConfigError(f"{key}: {family} option {opt}={value} does not exist")
 
 
 def _check_exists(key: str, path: str) -> None:

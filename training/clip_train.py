@@ -47,6 +47,30 @@ class NonFiniteLossError(RuntimeError):
     """The loss became NaN/inf; training stopped without writing a checkpoint."""
 
 
+class NonFiniteWatch:
+    """Records, on the device, the first step whose loss is not finite and that loss, so a training loop needs no
+    host sync per step: :meth:`seen` reads it back only where the loop logs, evaluates or saves."""
+
+    def __init__(self, device) -> None:
+        self.step = torch.zeros((), dtype=torch.long, device=device)
+        self.value = torch.zeros((), device=device)
+
+    def observe(self, loss: torch.Tensor, step: int) -> None:
+        """Note ``loss`` (a 0-d tensor) of 1-based ``step`` without leaving the device."""
+        new = (self.step == 0) & ~torch.isfinite(loss)
+        self.step = torch.where(new, step, self.step)
+        self.value = torch.where(new, loss, self.value)
+
+    def flag(self) -> torch.Tensor:
+        """1.0 once a non-finite loss was observed (a device tensor, e.g. for a cross-rank reduce)."""
+        return (self.step > 0).float()
+
+    def seen(self) -> tuple[int, float] | None:
+        """``(step, loss)`` of the first non-finite loss, or None (one host sync)."""
+        step = int(self.step)
+        return (step, float(self.value)) if step else None
+
+
 # ---------------------------------------------------------------------------------------------- helpers
 def build_loss(cfg: ClipTrainConfig, rank: int, world_size: int):
     """``feats -> loss`` with open_clip's ClipLoss (negatives gathered across ranks) or SigLipLoss."""
@@ -338,17 +362,15 @@ def train(cfg: ClipTrainConfig) -> dict:
     step, skipped, final_metrics = start_step, 0, {}
     t_last, n_last = time.perf_counter(), 0
     # The loss stays on the device between log steps (no host sync per micro-batch): a non-finite loss is
-    # recorded there (its first step and value) and checked before anything is logged, evaluated or saved.
-    first_bad = torch.zeros((), dtype=torch.long, device=accelerator.device)
-    bad_value = torch.zeros((), device=accelerator.device)
+    # recorded there and checked before anything is logged, evaluated or saved.
+    watch = NonFiniteWatch(accelerator.device)
 
     def stop_if_nonfinite() -> None:
-        flag = (first_bad > 0).float()
+        flag = watch.flag()
         if world > 1:  # every rank must stop together, or the others hang in the next collective
             flag = accelerator.reduce(flag, reduction="sum")
         if float(flag) > 0:
-            at = int(first_bad) or step
-            value = float(bad_value) if int(first_bad) else float("nan")
+            at, value = watch.seen() or (step, float("nan"))  # another rank's loss went bad
             last = complete_checkpoints(out)
             log.log(at, {"event": "nonfinite_loss", "train/loss": value})
             raise NonFiniteLossError(f"loss is {value} at step {at}; stopped without saving. "
@@ -367,9 +389,7 @@ def train(cfg: ClipTrainConfig) -> dict:
                         feats = model(images, texts)
                         loss = loss_fn(feats)
                     value = loss.detach().float()
-                    new_bad = (first_bad == 0) & ~torch.isfinite(value)
-                    first_bad = torch.where(new_bad, step + 1, first_bad)
-                    bad_value = torch.where(new_bad, value, bad_value)
+                    watch.observe(value, step + 1)
                     accelerator.backward(loss)
                     if accelerator.sync_gradients and cfg.grad_clip > 0:
                         accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -35,8 +35,8 @@ from halsift.corpus.images import SkipCounter
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
 from halsift.filtering.base import Item
-from halsift.training.clip_train import (MetricsLog, complete_checkpoints, cosine_with_warmup, load_checkpoint,
-                                         save_checkpoint)
+from halsift.training.clip_train import (MetricsLog, NonFiniteWatch, complete_checkpoints, cosine_with_warmup,
+                                         load_checkpoint, save_checkpoint)
 from halsift.training.detector_config import DetectorTrainConfig
 
 EXPORT_FORMAT = "halsift-lora-detector/1"
@@ -324,14 +324,14 @@ def train_detector(cfg: DetectorTrainConfig) -> dict:
     bar = progress(total=cfg.steps * cfg.batch_size * world, initial=start * cfg.batch_size * world,
                    desc=f"train detector ({kind})", unit="sent", disable=not accelerator.is_local_main_process)
     t0, step, t_last, n_last = time.perf_counter(), start, time.perf_counter(), 0
-    # the loss stays on the device between log/eval/checkpoint steps: a non-finite one is recorded there (its first
-    # step and value) and checked before anything is logged, evaluated or saved
-    first_bad = torch.zeros((), dtype=torch.long, device=accelerator.device)
-    bad_value = torch.zeros((), device=accelerator.device)
+    # the loss stays on the device between log/eval/checkpoint steps: a non-finite one is recorded there and
+    # checked before anything is logged, evaluated or saved
+    watch = NonFiniteWatch(accelerator.device)
 
     def stop_if_nonfinite() -> None:
-        if int(first_bad):
-            raise FloatingPointError(f"loss is {float(bad_value)} at step {int(first_bad)}; stopped without saving")
+        bad = watch.seen()
+        if bad:
+            raise FloatingPointError(f"loss is {bad[1]} at step {bad[0]}; stopped without saving")
 
     model.train()
     if start == 0 and len(val_items) and not state["stopped_early"]:
@@ -343,9 +343,7 @@ def train_detector(cfg: DetectorTrainConfig) -> dict:
             w = class_w.to(labels.device)[labels.long()]
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), labels, weight=w)
             value = loss.detach().float()
-            new_bad = (first_bad == 0) & ~torch.isfinite(value)
-            first_bad = torch.where(new_bad, step + 1, first_bad)
-            bad_value = torch.where(new_bad, value, bad_value)
+            watch.observe(value, step + 1)
             accelerator.backward(loss)
             if cfg.grad_clip > 0:
                 accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
