@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from halsift.corpus.bench import read_bench
-    from halsift.corpus.synth.world import generate_world
+    from halsift.synth.world import generate_world
     from halsift.filtering.clip_detector import ClipDetector
     from halsift.filtering.runner import score_bench
 

@@ -35,7 +35,7 @@ def build(arch: str, size: str, image_size: int, device: str, dtype: str):
                               Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor,
                               Qwen2VLVideoProcessor)
 
-    from halsift.filtering.tiny_vlm import QWEN_TEMPLATE, _tokenizer, build_tiny_vlm
+    from halsift.synth.tiny_vlm import QWEN_TEMPLATE, _tokenizer, build_tiny_vlm
 
     tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     pixels = dict(size={"shortest_edge": image_size * image_size, "longest_edge": image_size * image_size})

@@ -64,8 +64,8 @@ def clip_weights(world: Path, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from halsift.corpus.synth.world import generate_world
-    from halsift.training.world_judge import WorldJudgeSettings, build_world_judge
+    from halsift.synth.world import generate_world
+    from halsift.synth.world_judge import WorldJudgeSettings, build_world_judge
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=1200)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
             sh, sh_gen = test_auroc(spec, world / "bench" / "bench.jsonl", True)
             extra = {"shuffled_test_auroc": round(sh, 2), "shuffled_test_auroc_gen_mean": round(sh_gen, 2)}
         if args.components and spec.startswith("ensemble:"):
-            from halsift.training.world_judge import world_judge_spec
+            from halsift.synth.world_judge import world_judge_spec
 
             pmi = world_judge_spec(out, settings).split(";", 1)[1].rsplit("],", 1)[0]
             for name, member in (("judge", f"lora:{out / 'judge' / 'adapter'}"), ("pmi", pmi)):

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--synthetic: give either --synthetic or --qa/--predictions, not both")
         if args.prompts < 1:
             raise UsageError(f"--prompts: must be >= 1, got {args.prompts}")
-        from halsift.eval.ihalla_synth import SceneOracle, synthetic_ihalla
+        from halsift.synth.ihalla import SceneOracle, synthetic_ihalla
 
         data = synthetic_ihalla(args.prompts, args.seed)
         if args.answerer:

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from halsift.eval.eval_report import fmt, md_table, save_plot, write_outputs
     from halsift.eval.vigil import (TYPES, ColourSegmenter, ColourShapeEncoder, VigilFormatError, analyze, decide,
                                     label_matrix, loco_search, multilabel_f1, read_vigil)
-    from halsift.eval.vigil_synth import VOCABULARY, synthetic_vigil
+    from halsift.synth.vigil import VOCABULARY, synthetic_vigil
     from halsift.launch.cli import UsageError
     from halsift.corpus.progress import progress
 

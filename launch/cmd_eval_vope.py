@@ -29,7 +29,7 @@ def _records_from_file(path: str, vocab_path: str | None, unparsed: str = "yes")
     import re
 
     from halsift.eval.vope import ObjectVocabulary, TableResponder, VopeRecord, classify, read_responses
-    from halsift.eval.vope_synth import synth_vocabulary
+    from halsift.synth.vope import synth_vocabulary
     from halsift.launch.cli import UsageError
 
     try:
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--synthetic: give either --synthetic or --responses, not both")
         if args.images < 1:
             raise UsageError(f"--images: must be >= 1, got {args.images}")
-        from halsift.eval.vope_synth import PROFILES, TASKS, designed_rates, run_synthetic
+        from halsift.synth.vope import PROFILES, TASKS, designed_rates, run_synthetic
 
         records, _ = run_synthetic(args.images, args.seed)
         designed = {(p.name, t): designed_rates(p, t) for p in PROFILES for t in TASKS}

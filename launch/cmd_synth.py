@@ -9,7 +9,7 @@ HELP = "generate the synthetic caption world: corpus shards, annotated bench, re
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from halsift.corpus.synth.styles import RETRIEVAL_STYLES
+    from halsift.synth.styles import RETRIEVAL_STYLES
 
     p.add_argument("--out", required=True, help="folder to write the world into")
     p.add_argument("--images", type=int, default=2000, help="corpus image-caption pairs (default 2000)")
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
                         ("--pretrain-images", args.pretrain_images, 0)):
         if v is not None and v < lo:
             raise UsageError(f"{flag}: got {v}, expected an integer >= {lo}")
-    from halsift.corpus.synth.world import generate_world
+    from halsift.synth.world import generate_world
 
     t0 = time.perf_counter()
     try:

@@ -55,7 +55,7 @@ def trained_spec(r: Recipe, p: Paths, name: str) -> str:
     """The ``lora:DIR`` spec the detectors stage produces for ``detectors.NAME``."""
     out = p.stage("detectors") / name
     if r.detectors[name].kind == "world_judge":
-        from halsift.training.world_judge_config import world_judge_spec
+        from halsift.synth.world_judge_config import world_judge_spec
 
         return world_judge_spec(out, trained_configs(r, p)[name])
     return f"lora:{out / 'adapter'}"
@@ -98,7 +98,7 @@ def trained_configs(r: Recipe, p: Paths) -> dict:
     """``detectors.NAME`` -> a validated ``DetectorTrainConfig`` (lora) or ``WorldJudgeSettings`` (world_judge)."""
     from halsift.launch.config import from_dict
     from halsift.training.detector_config import DetectorTrainConfig
-    from halsift.training.world_judge_config import WorldJudgeSettings
+    from halsift.synth.world_judge_config import WorldJudgeSettings
 
     subs = {"run_dir": str(p.run), "base": p.base, "arch": r.model.arch}
     out = {}
@@ -226,7 +226,7 @@ def _changed(saved: dict, now: dict) -> str:
 
 
 def stage_world(r: Recipe, p: Paths) -> dict:
-    from halsift.corpus.synth.world import generate_world
+    from halsift.synth.world import generate_world
 
     info = generate_world(p.stage("world"), images=r.world.images, seed=r.seed, image_size=r.world.image_size,
                           bench_images=r.world.bench_images or None,
@@ -300,7 +300,7 @@ def stage_pretrain(r: Recipe, p: Paths) -> dict:
 def stage_detectors(r: Recipe, p: Paths) -> dict:
     """Train each ``detectors`` entry (a finished one is reused: its adapter, or the judge's cache record)."""
     from halsift.training.detector_train import train_detector
-    from halsift.training.world_judge import build_world_judge
+    from halsift.synth.world_judge import build_world_judge
 
     info = {}
     for name, cfg in trained_configs(r, p).items():

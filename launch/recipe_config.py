@@ -37,8 +37,8 @@ class WorldCfg:
         for name in ("bench_images", "retrieval_images", "pretrain_images"):
             if getattr(self, name) < 0:
                 raise ValueError(f"world.{name}: must be >= 0 (0 = the default), got {getattr(self, name)}")
-        from halsift.corpus.synth.captioners import check_captioner_names
-        from halsift.corpus.synth.styles import RETRIEVAL_STYLES
+        from halsift.synth.captioners import check_captioner_names
+        from halsift.synth.styles import RETRIEVAL_STYLES
 
         if self.retrieval_style not in RETRIEVAL_STYLES:
             raise ValueError(f"world.retrieval_style: expected one of {RETRIEVAL_STYLES}, got {self.retrieval_style!r}")

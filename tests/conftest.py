@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def synth_world(tmp_path_factory):
     """A small synthetic world (corpus/, bench/, retrieval/, pretrain/) shared by all tests; do not modify it."""
-    from halsift.corpus.synth.world import generate_world
+    from halsift.synth.world import generate_world
 
     out = tmp_path_factory.mktemp("world")
     generate_world(out, images=160, seed=0)

@@ -210,7 +210,7 @@ def test_loopback_server_backed_by_tiny_vlm(serve, tmp_path):
     """A chat-completions server answering with a tiny random LLaVA's next-token distribution after the prefill."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from halsift.filtering.tiny_vlm import build_tiny_vlm
+    from halsift.synth.tiny_vlm import build_tiny_vlm
     from halsift.filtering.vlm_detector import VlmDetector
 
     judge = VlmDetector(str(build_tiny_vlm("llava", tmp_path / "llava", init_std=0.5)), dtype="float32", device="cpu")

@@ -18,7 +18,7 @@ from halsift.eval.bench_eval import evaluate_bench
 from halsift.eval.detection import MetricError
 from halsift.launch.cli import main
 
-HAVE_SYNTH = importlib.util.find_spec("halsift.corpus.synth.world") is not None
+HAVE_SYNTH = importlib.util.find_spec("halsift.synth.world") is not None
 I2T, T2I = ("cap_a", "cap_b", "cap_c"), ("gen_x", "gen_y")
 
 

@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 
 from halsift.corpus.bench import read_bench
-from halsift.corpus.synth.world import generate_world
+from halsift.synth.world import generate_world
 from halsift.filtering.spec import load_detector
-from halsift.filtering.tiny_vlm import build_tiny_vlm
+from halsift.synth.tiny_vlm import build_tiny_vlm
 from halsift.filtering.vlm_likelihood import DESCRIBE_PROMPT
 from halsift.launch.cli import main
 

@@ -102,7 +102,7 @@ def test_qaitem_validation():
 
 
 def test_oracle_ranks_generators_by_true_error():
-    from halsift.eval.ihalla_synth import SceneOracle, synthetic_ihalla
+    from halsift.synth.ihalla import SceneOracle, synthetic_ihalla
 
     data = synthetic_ihalla(60, seed=1)
     assert len(data.images) == 5 and all(len(q.items) == 5 for q in data.qa_sets)
@@ -117,8 +117,8 @@ def test_oracle_ranks_generators_by_true_error():
 def test_oracle_perfect_on_intended_scene():
     import random
 
-    from halsift.corpus.synth.t2i import make_prompt, sample_prompt_scene
-    from halsift.eval.ihalla_synth import SceneOracle, SynthImage, make_qa
+    from halsift.synth.t2i import make_prompt, sample_prompt_scene
+    from halsift.synth.ihalla import SceneOracle, SynthImage, make_qa
 
     rng = random.Random(3)
     scene = sample_prompt_scene(rng)

@@ -15,7 +15,7 @@ from halsift.corpus.scores import read_scores_df
 @pytest.fixture(scope="module")
 def world4(tmp_path_factory):
     """A tiny world whose corpus has 4 shards, so two ranks each get work."""
-    from halsift.corpus.synth.world import generate_world
+    from halsift.synth.world import generate_world
 
     out = tmp_path_factory.mktemp("w4")
     generate_world(out, images=48, seed=1, bench_images=4, retrieval_images=12, pretrain_images=48, shard_size=12)

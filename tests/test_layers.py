@@ -1,5 +1,8 @@
-"""Layer contracts: corpus <- filtering <- eval <- training <- launch (and the notebook API on top); synthetic-world
-modules are imported only by launch, by each other, and by the synth modules listed below (known debt).
+"""Layer contracts: corpus <- filtering <- eval <- training <- synth <- launch (and the notebook API on top).
+
+``synth`` (the synthetic world, its world judge and the tiny test models) sits above every production stage: it
+plugs in through the same registries and file formats a user would use, and only ``launch`` (recipes, ``halsift
+synth``) and the notebook API import it.
 
 Checked from the source with ``ast`` (imports inside functions count too). import-linter would be the library
 for this, but its graph builder (grimp) cannot follow packages that pyproject maps from separate top-level folders
@@ -18,15 +21,10 @@ ALLOWED = {
     "filtering": {"corpus"},
     "eval": {"corpus", "filtering"},
     "training": {"corpus", "filtering", "eval"},
-    "launch": {"corpus", "filtering", "eval", "training", "recipes"},
-    "api": {"corpus", "filtering", "eval", "training", "launch"},
+    "synth": {"corpus", "filtering", "eval", "training"},
+    "launch": {"corpus", "filtering", "eval", "training", "synth", "recipes"},
+    "api": {"corpus", "filtering", "eval", "training", "synth", "launch"},
 }
-SYNTH = ("halsift.corpus.synth", "halsift.eval.ihalla_synth", "halsift.eval.vope_synth", "halsift.eval.vigil_synth",
-         "halsift.training.world_judge", "halsift.filtering.tiny_vlm")
-# modules that are themselves part of the synthetic world although they live in a stage folder (to move into one
-# synth package, issue 15): they may import synth modules; nothing else outside launch may
-SYNTH_HOMES = {"corpus/synth", "eval/ihalla_synth.py", "eval/vope_synth.py", "eval/vigil_synth.py",
-               "training/world_judge.py", "training/world_judge_config.py", "filtering/tiny_vlm.py"}
 
 
 def _imports(path: Path, package: str) -> list[tuple[int, str]]:
@@ -64,18 +62,14 @@ def test_stage_folders_import_only_lower_layers():
     assert not bad, "layer contract broken:\n" + "\n".join(bad)
 
 
-def test_synthetic_world_code_is_imported_only_from_launch_and_synth_modules():
-    bad = []
-    for folder, rel, package, path in _modules():
-        if folder in ("launch", "api") or any(str(rel).startswith(h) for h in SYNTH_HOMES):
-            continue
-        for line, name in _imports(path, package):
-            if name.startswith(SYNTH):
-                bad.append(f"{rel}:{line} imports {name}")
+def test_production_stages_never_import_the_synthetic_world():
+    bad = [f"{rel}:{line} imports {name}" for folder, rel, package, path in _modules()
+           if folder not in ("synth", "launch", "api")
+           for line, name in _imports(path, package) if name.startswith("halsift.synth")]
     assert not bad, "production code imports the synthetic world:\n" + "\n".join(bad)
 
 
 def test_the_checker_sees_relative_and_nested_imports(tmp_path):
     f = tmp_path / "m.py"
-    f.write_text("from ..corpus.synth import scene\ndef g():\n    from halsift.launch import cli\n")
-    assert _imports(f, "halsift.eval") == [(1, "halsift.corpus.synth"), (3, "halsift.launch")]
+    f.write_text("from ..synth import scene\ndef g():\n    from halsift.launch import cli\n")
+    assert _imports(f, "halsift.eval") == [(1, "halsift.synth"), (3, "halsift.launch")]

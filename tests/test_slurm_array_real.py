@@ -33,7 +33,7 @@ def _rows(folder) -> pd.DataFrame:
 
 
 def test_array_of_three_with_a_killed_task_equals_one_process(tmp_path):
-    from halsift.corpus.synth.world import generate_world
+    from halsift.synth.world import generate_world
 
     world = tmp_path / "world"
     generate_world(world, images=24, seed=1, bench_images=4, retrieval_images=12, pretrain_images=24, shard_size=4)

@@ -77,7 +77,7 @@ def _wait_for(job: str, timeout: float = 300) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from halsift.corpus.synth.world import generate_world
+    from halsift.synth.world import generate_world
 
     out = tmp_path_factory.mktemp("slurm_world")
     generate_world(out, images=24, seed=1, bench_images=4, retrieval_images=12, pretrain_images=24, shard_size=12)

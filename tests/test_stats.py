@@ -8,8 +8,8 @@ import pytest
 
 from halsift.corpus.bench import TYPES
 from halsift.corpus.stats import format_table, stats
-from halsift.corpus.synth.captioners import PROFILES
-from halsift.corpus.synth.world import generate_world
+from halsift.synth.captioners import PROFILES
+from halsift.synth.world import generate_world
 from halsift.launch.cli import main
 
 

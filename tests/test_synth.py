@@ -11,9 +11,9 @@ import pytest
 
 from halsift.corpus.bench import read_bench
 from halsift.corpus.shards import iter_samples, read_sizes
-from halsift.corpus.synth.scene import CELLS, COLOURS, NUMBER_WORDS, SIGN_WORDS
-from halsift.corpus.synth.text import COLOUR_SYNONYMS, DIR_WORDS
-from halsift.corpus.synth.world import generate_world
+from halsift.synth.scene import CELLS, COLOURS, NUMBER_WORDS, SIGN_WORDS
+from halsift.synth.text import COLOUR_SYNONYMS, DIR_WORDS
+from halsift.synth.world import generate_world
 from halsift.launch.cli import main
 
 COLOUR_OF = {**{c: c for c in COLOURS}, **{v: k for k, v in COLOUR_SYNONYMS.items()}}
@@ -164,7 +164,7 @@ def _scene_of_bench(world: Path) -> dict:
     """i2t bench image id -> scene graph, rebuilt from the same per-image seeds the world used."""
     import random
 
-    from halsift.corpus.synth.scene import sample_scene
+    from halsift.synth.scene import sample_scene
 
     return {f"b{i:06d}": sample_scene(random.Random(f"0/bench/{i}")) for i in range(40)}
 

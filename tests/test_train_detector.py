@@ -29,7 +29,7 @@ def data(synth_world, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny_llava(tmp_path_factory) -> Path:
-    from halsift.filtering.tiny_vlm import build_tiny_vlm
+    from halsift.synth.tiny_vlm import build_tiny_vlm
 
     return build_tiny_vlm("llava", tmp_path_factory.mktemp("llava") / "m", seed=0, init_std=0.5)
 
@@ -212,7 +212,7 @@ def test_world_judge_is_deterministic_and_cached(synth_world, tmp_path):
     from halsift.corpus.bench import read_bench, write_bench
     from halsift.filtering.runner import score_bench
     from halsift.filtering.spec import load_detector
-    from halsift.training.world_judge import WorldJudgeSettings, build_world_judge, world_judge_spec
+    from halsift.synth.world_judge import WorldJudgeSettings, build_world_judge, world_judge_spec
 
     tiny = WorldJudgeSettings(pretrain_steps=2, pretrain_batch=4, judge_steps=2, judge_batch=4, eval_every=2,
                               extra_images=3, swap_negatives=0.5, pmi_references=2)
@@ -271,7 +271,7 @@ def test_open_clip_vision_converts_to_hf_clip_exactly(tmp_path):
     """halsift-tiny's open_clip visual tower as an HF CLIPVisionModel: post_layernorm(CLS) @ proj == encode_image."""
     from transformers import CLIPVisionModel
 
-    from halsift.filtering.tiny_vlm import load_hf_vision, load_open_clip_visual, open_clip_vision_to_hf
+    from halsift.synth.tiny_vlm import load_hf_vision, load_open_clip_visual, open_clip_vision_to_hf
 
     weights = _tiny_clip_weights(tmp_path / "clip.safetensors")
     visual, preprocess = load_open_clip_visual(weights)
@@ -292,8 +292,8 @@ def test_world_judge_with_clip_vision_tower(synth_world, tmp_path):
     from PIL import Image
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-    from halsift.filtering.tiny_vlm import load_open_clip_visual
-    from halsift.training.world_judge import WorldJudgeSettings, build_world_judge
+    from halsift.synth.tiny_vlm import load_open_clip_visual
+    from halsift.synth.world_judge import WorldJudgeSettings, build_world_judge
 
     weights = _tiny_clip_weights(tmp_path / "clip.safetensors")
     tiny = WorldJudgeSettings(pretrain_steps=2, pretrain_batch=4, judge_steps=2, judge_batch=4, eval_every=2,
@@ -321,10 +321,10 @@ def test_world_judge_reaches_target_auroc(tmp_path):
     """The embedded world's VLM judge as the quickstart builds it: a CLIP vision tower pre-trained on the world's
     pretrain/ (6000 clean pairs), caption pre-training, LoRA yes/no tuning, z-scored with the captioner's image PMI
     (a few CPU minutes): test-split AUROC >= 75, and it reads the image (shuffled images score clearly lower)."""
-    from halsift.corpus.synth.world import generate_world
+    from halsift.synth.world import generate_world
     from halsift.training.clip_config import ClipTrainConfig
     from halsift.training.clip_train import train
-    from halsift.training.world_judge import WorldJudgeSettings, build_world_judge
+    from halsift.synth.world_judge import WorldJudgeSettings, build_world_judge
 
     world = tmp_path / "world"
     generate_world(world, images=1200, seed=0, pretrain_images=6000)
@@ -359,7 +359,7 @@ def _test_auroc(spec: str, bench: Path, tmp: Path, shuffled: bool = False) -> fl
 @pytest.mark.slow
 def test_lora_clip_beats_its_untuned_base(tmp_path):
     """A base CLIP pre-trained briefly on pretrain/, then LoRA-tuned on the bench: higher test-split AUROC."""
-    from halsift.corpus.synth.world import generate_world
+    from halsift.synth.world import generate_world
     from halsift.training.clip_config import ClipTrainConfig
     from halsift.training.clip_train import train
     from halsift.training.detector_train import train_detector

@@ -72,7 +72,7 @@ def test_stages_on_tiny_images():
 
 
 def test_synthetic_pipeline_beats_trivial_baselines():
-    from halsift.eval.vigil_synth import CATEGORIES, VOCABULARY, synthetic_vigil
+    from halsift.synth.vigil import CATEGORIES, VOCABULARY, synthetic_vigil
 
     recs = synthetic_vigil(12, seed=0)
     assert {r.category for r in recs} == set(CATEGORIES) and len(recs) == 60

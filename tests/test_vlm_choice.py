@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 
 from halsift.eval.ihalla import LETTERS, answer_all, mc_prompt, parse_letter, vlm_answerer
-from halsift.eval.ihalla_synth import synthetic_ihalla
+from halsift.synth.ihalla import synthetic_ihalla
 from halsift.filtering.spec import load_detector
-from halsift.filtering.tiny_vlm import build_tiny_vlm
+from halsift.synth.tiny_vlm import build_tiny_vlm
 from halsift.launch.cli import main
 
 CHOICES = ("one", "two", "three", "four", "None of the above")

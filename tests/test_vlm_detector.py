@@ -18,7 +18,7 @@ ARCHS = ["qwen2-vl", "llava", "idefics3", "gemma3"]
 @pytest.fixture(scope="session")
 def tiny_vlms(tmp_path_factory):
     """arch -> path of a saved tiny random VLM (large init std so that scores spread over 0..100)."""
-    from halsift.filtering.tiny_vlm import build_tiny_vlm
+    from halsift.synth.tiny_vlm import build_tiny_vlm
 
     root = tmp_path_factory.mktemp("tiny_vlm")
     return {a: build_tiny_vlm(a, root / a, seed=0, init_std=0.5) for a in ARCHS}
@@ -326,7 +326,7 @@ def test_from_model_wraps_in_memory_model(tiny_vlms):
 
 def test_tiny_tokenizer_extra_text_makes_whole_words():
     """``extra_text`` (a world's captions) turns its words into single tokens; without it nothing changes."""
-    from halsift.filtering.tiny_vlm import _tokenizer
+    from halsift.synth.tiny_vlm import _tokenizer
 
     plain = _tokenizer("llava", 600)
     world = _tokenizer("llava", 1024, ["Three small purple hexagons face downward."] * 20)

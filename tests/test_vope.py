@@ -31,7 +31,7 @@ def test_classify_and_extraction():
 
 
 def test_synthetic_recovers_designed_rates_and_chair_identity():
-    from halsift.eval.vope_synth import PROFILES, TASKS, designed_rates, run_synthetic
+    from halsift.synth.vope import PROFILES, TASKS, designed_rates, run_synthetic
 
     records, truth = run_synthetic(120, seed=0)
     m = vope_metrics(records)
@@ -52,7 +52,7 @@ def test_synthetic_recovers_designed_rates_and_chair_identity():
 
 
 def test_unparsed_rechecks_are_excluded_and_counted():
-    from halsift.eval.vope_synth import PROFILES, run_synthetic
+    from halsift.synth.vope import PROFILES, run_synthetic
 
     records, _ = run_synthetic(20, seed=1, profiles=PROFILES[:1], judge=False, unparsed=0.2)
     m = vope_metrics(records)

@@ -1,5 +1,5 @@
 """Settings of the world's VLM judge and the detector spec it yields: no torch here, so a recipe's dry run can
-validate them in milliseconds (:mod:`halsift.training.world_judge` builds the judge)."""
+validate them in milliseconds (:mod:`halsift.synth.world_judge` builds the judge)."""
 
 from __future__ import annotations
 

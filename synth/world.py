@@ -21,9 +21,9 @@ import random
 import shutil
 from pathlib import Path
 
-from ..bench import BenchRow, write_bench
-from ..progress import progress
-from ..shards import Sample, ShardWriter, write_json_atomic
+from halsift.corpus.bench import BenchRow, write_bench
+from halsift.corpus.progress import progress
+from halsift.corpus.shards import Sample, ShardWriter, write_json_atomic
 from .captioners import PROFILE_BY_NAME, PROFILES, caption, check_captioner_names
 from .render import png_bytes, render
 from .scene import sample_scene

@@ -3,9 +3,9 @@
 :func:`build_world_judge` (what the quickstart calls) does four things and caches the result under ``out_dir``:
 
 1. ``base/``: a tiny random VLM of a real transformers architecture (LLaVA-1.5 layout by default) with a local
-   tokenizer, from :func:`halsift.filtering.tiny_vlm.build_tiny_vlm`; with ``vision_from`` (what the quickstart
+   tokenizer, from :func:`halsift.synth.tiny_vlm.build_tiny_vlm`; with ``vision_from`` (what the quickstart
    passes: its base CLIP) the vision tower is that open_clip CLIP's, converted exactly to HF ``CLIPVisionModel``
-   (:func:`halsift.filtering.tiny_vlm.llava_with_clip_vision`; LLaVA's own recipe).
+   (:func:`halsift.synth.tiny_vlm.llava_with_clip_vision`; LLaVA's own recipe).
 2. ``pretrained/``: that model pre-trained on the world's clean ``pretrain/`` shards by caption generation
    (next-token loss on the caption after a "Describe this image in detail." turn; the CLIP tower frozen):
    :func:`pretrain_captioner`.
@@ -56,7 +56,7 @@ import torch
 
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
-from halsift.training.world_judge_config import WorldJudgeSettings, world_judge_spec
+from halsift.synth.world_judge_config import WorldJudgeSettings, world_judge_spec
 
 
 def pretrain_captioner(model_dir: str | os.PathLike, shards: str | os.PathLike, out_dir: str | os.PathLike,
@@ -177,7 +177,7 @@ def write_judge_bench(world: Path, out: Path, seed: int, extra_images: int, imag
     images: the judge never sees the labels of the data it will filter, nor the bench test split.
     """
     from halsift.corpus.bench import BenchRow, read_bench, write_bench
-    from halsift.corpus.synth.world import corpus_sample
+    from halsift.synth.world import corpus_sample
 
     (out / "images").mkdir(parents=True, exist_ok=True)
     rows = read_bench(world / "bench" / "bench.jsonl")
@@ -255,7 +255,7 @@ def _fingerprint(world: Path) -> str:
 def build_world_judge(world_dir: str | os.PathLike, out_dir: str | os.PathLike, seed: int = 0,
                       settings: WorldJudgeSettings | None = None, show_progress: bool = False) -> str:
     """Build (or reuse from ``out_dir``) the synthetic world's VLM judge; returns its spec ``lora:DIR``."""
-    from halsift.filtering.tiny_vlm import build_tiny_vlm
+    from halsift.synth.tiny_vlm import build_tiny_vlm
     from halsift.training.detector_config import DetectorTrainConfig
     from halsift.training.detector_train import train_detector
 
@@ -284,7 +284,7 @@ def build_world_judge(world_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     if settings.vision_from:
         if settings.arch != "llava":
             raise ValueError(f"vision_from needs arch='llava', not {settings.arch!r}")
-        from halsift.filtering.tiny_vlm import llava_with_clip_vision
+        from halsift.synth.tiny_vlm import llava_with_clip_vision
 
         llava_with_clip_vision(out / "base", settings.vision_from, settings.vision_arch, seed,
                                feature_layer=settings.vision_layer, select_strategy=settings.vision_select)

@@ -15,9 +15,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..corpus.synth.scene import SHAPES, Scene, sample_scene
-from .ihalla_synth import SynthImage
-from .vope import ObjectVocabulary, VopeRecord, evaluate_response
+from .scene import SHAPES, Scene, sample_scene
+from .ihalla import SynthImage
+from halsift.eval.vope import ObjectVocabulary, VopeRecord, evaluate_response
 
 SYNONYMS = {"circle": ["disc", "disk", "ring"], "square": ["block"], "triangle": [], "star": [],
             "diamond": ["rhombus", "lozenge"], "hexagon": [], "sign": ["signboard", "placard"],

@@ -16,10 +16,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..corpus.synth.scene import (BACKGROUNDS, CELLS, COLOURS, DIRECTIONS, NUMBER_WORDS, PATTERNS, SHAPES,
+from .scene import (BACKGROUNDS, CELLS, COLOURS, DIRECTIONS, NUMBER_WORDS, PATTERNS, SHAPES,
                                   SIGN_WORDS, Scene, background_words, relation)
-from ..corpus.synth.t2i import T2I_PROFILES, T2IProfile, make_prompt, sample_prompt_scene, t2i_sample
-from .ihalla import LETTERS, NONE_CHOICE, PromptQA, QAItem
+from .t2i import T2I_PROFILES, T2IProfile, make_prompt, sample_prompt_scene, t2i_sample
+from halsift.eval.ihalla import LETTERS, NONE_CHOICE, PromptQA, QAItem
 
 COI_OF = {"colour": "color", "count": "counting", "exists": "existence", "facing": "posture", "where": "relation",
           "relation": "relation", "size": "size", "shape": "shape", "sign_text": "existence",
@@ -44,7 +44,7 @@ class SynthImage:
     def image(self):
         """The rendered PIL image (for answerers that look at pixels)."""
         if self._img is None:
-            from ..corpus.synth.render import render
+            from .render import render
 
             self._img = render(self.scene, self.size, seed=self.seed)
         return self._img

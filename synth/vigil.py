@@ -10,7 +10,7 @@ import random
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .vigil import VigilRecord
+from halsift.eval.vigil import VigilRecord
 
 CATEGORIES = {"clothing": ("shirt", "dress", "jacket"), "furniture": ("chair", "sofa", "table"),
               "cosmetics": ("lipstick", "bottle", "jar"), "electronics": ("phone", "laptop", "speaker"),
