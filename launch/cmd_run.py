@@ -38,7 +38,7 @@ def resolve_recipe_path(name: str) -> Path:
 
 def load_recipe(name: str, overrides: list[str]):
     """Read a recipe file, apply ``key=value`` overrides and validate (errors name the key)."""
-    from halsift.launch.config import deep_merge, from_dict, load_yaml, parse_overrides
+    from halsift.corpus.config import deep_merge, from_dict, load_yaml, parse_overrides
     from halsift.launch.recipe_config import Recipe
 
     data = deep_merge(load_yaml(resolve_recipe_path(name)), parse_overrides(overrides))
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from halsift.launch.cli import UsageError
 
     if args.describe:
-        from halsift.launch.config import describe
+        from halsift.corpus.config import describe
         from halsift.launch.recipe_config import Recipe
 
         print(describe(Recipe))

@@ -12,7 +12,7 @@ _SHORT = {"data": "SHARDS", "out": "DIR", "model": "ARCH", "pretrained": "TAG|PA
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from halsift.launch.config import add_dataclass_arguments
+    from halsift.corpus.config import add_dataclass_arguments
     from halsift.training.clip_config import ClipTrainConfig
 
     add_dataclass_arguments(parser, ClipTrainConfig, _SHORT)
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace):
     """YAML (``--config``) overlaid with the flags given on the command line -> validated ClipTrainConfig."""
-    from halsift.launch.config import config_from_args
+    from halsift.corpus.config import config_from_args
     from halsift.training.clip_config import ClipTrainConfig
 
     return config_from_args(ClipTrainConfig, args)
@@ -28,7 +28,7 @@ def build_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from halsift.launch.cli import UsageError
-    from halsift.launch.config import ConfigError, flag_message
+    from halsift.corpus.config import ConfigError, flag_message
 
     try:
         cfg = build_config(args)

@@ -12,7 +12,7 @@ _SHORT = {"base": "SPEC", "bench": "BENCH.jsonl", "out": "DIR", "target_modules"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from halsift.launch.config import add_dataclass_arguments
+    from halsift.corpus.config import add_dataclass_arguments
     from halsift.training.detector_config import DetectorTrainConfig
 
     add_dataclass_arguments(parser, DetectorTrainConfig, _SHORT)
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace):
     """YAML (``--config``) overlaid with the flags given on the command line -> validated DetectorTrainConfig."""
-    from halsift.launch.config import config_from_args
+    from halsift.corpus.config import config_from_args
     from halsift.training.detector_config import DetectorTrainConfig
 
     return config_from_args(DetectorTrainConfig, args)
@@ -28,7 +28,7 @@ def build_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from halsift.launch.cli import UsageError
-    from halsift.launch.config import ConfigError, flag_message
+    from halsift.corpus.config import ConfigError, flag_message
 
     try:
         cfg = build_config(args)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from halsift.corpus.shards import write_json_atomic
-from halsift.launch.config import ConfigError, to_dict
+from halsift.corpus.config import ConfigError, to_dict
 from halsift.launch.recipe_config import Recipe
 
 log = logging.getLogger("halsift.run")
@@ -96,7 +96,7 @@ def detector_specs(r: Recipe, p: Paths) -> dict[str, str]:
 
 def trained_configs(r: Recipe, p: Paths) -> dict:
     """``detectors.NAME`` -> a validated ``DetectorTrainConfig`` (lora) or ``WorldJudgeSettings`` (world_judge)."""
-    from halsift.launch.config import from_dict
+    from halsift.corpus.config import from_dict
     from halsift.training.detector_config import DetectorTrainConfig
     from halsift.synth.world_judge_config import WorldJudgeSettings
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from halsift.launch.config import ConfigError, field
+from halsift.corpus.config import ConfigError, field
 
 STAGES = ("world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report")
 TRAINED_KINDS = ("lora", "world_judge")

@@ -7,7 +7,7 @@ from typing import Literal
 
 import pytest
 
-from halsift.launch.config import ConfigError, deep_merge, describe, field, from_dict, load_yaml, parse_overrides
+from halsift.corpus.config import ConfigError, deep_merge, describe, field, from_dict, load_yaml, parse_overrides
 
 
 @dataclass

@@ -9,7 +9,7 @@ import pytest
 
 from halsift.launch.cli import main
 from halsift.launch.cmd_run import load_recipe, shipped_recipes
-from halsift.launch.config import ConfigError
+from halsift.corpus.config import ConfigError
 from halsift.launch.recipe import check, detector_specs, trained_configs
 
 RECIPES = shipped_recipes()

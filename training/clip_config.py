@@ -1,7 +1,7 @@
 """Typed config of ``halsift train clip``; field help strings become ``--help`` and YAML comments.
 
 Validation lives in :meth:`ClipTrainConfig.validate`; unknown YAML keys are rejected by
-``halsift.launch.config.from_dict``. The built-in tiny architecture ``halsift-tiny`` (for tests and CPU runs;
+``halsift.corpus.config.from_dict``. The built-in tiny architecture ``halsift-tiny`` (for tests and CPU runs;
 shipped with the clip detector in ``filtering/model_configs``) is registered by :func:`ensure_model_configs`.
 """
 
@@ -10,14 +10,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from halsift.corpus.config import field as _f
+
 TINY_MODEL = "halsift-tiny"  # 2-layer open_clip config shipped in halsift/filtering/model_configs
-
-
-def _f(default=dataclasses.MISSING, *, help: str, default_factory=dataclasses.MISSING):
-    """A dataclass field carrying a one-line ``help`` (same metadata key as halsift.launch.config.field)."""
-    if default_factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help})
 
 
 @dataclasses.dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from halsift.training.clip_config import _f
+from halsift.corpus.config import field as _f
 
 KINDS = ("auto", "clip", "vlm")
 BALANCE = ("loss", "sample", "none")
