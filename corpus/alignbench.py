@@ -38,6 +38,8 @@ the whole caption and the sentence is its ``sentence_index``-th sentence (:func:
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 import re
@@ -226,6 +228,100 @@ def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-]+", "_", s.strip()) or "_"
 
 
+def _sentence_indices(recs: list[dict], where: list[str], source: str, index_base: int | str) -> tuple[list[int], int]:
+    """Each row's ``sentence_index`` as an int, and the base they count from (0 or 1; ``auto``: the smallest)."""
+    idx: list[int] = []
+    for w, r in zip(where, recs):
+        v = r["sentence_index"]
+        try:
+            f = float(v)
+            ok = f == int(f)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise AlignBenchFormatError(f"{w}: column 'sentence_index' is {v!r}, expected an integer")
+        idx.append(int(f))
+    base = (min(idx) if idx else 0) if index_base == "auto" else int(index_base)
+    if base not in (0, 1):
+        raise AlignBenchFormatError(f"{source}: column 'sentence_index' starts at {base}, expected 0 or 1")
+    return idx, base
+
+
+def _text_of(r: dict, col: str, w: str) -> str:
+    v = r[col]
+    if _missing(v):
+        raise AlignBenchFormatError(f"{w}: column '{col}' is empty, expected text")
+    return str(v).strip()
+
+
+def _templated_image(r: dict, w: str, image_template: str, img_root: Path | None,
+                     bench_dir: str | os.PathLike) -> str:
+    """The row's image path from ``image_template``, relative to the bench folder."""
+    try:
+        rel = image_template.format(**{k: ("" if _missing(v) else v) for k, v in r.items()})
+    except KeyError as e:
+        raise AlignBenchFormatError(f"image_template {image_template!r}: no column {e}") from None
+    if not rel.strip() or Path(rel) == Path("."):
+        raise AlignBenchFormatError(f"{w}: image_template {image_template!r} gives an empty image path")
+    return os.path.relpath(img_root / rel, Path(bench_dir)) if img_root is not None else rel
+
+
+def _row_extra(r: dict, w: str, unmatched: list) -> dict:
+    """The annotation columns a BenchRow keeps in ``extra`` (counts, error words, release columns)."""
+    extra = {k: _count(r[k], w, k) for k in ("n_correct", "n_incorrect", "n_unknown")}
+    extra = {k: v for k, v in extra.items() if v is not None}
+    ew = _as_list(r["error_words"])
+    extra["error_words"] = ew if ew is not None else ("" if _missing(r["error_words"]) else str(r["error_words"]))
+    if unmatched:
+        extra["error_words_unmatched"] = unmatched
+    extra["annotation"] = str(r["annotation"])
+    for k in RELEASE_COLUMNS:
+        if k in r and not _missing(r[k]):
+            extra[k] = r[k].item() if hasattr(r[k], "item") else r[k]
+    return extra
+
+
+def _generator_type(model: str, r: dict, conflicts: dict[str, int]) -> str:
+    """The captioner's type from its name, overridden (and counted in ``conflicts``) by the row's own hint."""
+    gtype = generator_type(model)
+    hint = type_hint(r.get("image_type"), r.get("image_source"))
+    if hint is not None and hint != gtype:
+        conflicts[model] = conflicts.get(model, 0) + 1
+        gtype = hint
+    return gtype
+
+
+def _raise_no_rows(source: str, roots: list[Path], missing_image: list[str], no_sentence: list[str]) -> None:
+    why = missing_image[0] if missing_image else no_sentence[0] if no_sentence else "no rows"
+    raise AlignBenchFormatError(f"{source}: no row could be converted (e.g. image not found under "
+                                f"{' or '.join(map(str, roots))}: "
+                                f"{why})" if missing_image else f"{source}: no row could be converted ({why})")
+
+
+@dataclasses.dataclass
+class _Tally:
+    """What a conversion skipped or noticed, for its summary."""
+
+    n_unmatched: int = 0
+    missing_image: list[str] = dataclasses.field(default_factory=list)
+    no_sentence: list[str] = dataclasses.field(default_factory=list)
+    split_mismatch: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    conflicts: dict[str, int] = dataclasses.field(default_factory=dict)
+    gen_types: dict[str, set] = dataclasses.field(default_factory=dict)
+
+    def summary(self, rows: list[BenchRow], captions: int, base: int, caption_column: str) -> dict:
+        return {"rows": len(rows), "captions": captions, "index_base": base,
+                "labels": {lab: sum(r.label == lab for r in rows) for lab in ("correct", "incorrect", "unknown")},
+                "rows_with_unmatched_error_words": self.n_unmatched,
+                "caption_column": caption_column,
+                "generator_types": {m: "/".join(sorted(t)) for m, t in sorted(self.gen_types.items())},
+                "generator_type_conflicts": self.conflicts,
+                "rows_missing_image": len(self.missing_image), "missing_image_examples": self.missing_image[:10],
+                "rows_sentence_not_found": len(self.no_sentence),
+                "sentence_not_found_examples": self.no_sentence[:10],
+                "captions_split_mismatch": len(self.split_mismatch)}
+
+
 def alignbench_rows(table, source: str = "<table>", image_template: str = "{image_name}",
                     images_dir: str | os.PathLike | None = None, bench_dir: str | os.PathLike = ".",
                     split: str = "test", index_base: int | str = "auto") -> tuple[list[BenchRow], dict]:
@@ -244,27 +340,8 @@ def alignbench_rows(table, source: str = "<table>", image_template: str = "{imag
     has_sentence = "sentence" in table.columns
     recs = table.to_dict("records")
     where = [f"{source}: row {i + 1}" for i in range(len(recs))]
-    idx: list[int] = []
-    for w, r in zip(where, recs):
-        v = r["sentence_index"]
-        try:
-            f = float(v)
-            ok = f == int(f)
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise AlignBenchFormatError(f"{w}: column 'sentence_index' is {v!r}, expected an integer")
-        idx.append(int(f))
-    base = (min(idx) if idx else 0) if index_base == "auto" else int(index_base)
-    if base not in (0, 1):
-        raise AlignBenchFormatError(f"{source}: column 'sentence_index' starts at {base}, expected 0 or 1")
-
-    def text_of(r, col, w):
-        v = r[col]
-        if _missing(v):
-            raise AlignBenchFormatError(f"{w}: column '{col}' is empty, expected text")
-        return str(v).strip()
-
+    idx, base = _sentence_indices(recs, where, source, index_base)
+    text_of = _text_of
     # whole captions: (model, image) -> sentences in index order (unless a sentence column exists)
     groups: dict[tuple[str, str], list[tuple[int, str]]] = {}
     for w, r, i in zip(where, recs, idx):
@@ -276,12 +353,8 @@ def alignbench_rows(table, source: str = "<table>", image_template: str = "{imag
     roots = list(dict.fromkeys([Path(images_dir), table_dir] if images_dir is not None else [table_dir]))
     rows: list[BenchRow] = []
     seen: dict[str, str] = {}
-    n_unmatched = 0
-    missing_image: list[str] = []
-    no_sentence: list[str] = []
-    split_mismatch: set[tuple[str, str]] = set()
-    conflicts: dict[str, int] = {}
-    gen_types: dict[str, set] = {}
+    tally = _Tally()
+    missing_image, no_sentence, split_mismatch = tally.missing_image, tally.no_sentence, tally.split_mismatch
     img_root = Path(images_dir) if images_dir is not None else None
     for w, r, i in zip(where, recs, idx):
         model = text_of(r, "model", w)
@@ -307,58 +380,27 @@ def alignbench_rows(table, source: str = "<table>", image_template: str = "{imag
                 continue
             rel = os.path.relpath(found, Path(bench_dir))
         else:
-            try:
-                rel = image_template.format(**{k: ("" if _missing(v) else v) for k, v in r.items()})
-            except KeyError as e:
-                raise AlignBenchFormatError(f"image_template {image_template!r}: no column {e}") from None
-            if not rel.strip() or Path(rel) == Path("."):
-                raise AlignBenchFormatError(f"{w}: image_template {image_template!r} gives an empty image path")
-            if img_root is not None:
-                rel = os.path.relpath(img_root / rel, Path(bench_dir))
+            rel = _templated_image(r, w, image_template, img_root, bench_dir)
         label = map_label(r["annotation"], w)
         spans, unmatched = error_word_spans(sentence, r["error_words"])
-        n_unmatched += bool(unmatched)
+        tally.n_unmatched += bool(unmatched)
         rid = f"{_slug(model)}-{_slug(Path(image_name).stem)}-{i - base}"
         if rid in seen:
             raise AlignBenchFormatError(f"{w}: (model, image_name, sentence_index) = ({model!r}, {image_name!r}, "
                                         f"{i}) repeats {seen[rid]}")
         seen[rid] = w
-        gtype = generator_type(model)
-        hint = type_hint(r.get("image_type"), r.get("image_source"))
-        if hint is not None and hint != gtype:
-            conflicts[model] = conflicts.get(model, 0) + 1
-            gtype = hint
-        gen_types.setdefault(model, set()).add(gtype)
-        extra = {k: _count(r[k], w, k) for k in ("n_correct", "n_incorrect", "n_unknown")}
-        extra = {k: v for k, v in extra.items() if v is not None}
-        ew = _as_list(r["error_words"])
-        extra["error_words"] = ew if ew is not None else ("" if _missing(r["error_words"]) else str(r["error_words"]))
-        if unmatched:
-            extra["error_words_unmatched"] = unmatched
-        extra["annotation"] = str(r["annotation"])
-        for k in RELEASE_COLUMNS:
-            if k in r and not _missing(r[k]):
-                extra[k] = r[k].item() if hasattr(r[k], "item") else r[k]
+        gtype = _generator_type(model, r, tally.conflicts)
+        tally.gen_types.setdefault(model, set()).add(gtype)
         rows.append(BenchRow(
             id=rid, image=Path(rel).as_posix(), image_id=image_name, generator=model,
             generator_type=gtype, domain="" if _missing(r["image_source"]) else str(r["image_source"]),
             caption_id=f"{_slug(model)}-{_slug(Path(image_name).stem)}", position=i - base, sentence=sentence,
-            caption=caption, label=label, types=map_types(r["error_type"]), spans=spans, split=split, extra=extra))
+            caption=caption, label=label, types=map_types(r["error_type"]), spans=spans, split=split,
+            extra=_row_extra(r, w, unmatched)))
     if not rows:
-        why = missing_image[0] if missing_image else no_sentence[0] if no_sentence else "no rows"
-        raise AlignBenchFormatError(f"{source}: no row could be converted (e.g. image not found under "
-                                    f"{' or '.join(map(str, roots))}: "
-                                    f"{why})" if missing_image else f"{source}: no row could be converted ({why})")
-    summary = {"rows": len(rows), "captions": len(groups), "index_base": base,
-               "labels": {lab: sum(r.label == lab for r in rows) for lab in ("correct", "incorrect", "unknown")},
-               "rows_with_unmatched_error_words": n_unmatched,
-               "caption_column": "sentence column" if has_sentence else "whole caption" if whole else "sentence",
-               "generator_types": {m: "/".join(sorted(t)) for m, t in sorted(gen_types.items())},
-               "generator_type_conflicts": conflicts,
-               "rows_missing_image": len(missing_image), "missing_image_examples": missing_image[:10],
-               "rows_sentence_not_found": len(no_sentence), "sentence_not_found_examples": no_sentence[:10],
-               "captions_split_mismatch": len(split_mismatch)}
-    return rows, summary
+        _raise_no_rows(source, roots, missing_image, no_sentence)
+    caption_column = "sentence column" if has_sentence else "whole caption" if whole else "sentence"
+    return rows, tally.summary(rows, len(groups), base, caption_column)
 
 
 def convert_alignbench(table, out: str | os.PathLike, image_template: str = "{image_name}",
