@@ -39,7 +39,6 @@ the whole caption and the sentence is its ``sentence_index``-th sentence (:func:
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import os
 import re
