@@ -146,6 +146,9 @@ def _other(rng: random.Random, options, right):
     return rng.choice([o for o in options if o != right])
 
 
+SENTENCE_KINDS = ("overview", "describe", "facing", "relation", "sign", "background", "total", "illusion")
+
+
 class _Writer:
     """Writes one sentence of a kind, optionally with one hallucination of a type."""
 
@@ -187,86 +190,13 @@ class _Writer:
         return h, set()
 
     def sentence(self, kind: str, wtype: str | None) -> tuple[str, list[list[int]]]:
-        rng, s, p = self.rng, self.s, self.p
+        rng, p = self.rng, self.p
         slots: dict[str, list[Piece]] = {"FILL": self.fill_()}
         g = self.next_group()
-        if kind == "overview":
-            shown = s.groups[:3]
-            wrong_i = rng.randrange(len(shown)) if wtype else -1
-            pieces: list[Piece] = []
-            for i, gi in enumerate(shown):
-                h, wrong = self.mutate(gi, wtype) if i == wrong_i else (gi, set())
-                if i == len(shown) - 1 and i:
-                    pieces.append(("and", None))
-                elif i:
-                    pieces[-1] = (pieces[-1][0] + ",", pieces[-1][1])
-                pieces += np_indef(h, rng, fancy=p.fancy, with_size=wtype == "Attribute" and i == wrong_i
-                                   or rng.random() < p.with_size * 0.5, wrong=wrong)
-            slots["LIST"] = pieces
-            slots["BG"] = words(background_words(s))
-        elif kind == "describe":
-            h, wrong = self.mutate(g, wtype)
-            cell = g.cell
-            if wtype == "Location":
-                cell = rng.choice([c for c in range(9) if c != g.cell and c not in s.used_cells()] or
-                                  [c for c in range(9) if c != g.cell])
-                wrong = {"cell"}
-            slots["NP"] = np_indef(h, rng, fancy=p.fancy, with_size=wtype == "Attribute" or
-                                   rng.random() < p.with_size, wrong=wrong)
-            slots["BE"] = words("is" if h.count == 1 else "are")
-            slots["LOC"] = loc(cell, "cell!" if wtype == "Location" else "cell")
-        elif kind == "facing":
-            h, wrong = self.mutate(g, wtype if wtype in ("Object", "Attribute") else None)
-            if wtype == "Attribute" and "size" in wrong:  # a definite NP states no size: use the colour
-                h, wrong = Group(**{**g.__dict__}), {"colour"}
-                used = {(x.shape, x.colour) for x in s.groups}
-                h.colour = rng.choice([c for c in COLOURS if c != g.colour and (g.shape, c) not in used])
-            facing = _other(rng, DIRECTIONS, g.facing) if wtype == "Direction" else g.facing
-            slots["DNP"] = np_def(h, rng, fancy=p.fancy, wrong=wrong)
-            slots["BE"] = words("is" if h.count == 1 else "are")
-            slots["PRON"] = words("it" if h.count == 1 else "they")
-            slots["FACE"] = words("faces" if h.count == 1 else "face")
-            slots["DIR"] = words(DIR_WORDS[facing], "dir!" if wtype == "Direction" else "dir")
-        elif kind == "relation":
-            a = g
-            b = rng.choice([x for x in s.groups if x is not g])
-            rel = relation(a, b)
-            if wtype == "Relation":
-                rel = REL_OPPOSITE[rel]
-            slots["DNP"] = np_def(a, rng, fancy=p.fancy)
-            slots["DNP2"] = np_def(b, rng, fancy=p.fancy)
-            slots["BE"] = words("is" if a.count == 1 else "are")
-            slots["REL"] = words(rel, "rel!" if wtype == "Relation" else "rel")
-        elif kind == "sign":
-            sign = s.sign
-            if sign is None:  # a Text hallucination may claim a sign that is not there
-                free = [c for c in range(9) if c not in s.used_cells()]
-                text, cell = rng.choice(SIGN_WORDS), rng.choice(free)
-            else:
-                text, cell = sign.text, sign.cell
-            if wtype == "Text" and sign is not None:
-                text = _other(rng, SIGN_WORDS, sign.text)
-            if wtype == "Location":
-                cell = rng.choice([c for c in range(9) if c != cell])
-            slots["TEXT"] = words(f'"{text}"', "text!" if wtype == "Text" else "text")
-            slots["LOC"] = loc(cell, "cell!" if wtype == "Location" else "cell")
-        elif kind == "background":
-            bg = wrong_background_words(s, rng) if wtype == "Other" else background_words(s)
-            slots["BG"] = words(bg, "bg!" if wtype == "Other" else "bg")
-        elif kind == "total":
-            n = s.n_shapes
-            if wtype == "Number":
-                n = rng.choice([k for k in range(max(2, n - 2), n + 3) if k != n])
-            slots["N"] = words(NUMBER_WORDS.get(n, str(n)), "count!" if wtype == "Number" else "count")
-        elif kind == "illusion":
-            used = {(x.shape, x.colour) for x in s.groups}
-            shape, colour = rng.choice([(a, b) for a in SHAPES for b in COLOURS if (a, b) not in used])
-            free = [c for c in range(9) if c not in s.used_cells()]
-            h = Group(shape, colour, rng.choice(("small", "large")), 1, rng.choice(free), "left")
-            slots["NP"] = [(t, "obj!") for t, _ in np_indef(h, rng, fancy=p.fancy, with_size=rng.random() < 0.5)]
-            slots["LOC"] = loc(h.cell)
-        else:
+        fill_slots = getattr(self, f"_slots_{kind}", None) if kind in SENTENCE_KINDS else None
+        if fill_slots is None:
             raise ValueError(f"unknown sentence kind {kind!r}")
+        fill_slots(g, wtype, slots)
         tpl = self.template(kind)
         if kind != "overview" and rng.random() < p.opener:
             slots["OPEN"] = words(rng.choice(OPENERS))
@@ -274,6 +204,97 @@ class _Writer:
         text, spans = fill(tpl, slots)
         wrong = merge_spans([sp for tag, ss in spans.items() if tag.endswith("!") for sp in ss])
         return text, wrong
+
+    def _slots_overview(self, g: Group, wtype: str | None, slots: dict[str, list[Piece]]) -> None:
+        rng, s, p = self.rng, self.s, self.p
+        shown = s.groups[:3]
+        wrong_i = rng.randrange(len(shown)) if wtype else -1
+        pieces: list[Piece] = []
+        for i, gi in enumerate(shown):
+            h, wrong = self.mutate(gi, wtype) if i == wrong_i else (gi, set())
+            if i == len(shown) - 1 and i:
+                pieces.append(("and", None))
+            elif i:
+                pieces[-1] = (pieces[-1][0] + ",", pieces[-1][1])
+            pieces += np_indef(h, rng, fancy=p.fancy, with_size=wtype == "Attribute" and i == wrong_i
+                               or rng.random() < p.with_size * 0.5, wrong=wrong)
+        slots["LIST"] = pieces
+        slots["BG"] = words(background_words(s))
+
+    def _slots_describe(self, g: Group, wtype: str | None, slots: dict[str, list[Piece]]) -> None:
+        rng, s, p = self.rng, self.s, self.p
+        h, wrong = self.mutate(g, wtype)
+        cell = g.cell
+        if wtype == "Location":
+            cell = rng.choice([c for c in range(9) if c != g.cell and c not in s.used_cells()] or
+                              [c for c in range(9) if c != g.cell])
+            wrong = {"cell"}
+        slots["NP"] = np_indef(h, rng, fancy=p.fancy, with_size=wtype == "Attribute" or
+                               rng.random() < p.with_size, wrong=wrong)
+        slots["BE"] = words("is" if h.count == 1 else "are")
+        slots["LOC"] = loc(cell, "cell!" if wtype == "Location" else "cell")
+
+    def _slots_facing(self, g: Group, wtype: str | None, slots: dict[str, list[Piece]]) -> None:
+        rng, s, p = self.rng, self.s, self.p
+        h, wrong = self.mutate(g, wtype if wtype in ("Object", "Attribute") else None)
+        if wtype == "Attribute" and "size" in wrong:  # a definite NP states no size: use the colour
+            h, wrong = Group(**{**g.__dict__}), {"colour"}
+            used = {(x.shape, x.colour) for x in s.groups}
+            h.colour = rng.choice([c for c in COLOURS if c != g.colour and (g.shape, c) not in used])
+        facing = _other(rng, DIRECTIONS, g.facing) if wtype == "Direction" else g.facing
+        slots["DNP"] = np_def(h, rng, fancy=p.fancy, wrong=wrong)
+        slots["BE"] = words("is" if h.count == 1 else "are")
+        slots["PRON"] = words("it" if h.count == 1 else "they")
+        slots["FACE"] = words("faces" if h.count == 1 else "face")
+        slots["DIR"] = words(DIR_WORDS[facing], "dir!" if wtype == "Direction" else "dir")
+
+    def _slots_relation(self, g: Group, wtype: str | None, slots: dict[str, list[Piece]]) -> None:
+        rng, s, p = self.rng, self.s, self.p
+        a = g
+        b = rng.choice([x for x in s.groups if x is not g])
+        rel = relation(a, b)
+        if wtype == "Relation":
+            rel = REL_OPPOSITE[rel]
+        slots["DNP"] = np_def(a, rng, fancy=p.fancy)
+        slots["DNP2"] = np_def(b, rng, fancy=p.fancy)
+        slots["BE"] = words("is" if a.count == 1 else "are")
+        slots["REL"] = words(rel, "rel!" if wtype == "Relation" else "rel")
+
+    def _slots_sign(self, g: Group, wtype: str | None, slots: dict[str, list[Piece]]) -> None:
+        rng, s = self.rng, self.s
+        sign = s.sign
+        if sign is None:  # a Text hallucination may claim a sign that is not there
+            free = [c for c in range(9) if c not in s.used_cells()]
+            text, cell = rng.choice(SIGN_WORDS), rng.choice(free)
+        else:
+            text, cell = sign.text, sign.cell
+        if wtype == "Text" and sign is not None:
+            text = _other(rng, SIGN_WORDS, sign.text)
+        if wtype == "Location":
+            cell = rng.choice([c for c in range(9) if c != cell])
+        slots["TEXT"] = words(f'"{text}"', "text!" if wtype == "Text" else "text")
+        slots["LOC"] = loc(cell, "cell!" if wtype == "Location" else "cell")
+
+    def _slots_background(self, g: Group, wtype: str | None, slots: dict[str, list[Piece]]) -> None:
+        rng, s = self.rng, self.s
+        bg = wrong_background_words(s, rng) if wtype == "Other" else background_words(s)
+        slots["BG"] = words(bg, "bg!" if wtype == "Other" else "bg")
+
+    def _slots_total(self, g: Group, wtype: str | None, slots: dict[str, list[Piece]]) -> None:
+        rng, s = self.rng, self.s
+        n = s.n_shapes
+        if wtype == "Number":
+            n = rng.choice([k for k in range(max(2, n - 2), n + 3) if k != n])
+        slots["N"] = words(NUMBER_WORDS.get(n, str(n)), "count!" if wtype == "Number" else "count")
+
+    def _slots_illusion(self, g: Group, wtype: str | None, slots: dict[str, list[Piece]]) -> None:
+        rng, s, p = self.rng, self.s, self.p
+        used = {(x.shape, x.colour) for x in s.groups}
+        shape, colour = rng.choice([(a, b) for a in SHAPES for b in COLOURS if (a, b) not in used])
+        free = [c for c in range(9) if c not in s.used_cells()]
+        h = Group(shape, colour, rng.choice(("small", "large")), 1, rng.choice(free), "left")
+        slots["NP"] = [(t, "obj!") for t, _ in np_indef(h, rng, fancy=p.fancy, with_size=rng.random() < 0.5)]
+        slots["LOC"] = loc(h.cell)
 
 
 def caption(scene: Scene, profile: CaptionerProfile, rng: random.Random, *, clean: bool = False,

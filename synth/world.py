@@ -172,8 +172,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
 
     ``images`` corpus pairs, captioned by ``captioners`` (profile names; empty = all six: HalDec Table F's corpus
     is one captioner's output); retrieval captions in ``retrieval_style`` (:func:`retrieval_item`);
-    ``bench_images`` (default ``max(24, images // 4)``) bench images, each captioned by the six captioners; ``t2i_prompts`` (default ``max(12, bench_images // 2)``) prompts drawn by the three
-    t2i generators; ``retrieval_images`` (default ``max(20, images // 10)``); ``pretrain_images`` (default
+    ``bench_images`` (default ``max(24, images // 4)``) bench images, each captioned by the six captioners;
+    ``t2i_prompts`` (default ``max(12, bench_images // 2)``) prompts drawn by the three t2i generators; ``retrieval_images`` (default ``max(20, images // 10)``); ``pretrain_images`` (default
     ``images``) clean pairs. Raises ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
     """
     if images < 1:
@@ -210,28 +210,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     total = images + bench_images + t2i_prompts + retrieval_images + pretrain_images
     bar = progress(total=total, desc="synth", unit="img", disable=not show_progress)
     try:
-        with ShardWriter(tmp / "corpus", maxcount=shard_size) as w:
-            for i in range(images):
-                w.write(corpus_sample(seed, i, image_size, captioners))
-                bar.update()
-        rows: list[BenchRow] = []
-        for i in range(bench_images):
-            rows += bench_i2t(seed, i, image_size, tmp / "bench" / "images")
-            bar.update()
-        for i in range(t2i_prompts):
-            rows += bench_t2i(seed, i, image_size, tmp / "bench" / "images")
-            bar.update()
-        n_rows = write_bench(tmp / "bench" / "bench.jsonl", rows)
-        retrieval = []
-        for i in range(retrieval_images):
-            retrieval.append(retrieval_item(seed, i, image_size, tmp / "retrieval" / "images", retrieval_style,
-                                            held_out))
-            bar.update()
-        _write_jsonl(tmp / "retrieval" / "retrieval.jsonl", retrieval)
-        with ShardWriter(tmp / "pretrain", maxcount=shard_size) as w:
-            for i in range(pretrain_images):
-                w.write(pretrain_sample(seed, i, image_size))
-                bar.update()
+        n_rows = _write_parts(tmp, bar, seed, image_size, shard_size, images, captioners, bench_images,
+                              t2i_prompts, retrieval_images, retrieval_style, held_out, pretrain_images)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -256,6 +236,34 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
         os.replace(tmp / part, target)
     shutil.rmtree(tmp, ignore_errors=True)
     return world
+
+
+def _write_parts(tmp: Path, bar, seed: int, image_size: int, shard_size: int, images: int,
+                 captioners: tuple[str, ...], bench_images: int, t2i_prompts: int, retrieval_images: int,
+                 retrieval_style: str, held_out: tuple[str, ...], pretrain_images: int) -> int:
+    """Write corpus, bench, retrieval and pretrain under ``tmp`` (in this order: it fixes the output); bench rows."""
+    with ShardWriter(tmp / "corpus", maxcount=shard_size) as w:
+        for i in range(images):
+            w.write(corpus_sample(seed, i, image_size, captioners))
+            bar.update()
+    rows: list[BenchRow] = []
+    for i in range(bench_images):
+        rows += bench_i2t(seed, i, image_size, tmp / "bench" / "images")
+        bar.update()
+    for i in range(t2i_prompts):
+        rows += bench_t2i(seed, i, image_size, tmp / "bench" / "images")
+        bar.update()
+    n_rows = write_bench(tmp / "bench" / "bench.jsonl", rows)
+    retrieval = []
+    for i in range(retrieval_images):
+        retrieval.append(retrieval_item(seed, i, image_size, tmp / "retrieval" / "images", retrieval_style, held_out))
+        bar.update()
+    _write_jsonl(tmp / "retrieval" / "retrieval.jsonl", retrieval)
+    with ShardWriter(tmp / "pretrain", maxcount=shard_size) as w:
+        for i in range(pretrain_images):
+            w.write(pretrain_sample(seed, i, image_size))
+            bar.update()
+    return n_rows
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
