@@ -8,8 +8,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from halsift.corpus.errors import InputError
 from halsift.corpus.atomic import atomic_file
+from halsift.corpus.errors import InputError
+from halsift.corpus.jsonl import iter_jsonl
 from halsift.corpus.sentences import words
 
 LABELS = ("correct", "incorrect", "unknown")
@@ -114,20 +115,12 @@ def iter_bench(path: str | os.PathLike) -> Iterator[BenchRow]:
     if not path.exists():
         raise FileNotFoundError(f"bench: {path} does not exist")
     seen: set[str] = set()
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BenchFormatError(f"{where}: not valid JSON ({e.msg})") from e
-            row = validate_row(obj, where)
-            if row.id in seen:
-                raise BenchFormatError(f"{where}: field 'id' {row.id!r} repeats an earlier row")
-            seen.add(row.id)
-            yield row
+    for where, _, obj in iter_jsonl(path, BenchFormatError):
+        row = validate_row(obj, where)
+        if row.id in seen:
+            raise BenchFormatError(f"{where}: field 'id' {row.id!r} repeats an earlier row")
+        seen.add(row.id)
+        yield row
 
 
 def read_bench(path: str | os.PathLike) -> list[BenchRow]:

@@ -18,8 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from halsift.corpus.errors import InputError
 from halsift.corpus.atomic import atomic_file
+from halsift.corpus.errors import InputError
+from halsift.corpus.jsonl import iter_jsonl
 
 
 class RetrievalFormatError(InputError):
@@ -80,24 +81,16 @@ def read_retrieval(path: str | os.PathLike, check_images: bool = True) -> Retrie
     images: list[Path] = []
     captions: list[list[str]] = []
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RetrievalFormatError(f"{where}: not valid JSON ({e.msg})") from e
-            image, caps = _check_row(obj, where)
-            if image in seen:
-                raise RetrievalFormatError(f"{where}: field 'image' {image!r} repeats line {seen[image]}")
-            seen[image] = lineno
-            full = (path.parent / image).resolve()
-            if check_images and not full.is_file():
-                raise RetrievalFormatError(f"{where}: field 'image' {image!r}: no such file {full}")
-            images.append(full)
-            captions.append(list(caps))
+    for where, lineno, obj in iter_jsonl(path, RetrievalFormatError):
+        image, caps = _check_row(obj, where)
+        if image in seen:
+            raise RetrievalFormatError(f"{where}: field 'image' {image!r} repeats line {seen[image]}")
+        seen[image] = lineno
+        full = (path.parent / image).resolve()
+        if check_images and not full.is_file():
+            raise RetrievalFormatError(f"{where}: field 'image' {image!r}: no such file {full}")
+        images.append(full)
+        captions.append(list(caps))
     if not images:
         raise RetrievalFormatError(f"{path}: holds no rows")
     return RetrievalSet(path=path, images=images, captions=captions)
