@@ -167,14 +167,18 @@ def _build_qwen2_vl(tokenizer, size: str, init_std: float):
     return model, processor
 
 
+# the vision tower shared by the llava, idefics3 and gemma3 builders: 32-pixel images, 8-pixel patches
+TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                   patch_size=8)
+
+
 def _build_llava(tokenizer, size: str, init_std: float):
     from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
                               LlavaForConditionalGeneration, LlavaProcessor)
 
     dims = _text_dims(size)
     ids = tokenizer.convert_tokens_to_ids
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                              image_size=32, patch_size=8, projection_dim=32, initializer_range=init_std)
+    vision = CLIPVisionConfig(**TINY_VISION, projection_dim=32, initializer_range=init_std)
     text = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=4096, bos_token_id=ids("<s>"),
                        eos_token_id=ids("</s>"), pad_token_id=ids("<pad>"), initializer_range=init_std, **dims)
     cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_id=ids("<image>"),
@@ -197,8 +201,7 @@ def _build_idefics3(tokenizer, size: str, init_std: float):
     text = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=4096, bos_token_id=ids("<|im_start|>"),
                        eos_token_id=ids("<end_of_utterance>"), pad_token_id=ids("<|endoftext|>"),
                        initializer_range=init_std, **dims)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32,
-                  patch_size=8, initializer_range=init_std)
+    vision = dict(**TINY_VISION, initializer_range=init_std)
     cfg = Idefics3Config(vision_config=vision, text_config=text.to_dict(), image_token_id=ids("<image>"),
                          scale_factor=2, pad_token_id=ids("<|endoftext|>"), initializer_range=init_std)
     model = Idefics3ForConditionalGeneration(cfg)
@@ -218,8 +221,7 @@ def _build_gemma3(tokenizer, size: str, init_std: float):
     text = Gemma3TextConfig(vocab_size=len(tokenizer), max_position_embeddings=4096, head_dim=16,
                             sliding_window=64, bos_token_id=ids("<bos>"), eos_token_id=ids("<end_of_turn>"),
                             pad_token_id=ids("<pad>"), initializer_range=init_std, **dims)
-    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                image_size=32, patch_size=8, vision_use_head=False)
+    vision = SiglipVisionConfig(**TINY_VISION, vision_use_head=False)
     cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
                        boi_token_index=ids("<start_of_image>"), eoi_token_index=ids("<end_of_image>"),
                        image_token_index=ids("<image_soft_token>"), initializer_range=init_std)
