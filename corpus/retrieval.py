@@ -20,7 +20,7 @@ from pathlib import Path
 
 from halsift.corpus.atomic import atomic_file
 from halsift.corpus.errors import InputError
-from halsift.corpus.jsonl import iter_jsonl
+from halsift.corpus.jsonl import iter_jsonl, read_json
 
 
 class RetrievalFormatError(InputError):
@@ -110,16 +110,7 @@ def write_retrieval(path: str | os.PathLike, rows: Iterable[dict]) -> int:
 
 
 def _load_json(path: str | os.PathLike, what: str) -> dict:
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{what}: {path} does not exist")
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise RetrievalFormatError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
-    if not isinstance(obj, dict):
-        raise RetrievalFormatError(f"{path}: expected a JSON object at the top level ({what})")
-    return obj
+    return read_json(path, RetrievalFormatError, what)
 
 
 def _field(obj: dict, name: str, where: str, types: type | tuple) -> object:
