@@ -15,6 +15,7 @@ import io
 import os
 import warnings
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -96,6 +97,20 @@ def decode_image(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXEL
     except Exception:  # noqa: BLE001 - a broken EXIF block should not lose the pixels
         pass
     return _to_rgb(img)
+
+
+def load_image_file(path: str | os.PathLike, key: str = "", max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """:func:`decode_image` of a file (a bench or retrieval image); a missing path, a folder or a FIFO/device (whose
+    read would block) is an :class:`ImageDecodeError` of kind ``missing_image`` naming the path."""
+    path = Path(path)
+    key = key or str(path)
+    if not path.is_file():
+        raise ImageDecodeError(key, f"{path} is missing or not a regular file", "missing_image")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ImageDecodeError(key, f"cannot read {path} ({e})", "missing_image") from None
+    return decode_image(data, key, max_pixels)
 
 
 class SkipCounter:

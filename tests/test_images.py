@@ -152,3 +152,25 @@ def test_skip_counter_bounds_examples():
         c.add(str(i), "bad", "corrupt")
     js = c.to_json()
     assert js["total"] == 5 and len(js["samples"]) == 2 and js["samples_omitted"] == 3
+
+
+def test_load_image_file_names_a_missing_or_special_path(tmp_path):
+    import os
+
+    from halsift.corpus.images import load_image_file
+
+    good = tmp_path / "a.png"
+    Image.new("RGB", (4, 3), (10, 20, 30)).save(good)
+    assert load_image_file(good).size == (4, 3)
+    for bad in (tmp_path / "missing.png", tmp_path):
+        with pytest.raises(ImageDecodeError, match="is missing or not a regular file") as e:
+            load_image_file(bad, "row-1")
+        assert e.value.kind == "missing_image" and e.value.key == "row-1"
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)  # reading it would block forever
+    with pytest.raises(ImageDecodeError, match="pipe.png is missing or not a regular file"):
+        load_image_file(fifo)
+    (tmp_path / "text.png").write_text("not an image")
+    with pytest.raises(ImageDecodeError, match="not an image") as e:
+        load_image_file(tmp_path / "text.png")
+    assert e.value.kind == "not_image"
