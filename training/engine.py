@@ -116,8 +116,10 @@ class Task:
         return {}
 
     def due(self, step: int) -> tuple[bool, bool]:
-        """``(evaluate, checkpoint)`` after 1-based ``step``."""
-        return False, step == self.cfg.steps
+        """``(evaluate, checkpoint)`` after 1-based ``step`` (default: checkpoint every ``cfg.checkpoint_every``
+        steps and at the end; never evaluate)."""
+        every = getattr(self.cfg, "checkpoint_every", 0)
+        return False, bool(every and step % every == 0) or step == self.cfg.steps
 
     def evaluate(self, model, step: int) -> tuple[dict, bool]:
         """Metrics to log at ``step`` (all processes call it) and whether to stop early."""
