@@ -4,6 +4,7 @@ caption pre-training task resumed mid-run."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -68,6 +69,22 @@ def _lines(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@contextlib.contextmanager
+def _killed_after_checkpoint(monkeypatch, at: int):
+    """Within the block, a run raises KeyboardInterrupt right after writing step ``at``'s checkpoint."""
+    real = engine.save_checkpoint
+
+    def save_then_die(acc, out, step, *args, **kw):
+        path = real(acc, out, step, *args, **kw)
+        if step == at:
+            raise KeyboardInterrupt(f"simulated kill after step {at}'s checkpoint")
+        return path
+
+    with monkeypatch.context() as m:
+        m.setattr(engine, "save_checkpoint", save_then_die)
+        yield
+
+
 def test_toy_task_logs_checkpoints_and_resumes_exactly(tmp_path, monkeypatch):
     straight = engine.run(ToyTask(ToyConfig(out=str(tmp_path / "a"))))
     a = _lines(tmp_path / "a")
@@ -75,18 +92,8 @@ def test_toy_task_logs_checkpoints_and_resumes_exactly(tmp_path, monkeypatch):
     assert all("train/loss" in x and "train/lr" in x and x["train/samples_per_s"] > 0 for x in a)
     assert [p.name for p in engine.complete_checkpoints(tmp_path / "a")] == ["step_000002", "step_000004",
                                                                            "step_000006"]
-    real = engine.save_checkpoint
-
-    def save_then_die(acc, out, step, *args, **kw):
-        path = real(acc, out, step, *args, **kw)
-        if step == 4:
-            raise KeyboardInterrupt("simulated kill after step 4's checkpoint")
-        return path
-
-    monkeypatch.setattr(engine, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
+    with _killed_after_checkpoint(monkeypatch, 4), pytest.raises(KeyboardInterrupt):
         engine.run(ToyTask(ToyConfig(out=str(tmp_path / "b"))))
-    monkeypatch.setattr(engine, "save_checkpoint", real)
     resumed = engine.run(ToyTask(ToyConfig(out=str(tmp_path / "b"), resume=True)))
     assert torch.equal(resumed["weight"], straight["weight"])  # optimizer, scheduler and data position restored
     b = _lines(tmp_path / "b")  # lines after step 4 rewritten; the same losses and lrs
@@ -131,18 +138,8 @@ def test_caption_pretraining_resumes_like_a_straight_run(synth_world, tmp_path, 
 
     straight = pretrain_captioner(cfg("a"), show_progress=False)
     assert straight["samples"] > 0 and straight["loss_first"] > 0
-    real = engine.save_checkpoint
-
-    def save_then_die(acc, out, step, *args, **kw):
-        path = real(acc, out, step, *args, **kw)
-        if step == 2:
-            raise KeyboardInterrupt("simulated kill after step 2's checkpoint")
-        return path
-
-    monkeypatch.setattr(engine, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
+    with _killed_after_checkpoint(monkeypatch, 2), pytest.raises(KeyboardInterrupt):
         pretrain_captioner(cfg("b"), show_progress=False)
-    monkeypatch.setattr(engine, "save_checkpoint", real)
     assert not (tmp_path / "b_model").exists()
     pretrain_captioner(cfg("b", resume=True), show_progress=False)
     la, lb = _lines(tmp_path / "a"), _lines(tmp_path / "b")

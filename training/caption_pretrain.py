@@ -25,7 +25,7 @@ from halsift.training.engine import Task, run
 
 @dataclasses.dataclass
 class CaptionPretrainConfig:
-    """One caption pre-training run; saved as ``config.json`` in the run folder."""
+    """One caption pre-training run; saved as ``config.json`` in the run folder (no wandb: metrics.jsonl only)."""
 
     model: str = _f("", help="folder of a saved transformers image-text-to-text model and its processor")
     shards: str = _f("", help="shard spec of the image-caption pairs")
@@ -42,17 +42,14 @@ class CaptionPretrainConfig:
     checkpoint_every: int = _f(0, help="save a resumable checkpoint every N steps (0 = never)")
     keep_checkpoints: int = _f(1, help="keep the newest K step checkpoints (0 = all)")
     resume: bool = _f(False, help="continue from the newest complete checkpoint in out/checkpoints")
-    wandb_project: str = _f("halsift", help="wandb project")
-    wandb_run: str = _f("", help="wandb run name ('' = the run folder's name)")
-    wandb_mode: str = _f("disabled", help="wandb mode: offline | online | disabled")
 
     def validate(self) -> None:
-        for name in ("model", "shards", "out", "save_to"):
-            if not getattr(self, name):
-                raise ValueError(f"{name}: required")
-        for name in ("steps", "batch_size", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        missing = [n for n in ("model", "shards", "out", "save_to") if not getattr(self, n)]
+        if missing:
+            raise ValueError(f"{missing[0]}: required")
+        small = [n for n in ("steps", "batch_size", "log_every") if getattr(self, n) < 1]
+        if small:
+            raise ValueError(f"{small[0]}: must be >= 1, got {getattr(self, small[0])}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -60,9 +60,8 @@ class RunConfig(Protocol):
     log_every: int
     keep_checkpoints: int
     grad_clip: float
-    wandb_project: str
-    wandb_run: str
-    wandb_mode: str
+    # optional: checkpoint_every (Task.due's default), batch_size (progress and rate), wandb_mode (default
+    # disabled), wandb_project, wandb_run
 
     def to_dict(self) -> dict: ...
 
@@ -242,7 +241,7 @@ class MetricsLog:
             write_text_atomic(self.path, "".join(k + "\n" for k in keep))
         elif resume_step is None and self.path.exists():
             self.path.unlink()
-        if cfg.wandb_mode != "disabled":
+        if getattr(cfg, "wandb_mode", "disabled") != "disabled":
             import wandb
 
             id_file = out / "wandb_id.txt"
