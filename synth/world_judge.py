@@ -8,7 +8,7 @@
    (:func:`halsift.synth.tiny_vlm.llava_with_clip_vision`; LLaVA's own recipe).
 2. ``pretrained/``: that model pre-trained on the world's clean ``pretrain/`` shards by caption generation
    (next-token loss on the caption after a "Describe this image in detail." turn; the CLIP tower frozen):
-   :func:`pretrain_captioner`.
+   :func:`halsift.training.caption_pretrain.pretrain_captioner`, run folder ``pretrain_run/``.
 3. ``judge/``: a ``train detector`` run (LoRA on the language and vision towers, the projector trained in full)
    on the world's bench ``train`` split (optionally plus ``extra_images`` freshly drawn labelled captions,
    :func:`write_judge_bench`), early-stopped on the bench ``val`` split; ``judge/adapter`` answers Yes/No.
@@ -54,87 +54,8 @@ from pathlib import Path
 
 import torch
 
-from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
 from halsift.synth.world_judge_config import WorldJudgeSettings, world_judge_spec
-
-
-def pretrain_captioner(model_dir: str | os.PathLike, shards: str | os.PathLike, out_dir: str | os.PathLike,
-                       steps: int = 300, batch_size: int = 16, lr: float = 2e-3, seed: int = 0,
-                       show_progress: bool = True, freeze_vision: bool = False) -> dict:
-    """Caption-generation pre-training of a saved VLM on shards; saves model + processor to ``out_dir``.
-
-    Each sample is the chat turn ``[image, "Describe this image in detail."]`` followed by its caption (the
-    prompt of :mod:`halsift.filtering.vlm_likelihood`, so ``mode=pmi`` reads the captioner as it was trained); the loss is the
-    next-token cross-entropy on the caption tokens only. Returns ``{"loss_first", "loss_last", "cpu_seconds",
-    "samples"}``.
-    """
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    from halsift.corpus.images import SkipCounter, decode_sample
-    from halsift.corpus.shards import iter_samples
-    from halsift.filtering.vlm_detector import VlmDetector
-    from halsift.filtering.vlm_likelihood import describe_prefix
-
-    t0 = time.process_time()
-    torch.manual_seed(seed)
-    processor = AutoProcessor.from_pretrained(str(model_dir))
-    model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32)
-    batcher = VlmDetector.from_model(model, processor, mode="yes_prob")  # lends its left-padded batch builder
-    tok = processor.tokenizer
-    skipped = SkipCounter()
-    pairs = []
-    for s in iter_samples(shards, skipped):
-        img = decode_sample(s, skipped)
-        text = pretrain_caption(s)
-        if img is not None and text:
-            pairs.append((img, " " + text + (tok.eos_token or "")))
-    if not pairs:
-        raise ValueError(f"pretrain: no usable samples in {shards} ({skipped.summary()})")
-    describe = {}  # image index -> processor features: each image is processed once
-    if freeze_vision:  # LLaVA stage 1: the (pre-trained) vision tower stays as it is
-        model.model.vision_tower.requires_grad_(False)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
-    gen = torch.Generator().manual_seed(seed)
-    model.train()
-    losses = []
-    bar = progress(total=steps, desc="pretrain judge", unit="step", disable=not show_progress)
-    for step in range(steps):
-        idx = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()
-        for i in idx:
-            if i not in describe:
-                describe[i] = describe_prefix(processor, batcher.fit_image(pairs[i][0]))
-        prefixes = [describe[i] for i in idx]
-        conts = [tok(pairs[i][1], add_special_tokens=False)["input_ids"] for i in idx]
-        batch = batcher.full_batch(prefixes, conts)
-        n = max(len(c) for c in conts)
-        logits = model(**batch, use_cache=False, logits_to_keep=n + 1).logits[:, :-1].float()
-        target = batch["input_ids"][:, -n:].clone()
-        for r, c in enumerate(conts):  # rows are left-padded: each continuation ends at the last column
-            target[r, :n - len(c)] = -100
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                                 ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-        bar.update()
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    bar.close()
-    out = Path(out_dir)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.eval().save_pretrained(str(tmp))
-    processor.save_pretrained(str(tmp))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    k = max(1, min(20, steps // 5))
-    return {"loss_first": sum(losses[:k]) / k, "loss_last": sum(losses[-k:]) / k,
-            "cpu_seconds": time.process_time() - t0, "samples": len(pairs)}
 
 
 def init_llava_vision(model_dir: Path, image_size: int, patch_size: int = 8, seed: int = 0,
@@ -256,6 +177,7 @@ def build_world_judge(world_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                       settings: WorldJudgeSettings | None = None, show_progress: bool = False) -> str:
     """Build (or reuse from ``out_dir``) the synthetic world's VLM judge; returns its spec ``lora:DIR``."""
     from halsift.synth.tiny_vlm import build_tiny_vlm
+    from halsift.training.caption_pretrain import CaptionPretrainConfig, pretrain_captioner
     from halsift.training.detector_config import DetectorTrainConfig
     from halsift.training.detector_train import train_detector
 
@@ -290,10 +212,12 @@ def build_world_judge(world_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                                feature_layer=settings.vision_layer, select_strategy=settings.vision_select)
     elif settings.arch == "llava" and vision != (32, 8, False):  # the tiny LLaVA's own tower otherwise
         init_llava_vision(out / "base", settings.image_size, settings.patch_size, seed, settings.fan_in_projector)
-    pre = pretrain_captioner(out / "base", world / "pretrain", out / "pretrained", steps=settings.pretrain_steps,
-                             batch_size=settings.pretrain_batch, lr=settings.pretrain_lr, seed=seed,
-                             show_progress=show_progress,
-                             freeze_vision=bool(settings.vision_from) and settings.freeze_vision_pretrain)
+    pre = pretrain_captioner(CaptionPretrainConfig(
+        model=str(out / "base"), shards=str(world / "pretrain"), out=str(out / "pretrain_run"),
+        save_to=str(out / "pretrained"), steps=settings.pretrain_steps, batch_size=settings.pretrain_batch,
+        lr=settings.pretrain_lr, seed=seed,
+        freeze_vision=bool(settings.vision_from) and settings.freeze_vision_pretrain),
+        caption_of=pretrain_caption, show_progress=show_progress)
     bench = world / "bench" / "bench.jsonl"
     if settings.extra_images or settings.swap_negatives:
         size = json.loads((world / "world.json").read_text()).get("image_size", 64)
@@ -314,4 +238,4 @@ def build_world_judge(world_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     return spec
 
 
-__all__ = ["WorldJudgeSettings", "build_world_judge", "pretrain_captioner", "world_judge_spec"]
+__all__ = ["WorldJudgeSettings", "build_world_judge", "pretrain_caption", "world_judge_spec"]

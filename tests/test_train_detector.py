@@ -138,20 +138,21 @@ def test_resume_continues_from_checkpoint(data, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
     import halsift.training.detector_train as dt
+    from halsift.training import engine
 
     straight = dt.train_detector(_cfg(base=CLIP, bench=str(data["bench"]), out=str(tmp_path / "a")))
-    real = dt.save_checkpoint
+    real = engine.save_checkpoint
 
-    def save_then_die(out, step, *a, **kw):
-        path = real(out, step, *a, **kw)
+    def save_then_die(acc, out, step, *a, **kw):
+        path = real(acc, out, step, *a, **kw)
         if step == 2:
             raise KeyboardInterrupt("simulated kill after step 2's checkpoint")
         return path
 
-    monkeypatch.setattr(dt, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(engine, "save_checkpoint", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         dt.train_detector(_cfg(base=CLIP, bench=str(data["bench"]), out=str(tmp_path / "b")))
-    monkeypatch.setattr(dt, "save_checkpoint", real)
+    monkeypatch.setattr(engine, "save_checkpoint", real)
     assert not (tmp_path / "b" / "checkpoints" / "step_000004").exists()
     resumed = dt.train_detector(_cfg(base=CLIP, bench=str(data["bench"]), out=str(tmp_path / "b"), resume=True))
     a = load_file(str(tmp_path / "a" / "checkpoints" / "step_000004" / "model.safetensors"))

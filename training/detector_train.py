@@ -1,13 +1,14 @@
 """``halsift train detector``: LoRA fine-tuning of a ``clip`` or ``vlm`` detector on an annotated bench.
 
-Reads top to bottom: setup -> train (val AUROC every ``eval_every`` steps, early stopping) -> export -> cleanup.
-Runs unchanged under ``python``, ``torchrun`` and ``accelerate launch`` (gloo on CPU). Rows labelled ``unknown``
-are left out; rows of ``train_split`` train, rows of ``val_split`` pick the best step.
+:class:`DetectorTask` is the detector task of :mod:`halsift.training.engine` (val AUROC every ``eval_every`` steps,
+early stopping, export of the best adapter); :func:`train_detector` runs it. Runs unchanged under ``python``,
+``torchrun`` and ``accelerate launch`` (gloo on CPU). Rows labelled ``unknown`` are left out; rows of
+``train_split`` train, rows of ``val_split`` pick the best step.
 
 Run folder (``cfg.out``)::
 
     config.json, run_info.json, metrics.jsonl    resolved config, world size, one JSON line per log/eval
-    checkpoints/step_NNNNNN/   trainable weights (model.safetensors), optimizer.pt, scheduler.pt, rng.pt, state.json
+    checkpoints/step_NNNNNN/   the engine's checkpoint; model.safetensors holds only the trainable weights
     best/                      the adapter of the best val AUROC so far (replaced atomically on improvement)
     adapter/                   the exported detector (= best/, or the last step without validation):
                                adapter_model.safetensors + adapter_config.json (peft), head.safetensors (clip),
@@ -32,12 +33,10 @@ import torch
 
 from halsift.corpus.bench import BenchFormatError
 from halsift.corpus.images import SkipCounter
-from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
 from halsift.filtering.base import Item
-from halsift.training.clip_train import (MetricsLog, NonFiniteWatch, complete_checkpoints, cosine_with_warmup,
-                                         load_checkpoint, save_checkpoint)
 from halsift.training.detector_config import DetectorTrainConfig
+from halsift.training.engine import Task, cosine_with_warmup, run
 
 EXPORT_FORMAT = "halsift-lora-detector/1"
 
@@ -142,23 +141,6 @@ class _Examples(torch.utils.data.Dataset):
         return with_image(self.items[i]), int(self.labels[i])
 
 
-class TrainableView:
-    """The trainable parameters of a module as a state dict (what checkpoints hold; the frozen base is not saved)."""
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        self.module = module
-
-    def state_dict(self) -> dict:
-        return {n: p for n, p in self.module.named_parameters() if p.requires_grad}
-
-    def load_state_dict(self, state: dict) -> None:
-        want = set(self.state_dict())
-        if set(state) != want:
-            raise ValueError(f"checkpoint does not match the model's trainable parameters "
-                             f"(missing {sorted(want - set(state))[:3]}, unexpected {sorted(set(state) - want)[:3]})")
-        self.module.load_state_dict(state, strict=False)
-
-
 # ---------------------------------------------------------------------------------------------- tasks
 def build_task(cfg: DetectorTrainConfig):
     """The kind-specific half of a run: ``.module`` (trainable nn.Module), ``.collate``, ``.forward(module, batch)``
@@ -233,176 +215,147 @@ def val_auroc(detector, items: list[Item], labels: np.ndarray, batch_size: int, 
     return {"val/auroc": pooled, **({"val/auroc_mean": by_gen["mean"]} if "mean" in by_gen else {})}
 
 
-# ---------------------------------------------------------------------------------------------- the run
-def train_detector(cfg: DetectorTrainConfig) -> dict:
-    """Run (or resume) LoRA fine-tuning; returns ``{"adapter": path, "best_step", "val/auroc", ...}``."""
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs, set_seed
+# ---------------------------------------------------------------------------------------------- the task
+class DetectorTask(Task):
+    """LoRA fine-tuning of a ``clip`` or ``vlm`` detector: binary cross-entropy of its score on bench rows, val
+    AUROC every ``eval_every`` steps (and at step 0: the base), early stopping, the best adapter exported."""
 
-    # ---- setup ---------------------------------------------------------------------------------
-    cfg.validate()
-    kind = cfg.resolved_kind()
-    if not Path(cfg.bench).is_file():
-        raise FileNotFoundError(f"bench: {cfg.bench} does not exist")
-    cuda = torch.cuda.is_available()
-    multi = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
-    handlers = [InitProcessGroupKwargs(backend="nccl" if cuda else "gloo")] if multi else []
-    accelerator = Accelerator(cpu=not cuda, kwargs_handlers=handlers)
-    rank, world = accelerator.process_index, accelerator.num_processes
-    train_rows = bench_examples(cfg.bench, cfg.train_split)
-    val_rows = bench_examples(cfg.bench, cfg.val_split) if cfg.val_split else []
-    if cfg.max_val_rows:
-        val_rows = val_rows[:cfg.max_val_rows]
-    skipped = SkipCounter(max_examples=1000)
-    train_items, y_train = readable_items(row_items(cfg.bench, [r for r, _ in train_rows]),
-                                          np.array([y for _, y in train_rows], dtype=np.int64), skipped)
-    val_items, y_val = readable_items(row_items(cfg.bench, [r for r, _ in val_rows]),
-                                      np.array([y for _, y in val_rows], dtype=np.int64), skipped)
-    if len(set(y_train.tolist())) < 2:
-        raise BenchFormatError(f"bench {cfg.bench}: split {cfg.train_split!r} needs correct and incorrect rows with "
-                               f"readable images, has {int(y_train.sum())} correct of {len(y_train)} usable labelled "
-                               f"rows ({skipped.summary()})")
-    if skipped.total:
-        warnings.warn(f"bench {cfg.bench}: {skipped.summary()} rows with unreadable images left out", stacklevel=2)
-    out = Path(cfg.out)
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "config.json", cfg.to_dict())
-        write_json_atomic(out / "run_info.json", {"world_size": world, "device": str(accelerator.device),
-                                                  "distributed_type": str(accelerator.distributed_type), "kind": kind,
-                                                  "train_rows": len(train_items), "val_rows": len(val_items),
-                                                  "skipped": skipped.to_json()})
-    set_seed(cfg.seed)
-    task = build_task(cfg)
-    module = task.module.to(accelerator.device)
-    groups = task.param_groups(cfg)
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.wd)
-    scheduler = cosine_with_warmup(optimizer, cfg.warmup, cfg.steps)
-    n_pos = int(y_train.sum())
-    class_w = (torch.tensor([len(y_train) / (2 * (len(y_train) - n_pos)), len(y_train) / (2 * n_pos)])
-               if cfg.balance == "loss" else torch.ones(2))
+    unit, rate_key = "sent", "train/sentences_per_s"
 
-    start, state = 0, {"best_auroc": None, "best_step": 0, "bad_evals": 0, "stopped_early": False}
-    ckpts = complete_checkpoints(out) if cfg.resume else []
-    if ckpts:
-        saved = load_checkpoint(ckpts[-1], TrainableView(module), optimizer, scheduler)
-        start = int(saved["step"])
-        state.update({k: saved[k] for k in state if k in saved})
-        accelerator.print(f"resuming from {ckpts[-1]} (step {start})")
-    elif cfg.resume:
-        accelerator.print(f"resume: no complete checkpoint in {out / 'checkpoints'}; starting from step 0")
-    model, optimizer = accelerator.prepare(module, optimizer)
-    unwrapped = accelerator.unwrap_model(model)
-    sampler = StepBatches(y_train, cfg.batch_size, cfg.seed, start, cfg.steps, rank, world, cfg.balance)
-    loader = torch.utils.data.DataLoader(_Examples(train_items, y_train), batch_sampler=sampler,
-                                         collate_fn=task.collate, num_workers=cfg.workers)
-    log = MetricsLog(out, cfg, accelerator.is_main_process, start if ckpts else None)
+    def __init__(self, cfg: DetectorTrainConfig) -> None:
+        cfg.validate()
+        self.cfg, self.kind = cfg, cfg.resolved_kind()
+        if not Path(cfg.bench).is_file():
+            raise FileNotFoundError(f"bench: {cfg.bench} does not exist")
+        self.desc, self.out = f"train detector ({self.kind})", Path(cfg.out)
+        self.progress = {"best_auroc": None, "best_step": 0, "bad_evals": 0, "stopped_early": False}
 
-    def checkpoint(step: int) -> None:
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            save_checkpoint(out, step, TrainableView(unwrapped), optimizer.optimizer, scheduler,
-                            {"world_size": world, "batch_size": cfg.batch_size, "seed": cfg.seed, **state},
-                            keep=cfg.keep_checkpoints)
-        accelerator.wait_for_everyone()
+    @property
+    def stopped(self) -> bool:
+        return self.progress["stopped_early"]
 
-    def evaluate(step: int) -> bool:
-        """Val AUROC; export ``best/`` on improvement; returns True when training should stop early."""
-        metrics = val_auroc(task.detector(unwrapped), val_items, y_val, cfg.eval_batch_size, rank, world) \
-            if len(val_items) else {}
+    def setup(self, accelerator) -> dict:
+        """The labelled train/val rows whose images are readable (the others skipped and counted)."""
+        cfg = self.cfg
+        self.accelerator = accelerator
+        train_rows = bench_examples(cfg.bench, cfg.train_split)
+        val_rows = bench_examples(cfg.bench, cfg.val_split) if cfg.val_split else []
+        if cfg.max_val_rows:
+            val_rows = val_rows[:cfg.max_val_rows]
+        skipped = SkipCounter(max_examples=1000)
+        self.train_items, self.y_train = readable_items(row_items(cfg.bench, [r for r, _ in train_rows]),
+                                                        np.array([y for _, y in train_rows], dtype=np.int64), skipped)
+        self.val_items, self.y_val = readable_items(row_items(cfg.bench, [r for r, _ in val_rows]),
+                                                    np.array([y for _, y in val_rows], dtype=np.int64), skipped)
+        y = self.y_train
+        if len(set(y.tolist())) < 2:
+            raise BenchFormatError(f"bench {cfg.bench}: split {cfg.train_split!r} needs correct and incorrect rows "
+                                   f"with readable images, has {int(y.sum())} correct of {len(y)} usable labelled "
+                                   f"rows ({skipped.summary()})")
+        if skipped.total:
+            warnings.warn(f"bench {cfg.bench}: {skipped.summary()} rows with unreadable images left out", stacklevel=3)
+        return {"kind": self.kind, "train_rows": len(self.train_items), "val_rows": len(self.val_items),
+                "skipped": skipped.to_json()}
+
+    def build(self, accelerator):
+        cfg, y = self.cfg, self.y_train
+        self.task = build_task(cfg)
+        module = self.task.module.to(accelerator.device)
+        optimizer = torch.optim.AdamW(self.task.param_groups(cfg), lr=cfg.lr, weight_decay=cfg.wd)
+        n_pos = int(y.sum())
+        self.class_w = (torch.tensor([len(y) / (2 * (len(y) - n_pos)), len(y) / (2 * n_pos)])
+                        if cfg.balance == "loss" else torch.ones(2))
+        return module, optimizer, cosine_with_warmup(optimizer, cfg.warmup, cfg.steps)
+
+    def resume(self, state: dict) -> None:
+        self.progress.update({k: state[k] for k in self.progress if k in state})
+
+    def batches(self, start: int):
+        acc, cfg = self.accelerator, self.cfg
+        sampler = StepBatches(self.y_train, cfg.batch_size, cfg.seed, start, cfg.steps, acc.process_index,
+                              acc.num_processes, cfg.balance)
+        yield from torch.utils.data.DataLoader(_Examples(self.train_items, self.y_train), batch_sampler=sampler,
+                                               collate_fn=self.task.collate, num_workers=cfg.workers)
+
+    def begin(self, model, start: int) -> bool:
+        self.t0 = time.perf_counter()
+        return start == 0 and bool(len(self.val_items)) and not self.stopped  # the base detector's val AUROC
+
+    def loss(self, model, batch) -> torch.Tensor:
+        labels = batch.pop("labels").to(self.accelerator.device)
+        logits = self.task.forward(model, batch, self.accelerator.device)
+        w = self.class_w.to(labels.device)[labels.long()]
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), labels, weight=w)
+
+    def due(self, step: int) -> tuple[bool, bool]:
+        evals = step % self.cfg.eval_every == 0 or step == self.cfg.steps
+        return evals, evals or bool(self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0)
+
+    def evaluate(self, model, step: int) -> tuple[dict, bool]:
+        """Val AUROC; ``best/`` exported on improvement; stop after ``patience`` evaluations without one."""
+        cfg, acc, state = self.cfg, self.accelerator, self.progress
+        if step:  # step 0 scores the base as the loop left it
+            model.eval()
+        metrics = val_auroc(self.task.detector(acc.unwrap_model(model)), self.val_items, self.y_val,
+                            cfg.eval_batch_size, acc.process_index, acc.num_processes) if len(self.val_items) else {}
+        if step:
+            model.train()
         auc = metrics.get("val/auroc")
         if auc is not None and (state["best_auroc"] is None or auc > state["best_auroc"]):
             state.update(best_auroc=auc, best_step=step, bad_evals=0)
-            if accelerator.is_main_process:
-                _export(task, out, "best", {"step": step, "val_auroc": round(auc, 4)})
+            if acc.is_main_process:
+                _export(self.task, self.out, "best", {"step": step, "val_auroc": round(auc, 4)})
         elif auc is not None:
             state["bad_evals"] += 1
-        log.log(step, {**metrics, "val/best_auroc": state["best_auroc"] or float("nan")})
-        return bool(cfg.patience and state["bad_evals"] >= cfg.patience)
+        stop = bool(cfg.patience and state["bad_evals"] >= cfg.patience)
+        if step:  # (the engine ignores ``stop`` at step 0)
+            state["stopped_early"] = stop
+        if stop and step:
+            acc.print(f"early stop at step {step}: no better val AUROC in {cfg.patience} evaluations "
+                      f"(best {state['best_auroc']:.2f} at step {state['best_step']})")
+        return {**metrics, "val/best_auroc": state["best_auroc"] or float("nan")}, stop
 
-    # ---- train ---------------------------------------------------------------------------------
-    bar = progress(total=cfg.steps * cfg.batch_size * world, initial=start * cfg.batch_size * world,
-                   desc=f"train detector ({kind})", unit="sent", disable=not accelerator.is_local_main_process)
-    t0, step, t_last, n_last = time.perf_counter(), start, time.perf_counter(), 0
-    # the loss stays on the device between log/eval/checkpoint steps: a non-finite one is recorded there and
-    # checked before anything is logged, evaluated or saved
-    watch = NonFiniteWatch(accelerator.device)
+    def state(self, step: int) -> dict:
+        return {"world_size": self.accelerator.num_processes, "batch_size": self.cfg.batch_size, "seed": self.cfg.seed,
+                **self.progress}
 
-    def stop_if_nonfinite() -> None:
-        bad = watch.seen()
-        if bad:
-            raise FloatingPointError(f"loss is {bad[1]} at step {bad[0]}; stopped without saving")
+    def weights(self, model) -> dict[str, torch.Tensor]:
+        """Only the trainable parameters (the frozen base is not saved)."""
+        return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
-    model.train()
-    if start == 0 and len(val_items) and not state["stopped_early"]:
-        evaluate(0)  # the base detector's val AUROC: the tuned one has to beat it to replace it
-    try:
-        for batch in (loader if not state["stopped_early"] else []):
-            labels = batch.pop("labels").to(accelerator.device)
-            logits = task.forward(model, batch, accelerator.device)
-            w = class_w.to(labels.device)[labels.long()]
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), labels, weight=w)
-            value = loss.detach().float()
-            watch.observe(value, step + 1)
-            accelerator.backward(loss)
-            if cfg.grad_clip > 0:
-                accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            step += 1
-            n_last += len(labels) * world
-            bar.update(len(labels) * world)
-            evals = step % cfg.eval_every == 0 or step == cfg.steps
-            saves = evals or bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-            logs = step % cfg.log_every == 0 or step == cfg.steps
-            if logs or saves:
-                stop_if_nonfinite()
-            if logs:
-                now = time.perf_counter()
-                value = float(value)
-                log.log(step, {"train/loss": value, "train/lr": scheduler.get_last_lr()[0],
-                               "train/sentences_per_s": n_last / max(now - t_last, 1e-9)})
-                bar.set_postfix(loss=f"{value:.4f}")
-                t_last, n_last = now, 0
-            stop = False
-            if evals:
-                model.eval()
-                stop = evaluate(step)
-                model.train()
-                state["stopped_early"] = stop
-            if stop or saves:
-                checkpoint(step)
-            if stop:
-                accelerator.print(f"early stop at step {step}: no better val AUROC in {cfg.patience} evaluations "
-                                  f"(best {state['best_auroc']:.2f} at step {state['best_step']})")
-                break
-        # ---- export: the best adapter (or the last one without validation) ------------------------
-        result = {"kind": kind, "last_step": step, "best_step": state["best_step"], "val/auroc": state["best_auroc"],
-                  "train_seconds": time.perf_counter() - t0}
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
+    def load_weights(self, model, state: dict[str, torch.Tensor]) -> None:
+        want = set(self.weights(model))
+        if set(state) != want:
+            raise ValueError(f"checkpoint does not match the model's trainable parameters "
+                             f"(missing {sorted(want - set(state))[:3]}, unexpected {sorted(set(state) - want)[:3]})")
+        model.load_state_dict(state, strict=False)
+
+    def finish(self, model, step: int) -> dict:
+        """``adapter/``: the best adapter (or the last one without validation), merged too with ``merge``."""
+        acc, out, state = self.accelerator, self.out, self.progress
+        result = {"kind": self.kind, "last_step": step, "best_step": state["best_step"],
+                  "val/auroc": state["best_auroc"], "train_seconds": time.perf_counter() - self.t0}
+        acc.wait_for_everyone()
+        if acc.is_main_process:
             if state["best_auroc"] is None or not (out / "best").is_dir():
-                _export(task, out, "best", {"step": step, "val_auroc": None})
-            final = out / "adapter"
-            tmp = out / f".adapter.tmp-{os.getpid()}"
+                _export(self.task, out, "best", {"step": step, "val_auroc": None})
+            final, tmp = out / "adapter", out / f".adapter.tmp-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(out / "best", tmp)
-            if cfg.merge:
-                task.load_export(tmp)  # merge the best adapter, not the last one
-                task.export_merged(tmp / "merged")
+            if self.cfg.merge:
+                self.task.load_export(tmp)  # merge the best adapter, not the last one
+                self.task.export_merged(tmp / "merged")
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             write_json_atomic(out / "result.json", {**result, "adapter": str(final.resolve())})
-        accelerator.wait_for_everyone()
-        result["adapter"] = str((out / "adapter").resolve())
-    finally:
-        # ---- cleanup -----------------------------------------------------------------------------
-        bar.close()
-        log.close()
-        accelerator.end_training()
-    return result
+        acc.wait_for_everyone()
+        return {**result, "adapter": str((out / "adapter").resolve())}
 
 
-__all__ = ["EXPORT_FORMAT", "StepBatches", "TrainableView", "absolute_spec", "bench_examples", "row_items",
+def train_detector(cfg: DetectorTrainConfig) -> dict:
+    """Run (or resume) LoRA fine-tuning; returns ``{"adapter": path, "best_step", "val/auroc", ...}``."""
+    return run(DetectorTask(cfg))
+
+
+__all__ = ["DetectorTask", "EXPORT_FORMAT", "StepBatches", "absolute_spec", "bench_examples", "row_items",
            "train_detector", "val_auroc"]

@@ -114,7 +114,7 @@ class ClipTask:
         import yaml
 
         from halsift.filtering.spec import format_spec, parse_spec
-        from halsift.training.clip_train import save_state_dict_safetensors
+        from halsift.training.engine import save_state_dict_safetensors
 
         folder.mkdir(parents=True, exist_ok=True)
         merged = copy.deepcopy(self.peft).merge_and_unload()
