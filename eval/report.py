@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from halsift.corpus.atomic import atomic_file, write_text_atomic
-
-NA = "n/a"
+from halsift.eval.markdown import NA, fmt
+from halsift.eval.markdown import md_table as _table
 
 PLOT_TITLES = {  # plots/<name> -> its caption (report.md headings, index.html captions and alt text)
     "auroc_per_generator.png": "AUROC per generator (95% bootstrap CI)",
@@ -28,13 +28,7 @@ PLOT_TITLES = {  # plots/<name> -> its caption (report.md headings, index.html c
 
 
 def _fmt(v: float | None, digits: int = 1) -> str:
-    return NA if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}f}"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
+    return fmt(v, digits)
 
 
 def generator_order(bench: pd.DataFrame) -> list[tuple[str, str]]:
