@@ -42,9 +42,10 @@ class VigilEvalConfig:
             raise ValueError(f"encoder: expected one of {ENCODERS}, got {self.encoder!r}")
         if self.encoder == "open_clip" and not self.clip_arch:
             raise ValueError("clip_arch: required with encoder open_clip")
-        if self.min_area < 1 or not 0 <= self.min_saturation < 1:
-            raise ValueError(f"min_area/min_saturation: expected >= 1 / in [0, 1), got {self.min_area}/"
-                             f"{self.min_saturation}")
+        if self.min_area < 1:
+            raise ValueError(f"min_area: must be >= 1, got {self.min_area}")
+        if not 0 <= self.min_saturation < 1:
+            raise ValueError(f"min_saturation: expected a value in [0, 1), got {self.min_saturation}")
         if self.synthetic:
             if self.annotations:
                 raise ValueError("synthetic: give either synthetic or annotations, not both")
