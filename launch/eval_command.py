@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import typing
 from collections.abc import Callable, Mapping
 
-# eval name -> "module:function" building that eval's data from the synthetic world (given the eval's config)
-SYNTHETIC = {"ihalla": "halsift.synth.ihalla:synthetic_answers", "vope": "halsift.synth.vope:synthetic_records",
-             "vigil": "halsift.synth.vigil:synthetic_inputs"}
+
+def synthetic_data(name: str, config):
+    """The synthetic world's data for evaluation ``name`` under ``config`` (None for an eval without one)."""
+    if name == "ihalla":
+        from halsift.synth.ihalla import synthetic_answers as build
+    elif name == "vope":
+        from halsift.synth.vope import synthetic_records as build
+    elif name == "vigil":
+        from halsift.synth.vigil import synthetic_inputs as build
+    else:
+        return None
+    return build(config)
 
 
 def run_eval(name: str, config):
@@ -22,10 +30,8 @@ def run_eval(name: str, config):
     from halsift.eval.registry import EVALS
 
     entry = EVALS[name]
-    if getattr(config, "synthetic", False) and name in SYNTHETIC:
-        module, func = SYNTHETIC[name].split(":")
-        return entry.run(config, getattr(importlib.import_module(module), func)(config))
-    return entry.run(config)
+    data = synthetic_data(name, config) if getattr(config, "synthetic", False) else None
+    return entry.run(config) if data is None else entry.run(config, data)
 
 
 def eval_command(name: str, metavars: Mapping[str, str] | None = None) -> tuple[str, Callable, Callable]:
