@@ -13,6 +13,7 @@ from typing import Any
 
 from halsift.corpus.config import ConfigError, field
 from halsift.eval.result import EvalResult
+from halsift.eval.source import check_source, resolve_data
 
 ANSWER_MODES = ("logits", "generate")
 
@@ -36,16 +37,9 @@ class IhallaEvalConfig:
     def validate(self) -> None:
         if self.answer_mode not in ANSWER_MODES:
             raise ValueError(f"answer_mode: expected one of {ANSWER_MODES}, got {self.answer_mode!r}")
-        if self.synthetic:
-            if self.qa or self.predictions:
-                raise ValueError("synthetic: give either synthetic or qa/predictions, not both")
-            if self.prompts < 1:
-                raise ValueError(f"prompts: must be >= 1, got {self.prompts}")
-            return
-        if self.answerer:
+        if self.answerer and not self.synthetic:
             raise ValueError("answerer: only with synthetic (with qa, give the answers as predictions)")
-        if not self.qa or not self.predictions:
-            raise ValueError("qa: give qa and predictions (or synthetic)")
+        check_source(self.synthetic, {"qa": self.qa, "predictions": self.predictions}, "prompts", self.prompts)
 
 
 @dataclass
@@ -143,13 +137,7 @@ def run_ihalla(config: IhallaEvalConfig, data: IhallaAnswers | None = None) -> E
     from halsift.eval.eval_report import write_outputs
     from halsift.eval.ihalla import correlations, ihalla_metrics, ihalla_scores, prompt_scores
 
-    if not config.out:
-        raise ConfigError("out: an output folder is required")
-    if data is None:
-        if config.synthetic:
-            raise ConfigError("synthetic: the synthetic world's answers come from halsift.synth.ihalla."
-                              "synthetic_answers (passed as data); `halsift eval ihalla --synthetic` wires it")
-        data = load_answers(config)
+    data = resolve_data(config, data, load_answers, "halsift.synth.ihalla.synthetic_answers")
     answers, true_error = data.answers, data.true_error
     metrics = ihalla_metrics(answers, data.reference)
     scores = ihalla_scores(answers)

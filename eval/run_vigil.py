@@ -14,6 +14,7 @@ from typing import Any
 
 from halsift.corpus.config import ConfigError, field
 from halsift.eval.result import EvalResult
+from halsift.eval.source import check_source, resolve_data
 
 ENCODERS = ("colour-shape", "open_clip")
 
@@ -46,13 +47,7 @@ class VigilEvalConfig:
             raise ValueError(f"min_area: must be >= 1, got {self.min_area}")
         if not 0 <= self.min_saturation < 1:
             raise ValueError(f"min_saturation: expected a value in [0, 1), got {self.min_saturation}")
-        if self.synthetic:
-            if self.annotations:
-                raise ValueError("synthetic: give either synthetic or annotations, not both")
-            if self.per_category < 1:
-                raise ValueError(f"per_category: must be >= 1, got {self.per_category}")
-        elif not self.annotations:
-            raise ValueError("annotations: give an annotation file (or synthetic)")
+        check_source(self.synthetic, {"annotations": self.annotations}, "per_category", self.per_category)
 
 
 @dataclass
@@ -196,13 +191,7 @@ def run_vigil(config: VigilEvalConfig, data: VigilInputs | None = None) -> EvalR
     """
     from halsift.eval.eval_report import write_outputs
 
-    if not config.out:
-        raise ConfigError("out: an output folder is required")
-    if data is None:
-        if config.synthetic:
-            raise ConfigError("synthetic: the synthetic composites come from halsift.synth.vigil.synthetic_inputs "
-                              "(passed as data); `halsift eval vigil --synthetic` wires it")
-        data = load_inputs(config)
+    data = resolve_data(config, data, load_inputs, "halsift.synth.vigil.synthetic_inputs")
     metrics, analyses, splits, _, baselines = score_records(data)
     out = Path(config.out)
     findings = write_findings(out / "findings.jsonl", data.records, analyses, splits)

@@ -13,6 +13,7 @@ from typing import Any
 
 from halsift.corpus.config import ConfigError, field
 from halsift.eval.result import EvalResult
+from halsift.eval.source import check_source, resolve_data
 
 UNPARSED = ("yes", "no", "exclude")
 _NO_PUNCT = r"^\s*no\s*[.!,;:]"  # "No." / "No, ...": the official code reads these as yes; here they are no
@@ -34,13 +35,7 @@ class VopeEvalConfig:
     def validate(self) -> None:
         if self.unparsed not in UNPARSED:
             raise ValueError(f"unparsed: expected one of {UNPARSED}, got {self.unparsed!r}")
-        if self.synthetic:
-            if self.responses:
-                raise ValueError("synthetic: give either synthetic or responses, not both")
-            if self.images < 1:
-                raise ValueError(f"images: must be >= 1, got {self.images}")
-        elif not self.responses:
-            raise ValueError("responses: give a responses file (or synthetic)")
+        check_source(self.synthetic, {"responses": self.responses}, "images", self.images)
 
 
 @dataclass
@@ -149,13 +144,7 @@ def run_vope(config: VopeEvalConfig, data: VopeRecords | None = None) -> EvalRes
     from halsift.eval.eval_report import write_outputs
     from halsift.eval.vope import records_frame, vope_metrics
 
-    if not config.out:
-        raise ConfigError("out: an output folder is required")
-    if data is None:
-        if config.synthetic:
-            raise ConfigError("synthetic: the simulated responders come from halsift.synth.vope.synthetic_records "
-                              "(passed as data); `halsift eval vope --synthetic` wires it")
-        data = load_records(config)
+    data = resolve_data(config, data, load_records, "halsift.synth.vope.synthetic_records")
     metrics = vope_metrics(data.records)
     metrics.update(data.extra_metrics)
     pairs = sorted({(r.model, r.task) for r in data.records})

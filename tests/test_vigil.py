@@ -106,19 +106,9 @@ def test_cli_synthetic(tmp_path):
 
 
 def test_cli_annotation_files(tmp_path):
-    ref = np.full((20, 20, 3), 255, np.uint8)
-    ref[4:14, 3:15] = (200, 30, 30)
-    Image.fromarray(ref).save(tmp_path / "ref.png")
-    Image.fromarray(_scene(draw_obj=False)).save(tmp_path / "bg.png")
-    ann = []
-    for name, gen, lab in (("clean", _scene(), ""), ("gone", _scene(draw_obj=False), "box missing")):
-        Image.fromarray(gen).save(tmp_path / f"{name}.png")
-        ann.append({"generated_photo": f"{name}.png", "background_photo": "bg.png", "object_photos": ["ref.png"],
-                    "prompt": "Place the red box", "category": "toys",
-                    "hallucination": {"objects": "", "background": "", "object_omission": lab}})
-    (tmp_path / "ann.json").write_text(json.dumps(ann))
+    ann = _annotation_files(tmp_path)
     out = tmp_path / "o"
-    assert main(["eval", "vigil", "--annotations", str(tmp_path / "ann.json"), "--out", str(out)]) == 0
+    assert main(["eval", "vigil", "--annotations", str(ann), "--out", str(out)]) == 0
     m = json.loads((out / "metrics.json").read_text())
     assert m["f1/object_omission"] == 1.0 and m["records"] == 2
 
