@@ -201,11 +201,14 @@ def self_preference(aurocs: Mapping[str, Mapping[str, float]], mapping: Mapping[
 
 
 def ensemble_scores(member_scores: Sequence[np.ndarray | pd.Series]) -> np.ndarray:
-    """Ensemble score = mean of the members' scores per sentence (Table 6)."""
+    """Ensemble score = mean of the members' scores per sentence (Table 6): the ``ensemble`` detector's
+    :func:`halsift.filtering.ensemble.combine` with equal weights and no normalisation."""
+    from halsift.filtering.ensemble import combine
+
     if len(member_scores) < 2:
         raise MetricError("ensemble: needs at least two members")
     arr = np.vstack([np.asarray(s, dtype=np.float64) for s in member_scores])
-    return arr.mean(axis=0)
+    return combine(arr, [1.0] * len(arr), "none")
 
 
 def ensemble_gain(ensemble: Mapping[str, float], members: Sequence[Mapping[str, float]]) -> dict[str, float]:

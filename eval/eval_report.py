@@ -7,19 +7,10 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ..corpus.shards import write_json_atomic
-from .report import _table as md_table  # one table renderer for every report
-
 from halsift.corpus.atomic import atomic_file, write_text_atomic
-
-NA = "n/a"
-
-
-def fmt(v: float | None, digits: int = 3) -> str:
-    """A number for a markdown cell; None/NaN -> 'n/a'."""
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return NA
-    return f"{v:.{digits}f}"
+from halsift.corpus.shards import write_json_atomic
+from halsift.eval.markdown import NA, fmt, md_table
+from halsift.eval.result import EvalResult
 
 
 def flat_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -51,15 +42,18 @@ def save_plot(out_dir: Path, name: str, draw: Callable, figsize: tuple[float, fl
 
 
 def write_outputs(out_dir: str | os.PathLike, metrics: Mapping[str, float], md: Sequence[str],
-                  plots: Sequence[tuple[str, Path]] = ()) -> Path:
-    """Write ``metrics.json`` and ``report.md`` (markdown lines + an embedded plot section) under ``out_dir``."""
+                  plots: Sequence[tuple[str, Path]] = (), **files: Path) -> EvalResult:
+    """Write ``metrics.json`` and ``report.md`` (markdown lines + an embedded plot section) under ``out_dir``;
+    ``files`` names the other outputs already written there (for the result)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "metrics.json", flat_metrics(metrics))
+    flat = flat_metrics(metrics)
+    write_json_atomic(out / "metrics.json", flat)
     lines = list(md)
     if plots:
         lines += ["## Plots", ""] + [f"### {t}\n\n![{t}](plots/{p.name})\n" for t, p in plots]
-    return write_text_atomic(out / "report.md", "\n".join(lines) + "\n")
+    report = write_text_atomic(out / "report.md", "\n".join(lines) + "\n")
+    return EvalResult(flat, out, Path(report), out / "metrics.json", [p for _, p in plots], dict(files))
 
 
-__all__ = ["NA", "fmt", "md_table", "write_text_atomic", "flat_metrics", "save_plot", "write_outputs"]
+__all__ = ["NA", "EvalResult", "fmt", "md_table", "write_text_atomic", "flat_metrics", "save_plot", "write_outputs"]

@@ -168,7 +168,7 @@ def _pixels(image: Any) -> Any:
     raise TypeError(f"VLM answerer: expected a PIL image (or an object with .image), got {type(image).__name__}")
 
 
-ANSWER_MODES = ("logits", "generate")
+from halsift.eval.run_ihalla import ANSWER_MODES  # noqa: E402 (one list of modes, light module)
 
 
 def vlm_answerer(detector_or_spec: Any, mode: str = "logits") -> ChoiceVlmAnswerer:

@@ -82,7 +82,8 @@ def likelihood_metrics(table: pd.DataFrame) -> dict[str, float]:
 
 def likelihood_md(table: pd.DataFrame) -> str:
     """Markdown table: mean log-likelihood by position (columns, 1 = first sentence) for each label and image."""
-    from halsift.eval.report import _fmt, _table
+    from halsift.eval.markdown import fmt as _fmt
+    from halsift.eval.markdown import md_table as _table
 
     t = table[table["label"].isin(LABELS)]
     positions = sorted(int(p) for p in t["position"].unique())

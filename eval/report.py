@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from halsift.corpus.atomic import atomic_file, write_text_atomic
-
-NA = "n/a"
+from halsift.eval.markdown import NA, fmt
+from halsift.eval.markdown import md_table as _table
 
 PLOT_TITLES = {  # plots/<name> -> its caption (report.md headings, index.html captions and alt text)
     "auroc_per_generator.png": "AUROC per generator (95% bootstrap CI)",
@@ -28,13 +28,7 @@ PLOT_TITLES = {  # plots/<name> -> its caption (report.md headings, index.html c
 
 
 def _fmt(v: float | None, digits: int = 1) -> str:
-    return NA if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}f}"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
+    return fmt(v, digits)
 
 
 def generator_order(bench: pd.DataFrame) -> list[tuple[str, str]]:
@@ -105,28 +99,13 @@ def ensemble_md(bench: pd.DataFrame, results: Sequence) -> str | None:
     return _table(header, rows)
 
 
-def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.DataFrame | None,
-           self_pref_map: Mapping[str, str] | None, keep: float,
-           likelihood: pd.DataFrame | None = None) -> list[tuple[str, str]]:
-    import matplotlib
+def _bar_width(results: Sequence) -> float:
+    return 0.8 / max(1, len(results))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
-    out.mkdir(parents=True, exist_ok=True)
-    made: list[tuple[str, str]] = []
-
-    def save(fig, name: str) -> None:
-        fig.tight_layout()
-        with atomic_file(out / name, ".png") as tmp:
-            fig.savefig(tmp, dpi=100)
-        plt.close(fig)
-        made.append((PLOT_TITLES[name], f"plots/{name}"))
-
-    gens = [g for g, _ in generator_order(bench)]
+def _auroc_plot(plt, gens: list[str], results: Sequence):
     x = np.arange(len(gens))
-    width = 0.8 / max(1, len(results))
+    width = _bar_width(results)
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(gens) + 2), 4))
     for i, res in enumerate(results):
         vals = np.array([res.aurocs.get(f"auroc/{g}", np.nan) for g in gens])
@@ -142,7 +121,11 @@ def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.Data
     ax.set_ylabel("AUROC (0–100)")
     ax.set_ylim(0, 100)
     ax.legend(fontsize=7)
-    save(fig, "auroc_per_generator.png")
+    return fig
+
+
+def _position_plot(plt, results: Sequence):
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for res in results:
@@ -159,8 +142,11 @@ def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.Data
     axes[1].bar(bpos["position"] + 1, 100 * bpos["incorrect_rate"])
     axes[1].set_xlabel("sentence position")
     axes[1].set_ylabel("incorrect sentences (%)")
-    save(fig, "position.png")
+    return fig
 
+
+def _types_plot(plt, results: Sequence):
+    width = _bar_width(results)
     fig, ax = plt.subplots(figsize=(9, 3.8))
     types = list(results[0].types["type"])
     tx = np.arange(len(types))
@@ -170,8 +156,10 @@ def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.Data
     ax.set_xticks(tx, types, rotation=30, ha="right")
     ax.set_ylabel("mean score of incorrect sentences (lower is better)")
     ax.legend(fontsize=7)
-    save(fig, "types.png")
+    return fig
 
+
+def _hist_plot(plt, results: Sequence):
     n = len(results)
     fig, axes = plt.subplots(1, n, figsize=(3.5 * n, 3), squeeze=False)
     bins = np.linspace(0, 100, 21)
@@ -182,45 +170,83 @@ def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.Data
         ax.set_title(res.name, fontsize=8)
         ax.set_xlabel("score")
         ax.legend(fontsize=7)
-    save(fig, "score_hist.png")
+    return fig
 
+
+def _precision_plot(plt, gens: list[str], results: Sequence, keep: float):
+    x = np.arange(len(gens))
+    width = _bar_width(results)
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(gens) + 2), 3.8))
     prec0 = results[0].precision.set_index("generator")
     ax.bar(x - 0.4 + width / 2, [100 * prec0["base_rate"].get(g, np.nan) for g in gens], width * 0.9,
            color="lightgray", label="base rate")
-    for i, res in enumerate(results):
+    for res in results:
         pr = res.precision.set_index("generator")
         ax.plot(x, [100 * pr["precision"].get(g, np.nan) for g in gens], marker="o", ls="", label=res.name)
     ax.set_xticks(x, gens, rotation=30, ha="right")
     ax.set_ylabel(f"precision of top {100 * keep:g}% (%)")
     ax.legend(fontsize=7)
-    save(fig, "precision.png")
+    return fig
 
+
+def _self_preference_plot(plt, self_pref: pd.DataFrame, self_pref_map: Mapping[str, str] | None):
+    fig, ax = plt.subplots(figsize=(1.2 * self_pref.shape[1] + 2, 0.8 * self_pref.shape[0] + 1.5))
+    vals = self_pref.to_numpy(dtype=float)
+    span = max(0.05, float(np.nanmax(np.abs(vals - 1.0))))
+    im = ax.imshow(vals, cmap="RdBu", vmin=1 - span, vmax=1 + span)  # white = the detector's mean
+    ax.set_xticks(range(self_pref.shape[1]), self_pref.columns, rotation=30, ha="right")
+    ax.set_yticks(range(self_pref.shape[0]), self_pref.index)
+    for i, d in enumerate(self_pref.index):
+        for j, g in enumerate(self_pref.columns):
+            diag = self_pref_map and self_pref_map.get(d) == g
+            dark = abs(self_pref.iat[i, j] - 1.0) > 0.6 * span
+            ax.text(j, i, _fmt(self_pref.iat[i, j], 2), ha="center", va="center", fontsize=8,
+                    fontweight="bold" if diag else "normal", color="white" if dark else "black")
+            if diag:
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, lw=2, ec="black"))
+    ax.set_xlabel("captioner")
+    ax.set_ylabel("detector")
+    fig.colorbar(im, ax=ax)
+    return fig
+
+
+def _likelihood_plot(plt, likelihood: pd.DataFrame):
+    from halsift.eval.likelihood import plot_likelihood
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    plot_likelihood(likelihood)(fig, ax)
+    return fig
+
+
+def _plots(out: Path, bench: pd.DataFrame, results: Sequence, self_pref: pd.DataFrame | None,
+           self_pref_map: Mapping[str, str] | None, keep: float,
+           likelihood: pd.DataFrame | None = None) -> list[tuple[str, str]]:
+    """Every bench plot into ``out`` (one function per figure above); returns (title, relative path) pairs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    made: list[tuple[str, str]] = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        with atomic_file(out / name, ".png") as tmp:
+            fig.savefig(tmp, dpi=100)
+        plt.close(fig)
+        made.append((PLOT_TITLES[name], f"plots/{name}"))
+
+    gens = [g for g, _ in generator_order(bench)]
+    save(_auroc_plot(plt, gens, results), "auroc_per_generator.png")
+    save(_position_plot(plt, results), "position.png")
+    save(_types_plot(plt, results), "types.png")
+    save(_hist_plot(plt, results), "score_hist.png")
+    save(_precision_plot(plt, gens, results, keep), "precision.png")
     if self_pref is not None:
-        fig, ax = plt.subplots(figsize=(1.2 * self_pref.shape[1] + 2, 0.8 * self_pref.shape[0] + 1.5))
-        vals = self_pref.to_numpy(dtype=float)
-        span = max(0.05, float(np.nanmax(np.abs(vals - 1.0))))
-        im = ax.imshow(vals, cmap="RdBu", vmin=1 - span, vmax=1 + span)  # white = the detector's mean
-        ax.set_xticks(range(self_pref.shape[1]), self_pref.columns, rotation=30, ha="right")
-        ax.set_yticks(range(self_pref.shape[0]), self_pref.index)
-        for i, d in enumerate(self_pref.index):
-            for j, g in enumerate(self_pref.columns):
-                diag = self_pref_map and self_pref_map.get(d) == g
-                dark = abs(self_pref.iat[i, j] - 1.0) > 0.6 * span
-                ax.text(j, i, _fmt(self_pref.iat[i, j], 2), ha="center", va="center", fontsize=8,
-                        fontweight="bold" if diag else "normal", color="white" if dark else "black")
-                if diag:
-                    ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, lw=2, ec="black"))
-        ax.set_xlabel("captioner")
-        ax.set_ylabel("detector")
-        fig.colorbar(im, ax=ax)
-        save(fig, "self_preference.png")
+        save(_self_preference_plot(plt, self_pref, self_pref_map), "self_preference.png")
     if likelihood is not None:
-        from halsift.eval.likelihood import plot_likelihood
-
-        fig, ax = plt.subplots(figsize=(7, 4))
-        plot_likelihood(likelihood)(fig, ax)
-        save(fig, "likelihood.png")
+        save(_likelihood_plot(plt, likelihood), "likelihood.png")
     return made
 
 

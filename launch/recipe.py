@@ -346,10 +346,10 @@ def stage_score(r: Recipe, p: Paths) -> dict:
 
 
 def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
-    """Mean of member scores per (key, sentence_index), written as a score folder (seeds' Table 6 ensembles)."""
-    import pandas as pd
-
+    """Mean of member scores (:func:`halsift.filtering.ensemble.combine`, equal weights, no normalisation) per
+    (key, sentence_index) all members scored, written as a score folder (seeds' Table 6 ensembles)."""
     from halsift.corpus.scores import read_scores_df, scores_table, write_part_atomic
+    from halsift.filtering.ensemble import combine
 
     merged = None
     for i, d in enumerate(member_dirs):
@@ -360,13 +360,13 @@ def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
     merged = merged.sort_values(["key", "sentence_index"]).reset_index(drop=True)
     out.mkdir(parents=True, exist_ok=True)
     parsed = merged[[f"p{i}" for i in range(len(member_dirs))]].all(axis=1)
-    table = scores_table(merged["key"], merged["sentence_index"], merged[cols].mean(axis=1), parsed, name)
+    scores = combine(merged[cols].to_numpy(dtype=float).T, [1.0] * len(cols), "none")
+    table = scores_table(merged["key"], merged["sentence_index"], scores, parsed, name)
     write_part_atomic(table, out / "part-ensemble.parquet")
     write_json_atomic(out / "_manifest.json", {"detector": name, "detector_name": name, "status": "complete",
                                                "part_files": ["part-ensemble.parquet"],
                                                "members": [str(d) for d in member_dirs],
                                                "rows": int(len(merged)), "complete": True})
-    del pd
 
 
 def _scored(r: Recipe) -> list[str]:
@@ -474,18 +474,17 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
 
 
 def run_extra_evals(r: Recipe, out_dir: Path) -> dict:
-    """I-HallA / VOPE / VIGIL through their own commands (same code path as `halsift eval NAME`)."""
-    from halsift.launch.cli import main
+    """I-HallA / VOPE / VIGIL: each eval's library function with its recipe section (the synthetic world wired
+    in where a section says ``synthetic``), into ``<run_dir>/eval/NAME``."""
+    from dataclasses import replace
+
+    from halsift.launch.eval_command import run_eval
 
     done = {}
-    for name, flags in r.evals.items():
+    for name, cfg in r.evals.enabled().items():
         target = out_dir / name
-        if (target / "metrics.json").exists():
-            done[name] = str(target)
-            continue
-        code = main(["eval", name, *flags, "--out", str(target)])
-        if code != 0:
-            raise RuntimeError(f"evals.{name}: `halsift eval {name} {' '.join(flags)}` exited with {code}")
+        if not (target / "metrics.json").exists():
+            run_eval(name, replace(cfg, out=str(target)))
         done[name] = str(target)
     return done
 
@@ -507,7 +506,7 @@ def stage_report(r: Recipe, p: Paths) -> dict:
     metrics = compare_filters_report(r.name, retrieval, bench, selections, list(_retrieval_sets(r, p)),
                                      p.stage("report"), wandb_mode=r.wandb.mode, wandb_project=r.wandb.project,
                                      filters=[n for n in _scored(r) if (p.stage("score") / n).exists()],
-                                     extra_reports={n: p.stage("eval") / n / "report.md" for n in r.evals},
+                                     extra_reports={n: p.stage("eval") / n / "report.md" for n in r.evals.enabled()},
                                      bench_split=r.eval.bench_split, ranks=ranks, seed=r.seed,
                                      samples=report_samples(r, p))
     return {"metrics": metrics}

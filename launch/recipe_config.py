@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from halsift.corpus.config import ConfigError, field
+from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
 
 STAGES = ("world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report")
 TRAINED_KINDS = ("lora", "world_judge")
-EXTRA_EVALS = ("ihalla", "vope", "vigil")
+EXTRA_EVALS = RECIPE_EVALS
 
 
 @dataclass
@@ -197,6 +198,29 @@ class EvalCfg:
 
 
 @dataclass
+class EvalsCfg:
+    """The extra evaluations of the eval stage: each a typed section of its ``halsift eval NAME`` settings (the
+    command's flags as keys, e.g. ``ihalla: {synthetic: true, prompts: 30}``); absent = not run. Its ``out`` is
+    the recipe's: ``<run_dir>/eval/NAME``."""
+
+    ihalla: IhallaEvalConfig | None = field(None, help="I-HallA (`halsift eval ihalla` settings, e.g. {synthetic: "
+                                                       "true, prompts: 30} or {qa: FILE, predictions: FILE})")
+    vope: VopeEvalConfig | None = field(None, help="VOPE (`halsift eval vope` settings, e.g. {synthetic: true} or "
+                                                   "{responses: FILE, vocab: FILE})")
+    vigil: VigilEvalConfig | None = field(None, help="VIGIL (`halsift eval vigil` settings, e.g. {synthetic: true} "
+                                                     "or {annotations: FILE})")
+
+    def enabled(self) -> dict[str, Any]:
+        """The sections given, by eval name, in :data:`EXTRA_EVALS` order."""
+        return {name: getattr(self, name) for name in EXTRA_EVALS if getattr(self, name) is not None}
+
+    def validate(self) -> None:
+        for name, cfg in self.enabled().items():
+            if cfg.out:
+                raise ValueError(f"{name}.out: set by the recipe (<run_dir>/eval/{name}), not a setting")
+
+
+@dataclass
 class WandbCfg:
     mode: str = field("offline", help="offline | online | disabled")
     project: str = field("halsift", help="wandb project")
@@ -226,20 +250,14 @@ class Recipe:
     finetune: FinetuneCfg = field(default_factory=FinetuneCfg, help="CLIP fine-tuning on each selection")
     eval: EvalCfg = field(default_factory=EvalCfg, help="benchmark and retrieval evaluation")
     wandb: WandbCfg = field(default_factory=WandbCfg, help="logging")
-    evals: dict[str, list[str]] = field(default_factory=dict,
-                                        help=f"extra evaluations run in the eval stage: {EXTRA_EVALS} -> their "
-                                             "`halsift eval NAME` flags (e.g. [--synthetic]); output in eval/NAME")
+    evals: EvalsCfg = field(default_factory=EvalsCfg,
+                            help=f"extra evaluations run in the eval stage ({', '.join(EXTRA_EVALS)}), each with its "
+                                 "`halsift eval NAME` settings; output in <run_dir>/eval/NAME")
 
     def validate(self) -> None:
         bad = [s for s in self.stages if s not in STAGES]
         if bad:
             raise ConfigError(f"stages: unknown stage {bad[0]!r}; expected some of {STAGES}")
-        bad = [e for e in self.evals if e not in EXTRA_EVALS]
-        if bad:
-            raise ConfigError(f"evals.{bad[0]}: unknown evaluation; expected some of {EXTRA_EVALS}")
-        for name, flags in self.evals.items():
-            if "--out" in flags:
-                raise ConfigError(f"evals.{name}: do not set --out; the recipe writes to <run_dir>/eval/{name}")
         if self.detectors and "detectors" not in self.stages:
             raise ConfigError(f"stages: 'detectors' is needed to train {sorted(self.detectors)}")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -20,6 +20,7 @@ from .scene import (BACKGROUNDS, CELLS, COLOURS, DIRECTIONS, NUMBER_WORDS, PATTE
                                   SIGN_WORDS, Scene, background_words, relation)
 from .t2i import T2I_PROFILES, T2IProfile, make_prompt, sample_prompt_scene, t2i_sample
 from halsift.eval.ihalla import LETTERS, NONE_CHOICE, PromptQA, QAItem
+from halsift.eval.run_ihalla import IhallaAnswers, answer_with
 
 COI_OF = {"colour": "color", "count": "counting", "exists": "existence", "facing": "posture", "where": "relation",
           "relation": "relation", "size": "size", "shape": "shape", "sign_text": "existence",
@@ -227,4 +228,15 @@ def synthetic_ihalla(n_prompts: int = 40, seed: int = 0,
                        {g: wrong[g] / total[g] for g in wrong}, {p.name: p.mistake_rate for p in profiles})
 
 
-__all__ = ["SynthImage", "SceneOracle", "SynthIHallA", "make_qa", "synthetic_ihalla", "EXTRA_PROFILES", "COI_OF"]
+def synthetic_answers(cfg) -> IhallaAnswers:
+    """The synthetic I-HallA benchmark of ``cfg`` (an :class:`~halsift.eval.run_ihalla.IhallaEvalConfig` with
+    ``synthetic``) answered by the scene oracle or ``cfg.answerer``, as :func:`~halsift.eval.run_ihalla.run_ihalla`
+    reads it."""
+    data = synthetic_ihalla(cfg.prompts, cfg.seed)
+    answers, who = answer_with(cfg, data.qa_sets, data.images, SceneOracle())
+    return IhallaAnswers(answers, data.reference, data.true_error,
+                         f"synthetic world (seed {cfg.seed}, {cfg.prompts} prompts, {who})")
+
+
+__all__ = ["SynthImage", "SceneOracle", "SynthIHallA", "make_qa", "synthetic_ihalla", "synthetic_answers",
+           "EXTRA_PROFILES", "COI_OF"]

@@ -10,7 +10,8 @@ import random
 import numpy as np
 from PIL import Image, ImageDraw
 
-from halsift.eval.vigil import VigilRecord
+from halsift.eval.vigil import ColourSegmenter, ColourShapeEncoder, VigilRecord
+from halsift.eval.run_vigil import VigilInputs
 
 CATEGORIES = {"clothing": ("shirt", "dress", "jacket"), "furniture": ("chair", "sofa", "table"),
               "cosmetics": ("lipstick", "bottle", "jar"), "electronics": ("phone", "laptop", "speaker"),
@@ -129,4 +130,12 @@ def synthetic_vigil(per_category: int = 30, seed: int = 0) -> list[VigilRecord]:
     return [synth_record(c, i, seed) for c in CATEGORIES for i in range(per_category)]
 
 
-__all__ = ["CATEGORIES", "VOCABULARY", "PALETTE", "synth_record", "synthetic_vigil"]
+def synthetic_inputs(cfg) -> VigilInputs:
+    """The synthetic composites of ``cfg`` (a :class:`~halsift.eval.run_vigil.VigilEvalConfig` with
+    ``synthetic``) with the stages they are drawn for: this world's vocabulary, the colour segmenter and the
+    colour/shape encoder."""
+    return VigilInputs(synthetic_vigil(cfg.per_category, cfg.seed), VOCABULARY, ColourSegmenter(),
+                       ColourShapeEncoder(), f"synthetic composites (seed {cfg.seed}, {cfg.per_category} per category)")
+
+
+__all__ = ["CATEGORIES", "VOCABULARY", "PALETTE", "synth_record", "synthetic_vigil", "synthetic_inputs"]

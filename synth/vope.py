@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from .scene import SHAPES, Scene, sample_scene
 from .ihalla import SynthImage
 from halsift.eval.vope import ObjectVocabulary, VopeRecord, evaluate_response
+from halsift.eval.run_vope import VopeRecords
 
 SYNONYMS = {"circle": ["disc", "disk", "ring"], "square": ["block"], "triangle": [], "star": [],
             "diamond": ["rhombus", "lozenge"], "hexagon": [], "sign": ["signboard", "placard"],
@@ -148,5 +149,16 @@ def designed_rates(profile: ResponderProfile, task: str) -> dict[str, float]:
             "chair_i": (1 - e) * profile.hal_d + e * (1 - profile.hal_i)}
 
 
-__all__ = ["SYNONYMS", "TASKS", "PROFILES", "ResponderProfile", "SimResponder", "SynthJudge", "synth_vocabulary",
+def synthetic_records(cfg) -> VopeRecords:
+    """Every simulated responder on ``cfg.images`` synthetic scenes per task (``cfg``: a
+    :class:`~halsift.eval.run_vope.VopeEvalConfig` with ``synthetic``), with the designed rates, as
+    :func:`~halsift.eval.run_vope.run_vope` reads them."""
+    records, _ = run_synthetic(cfg.images, cfg.seed)
+    designed = {(p.name, t): designed_rates(p, t) for p in PROFILES for t in TASKS}
+    return VopeRecords(records, f"synthetic world (seed {cfg.seed}, {cfg.images} images per task, simulated "
+                                "responders)", designed)
+
+
+__all__ = ["synthetic_records",
+           "SYNONYMS", "TASKS", "PROFILES", "ResponderProfile", "SimResponder", "SynthJudge", "synth_vocabulary",
            "present_objects", "synth_scenes", "run_synthetic", "designed_rates"]

@@ -263,3 +263,33 @@ def test_cli_detector_calls_runner(tmp_path, monkeypatch):
                  "--n-boot", "50", "--no-plots"]) == 0
     assert calls == [("fake-oracle", str(path), out / "scores" / "fake-oracle")]
     assert json.loads((out / "metrics.json").read_text())["auroc/mean"] == pytest.approx(100.0)
+
+
+def test_bench_and_recipe_ensembles_use_the_ensemble_detectors_combine(tmp_path):
+    """One ensemble implementation: the bench's ``A+B`` rows and the recipe's ensemble score folder hold
+    :func:`halsift.filtering.ensemble.combine` (equal weights, norm none) of the members' scores, on the rows every
+    member scored; with two members that is exactly the float32 mean the recipe always wrote."""
+    from halsift.corpus.scores import read_scores_df
+    from halsift.eval.detection import ensemble_scores
+    from halsift.filtering.ensemble import combine
+    from halsift.launch.recipe import write_ensemble
+
+    rng = np.random.default_rng(3)
+    members = [rng.uniform(0, 100, 40).astype(np.float32) for _ in range(2)]
+    assert np.array_equal(ensemble_scores(members), combine(np.vstack(members), [1, 1], "none"))
+    dirs = []
+    for i, s in enumerate(members):
+        d = tmp_path / f"m{i}"
+        d.mkdir()
+        keep = slice(i, 40)  # member 1 lacks row 0: the ensemble covers rows both scored
+        write_part_atomic(scores_table([f"k{j:02d}" for j in range(40)][keep], [0] * (40 - i), s[keep],
+                                       [j % 7 != i for j in range(40)][keep], f"m{i}"), d / "part-0.parquet")
+        dirs.append(d)
+    write_ensemble("m0+m1", dirs, tmp_path / "ens")
+    got = read_scores_df(tmp_path / "ens").sort_values("key").reset_index(drop=True)
+    assert got["key"].tolist() == [f"k{j:02d}" for j in range(1, 40)]
+    want = pd.DataFrame({"a": members[0][1:], "b": members[1][1:]}).mean(axis=1).to_numpy(np.float32)
+    assert np.array_equal(got["score"].to_numpy(np.float32), want)
+    assert np.array_equal(got["score"].to_numpy(np.float32),
+                          combine(np.vstack([m[1:] for m in members]), [1, 1], "none").astype(np.float32))
+    assert got["parsed"].tolist() == [j % 7 not in (0, 1) for j in range(1, 40)]

@@ -145,3 +145,24 @@ def test_cli_synthetic_and_files(tmp_path):
     assert main(["eval", "ihalla", "--out", str(tmp_path / "x")]) == 2
     assert main(["eval", "ihalla", "--qa", str(tmp_path / "missing.csv"), "--predictions", "p.csv",
                  "--out", str(tmp_path / "x")]) == 2
+
+
+def test_cli_flags_come_from_the_config_class(tmp_path, capsys):
+    """`halsift eval ihalla` takes IhallaEvalConfig's settings as flags or from --config YAML (flags win), and
+    reports a bad one in one line naming the flag."""
+    import json
+
+    (tmp_path / "ih.yaml").write_text("synthetic: true\nprompts: 3\nseed: 5\n")
+    assert main(["eval", "ihalla", "--config", str(tmp_path / "ih.yaml"), "--prompts", "4",
+                 "--out", str(tmp_path / "a")]) == 0
+    assert main(["eval", "ihalla", "--synthetic", "--prompts", "4", "--seed", "5", "--out", str(tmp_path / "b")]) == 0
+    assert (tmp_path / "a" / "metrics.json").read_text() == (tmp_path / "b" / "metrics.json").read_text()
+    assert "seed 5, 4 prompts" in (tmp_path / "a" / "report.md").read_text()
+    assert json.loads((tmp_path / "a" / "metrics.json").read_text())["ihalla/sd-sim"] >= 0
+    capsys.readouterr()
+    for argv, flag in ((["--synthetic", "--answer-mode", "guess"], "--answer-mode"),
+                       (["--synthetic", "--prompts", "0"], "--prompts"),
+                       (["--qa", "q.csv", "--answerer", "vlm:model=x"], "--answerer")):
+        assert main(["eval", "ihalla", *argv, "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"halsift eval ihalla: error: {flag}"), err

@@ -10,8 +10,8 @@ from halsift.launch.cli import main
 
 TINY = ["world.images=60", "world.bench_images=12", "world.pretrain_images=60", "world.retrieval_images=20", "pretrain.steps=3",
         "pretrain.batch_size=16", "finetune.steps=2", "finetune.batch_size=16", "finetune.seeds=[0]",
-        "score.batch_size=32", "evals.ihalla=[--synthetic, --prompts, '6']", "evals.vope=[--synthetic, --images, '6']",
-        "evals.vigil=[--synthetic, --per-category, '4']", "wandb.mode=disabled",
+        "score.batch_size=32", "evals.ihalla={synthetic: true, prompts: 6}", "evals.vope={synthetic: true, images: 6}",
+        "evals.vigil={synthetic: true, per_category: 4}", "wandb.mode=disabled",
         "detectors.judge.options={pretrain_steps: 2, pretrain_batch: 4, judge_steps: 2, judge_batch: 4, eval_every: 2, "
         "vision_from: '{base}', vision_arch: '{arch}', pmi_references: 2}",
         "detectors.clip-lora.options={steps: 2, batch_size: 16, eval_every: 2}",
@@ -88,7 +88,8 @@ def test_siglip_pretrain_and_finetune_run_end_to_end(tmp_path):
     over = [f"run_dir={run}", *TINY, "pretrain.loss=siglip", "finetune.loss=siglip", "select.variants={}",
             "score.detectors={clip: 'clip:arch={arch},checkpoint={base}', judge: '{trained.judge}', "
             "clip-lora: '{trained.clip-lora}', random: 'random:seed=0', oracle: oracle}", "score.ensembles={}"]
-    over = [o for o in over if not o.startswith("evals.")] + ["evals={}"]
+    over = [o for o in over if not o.startswith("evals.")] + ["evals.ihalla=null", "evals.vope=null",
+                                                              "evals.vigil=null"]
     assert main(["run", "quickstart", *over]) == 0
     from safetensors import safe_open
 

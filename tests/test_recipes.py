@@ -77,6 +77,11 @@ def test_quickstart_yaml_opens_with_its_command():
     ("score.detectors.e=ensemble:members=[random:seed=1;vlm:model=m,mod=pmi]", "unknown option 'mod'"),
     ("score.detectors.c=clip:arch={arch},checkpoint=/nowhere/clip.safetensors", "checkpoint=/nowhere"),
     ("score.detectors.l=lora:/nowhere/adapter", "path=/nowhere/adapter"),
+    ("evals.ihalla.promts=3", "evals.ihalla.promts"), ("evals.ihalla.prompts=0", "evals.ihalla.prompts"),
+    ("evals.vope.out=/tmp/x", "evals.vope.out"), ("evals.vigil.encoder=sam", "evals.vigil.encoder"),
+    ("evals.vigil={synthetic: true, annotations: a.json}", "evals.vigil.synthetic"),
+    ("evals.vope={responses: r.jsonl, unparsed: maybe}", "evals.vope.unparsed"),
+    ("evals.pope={synthetic: true}", "evals.pope"), ("evals.ihalla=[--synthetic]", "evals.ihalla"),
 ])
 def test_bad_recipe_fails_fast_naming_the_key(override, key, capsys):
     start = time.perf_counter()
@@ -150,3 +155,32 @@ def test_a_recipe_refuses_to_run_on_several_ranks(tmp_path, monkeypatch, capsys)
     err = capsys.readouterr().err
     assert "WORLD_SIZE > 1" in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_recipe_evals_call_the_library_with_typed_sections(tmp_path, monkeypatch):
+    """The eval stage runs each `evals:` section through the eval's library function (never the CLI), into
+    <run_dir>/eval/NAME, with the same numbers as `halsift eval NAME` given the same settings as flags."""
+    import json
+
+    import halsift.launch.cli as cli
+    from halsift.launch.cmd_run import load_recipe
+    from halsift.launch.recipe import run_extra_evals
+
+    r = load_recipe("paper/seed_evals", [f"run_dir={tmp_path / 'run'}", "evals.ihalla.prompts=4",
+                                         "evals.vope.images=3", "evals.vigil.per_category=3"])
+    assert r.evals.ihalla.synthetic and r.evals.ihalla.prompts == 4 and r.evals.vigil.per_category == 3
+    flags = {"ihalla": ["--synthetic", "--prompts", "4"], "vope": ["--synthetic", "--images", "3"],
+             "vigil": ["--synthetic", "--per-category", "3"]}
+    for name, f in flags.items():  # the command first, before main is taken away
+        assert main(["eval", name, *f, "--out", str(tmp_path / "cli" / name)]) == 0
+
+    def no_cli(argv=None):
+        raise AssertionError(f"the recipe called the CLI: {argv}")
+
+    monkeypatch.setattr(cli, "main", no_cli)
+    done = run_extra_evals(r, tmp_path / "run" / "eval")
+    assert sorted(done) == ["ihalla", "vigil", "vope"]
+    for name in flags:
+        got = (tmp_path / "run" / "eval" / name / "metrics.json").read_text()
+        assert got == (tmp_path / "cli" / name / "metrics.json").read_text(), name
+        assert json.loads(got) and (tmp_path / "run" / "eval" / name / "report.md").exists()

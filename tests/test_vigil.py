@@ -4,6 +4,7 @@ check (LOCO-tuned pipeline beats always-present / never-present on macro F1)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,6 +106,14 @@ def test_cli_synthetic(tmp_path):
 
 
 def test_cli_annotation_files(tmp_path):
+    ann = _annotation_files(tmp_path)
+    out = tmp_path / "o"
+    assert main(["eval", "vigil", "--annotations", str(ann), "--out", str(out)]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["f1/object_omission"] == 1.0 and m["records"] == 2
+
+
+def _annotation_files(tmp_path) -> Path:
     ref = np.full((20, 20, 3), 255, np.uint8)
     ref[4:14, 3:15] = (200, 30, 30)
     Image.fromarray(ref).save(tmp_path / "ref.png")
@@ -113,10 +122,59 @@ def test_cli_annotation_files(tmp_path):
     for name, gen, lab in (("clean", _scene(), ""), ("gone", _scene(draw_obj=False), "box missing")):
         Image.fromarray(gen).save(tmp_path / f"{name}.png")
         ann.append({"generated_photo": f"{name}.png", "background_photo": "bg.png", "object_photos": ["ref.png"],
-                    "prompt": "Place the red box", "category": "toys",
+                    "prompt": "Place the red box on the shelf", "category": "toys",
                     "hallucination": {"objects": "", "background": "", "object_omission": lab}})
     (tmp_path / "ann.json").write_text(json.dumps(ann))
-    out = tmp_path / "o"
-    assert main(["eval", "vigil", "--annotations", str(tmp_path / "ann.json"), "--out", str(out)]) == 0
-    m = json.loads((out / "metrics.json").read_text())
-    assert m["f1/object_omission"] == 1.0 and m["records"] == 2
+    return tmp_path / "ann.json"
+
+
+def test_real_annotations_use_the_given_vocabulary_not_the_synthetic_worlds(tmp_path):
+    """Real annotations: object names come from the user's vocabulary (or the prompt's words), never the synthetic
+    world's product list; the library function is what the command runs."""
+    from halsift.eval.run_vigil import VigilEvalConfig, run_vigil
+
+    ann = _annotation_files(tmp_path)
+    res = run_vigil(VigilEvalConfig(annotations=str(ann), out=str(tmp_path / "words")))
+    assert res.metrics["f1/object_omission"] == 1.0 and res.files["findings"].exists()
+    gone = [json.loads(x) for x in res.files["findings"].read_text().splitlines()][1]
+    assert "reference object 1 (red)" in gone["explanations"][0]  # the prompt's first content word
+    (tmp_path / "vocab.json").write_text(json.dumps({"box": ["crate"], "shelf": []}))
+    assert main(["eval", "vigil", "--annotations", str(ann), "--vocab", str(tmp_path / "vocab.json"),
+                 "--out", str(tmp_path / "vocab")]) == 0
+    gone = json.loads((tmp_path / "vocab" / "findings.jsonl").read_text().splitlines()[1])
+    assert "reference object 1 (box)" in gone["explanations"][0]
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    assert main(["eval", "vigil", "--annotations", str(ann), "--vocab", str(tmp_path / "bad.json"),
+                 "--out", str(tmp_path / "b")]) == 2
+
+
+def test_open_clip_encoder_and_bad_settings(tmp_path, capsys):
+    """The encoder is a setting: an open_clip image tower (halsift-tiny, random weights here) runs the same pipeline;
+    bad settings are one-line errors naming the flag."""
+    ann = _annotation_files(tmp_path)
+    assert main(["eval", "vigil", "--annotations", str(ann), "--encoder", "open_clip", "--clip-arch", "halsift-tiny",
+                 "--out", str(tmp_path / "clip")]) == 0
+    m = json.loads((tmp_path / "clip" / "metrics.json").read_text())
+    assert m["records"] == 2 and 0 <= m["f1/macro"] <= 1
+    capsys.readouterr()
+    for flags, name in ((["--encoder", "sam"], "--encoder"), (["--encoder", "open_clip"], "--clip-arch"),
+                        (["--min-area", "0"], "--min-area"), (["--synthetic"], "--synthetic")):
+        assert main(["eval", "vigil", "--annotations", str(ann), *flags, "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"halsift eval vigil: error: {name}"), err
+
+
+def test_library_needs_the_synthetic_data_passed_in(tmp_path):
+    """The library never reaches into halsift.synth: a synthetic config without data is a clear error, and the
+    synthetic world's inputs give the command's numbers."""
+    from halsift.corpus.config import ConfigError
+    from halsift.eval.run_vigil import VigilEvalConfig, run_vigil
+    from halsift.synth.vigil import synthetic_inputs
+
+    cfg = VigilEvalConfig(synthetic=True, per_category=3, out=str(tmp_path / "lib"))
+    with pytest.raises(ConfigError, match="synthetic"):
+        run_vigil(cfg)
+    lib = run_vigil(cfg, synthetic_inputs(cfg))
+    assert main(["eval", "vigil", "--synthetic", "--per-category", "3", "--out", str(tmp_path / "cli")]) == 0
+    assert lib.metrics_file.read_text() == (tmp_path / "cli" / "metrics.json").read_text()
+    assert lib.report.read_text() == (tmp_path / "cli" / "report.md").read_text()

@@ -61,7 +61,13 @@ def test_unparsed_rechecks_are_excluded_and_counted():
     assert n == sum(len(o) for r in records for o in r.objects.values())
 
 
-def test_cli_synthetic_and_file(tmp_path):
+def _vocab(tmp_path) -> str:
+    path = tmp_path / "vocab.json"
+    path.write_text(json.dumps({"dog": ["puppy"], "cat": [], "circle": ["disc"], "star": [], "tree": []}))
+    return str(path)
+
+
+def test_cli_synthetic_and_file(tmp_path, capsys):
     out = tmp_path / "vope"
     assert main(["eval", "vope", "--synthetic", "--images", "15", "--out", str(out)]) == 0
     m = json.loads((out / "metrics.json").read_text())
@@ -76,7 +82,12 @@ def test_cli_synthetic_and_file(tmp_path):
              "present": ["tree"], "presence": {"star": "yes", "tree": "yes"}}]
     f = tmp_path / "resp.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert main(["eval", "vope", "--responses", str(f), "--out", str(tmp_path / "u")]) == 0
+    # real responses are read with the user's vocabulary, never the synthetic world's by default
+    assert main(["eval", "vope", "--responses", str(f), "--out", str(tmp_path / "u")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("halsift eval vope: error: --vocab: ") and "'objects'" in err[0]
+    vocab = _vocab(tmp_path)
+    assert main(["eval", "vope", "--responses", str(f), "--vocab", vocab, "--out", str(tmp_path / "u")]) == 0
     m = json.loads((tmp_path / "u" / "metrics.json").read_text())
     # D_T = {circle, tree}, D_H = {star}, I_T = {dog}, I_H = {cat}
     assert m["m/story/hal_d"] == pytest.approx(1 / 3) and m["m/story/hal_i"] == pytest.approx(1 / 2)
@@ -84,7 +95,8 @@ def test_cli_synthetic_and_file(tmp_path):
     assert m["m/story/relevance/I_T/2"] == 1 and m["parse/no_punct_replies"] == 1
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"model": "m"}\n')
-    assert main(["eval", "vope", "--responses", str(bad), "--out", str(tmp_path / "b")]) == 2
+    assert main(["eval", "vope", "--responses", str(bad), "--vocab", vocab, "--out", str(tmp_path / "b")]) == 2
+    assert "--responses: " in capsys.readouterr().err
 
 
 def test_free_form_rechecks_and_the_unparsed_default(tmp_path):
@@ -101,7 +113,8 @@ def test_free_form_rechecks_and_the_unparsed_default(tmp_path):
     f.write_text(json.dumps(row) + "\n")
     got = {}
     for mode in ("yes", "exclude"):
-        assert main(["eval", "vope", "--responses", str(f), "--unparsed", mode, "--out", str(tmp_path / mode)]) == 0
+        assert main(["eval", "vope", "--responses", str(f), "--unparsed", mode, "--vocab", _vocab(tmp_path),
+                     "--out", str(tmp_path / mode)]) == 0
         got[mode] = json.loads((tmp_path / mode / "metrics.json").read_text())
     # default yes: dog (absent, unparsed -> believed present) is D_H; circle D_T; cat I_T
     assert got["yes"]["m/story/n/D_H"] == 1 and got["yes"]["m/story/defaulted_rate"] == pytest.approx(1 / 3)

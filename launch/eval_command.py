@@ -1,0 +1,65 @@
+"""``halsift eval NAME`` for every evaluation of :data:`halsift.eval.registry.EVALS`: the flags come from the
+eval's config class (one ``--flag`` per setting, ``--config YAML`` for all of them), the command calls the library
+function, and :func:`run_eval` wires the synthetic world in where a config asks for it (``synthetic``) -- the one
+place outside ``halsift.synth`` that knows the world's answerers, for the commands and the recipes alike."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Callable, Mapping
+
+
+def synthetic_data(name: str, config):
+    """The synthetic world's data for evaluation ``name`` under ``config`` (None for an eval without one)."""
+    if name == "ihalla":
+        from halsift.synth.ihalla import synthetic_answers as build
+    elif name == "vope":
+        from halsift.synth.vope import synthetic_records as build
+    elif name == "vigil":
+        from halsift.synth.vigil import synthetic_inputs as build
+    else:
+        return None
+    return build(config)
+
+
+def run_eval(name: str, config):
+    """Run evaluation ``name`` with ``config``: the library function, fed the synthetic world's data when
+    ``config.synthetic`` is set. Returns its :class:`~halsift.eval.result.EvalResult`."""
+    from halsift.eval.registry import EVALS
+
+    entry = EVALS[name]
+    data = synthetic_data(name, config) if getattr(config, "synthetic", False) else None
+    return entry.run(config) if data is None else entry.run(config, data)
+
+
+def eval_command(name: str, metavars: Mapping[str, str] | None = None) -> tuple[str, Callable, Callable]:
+    """``(HELP, add_arguments, run)`` of the ``halsift eval NAME`` command module."""
+    from halsift.eval.registry import EVALS
+
+    cls = EVALS[name].config
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        from halsift.corpus.config import add_dataclass_arguments
+
+        add_dataclass_arguments(parser, cls, metavars)
+        hints = typing.get_type_hints(cls)
+        lists = {f.name for f in dataclasses.fields(cls) if typing.get_origin(hints[f.name]) is list}
+        for action in parser._actions:  # a repeated list flag adds to it (`--scores A --scores B`), as it always did
+            if action.dest in lists:
+                action.__class__ = argparse._ExtendAction
+
+    def run(args: argparse.Namespace) -> int:
+        from halsift.corpus.config import ConfigError, config_from_args, flag_message
+        from halsift.launch.cli import UsageError
+
+        try:
+            result = run_eval(name, config_from_args(cls, args))
+        except ConfigError as e:
+            raise UsageError(flag_message(str(e))) from None
+        if result.summary:
+            print(result.summary)
+        return 0
+
+    return EVALS[name].help, add_arguments, run
