@@ -10,12 +10,12 @@ Two steps, so that neither holds the corpus in memory (DataComp's apply_filter -
    ``kept.parquet`` (the subset, usable without resharding) and ``manifest.json`` (``status: running`` from the
    start, ``complete`` at the end; ``train clip`` refuses a folder whose selection did not complete).
 
-Inputs are checked before anything is written (:func:`load_scores`): the score folder's ``_manifest.json`` must
-say ``complete`` (or ``allow_partial``, recorded), every part must be one the manifest lists and hold the
-manifest's detector (or the one chosen with ``detector``), no (key, sentence_index) row may repeat and indices
-must be -1 or >= 0; a kept sentence index beyond its caption's sentences is an error naming the part. A sample the
-shard writer rejects (e.g. a key with characters outside ``[A-Za-z0-9_-]``) is skipped and counted on its own
-(``skipped`` in the manifest); an unreadable shard is counted with the number of samples lost.
+Inputs are checked before anything is written: the score folder by
+:func:`halsift.filtering.score_check.check_score_folder` (the check ``select --resumable`` runs too: manifest
+``complete`` unless ``allow_partial``, parts listed and readable, one detector, indices >= -1), then here no
+(key, sentence_index) row may repeat; a kept sentence index beyond its caption's sentences is an error naming the
+part. A sample the shard writer rejects (e.g. a key with characters outside ``[A-Za-z0-9_-]``) is skipped and
+counted on its own (``skipped`` in the manifest); an unreadable shard is counted with the number of samples lost.
 
 Units: ``sentence`` (one output sample per kept image–sentence pair, key ``<key>_s<idx>``) or ``caption``
 with ``agg``: ``min`` / ``mean`` of the sentence scores, ``prob`` (100 x product of score/100, i.e. the
@@ -25,7 +25,6 @@ only its kept sentences).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -37,105 +36,51 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from halsift.corpus.errors import InputError
 from halsift.corpus.progress import progress
 from halsift.corpus.images import SkipCounter
-from halsift.corpus.scores import ScoresFormatError, read_part, read_scores, write_part_atomic
+from halsift.corpus.scores import read_part, read_scores, write_part_atomic
 from halsift.corpus.sentences import sentence_texts
 from halsift.corpus.shards import (META_DEFAULTS, Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard,
                                    write_json_atomic)
 from halsift.filtering.base import CAPTION_INDEX
 from halsift.filtering.baselines import hash_uniform
+from halsift.filtering.score_check import SelectError, check_score_folder
 
 UNITS = ("sentence", "caption")
 AGGS = ("min", "mean", "prob", "prune")
 
 
-class SelectError(InputError):
-    """Bad selection arguments or inputs (names the argument and what was expected)."""
-
-
-SCORE_MANIFEST = "_manifest.json"  # written by halsift.filtering.runner
-
-
 def load_scores(scores: str | os.PathLike, detector: str | None = None, allow_partial: bool = False,
                 captioner: bool = True) -> tuple[pa.Table, dict]:
-    """Read and check a score folder (or one parquet file) for selection; returns ``(table, info)``.
+    """Check a score folder (or one parquet file) with :func:`check_score_folder` and read it for selection;
+    returns ``(table, info)``.
 
     ``table`` has key, sentence_index (int32), score and (with ``captioner``, when the parts have it) captioner.
-    Raises :class:`SelectError` naming the part when the folder mixes detectors, holds parts its manifest does not
-    list, repeats a row, is incomplete (unless ``allow_partial``) or has a sentence index below -1. Memory: the
-    detector column is read dictionary-encoded and dropped part by part.
+    Besides the folder checks, raises :class:`SelectError` when a (key, sentence_index) row repeats. Memory: the
+    detector column is read (dictionary-encoded) only when rows of another detector must be dropped.
     """
-    path = Path(scores)
-    if path.is_dir():
-        parts = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
-        if not parts:
-            raise ScoresFormatError(f"scores: {path} holds no .parquet parts")
-        manifest_path = path / SCORE_MANIFEST
-        try:
-            manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
-        except (ValueError, OSError) as e:
-            raise SelectError(f"scores: {manifest_path} is not readable JSON ({e})") from e
-    elif path.is_file():
-        parts, manifest, manifest_path = [path], None, path
-    else:
-        raise FileNotFoundError(f"scores: {path} does not exist")
-    manifest = manifest if isinstance(manifest, dict) else {}
-    status = manifest.get("status", "complete" if manifest.get("complete") else None)
-    if status != "complete" and not allow_partial:
-        what = f"says status {status!r}" if manifest else "is missing"
-        raise SelectError(f"scores: {path / SCORE_MANIFEST if path.is_dir() else path}: the score manifest {what} "
-                          "(a killed or unfinished `halsift score`); rerun the score command to finish it, or pass "
-                          "--allow-partial to select from the parts that exist")
-    listed = manifest.get("part_files")
-    if listed is not None:
-        extra = [p for p in parts if p.name not in listed]
-        if extra:
-            raise SelectError(f"scores: {extra[0]} is not a part that {manifest_path.name} lists (a foreign part?); "
-                              "remove it or score again into a new folder")
-    expected = detector or manifest.get("detector_name")
-    tables, seen, dropped = [], {}, 0
-    for p in parts:
-        try:
-            names = pq.read_schema(p).names
-        except (pa.ArrowInvalid, OSError):
-            names = []  # read_part names the unreadable file
-        cols = ["key", "sentence_index", "score", "detector"]
-        cols += ["captioner"] if captioner and "captioner" in names else []
-        t = read_part(p, cols, read_dictionary=["detector"])
-        dets = pc.unique(t["detector"].cast(pa.string())).to_pylist()
-        if detector is not None:
+    folder = check_score_folder(scores, detector, allow_partial)
+    tables, dropped = [], 0
+    for p in folder.parts:
+        cols = ["key", "sentence_index", "score"]
+        cols += ["captioner"] if captioner and "captioner" in pq.read_schema(p).names else []
+        if folder.other_detectors:
+            t = read_part(p, cols + ["detector"], read_dictionary=["detector"])
             keep = pc.equal(t["detector"].cast(pa.string()), detector)
             dropped += len(t) - (pc.sum(keep).as_py() or 0)
-            t = t.filter(keep)
-        elif expected is not None and any(d != expected for d in dets):
-            raise SelectError(f"scores: {p} holds scores of detector {[d for d in dets if d != expected][0]!r} but "
-                              f"the folder is {expected!r} (a foreign part?); remove it, or choose one with --detector")
+            t = t.filter(keep).drop_columns(["detector"])
         else:
-            for d in dets:
-                seen.setdefault(d, p)
-            if len(seen) > 1:
-                a, b = list(seen.items())[:2]
-                raise SelectError(f"scores: {b[1]} holds detector {b[0]!r} but {a[1]} holds {a[0]!r}; a score folder "
-                                  "holds one detector (choose one with --detector)")
-        if pc.any(pc.less(t["sentence_index"], CAPTION_INDEX)).as_py():
-            raise SelectError(f"scores: {p} has sentence_index "
-                              f"{pc.min(t['sentence_index']).as_py()} (expected -1 for a caption or >= 0)")
-        tables.append(t.drop_columns(["detector"]))
+            t = read_part(p, cols)
+        tables.append(t)
     table = pa.concat_tables(tables, promote_options="default")
-    if detector is not None and not len(table):
-        raise SelectError(f"--detector {detector}: no rows of that detector in {path}")
     counts = table.group_by(["key", "sentence_index"], use_threads=False).aggregate([("score", "count")])
     dup = counts.filter(pc.greater(counts["score_count"], 1))
     if len(dup):
         k, idx = dup["key"][0].as_py(), dup["sentence_index"][0].as_py()
-        where = " and ".join(str(p) for p in parts_holding(parts, k, idx))
+        where = " and ".join(str(p) for p in parts_holding(folder.parts, k, idx))
         raise SelectError(f"scores: row (key={k!r}, sentence_index={idx}) appears more than once ({where}; "
                           f"{len(dup)} repeated rows in all)")
-    info = {"parts": [str(p) for p in parts], "manifest_status": status, "allow_partial": allow_partial,
-            "detector": expected, "rows_of_other_detectors_dropped": dropped}
-    return table, info
+    return table, {**folder.info(allow_partial), "rows_of_other_detectors_dropped": dropped}
 
 
 def parts_holding(parts: list[Path], key: str, sentence_index: int | None = None) -> list[Path]:

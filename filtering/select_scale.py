@@ -31,6 +31,7 @@ from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name
 from halsift.corpus.shards import (META_DEFAULTS, ShardFormatError, ShardWriter, expand_shards, iter_shard,
                                    write_json_atomic)
+from halsift.filtering.score_check import check_score_folder
 from halsift.filtering.select import SelectError, _caption_label, _labels, _precision, unit_outputs
 from halsift.filtering.select_ooc import MEMORY_LIMIT, supported, top_keys, kept_for_part
 from halsift.filtering.tasks import HOST, STALE_AFTER_S, ClaimBoard, task_order
@@ -51,7 +52,7 @@ def _start(out: Path, filt: dict) -> None:
     state = out / STATE / "filter.json"
     if state.exists():
         old = json.loads(state.read_text())
-        diff = [k for k in filt if old.get(k) != filt[k]]
+        diff = [k for k in filt if k != "scores_status" and old.get(k) != filt[k]]
         if diff:
             raise SelectError(f"out: {out} holds a selection with a different {diff[0]} ({old.get(diff[0])!r} vs "
                               f"{filt[diff[0]]!r}); choose a new folder")
@@ -150,21 +151,13 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
             "bad_samples": bad_samples[:EXAMPLES], "bad_samples_count": len(bad_samples)}
 
 
-def _score_status(scores_dir: Path) -> str | None:
-    """The score folder's manifest status (``None`` without a manifest: parts made elsewhere)."""
-    path = scores_dir / "_manifest.json"
-    try:
-        return json.loads(path.read_text()).get("status") if path.exists() else None
-    except json.JSONDecodeError as e:
-        raise SelectError(f"scores: {path} is not valid JSON ({e})") from None
-
-
 def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, keep: float | None = None,
                      top_k: int | None = None, threshold: float | None = None, unit: str = "sentence",
                      agg: str = "min", seed: int = 0, keys_only: bool = False, num_tasks: int = 1,
                      task_index: int = 0, memory_limit: str = MEMORY_LIMIT,
                      stale_after: float = STALE_AFTER_S, show_progress: bool = True,
-                     allow_partial: bool = False, meta_defaults: dict | None = None) -> dict:
+                     allow_partial: bool = False, meta_defaults: dict | None = None,
+                     detector: str | None = None) -> dict:
     """Select out-of-core and reshard per input shard (see the module docstring); returns this run's stats, with
     ``manifest`` when the selection is complete after it. Rerun the same call to resume."""
     t0 = time.time()
@@ -174,18 +167,17 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
     scores_dir = Path(scores_dir)
     if not scores_dir.is_dir():
         raise FileNotFoundError(f"scores: {scores_dir} is not a folder")
-    status = _score_status(scores_dir)
-    if status not in (None, "complete") and not allow_partial:
-        raise SelectError(f"scores: {scores_dir}/_manifest.json says {status!r}: scoring has not finished (rerun or "
-                          "finish its tasks first)")
+    folder = check_score_folder(scores_dir, detector, allow_partial)  # the in-memory select's check
     shards = expand_shards(data)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     args = dict(keep=keep, top_k=top_k, threshold=threshold, unit=unit, agg=agg, seed=seed)
-    filt = _filter(scores_dir, shards, args, keys_only)
+    filt = {**_filter(scores_dir, shards, args, keys_only), "detector": folder.detector,
+            "allow_partial": allow_partial, "scores_status": folder.status}
     _start(out, filt)
     board = ClaimBoard(out / STATE, f"select-{task_index}@{HOST}:{os.getpid()}", stale_after)
-    info = _keys(out, board, scores_dir, args, memory_limit)
+    info = _keys(out, board, scores_dir, {**args, "detector": detector if folder.other_detectors else None},
+                 memory_limit)
     run = {"task_index": task_index, "num_tasks": num_tasks, "shards_written": 0, "shards_done_before": 0,
            "samples_written": 0}
     marks = out / STATE / "shards"

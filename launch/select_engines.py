@@ -43,6 +43,7 @@ def run_resumable(args: argparse.Namespace) -> int | None:
                                keys_only=args.keys_only, num_tasks=n, task_index=i,
                                memory_limit=args.memory_limit or MEMORY_LIMIT, show_progress=not args.no_progress,
                                allow_partial=bool(getattr(args, "allow_partial", False)),
+                               detector=getattr(args, "detector", None),
                                meta_defaults={"captioner": args.captioner, "source": args.source})
     except SelectError as e:
         raise UsageError(str(e)) from None
