@@ -329,106 +329,151 @@ def unit_outputs(s: Sample, idxs: list[int], unit: str, agg: str, texts: list[st
     return [Sample(s.key, s.image, s.caption, meta, s.ext or "jpg")]
 
 
+class KeptCounts:
+    """Per captioner: the label counts of the input units and of the kept units, the kept units and samples; the
+    manifest's precision fields. Shared by :func:`select` and the resumable select's shards (which store it as JSON
+    per shard and merge it)."""
+
+    def __init__(self, sentence_level: bool) -> None:
+        self.sentence_level = sentence_level
+        self.inp: defaultdict[str, Counter] = defaultdict(Counter)
+        self.got: defaultdict[str, Counter] = defaultdict(Counter)
+        self.units: Counter = Counter()
+        self.samples: Counter = Counter()
+
+    def add_source(self, cap: str, labels: list) -> None:
+        """One source sample read: its units' labels count for the input precision."""
+        self.inp[cap].update(x for x in (labels if self.sentence_level else [_caption_label(labels)]) if x)
+
+    def add_kept(self, cap: str, labels: list, idxs: list[int]) -> None:
+        """One source sample written with its kept sentences ``idxs`` (the whole caption when not sentence-level)."""
+        if self.sentence_level:
+            self.got[cap].update(labels[i] for i in idxs if labels[i])
+            self.units[cap] += len(idxs)
+        else:
+            lab = _caption_label(labels)
+            self.got[cap].update([lab] if lab else [])
+            self.units[cap] += 1
+        self.samples[cap] += 1
+
+    def to_json(self) -> dict:
+        return {"input": {c: dict(v) for c, v in self.inp.items()}, "kept": {c: dict(v) for c, v in self.got.items()},
+                "kept_units": dict(self.units), "kept_samples": dict(self.samples)}
+
+    def merge_json(self, d: dict) -> None:
+        for c, v in d["input"].items():
+            self.inp[c].update(v)
+        for c, v in d["kept"].items():
+            self.got[c].update(v)
+        self.units.update(d["kept_units"])
+        self.samples.update(d["kept_samples"])
+
+    def manifest_fields(self) -> dict:
+        total_in, total_kept = sum(self.inp.values(), Counter()), sum(self.got.values(), Counter())
+        caps = sorted(set(self.inp) | set(self.units))
+        return {"kept_units": sum(self.units.values()), "source_samples_kept": sum(self.samples.values()),
+                "kept_units_per_captioner": {c: self.units[c] for c in caps},
+                "precision": {"input": _precision(total_in), "kept": _precision(total_kept),
+                              **{f"input/{c}": _precision(self.inp[c]) for c in caps},
+                              **{f"kept/{c}": _precision(self.got[c]) for c in caps}},
+                "labelled_units": {"input": total_in["correct"] + total_in["incorrect"],
+                                   "kept": total_kept["correct"] + total_kept["incorrect"]}}
+
+
+def kept_by_key(kept: pa.Table) -> dict[str, list[int]]:
+    """Key -> its kept sentence indices (-1 for a whole caption)."""
+    want: dict[str, list[int]] = defaultdict(list)
+    for k, i in zip(kept["key"].to_pylist(), kept["sentence_index"].to_pylist()):
+        want[k].append(i)
+    return want
+
+
+def key_overlap(shard_keys: pa.Array, score_keys: pa.Array, examples: int = 20) -> dict:
+    """The manifest's ``keys``: how many keys are only in the shards / only in the scores, with examples."""
+    shard_only = pc.filter(shard_keys, pc.invert(pc.is_in(shard_keys, value_set=score_keys)))
+    score_only = pc.filter(score_keys, pc.invert(pc.is_in(score_keys, value_set=shard_keys)))
+    return {"shards": len(shard_keys), "scores": len(score_keys),
+            "only_in_shards": len(shard_only), "only_in_scores": len(score_only),
+            "only_in_shards_examples": shard_only.slice(0, examples).to_pylist(),
+            "only_in_scores_examples": score_only.slice(0, examples).to_pylist()}
+
+
+class _SelectionWriter:
+    """:func:`select`'s single pass over the shards: writes each kept source sample's outputs, counts the rest."""
+
+    def __init__(self, writer: ShardWriter, want: dict[str, list[int]], source: dict, filt: dict, unit: str,
+                 agg: str, defaults: dict) -> None:
+        self.writer, self.want, self.source, self.filt = writer, want, source, filt
+        self.unit, self.agg, self.defaults = unit, agg, defaults
+        self.counts = KeptCounts(unit == "sentence" or agg == "prune")
+        self.skipped = SkipCounter(max_examples=1000)
+        self.defaulted: Counter = Counter()
+        self.corrupt_shards: list[str] = []
+        self.shard_keys: list[pa.Array] = []
+
+    def shard(self, path: Path, bar) -> None:
+        keys_here: list[str] = []
+        try:
+            for s in iter_shard(path):
+                bar.update(1)
+                keys_here.append(s.key)
+                self.sample(s, path)
+        except ShardFormatError as e:
+            self.corrupt_shards.append(f"{path.name}: {e}")
+            self.skipped.add(path.name, str(e), "corrupt_shard", n=e.lost or 1)
+        self.shard_keys.append(pa.array(keys_here, pa.string()))
+
+    def sample(self, s: Sample, path: Path) -> None:
+        texts, labels, gts = _labels(s.meta, s.caption)
+        self.counts.add_source(s.captioner, labels)
+        if s.key not in self.want:
+            return
+        idxs = sorted(self.want[s.key])
+        if self.counts.sentence_level and any(not 0 <= i < len(texts) for i in idxs):
+            bad = next(i for i in idxs if not 0 <= i < len(texts))
+            held = parts_holding([Path(x) for x in self.source["parts"]], s.key, bad)
+            raise SelectError(f"scores: {held[0] if held else self.filt['scores']} has sentence_index {bad} for key "
+                              f"{s.key!r}, whose caption in {path} has {len(texts)} sentence(s); were these scores "
+                              "made from other shards?")
+        self.defaulted.update(k for k in self.defaults if k not in s.meta)
+        if self.write_all(unit_outputs(s, idxs, self.unit, self.agg, texts, gts, self.defaults)):
+            self.counts.add_kept(s.captioner, labels, idxs)
+
+    def write_all(self, samples: list[Sample]) -> bool:
+        """Write one source sample's outputs, or none of them: a rejected one is skipped and counted."""
+        try:
+            for smp in samples:
+                self.writer.validate(smp)
+        except ShardFormatError as e:
+            self.skipped.add(samples[0].meta.get("parent_key", samples[0].key), str(e), "bad_sample")
+            return False
+        for smp in samples:
+            self.writer.write(smp)
+        return True
+
+
 def _write_selection(table: pa.Table, kept: pa.Table, info: dict, source: dict, filt: dict, shards: list[Path],
                      out: Path, unit: str, agg: str, maxcount: int, show_progress: bool, defaults: dict) -> dict:
     """Stream the shards once, writing the kept units (json fields a sample lacks taken from ``defaults``);
     returns the manifest (without wall time)."""
-    defaulted: Counter = Counter()
-    want: dict[str, list[int]] = defaultdict(list)
-    for k, i in zip(kept["key"].to_pylist(), kept["sentence_index"].to_pylist()):
-        want[k].append(i)
-    score_keys = pc.unique(table["key"])
-    sentence_level = unit == "sentence" or agg == "prune"
-    inp, got = defaultdict(Counter), defaultdict(Counter)  # captioner -> label counts (input / kept)
-    kept_units, kept_samples_by_cap = Counter(), Counter()
-    shard_keys: list[pa.Array] = []
-    skipped = SkipCounter(max_examples=1000)
-    corrupt_shards: list[str] = []
     bar = progress(desc="select", unit="sample", disable=not show_progress)
-
-    def write_all(writer: ShardWriter, samples: list[Sample]) -> bool:
-        """Write one source sample's outputs, or none of them: a rejected one is skipped and counted."""
-        try:
-            for smp in samples:
-                writer.validate(smp)
-        except ShardFormatError as e:
-            skipped.add(samples[0].meta.get("parent_key", samples[0].key), str(e), "bad_sample")
-            return False
-        for smp in samples:
-            writer.write(smp)
-        return True
-
     with ShardWriter(out, maxcount=maxcount) as writer:
+        w = _SelectionWriter(writer, kept_by_key(kept), source, filt, unit, agg, defaults)
         for path in shards:
-            keys_here: list[str] = []
-            try:
-                for s in iter_shard(path):
-                    bar.update(1)
-                    keys_here.append(s.key)
-                    texts, labels, gts = _labels(s.meta, s.caption)
-                    cap = s.captioner
-                    unit_labels = labels if sentence_level else [_caption_label(labels)]
-                    inp[cap].update(x for x in unit_labels if x)
-                    if s.key not in want:
-                        continue
-                    idxs = sorted(want[s.key])
-                    if sentence_level and any(not 0 <= i < len(texts) for i in idxs):
-                        bad = next(i for i in idxs if not 0 <= i < len(texts))
-                        held = parts_holding([Path(x) for x in source["parts"]], s.key, bad)
-                        part = held[0] if held else filt["scores"]
-                        raise SelectError(f"scores: {part} has sentence_index {bad} for key {s.key!r}, whose caption "
-                                          f"in {path} has {len(texts)} sentence(s); were these scores made from "
-                                          "other shards?")
-                    defaulted.update(k for k in defaults if k not in s.meta)
-                    if not write_all(writer, unit_outputs(s, idxs, unit, agg, texts, gts, defaults)):
-                        continue
-                    if sentence_level:
-                        got[cap].update(labels[i] for i in idxs if labels[i])
-                        kept_units[cap] += len(idxs)
-                    else:
-                        lab = _caption_label(labels)
-                        if lab:
-                            got[cap][lab] += 1
-                        kept_units[cap] += 1
-                    kept_samples_by_cap[cap] += 1
-            except ShardFormatError as e:
-                corrupt_shards.append(f"{path.name}: {e}")
-                skipped.add(path.name, str(e), "corrupt_shard", n=e.lost or 1)
-            shard_keys.append(pa.array(keys_here, pa.string()))
+            w.shard(path, bar)
     bar.close()
     if len(kept) and not writer.total:
-        bad = next((e for e in skipped.examples if e["kind"] == "bad_sample"), None)
-        why = (corrupt_shards[0] if corrupt_shards else f"sample {bad['key']!r}: {bad['reason']}" if bad else
+        bad = next((e for e in w.skipped.examples if e["kind"] == "bad_sample"), None)
+        why = (w.corrupt_shards[0] if w.corrupt_shards else f"sample {bad['key']!r}: {bad['reason']}" if bad else
                f"no kept key is in the shards (e.g. {kept['key'][0].as_py()!r}): scores of other data?")
         raise SelectError(f"data: {len(kept)} units kept but no sample could be written; {why}")
-    all_shard_keys = pa.concat_arrays(shard_keys) if shard_keys else pa.array([], pa.string())
-    in_scores = pc.is_in(all_shard_keys, value_set=score_keys)
-    shard_only = pc.filter(all_shard_keys, pc.invert(in_scores))
-    score_only = pc.filter(score_keys, pc.invert(pc.is_in(score_keys, value_set=all_shard_keys)))
+    shard_keys = pa.concat_arrays(w.shard_keys) if w.shard_keys else pa.array([], pa.string())
     cols = ["key", "sentence_index", "score"] + (["captioner"] if filt["per_captioner"] else [])
     write_part_atomic(kept.select([c for c in cols if c in kept.column_names]), out / "kept.parquet")
-    total_in, total_kept = sum(inp.values(), Counter()), sum(got.values(), Counter())
-    caps = sorted(set(inp) | set(kept_units))
-    return {
-        "status": "complete",
-        "filter": filt,
-        **info,
-        "kept_units": sum(kept_units.values()), "samples_written": writer.total,
-        "source_samples_kept": sum(kept_samples_by_cap.values()),
-        "kept_units_per_captioner": {c: kept_units[c] for c in caps},
-        "precision": {"input": _precision(total_in), "kept": _precision(total_kept),
-                      **{f"input/{c}": _precision(inp[c]) for c in caps},
-                      **{f"kept/{c}": _precision(got[c]) for c in caps}},
-        "labelled_units": {"input": total_in["correct"] + total_in["incorrect"],
-                           "kept": total_kept["correct"] + total_kept["incorrect"]},
-        "keys": {"shards": len(all_shard_keys), "scores": len(score_keys),
-                 "only_in_shards": len(shard_only), "only_in_scores": len(score_only),
-                 "only_in_shards_examples": shard_only.slice(0, 20).to_pylist(),
-                 "only_in_scores_examples": score_only.slice(0, 20).to_pylist()},
-        "skipped": skipped.to_json(),
-        "corrupt_shards": corrupt_shards,
-        "meta_defaults": {"values": defaults, "samples": dict(sorted(defaulted.items()))},
-    }
+    return {"status": "complete", "filter": filt, **info, "samples_written": writer.total,
+            **w.counts.manifest_fields(), "keys": key_overlap(shard_keys, pc.unique(table["key"])),
+            "skipped": w.skipped.to_json(), "corrupt_shards": w.corrupt_shards,
+            "meta_defaults": {"values": defaults, "samples": dict(sorted(w.defaulted.items()))}}
 
 
 def read_kept(out_dir: str | os.PathLike) -> pa.Table:

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import time
-from collections import Counter, defaultdict
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -32,7 +31,7 @@ from halsift.corpus.scores import part_name
 from halsift.corpus.shards import (META_DEFAULTS, ShardFormatError, ShardWriter, expand_shards, iter_shard,
                                    write_json_atomic)
 from halsift.filtering.score_check import check_score_folder
-from halsift.filtering.select import SelectError, _caption_label, _labels, _precision, unit_outputs
+from halsift.filtering.select import KeptCounts, SelectError, _labels, kept_by_key, unit_outputs
 from halsift.filtering.select_ooc import MEMORY_LIMIT, supported, top_keys, kept_for_part
 from halsift.filtering.tasks import HOST, STALE_AFTER_S, ClaimBoard, task_order
 
@@ -89,14 +88,10 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
     bad_samples: list[str] = []
     part = part_name(0, shard.name)
     kept = kept_for_part(out, part)
-    want: dict[str, list[int]] = defaultdict(list)
-    for k, i in zip(kept["key"].to_pylist(), kept["sentence_index"].to_pylist()):
-        want[k].append(i)
+    want = kept_by_key(kept)
     score_part = scores_dir / part
     score_keys = set(pq.read_table(score_part, columns=["key"])["key"].to_pylist()) if score_part.exists() else set()
-    sentence_level = unit == "sentence" or agg == "prune"
-    inp, got = defaultdict(Counter), defaultdict(Counter)
-    kept_units, kept_samples = Counter(), Counter()
+    counts = KeptCounts(unit == "sentence" or agg == "prune")
     shard_keys, bad_index, corrupt = [], [], []
     work = out / f".{index:06d}.work"
     shutil.rmtree(work, ignore_errors=True)  # what a killed attempt left
@@ -105,12 +100,11 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
             for s in iter_shard(shard):
                 shard_keys.append(s.key)
                 texts, labels, gts = _labels(s.meta, s.caption)
-                cap = s.captioner
-                inp[cap].update(x for x in (labels if sentence_level else [_caption_label(labels)]) if x)
+                counts.add_source(s.captioner, labels)
                 if s.key not in want:
                     continue
                 idxs = sorted(want[s.key])
-                if sentence_level and any(not 0 <= i < len(texts) for i in idxs):
+                if counts.sentence_level and any(not 0 <= i < len(texts) for i in idxs):
                     bad_index.append(s.key)
                     idxs = [i for i in idxs if 0 <= i < len(texts)]
                     if not idxs:
@@ -124,14 +118,7 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
                     continue
                 for smp in outs:
                     writer.write(smp)
-                if unit == "caption" and agg != "prune":
-                    lab = _caption_label(labels)
-                    got[cap].update([lab] if lab else [])
-                    kept_units[cap] += 1
-                else:
-                    got[cap].update(labels[i] for i in idxs if labels[i])
-                    kept_units[cap] += len(idxs)
-                kept_samples[cap] += 1
+                counts.add_kept(s.captioner, labels, idxs)
         except ShardFormatError as e:
             corrupt.append(f"{shard.name}: {e}")
     sizes = json.loads((work / "sizes.json").read_text()) if (work / "sizes.json").exists() else {}
@@ -143,8 +130,7 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
     only_shard = [k for k in shard_keys if k not in score_keys]
     only_scores = sorted(score_keys - here)
     return {"shard": str(shard), "part": part, "sizes": sizes, "samples_written": sum(sizes.values()),
-            "input": {c: dict(v) for c, v in inp.items()}, "kept": {c: dict(v) for c, v in got.items()},
-            "kept_units": dict(kept_units), "kept_samples": dict(kept_samples), "shard_keys": len(shard_keys),
+            **counts.to_json(), "shard_keys": len(shard_keys),
             "score_keys": len(score_keys), "only_in_shards": len(only_shard), "only_in_scores": len(only_scores),
             "only_in_shards_examples": only_shard[:EXAMPLES], "only_in_scores_examples": only_scores[:EXAMPLES],
             "bad_index": bad_index[:EXAMPLES], "bad_index_count": len(bad_index), "corrupt": corrupt,
@@ -220,34 +206,19 @@ def _finish(out: Path, filt: dict, info: dict, shards: list[Path], scores_dir: P
         write_json_atomic(out / "manifest.json", manifest)
         return manifest
     stats = [json.loads((out / STATE / "shards" / f"{i:06d}.json").read_text()) for i in range(len(shards))]
-    inp, got = defaultdict(Counter), defaultdict(Counter)
-    kept_units, kept_samples = Counter(), Counter()
+    counts = KeptCounts(filt["unit"] == "sentence" or filt["agg"] == "prune")
     sizes: dict[str, int] = {}
     for s in stats:
-        for c, v in s["input"].items():
-            inp[c].update(v)
-        for c, v in s["kept"].items():
-            got[c].update(v)
-        kept_units.update(s["kept_units"])
-        kept_samples.update(s["kept_samples"])
+        counts.merge_json(s)
         sizes.update(s["sizes"])
     # score parts with no input shard: all their keys are only in the scores
     covered = {s["part"] for s in stats}
     orphan = [p for p in sorted(scores_dir.glob("*.parquet")) if p.name not in covered and not p.name.startswith(".")]
     orphan_keys = sorted({k for p in orphan for k in pq.read_table(p, columns=["key"])["key"].to_pylist()})
-    total_in, total_kept = sum(inp.values(), Counter()), sum(got.values(), Counter())
-    caps = sorted(set(inp) | set(kept_units))
     write_json_atomic(out / "sizes.json", dict(sorted(sizes.items())))
     manifest.update({
         "score_parts_without_shard": [p.name for p in orphan][:EXAMPLES],
-        "kept_units": sum(kept_units.values()), "samples_written": sum(sizes.values()),
-        "source_samples_kept": sum(kept_samples.values()),
-        "kept_units_per_captioner": {c: kept_units[c] for c in caps},
-        "precision": {"input": _precision(total_in), "kept": _precision(total_kept),
-                      **{f"input/{c}": _precision(inp[c]) for c in caps},
-                      **{f"kept/{c}": _precision(got[c]) for c in caps}},
-        "labelled_units": {"input": total_in["correct"] + total_in["incorrect"],
-                           "kept": total_kept["correct"] + total_kept["incorrect"]},
+        "samples_written": sum(sizes.values()), **counts.manifest_fields(),
         "keys": {"shards": sum(s["shard_keys"] for s in stats),
                  "scores": sum(s["score_keys"] for s in stats) + len(orphan_keys),
                  "only_in_shards": sum(s["only_in_shards"] for s in stats),
