@@ -1,4 +1,4 @@
-"""``halsift launch --nproc N -- run RECIPE``: the score stage on every rank, every other stage on rank 0 alone.
+"""``halsift launch --gpus N -- run RECIPE``: the score stage on every rank, every other stage on rank 0 alone.
 
 Rank 0 runs the recipe as one process would, except that
 
@@ -70,7 +70,7 @@ def ranks_from_env(env: dict | None = None) -> Ranks | None:
         return None
     lid = launch_id(env)
     if lid is None:
-        raise ConfigError(f"halsift run on {world} processes: no launch id; start it with `halsift launch --nproc N "
+        raise ConfigError(f"halsift run on {world} processes: no launch id; start it with `halsift launch --gpus N "
                           "-- run ...` or set HALSIFT_LAUNCH_ID to a value unique to this launch on every rank")
     return Ranks(int(env.get("RANK", "0") or 0), world, lid.replace("/", "_"))
 
