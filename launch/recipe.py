@@ -348,7 +348,16 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
                 continue
             write_ensemble(name, [_scores_dir(p, m, what) for m in members], _scores_dir(p, name, what))
         info[name] = "mean(" + ", ".join(members) + ")"
+    _log_stage(r, p, "score", {n: _scores_dir(p, n, "corpus") for n in info})
     return {"detectors": info}
+
+
+def _log_stage(r: Recipe, p: Paths, stage: str, folders: dict[str, Path]) -> None:
+    """The score / select stage's figures as one wandb run (``launch/run_wandb.py``) unless wandb is disabled."""
+    if r.wandb.mode != "disabled" and folders:
+        from halsift.launch.run_wandb import log_recipe_stage
+
+        log_recipe_stage(stage, p.stage(stage), folders, r.wandb.mode, r.wandb.project, r.name)
 
 
 def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
@@ -402,6 +411,7 @@ def stage_select(r: Recipe, p: Paths) -> dict:
                           meta_defaults={"captioner": r.select.default_captioner,
                                          "source": r.select.default_source})
         info[name] = manifest
+    _log_stage(r, p, "select", {name: p.stage("select") / name for name in info})
     return {"selections": info}
 
 

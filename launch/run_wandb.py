@@ -9,6 +9,9 @@ already wrote, so a run resumed, split into tasks or run on Ray logs the same nu
 - select: in the summary candidates, kept units, kept fraction, samples written, skipped samples and corrupt
   shards, precision of the input and of the kept units, keys only in shards / only in scores, wall time and
   candidates/s.
+
+``halsift run`` logs its score and select stages the same way (one run per stage, ``<detector or filter>/<field>``)
+unless the recipe's ``wandb.mode`` is ``disabled``.
 """
 
 from __future__ import annotations
@@ -70,8 +73,8 @@ def log_run(kind: str, out: Path, summary: dict, history: list[dict], mode: str,
     """One wandb run in ``out/wandb``: the history rows as steps, then the summary; returns the run's folder."""
     import wandb
 
-    run = wandb.init(project=project, name=f"{kind}-{out.name}", job_type=kind, dir=str(out), mode=mode,
-                     config=config or {})
+    name = f"{config['recipe']}-{kind}" if config and "recipe" in config else f"{kind}-{out.name}"
+    run = wandb.init(project=project, name=name, job_type=kind, dir=str(out), mode=mode, config=config or {})
     try:
         for row in history:
             run.log({k: v for k, v in row.items() if v is not None})
@@ -103,3 +106,21 @@ def log_select(args: argparse.Namespace, manifest: dict) -> None:
     where = log_run("select", Path(args.out), select_metrics(manifest), [], mode, args.wandb_project,
                     manifest.get("filter", {}))
     print(f"wandb ({mode}): {where}", flush=True)
+
+
+def log_recipe_stage(stage: str, stage_dir: Path, folders: dict[str, Path], mode: str, project: str,
+                     run_name: str) -> None:
+    """A recipe's score or select stage as one run: each detector's / filter's summary under its name."""
+    import json
+
+    summary: dict = {}
+    for name, folder in folders.items():
+        if stage == "score":
+            path = folder / "_manifest.json"
+            if not path.exists():
+                continue
+            fields = score_metrics(json.loads(path.read_text()), folder)[1]
+        else:
+            fields = select_metrics(json.loads((folder / "manifest.json").read_text()))
+        summary.update({f"{name}/{k}": v for k, v in fields.items()})
+    log_run(stage, stage_dir, summary, [], mode, project, {"recipe": run_name})

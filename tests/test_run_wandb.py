@@ -9,7 +9,7 @@ import pytest
 from filtering_data import make_corpus
 
 from halsift.launch.cli import main
-from halsift.launch.run_wandb import select_metrics
+from halsift.launch.run_wandb import log_recipe_stage, select_metrics
 
 pytest.importorskip("wandb")
 
@@ -48,6 +48,11 @@ def test_score_and_select_log_offline_runs(tmp_path, monkeypatch, capsys):
     assert main(["select", "--scores", str(tmp_path / "s"), "--data", str(corpus), "--out", str(tmp_path / "no"),
                  "--keep", "0.5", "--no-progress"]) == 0
     assert not (tmp_path / "no" / "wandb").exists()
+    # a recipe's stage: one run, each filter's figures under its name
+    log_recipe_stage("select", tmp_path / "stage", {"mem": tmp_path / "sel", "res": tmp_path / "res"}, "offline",
+                     "halsift", "tiny")
+    data = _run_file(tmp_path / "stage", b"mem/kept_fraction", b"res/kept_fraction")
+    assert b"mem/kept_fraction" in data and b"res/kept_fraction" in data
 
 
 def test_select_metrics_read_both_manifests():
