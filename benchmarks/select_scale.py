@@ -4,9 +4,11 @@
     python benchmarks/select_scale.py --rows 100000000 --parts 2000   # the 100M case
     python benchmarks/select_scale.py --engine arrow                  # the in-memory select_keys, to compare
 
-Generates the score folder (not timed), then times the selection plus writing ``kept.parquet`` in a fresh process
-and prints wall time and that process's peak RSS (target: 100M rows under 2 GB). ``duckdb`` is
-:func:`halsift.filtering.select_ooc.top_keys` (memory limit ``--memory-limit``); ``arrow`` is
+Generates the score folder with its ``_manifest.json`` (not timed), then times, in a fresh process, the folder
+check every select runs first (:func:`halsift.filtering.score_check.check_score_folder`: manifest, footers,
+detectors) and the selection plus writing ``kept.parquet``, and prints wall times and that process's peak RSS
+(target: 100M rows under 2 GB). ``duckdb`` is :func:`halsift.filtering.select_ooc.top_keys` (what ``select
+--resumable`` / ``--keys-only`` run; memory limit ``--memory-limit``); ``arrow`` is
 :func:`halsift.filtering.select.select_keys`, which holds the score columns in memory.
 """
 
@@ -46,12 +48,26 @@ def generate(out: Path, rows: int, parts: int, sentences_per_caption: int = 3, s
                       "detector": pa.array(["clip:arch=ViT-B-32"] * n).dictionary_encode().cast(pa.string())})
         write_part_atomic(t, out / f"part-{p:06d}.parquet")
         done += n
+    write_manifest(out)
+
+
+def write_manifest(out: Path) -> None:
+    """The ``_manifest.json`` a finished ``halsift score`` leaves (the fields select checks)."""
+    from halsift.corpus.shards import write_json_atomic
+
+    parts = sorted(p.name for p in out.glob("part-*.parquet"))
+    write_json_atomic(out / "_manifest.json", {"detector": "clip:arch=ViT-B-32", "detector_name": "clip:arch=ViT-B-32",
+                                               "unit": "sentence", "status": "complete", "parts": len(parts),
+                                               "part_files": parts})
 
 
 def measure(scores: Path, keep: float, unit: str, agg: str, engine: str, memory_limit: str) -> None:
     from halsift.corpus.scores import write_part_atomic
+    from halsift.filtering.score_check import check_score_folder
 
     t0 = time.perf_counter()
+    folder = check_score_folder(scores)
+    t_check = time.perf_counter() - t0
     if engine == "duckdb":
         from halsift.filtering.select_ooc import top_keys
 
@@ -65,7 +81,8 @@ def measure(scores: Path, keep: float, unit: str, agg: str, engine: str, memory_
     wall = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{engine} unit={unit}{'/' + agg if unit == 'caption' else ''}: candidates {info['candidates']:,}, kept "
-          f"{info['selected']:,} (threshold {info['threshold_used']}) in {wall:.1f} s, peak RSS {rss:.0f} MB")
+          f"{info['selected']:,} (threshold {info['threshold_used']}) in {wall:.1f} s (folder check of "
+          f"{len(folder.parts)} parts {t_check:.1f} s), peak RSS {rss:.0f} MB")
 
 
 def main(argv=None) -> int:
@@ -89,6 +106,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         if not (tmp / "scores").is_dir():
             generate(tmp / "scores", a.rows, a.parts)
+        elif not (tmp / "scores" / "_manifest.json").exists():  # a folder generated before manifests were
+            write_manifest(tmp / "scores")
         size = sum(f.stat().st_size for f in (tmp / "scores").glob("*.parquet")) / 2**20
         print(f"{a.rows:,} score rows in {a.parts} parts ({size:.0f} MB), generated in "
               f"{time.perf_counter() - t0:.1f} s")

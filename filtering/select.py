@@ -10,12 +10,12 @@ Two steps, so that neither holds the corpus in memory (DataComp's apply_filter -
    ``kept.parquet`` (the subset, usable without resharding) and ``manifest.json`` (``status: running`` from the
    start, ``complete`` at the end; ``train clip`` refuses a folder whose selection did not complete).
 
-Inputs are checked before anything is written (:func:`load_scores`): the score folder's ``_manifest.json`` must
-say ``complete`` (or ``allow_partial``, recorded), every part must be one the manifest lists and hold the
-manifest's detector (or the one chosen with ``detector``), no (key, sentence_index) row may repeat and indices
-must be -1 or >= 0; a kept sentence index beyond its caption's sentences is an error naming the part. A sample the
-shard writer rejects (e.g. a key with characters outside ``[A-Za-z0-9_-]``) is skipped and counted on its own
-(``skipped`` in the manifest); an unreadable shard is counted with the number of samples lost.
+Inputs are checked before anything is written: the score folder by
+:func:`halsift.filtering.score_check.check_score_folder` (the check ``select --resumable`` runs too: manifest
+``complete`` unless ``allow_partial``, parts listed and readable, one detector, indices >= -1), then here no
+(key, sentence_index) row may repeat; a kept sentence index beyond its caption's sentences is an error naming the
+part. A sample the shard writer rejects (e.g. a key with characters outside ``[A-Za-z0-9_-]``) is skipped and
+counted on its own (``skipped`` in the manifest); an unreadable shard is counted with the number of samples lost.
 
 Units: ``sentence`` (one output sample per kept image–sentence pair, key ``<key>_s<idx>``) or ``caption``
 with ``agg``: ``min`` / ``mean`` of the sentence scores, ``prob`` (100 x product of score/100, i.e. the
@@ -25,7 +25,6 @@ only its kept sentences).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -37,105 +36,51 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from halsift.corpus.errors import InputError
 from halsift.corpus.progress import progress
 from halsift.corpus.images import SkipCounter
-from halsift.corpus.scores import ScoresFormatError, read_part, read_scores, write_part_atomic
+from halsift.corpus.scores import read_part, read_scores, write_part_atomic
 from halsift.corpus.sentences import sentence_texts
 from halsift.corpus.shards import (META_DEFAULTS, Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard,
                                    write_json_atomic)
 from halsift.filtering.base import CAPTION_INDEX
 from halsift.filtering.baselines import hash_uniform
+from halsift.filtering.score_check import SelectError, check_score_folder
 
 UNITS = ("sentence", "caption")
 AGGS = ("min", "mean", "prob", "prune")
 
 
-class SelectError(InputError):
-    """Bad selection arguments or inputs (names the argument and what was expected)."""
-
-
-SCORE_MANIFEST = "_manifest.json"  # written by halsift.filtering.runner
-
-
 def load_scores(scores: str | os.PathLike, detector: str | None = None, allow_partial: bool = False,
                 captioner: bool = True) -> tuple[pa.Table, dict]:
-    """Read and check a score folder (or one parquet file) for selection; returns ``(table, info)``.
+    """Check a score folder (or one parquet file) with :func:`check_score_folder` and read it for selection;
+    returns ``(table, info)``.
 
     ``table`` has key, sentence_index (int32), score and (with ``captioner``, when the parts have it) captioner.
-    Raises :class:`SelectError` naming the part when the folder mixes detectors, holds parts its manifest does not
-    list, repeats a row, is incomplete (unless ``allow_partial``) or has a sentence index below -1. Memory: the
-    detector column is read dictionary-encoded and dropped part by part.
+    Besides the folder checks, raises :class:`SelectError` when a (key, sentence_index) row repeats. Memory: the
+    detector column is read (dictionary-encoded) only when rows of another detector must be dropped.
     """
-    path = Path(scores)
-    if path.is_dir():
-        parts = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
-        if not parts:
-            raise ScoresFormatError(f"scores: {path} holds no .parquet parts")
-        manifest_path = path / SCORE_MANIFEST
-        try:
-            manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
-        except (ValueError, OSError) as e:
-            raise SelectError(f"scores: {manifest_path} is not readable JSON ({e})") from e
-    elif path.is_file():
-        parts, manifest, manifest_path = [path], None, path
-    else:
-        raise FileNotFoundError(f"scores: {path} does not exist")
-    manifest = manifest if isinstance(manifest, dict) else {}
-    status = manifest.get("status", "complete" if manifest.get("complete") else None)
-    if status != "complete" and not allow_partial:
-        what = f"says status {status!r}" if manifest else "is missing"
-        raise SelectError(f"scores: {path / SCORE_MANIFEST if path.is_dir() else path}: the score manifest {what} "
-                          "(a killed or unfinished `halsift score`); rerun the score command to finish it, or pass "
-                          "--allow-partial to select from the parts that exist")
-    listed = manifest.get("part_files")
-    if listed is not None:
-        extra = [p for p in parts if p.name not in listed]
-        if extra:
-            raise SelectError(f"scores: {extra[0]} is not a part that {manifest_path.name} lists (a foreign part?); "
-                              "remove it or score again into a new folder")
-    expected = detector or manifest.get("detector_name")
-    tables, seen, dropped = [], {}, 0
-    for p in parts:
-        try:
-            names = pq.read_schema(p).names
-        except (pa.ArrowInvalid, OSError):
-            names = []  # read_part names the unreadable file
-        cols = ["key", "sentence_index", "score", "detector"]
-        cols += ["captioner"] if captioner and "captioner" in names else []
-        t = read_part(p, cols, read_dictionary=["detector"])
-        dets = pc.unique(t["detector"].cast(pa.string())).to_pylist()
-        if detector is not None:
+    folder = check_score_folder(scores, detector, allow_partial)
+    tables, dropped = [], 0
+    for p in folder.parts:
+        cols = ["key", "sentence_index", "score"]
+        cols += ["captioner"] if captioner and "captioner" in pq.read_schema(p).names else []
+        if folder.other_detectors:
+            t = read_part(p, cols + ["detector"], read_dictionary=["detector"])
             keep = pc.equal(t["detector"].cast(pa.string()), detector)
             dropped += len(t) - (pc.sum(keep).as_py() or 0)
-            t = t.filter(keep)
-        elif expected is not None and any(d != expected for d in dets):
-            raise SelectError(f"scores: {p} holds scores of detector {[d for d in dets if d != expected][0]!r} but "
-                              f"the folder is {expected!r} (a foreign part?); remove it, or choose one with --detector")
+            t = t.filter(keep).drop_columns(["detector"])
         else:
-            for d in dets:
-                seen.setdefault(d, p)
-            if len(seen) > 1:
-                a, b = list(seen.items())[:2]
-                raise SelectError(f"scores: {b[1]} holds detector {b[0]!r} but {a[1]} holds {a[0]!r}; a score folder "
-                                  "holds one detector (choose one with --detector)")
-        if pc.any(pc.less(t["sentence_index"], CAPTION_INDEX)).as_py():
-            raise SelectError(f"scores: {p} has sentence_index "
-                              f"{pc.min(t['sentence_index']).as_py()} (expected -1 for a caption or >= 0)")
-        tables.append(t.drop_columns(["detector"]))
+            t = read_part(p, cols)
+        tables.append(t)
     table = pa.concat_tables(tables, promote_options="default")
-    if detector is not None and not len(table):
-        raise SelectError(f"--detector {detector}: no rows of that detector in {path}")
     counts = table.group_by(["key", "sentence_index"], use_threads=False).aggregate([("score", "count")])
     dup = counts.filter(pc.greater(counts["score_count"], 1))
     if len(dup):
         k, idx = dup["key"][0].as_py(), dup["sentence_index"][0].as_py()
-        where = " and ".join(str(p) for p in parts_holding(parts, k, idx))
+        where = " and ".join(str(p) for p in parts_holding(folder.parts, k, idx))
         raise SelectError(f"scores: row (key={k!r}, sentence_index={idx}) appears more than once ({where}; "
                           f"{len(dup)} repeated rows in all)")
-    info = {"parts": [str(p) for p in parts], "manifest_status": status, "allow_partial": allow_partial,
-            "detector": expected, "rows_of_other_detectors_dropped": dropped}
-    return table, info
+    return table, {**folder.info(allow_partial), "rows_of_other_detectors_dropped": dropped}
 
 
 def parts_holding(parts: list[Path], key: str, sentence_index: int | None = None) -> list[Path]:
@@ -384,106 +329,151 @@ def unit_outputs(s: Sample, idxs: list[int], unit: str, agg: str, texts: list[st
     return [Sample(s.key, s.image, s.caption, meta, s.ext or "jpg")]
 
 
+class KeptCounts:
+    """Per captioner: the label counts of the input units and of the kept units, the kept units and samples; the
+    manifest's precision fields. Shared by :func:`select` and the resumable select's shards (which store it as JSON
+    per shard and merge it)."""
+
+    def __init__(self, sentence_level: bool) -> None:
+        self.sentence_level = sentence_level
+        self.inp: defaultdict[str, Counter] = defaultdict(Counter)
+        self.got: defaultdict[str, Counter] = defaultdict(Counter)
+        self.units: Counter = Counter()
+        self.samples: Counter = Counter()
+
+    def add_source(self, cap: str, labels: list) -> None:
+        """One source sample read: its units' labels count for the input precision."""
+        self.inp[cap].update(x for x in (labels if self.sentence_level else [_caption_label(labels)]) if x)
+
+    def add_kept(self, cap: str, labels: list, idxs: list[int]) -> None:
+        """One source sample written with its kept sentences ``idxs`` (the whole caption when not sentence-level)."""
+        if self.sentence_level:
+            self.got[cap].update(labels[i] for i in idxs if labels[i])
+            self.units[cap] += len(idxs)
+        else:
+            lab = _caption_label(labels)
+            self.got[cap].update([lab] if lab else [])
+            self.units[cap] += 1
+        self.samples[cap] += 1
+
+    def to_json(self) -> dict:
+        return {"input": {c: dict(v) for c, v in self.inp.items()}, "kept": {c: dict(v) for c, v in self.got.items()},
+                "kept_units": dict(self.units), "kept_samples": dict(self.samples)}
+
+    def merge_json(self, d: dict) -> None:
+        for c, v in d["input"].items():
+            self.inp[c].update(v)
+        for c, v in d["kept"].items():
+            self.got[c].update(v)
+        self.units.update(d["kept_units"])
+        self.samples.update(d["kept_samples"])
+
+    def manifest_fields(self) -> dict:
+        total_in, total_kept = sum(self.inp.values(), Counter()), sum(self.got.values(), Counter())
+        caps = sorted(set(self.inp) | set(self.units))
+        return {"kept_units": sum(self.units.values()), "source_samples_kept": sum(self.samples.values()),
+                "kept_units_per_captioner": {c: self.units[c] for c in caps},
+                "precision": {"input": _precision(total_in), "kept": _precision(total_kept),
+                              **{f"input/{c}": _precision(self.inp[c]) for c in caps},
+                              **{f"kept/{c}": _precision(self.got[c]) for c in caps}},
+                "labelled_units": {"input": total_in["correct"] + total_in["incorrect"],
+                                   "kept": total_kept["correct"] + total_kept["incorrect"]}}
+
+
+def kept_by_key(kept: pa.Table) -> dict[str, list[int]]:
+    """Key -> its kept sentence indices (-1 for a whole caption)."""
+    want: dict[str, list[int]] = defaultdict(list)
+    for k, i in zip(kept["key"].to_pylist(), kept["sentence_index"].to_pylist()):
+        want[k].append(i)
+    return want
+
+
+def key_overlap(shard_keys: pa.Array, score_keys: pa.Array, examples: int = 20) -> dict:
+    """The manifest's ``keys``: how many keys are only in the shards / only in the scores, with examples."""
+    shard_only = pc.filter(shard_keys, pc.invert(pc.is_in(shard_keys, value_set=score_keys)))
+    score_only = pc.filter(score_keys, pc.invert(pc.is_in(score_keys, value_set=shard_keys)))
+    return {"shards": len(shard_keys), "scores": len(score_keys),
+            "only_in_shards": len(shard_only), "only_in_scores": len(score_only),
+            "only_in_shards_examples": shard_only.slice(0, examples).to_pylist(),
+            "only_in_scores_examples": score_only.slice(0, examples).to_pylist()}
+
+
+class _SelectionWriter:
+    """:func:`select`'s single pass over the shards: writes each kept source sample's outputs, counts the rest."""
+
+    def __init__(self, writer: ShardWriter, want: dict[str, list[int]], source: dict, filt: dict, unit: str,
+                 agg: str, defaults: dict) -> None:
+        self.writer, self.want, self.source, self.filt = writer, want, source, filt
+        self.unit, self.agg, self.defaults = unit, agg, defaults
+        self.counts = KeptCounts(unit == "sentence" or agg == "prune")
+        self.skipped = SkipCounter(max_examples=1000)
+        self.defaulted: Counter = Counter()
+        self.corrupt_shards: list[str] = []
+        self.shard_keys: list[pa.Array] = []
+
+    def shard(self, path: Path, bar) -> None:
+        keys_here: list[str] = []
+        try:
+            for s in iter_shard(path):
+                bar.update(1)
+                keys_here.append(s.key)
+                self.sample(s, path)
+        except ShardFormatError as e:
+            self.corrupt_shards.append(f"{path.name}: {e}")
+            self.skipped.add(path.name, str(e), "corrupt_shard", n=e.lost or 1)
+        self.shard_keys.append(pa.array(keys_here, pa.string()))
+
+    def sample(self, s: Sample, path: Path) -> None:
+        texts, labels, gts = _labels(s.meta, s.caption)
+        self.counts.add_source(s.captioner, labels)
+        if s.key not in self.want:
+            return
+        idxs = sorted(self.want[s.key])
+        if self.counts.sentence_level and any(not 0 <= i < len(texts) for i in idxs):
+            bad = next(i for i in idxs if not 0 <= i < len(texts))
+            held = parts_holding([Path(x) for x in self.source["parts"]], s.key, bad)
+            raise SelectError(f"scores: {held[0] if held else self.filt['scores']} has sentence_index {bad} for key "
+                              f"{s.key!r}, whose caption in {path} has {len(texts)} sentence(s); were these scores "
+                              "made from other shards?")
+        self.defaulted.update(k for k in self.defaults if k not in s.meta)
+        if self.write_all(unit_outputs(s, idxs, self.unit, self.agg, texts, gts, self.defaults)):
+            self.counts.add_kept(s.captioner, labels, idxs)
+
+    def write_all(self, samples: list[Sample]) -> bool:
+        """Write one source sample's outputs, or none of them: a rejected one is skipped and counted."""
+        try:
+            for smp in samples:
+                self.writer.validate(smp)
+        except ShardFormatError as e:
+            self.skipped.add(samples[0].meta.get("parent_key", samples[0].key), str(e), "bad_sample")
+            return False
+        for smp in samples:
+            self.writer.write(smp)
+        return True
+
+
 def _write_selection(table: pa.Table, kept: pa.Table, info: dict, source: dict, filt: dict, shards: list[Path],
                      out: Path, unit: str, agg: str, maxcount: int, show_progress: bool, defaults: dict) -> dict:
     """Stream the shards once, writing the kept units (json fields a sample lacks taken from ``defaults``);
     returns the manifest (without wall time)."""
-    defaulted: Counter = Counter()
-    want: dict[str, list[int]] = defaultdict(list)
-    for k, i in zip(kept["key"].to_pylist(), kept["sentence_index"].to_pylist()):
-        want[k].append(i)
-    score_keys = pc.unique(table["key"])
-    sentence_level = unit == "sentence" or agg == "prune"
-    inp, got = defaultdict(Counter), defaultdict(Counter)  # captioner -> label counts (input / kept)
-    kept_units, kept_samples_by_cap = Counter(), Counter()
-    shard_keys: list[pa.Array] = []
-    skipped = SkipCounter(max_examples=1000)
-    corrupt_shards: list[str] = []
     bar = progress(desc="select", unit="sample", disable=not show_progress)
-
-    def write_all(writer: ShardWriter, samples: list[Sample]) -> bool:
-        """Write one source sample's outputs, or none of them: a rejected one is skipped and counted."""
-        try:
-            for smp in samples:
-                writer.validate(smp)
-        except ShardFormatError as e:
-            skipped.add(samples[0].meta.get("parent_key", samples[0].key), str(e), "bad_sample")
-            return False
-        for smp in samples:
-            writer.write(smp)
-        return True
-
     with ShardWriter(out, maxcount=maxcount) as writer:
+        w = _SelectionWriter(writer, kept_by_key(kept), source, filt, unit, agg, defaults)
         for path in shards:
-            keys_here: list[str] = []
-            try:
-                for s in iter_shard(path):
-                    bar.update(1)
-                    keys_here.append(s.key)
-                    texts, labels, gts = _labels(s.meta, s.caption)
-                    cap = s.captioner
-                    unit_labels = labels if sentence_level else [_caption_label(labels)]
-                    inp[cap].update(x for x in unit_labels if x)
-                    if s.key not in want:
-                        continue
-                    idxs = sorted(want[s.key])
-                    if sentence_level and any(not 0 <= i < len(texts) for i in idxs):
-                        bad = next(i for i in idxs if not 0 <= i < len(texts))
-                        held = parts_holding([Path(x) for x in source["parts"]], s.key, bad)
-                        part = held[0] if held else filt["scores"]
-                        raise SelectError(f"scores: {part} has sentence_index {bad} for key {s.key!r}, whose caption "
-                                          f"in {path} has {len(texts)} sentence(s); were these scores made from "
-                                          "other shards?")
-                    defaulted.update(k for k in defaults if k not in s.meta)
-                    if not write_all(writer, unit_outputs(s, idxs, unit, agg, texts, gts, defaults)):
-                        continue
-                    if sentence_level:
-                        got[cap].update(labels[i] for i in idxs if labels[i])
-                        kept_units[cap] += len(idxs)
-                    else:
-                        lab = _caption_label(labels)
-                        if lab:
-                            got[cap][lab] += 1
-                        kept_units[cap] += 1
-                    kept_samples_by_cap[cap] += 1
-            except ShardFormatError as e:
-                corrupt_shards.append(f"{path.name}: {e}")
-                skipped.add(path.name, str(e), "corrupt_shard", n=e.lost or 1)
-            shard_keys.append(pa.array(keys_here, pa.string()))
+            w.shard(path, bar)
     bar.close()
     if len(kept) and not writer.total:
-        bad = next((e for e in skipped.examples if e["kind"] == "bad_sample"), None)
-        why = (corrupt_shards[0] if corrupt_shards else f"sample {bad['key']!r}: {bad['reason']}" if bad else
+        bad = next((e for e in w.skipped.examples if e["kind"] == "bad_sample"), None)
+        why = (w.corrupt_shards[0] if w.corrupt_shards else f"sample {bad['key']!r}: {bad['reason']}" if bad else
                f"no kept key is in the shards (e.g. {kept['key'][0].as_py()!r}): scores of other data?")
         raise SelectError(f"data: {len(kept)} units kept but no sample could be written; {why}")
-    all_shard_keys = pa.concat_arrays(shard_keys) if shard_keys else pa.array([], pa.string())
-    in_scores = pc.is_in(all_shard_keys, value_set=score_keys)
-    shard_only = pc.filter(all_shard_keys, pc.invert(in_scores))
-    score_only = pc.filter(score_keys, pc.invert(pc.is_in(score_keys, value_set=all_shard_keys)))
+    shard_keys = pa.concat_arrays(w.shard_keys) if w.shard_keys else pa.array([], pa.string())
     cols = ["key", "sentence_index", "score"] + (["captioner"] if filt["per_captioner"] else [])
     write_part_atomic(kept.select([c for c in cols if c in kept.column_names]), out / "kept.parquet")
-    total_in, total_kept = sum(inp.values(), Counter()), sum(got.values(), Counter())
-    caps = sorted(set(inp) | set(kept_units))
-    return {
-        "status": "complete",
-        "filter": filt,
-        **info,
-        "kept_units": sum(kept_units.values()), "samples_written": writer.total,
-        "source_samples_kept": sum(kept_samples_by_cap.values()),
-        "kept_units_per_captioner": {c: kept_units[c] for c in caps},
-        "precision": {"input": _precision(total_in), "kept": _precision(total_kept),
-                      **{f"input/{c}": _precision(inp[c]) for c in caps},
-                      **{f"kept/{c}": _precision(got[c]) for c in caps}},
-        "labelled_units": {"input": total_in["correct"] + total_in["incorrect"],
-                           "kept": total_kept["correct"] + total_kept["incorrect"]},
-        "keys": {"shards": len(all_shard_keys), "scores": len(score_keys),
-                 "only_in_shards": len(shard_only), "only_in_scores": len(score_only),
-                 "only_in_shards_examples": shard_only.slice(0, 20).to_pylist(),
-                 "only_in_scores_examples": score_only.slice(0, 20).to_pylist()},
-        "skipped": skipped.to_json(),
-        "corrupt_shards": corrupt_shards,
-        "meta_defaults": {"values": defaults, "samples": dict(sorted(defaulted.items()))},
-    }
+    return {"status": "complete", "filter": filt, **info, "samples_written": writer.total,
+            **w.counts.manifest_fields(), "keys": key_overlap(shard_keys, pc.unique(table["key"])),
+            "skipped": w.skipped.to_json(), "corrupt_shards": w.corrupt_shards,
+            "meta_defaults": {"values": defaults, "samples": dict(sorted(w.defaulted.items()))}}
 
 
 def read_kept(out_dir: str | os.PathLike) -> pa.Table:

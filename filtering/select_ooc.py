@@ -9,8 +9,8 @@ the rows tied at the cut-off come into Python (to hash them). It also writes the
 
 Measured (``benchmarks/select_scale.py``, 2 shared cores): 10M rows / 200 parts in 1.9 s at 444 MB peak RSS (the
 in-memory pyarrow path: 3.9 s, 1037 MB); 30M rows in 5.3 s at 909 MB, and at 686 / 445 MB with ``memory_limit``
-512MB / 256MB -- peak RSS stays near the limit plus ~200 MB, so 100M rows should fit in 2 GB with the default
-1GB (extrapolated: 100M was not run on this shared machine). A
+512MB / 256MB -- peak RSS stays near the limit plus ~200 MB; 100M rows / 2000 parts in 42.3 s at 1188 MB with
+the default 1GB (61.9 s on the 2 cores shared with other sessions). A
 top-N query with an offset of ``n`` for the cut-off held its ``n`` rows in memory (770 MB at 30M rows); the
 histogram does not. Polars' streaming engine took 2.4 s / 299 MB on 10M rows (sort + gather; its ``top_k`` 20.7 s)
 against DuckDB's 4.7 s / 288 MB in the same busy moment: DuckDB is used because its memory limit and spill bound
@@ -84,11 +84,13 @@ def connect(spill_dir: Path, memory_limit: str = MEMORY_LIMIT, threads: int | No
 
 def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep: float | None = None,
              top_k: int | None = None, threshold: float | None = None, unit: str = "sentence", agg: str = "min",
-             seed: int = 0, memory_limit: str = MEMORY_LIMIT, threads: int | None = None) -> dict:
+             seed: int = 0, memory_limit: str = MEMORY_LIMIT, threads: int | None = None,
+             detector: str | None = None) -> dict:
     """Write ``out_dir/kept.parquet`` (``key``, ``sentence_index``, ``score``; sorted) and
-    ``out_dir/_kept_by_part.parquet``;
-    returns the info :func:`select_keys` returns (``score_rows``, ``candidates``, ``selected``,
-    ``threshold_used``). Files are written under temporary names and renamed when complete."""
+    ``out_dir/_kept_by_part.parquet``; with ``detector``, only that detector's rows count.
+    Returns the info :func:`select_keys` returns (``score_rows``, ``candidates``, ``selected``,
+    ``threshold_used``). Files are written under temporary names and renamed when complete. The folder is not
+    checked here: callers run :func:`halsift.filtering.score_check.check_score_folder` first."""
     if sum(x is not None for x in (keep, top_k, threshold)) != 1:
         raise SelectError("give exactly one of keep (fraction), top_k (count) or threshold (score)")
     if keep is not None and not 0 < keep <= 1:
@@ -107,7 +109,8 @@ def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep:
     con = connect(work / "spill", memory_limit, threads)
     files = "[" + ", ".join(_q(f) for f in score_files(scores_dir)) + "]"
     con.execute(f"CREATE VIEW scores AS SELECT key, sentence_index, score, parse_filename(filename) AS part "
-                f"FROM read_parquet({files}, filename=true)")
+                f"FROM read_parquet({files}, filename=true)"
+                + (f" WHERE detector = {_q(detector)}" if detector is not None else ""))
     n_rows, n_cap = con.execute(f"SELECT count(*), count(*) FILTER (sentence_index = {CAPTION_INDEX}) "
                                 "FROM scores").fetchall()[0]
     sentence_rows = f"SELECT * FROM scores WHERE sentence_index <> {CAPTION_INDEX}"

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import time
-from collections import Counter, defaultdict
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -31,7 +30,8 @@ from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name
 from halsift.corpus.shards import (META_DEFAULTS, ShardFormatError, ShardWriter, expand_shards, iter_shard,
                                    write_json_atomic)
-from halsift.filtering.select import SelectError, _caption_label, _labels, _precision, unit_outputs
+from halsift.filtering.score_check import check_score_folder
+from halsift.filtering.select import KeptCounts, SelectError, _labels, kept_by_key, unit_outputs
 from halsift.filtering.select_ooc import MEMORY_LIMIT, supported, top_keys, kept_for_part
 from halsift.filtering.tasks import HOST, STALE_AFTER_S, ClaimBoard, task_order
 
@@ -51,7 +51,7 @@ def _start(out: Path, filt: dict) -> None:
     state = out / STATE / "filter.json"
     if state.exists():
         old = json.loads(state.read_text())
-        diff = [k for k in filt if old.get(k) != filt[k]]
+        diff = [k for k in filt if k != "scores_status" and old.get(k) != filt[k]]
         if diff:
             raise SelectError(f"out: {out} holds a selection with a different {diff[0]} ({old.get(diff[0])!r} vs "
                               f"{filt[diff[0]]!r}); choose a new folder")
@@ -88,14 +88,10 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
     bad_samples: list[str] = []
     part = part_name(0, shard.name)
     kept = kept_for_part(out, part)
-    want: dict[str, list[int]] = defaultdict(list)
-    for k, i in zip(kept["key"].to_pylist(), kept["sentence_index"].to_pylist()):
-        want[k].append(i)
+    want = kept_by_key(kept)
     score_part = scores_dir / part
     score_keys = set(pq.read_table(score_part, columns=["key"])["key"].to_pylist()) if score_part.exists() else set()
-    sentence_level = unit == "sentence" or agg == "prune"
-    inp, got = defaultdict(Counter), defaultdict(Counter)
-    kept_units, kept_samples = Counter(), Counter()
+    counts = KeptCounts(unit == "sentence" or agg == "prune")
     shard_keys, bad_index, corrupt = [], [], []
     work = out / f".{index:06d}.work"
     shutil.rmtree(work, ignore_errors=True)  # what a killed attempt left
@@ -104,12 +100,11 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
             for s in iter_shard(shard):
                 shard_keys.append(s.key)
                 texts, labels, gts = _labels(s.meta, s.caption)
-                cap = s.captioner
-                inp[cap].update(x for x in (labels if sentence_level else [_caption_label(labels)]) if x)
+                counts.add_source(s.captioner, labels)
                 if s.key not in want:
                     continue
                 idxs = sorted(want[s.key])
-                if sentence_level and any(not 0 <= i < len(texts) for i in idxs):
+                if counts.sentence_level and any(not 0 <= i < len(texts) for i in idxs):
                     bad_index.append(s.key)
                     idxs = [i for i in idxs if 0 <= i < len(texts)]
                     if not idxs:
@@ -123,14 +118,7 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
                     continue
                 for smp in outs:
                     writer.write(smp)
-                if unit == "caption" and agg != "prune":
-                    lab = _caption_label(labels)
-                    got[cap].update([lab] if lab else [])
-                    kept_units[cap] += 1
-                else:
-                    got[cap].update(labels[i] for i in idxs if labels[i])
-                    kept_units[cap] += len(idxs)
-                kept_samples[cap] += 1
+                counts.add_kept(s.captioner, labels, idxs)
         except ShardFormatError as e:
             corrupt.append(f"{shard.name}: {e}")
     sizes = json.loads((work / "sizes.json").read_text()) if (work / "sizes.json").exists() else {}
@@ -142,21 +130,11 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
     only_shard = [k for k in shard_keys if k not in score_keys]
     only_scores = sorted(score_keys - here)
     return {"shard": str(shard), "part": part, "sizes": sizes, "samples_written": sum(sizes.values()),
-            "input": {c: dict(v) for c, v in inp.items()}, "kept": {c: dict(v) for c, v in got.items()},
-            "kept_units": dict(kept_units), "kept_samples": dict(kept_samples), "shard_keys": len(shard_keys),
+            **counts.to_json(), "shard_keys": len(shard_keys),
             "score_keys": len(score_keys), "only_in_shards": len(only_shard), "only_in_scores": len(only_scores),
             "only_in_shards_examples": only_shard[:EXAMPLES], "only_in_scores_examples": only_scores[:EXAMPLES],
             "bad_index": bad_index[:EXAMPLES], "bad_index_count": len(bad_index), "corrupt": corrupt,
             "bad_samples": bad_samples[:EXAMPLES], "bad_samples_count": len(bad_samples)}
-
-
-def _score_status(scores_dir: Path) -> str | None:
-    """The score folder's manifest status (``None`` without a manifest: parts made elsewhere)."""
-    path = scores_dir / "_manifest.json"
-    try:
-        return json.loads(path.read_text()).get("status") if path.exists() else None
-    except json.JSONDecodeError as e:
-        raise SelectError(f"scores: {path} is not valid JSON ({e})") from None
 
 
 def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, keep: float | None = None,
@@ -164,7 +142,8 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
                      agg: str = "min", seed: int = 0, keys_only: bool = False, num_tasks: int = 1,
                      task_index: int = 0, memory_limit: str = MEMORY_LIMIT,
                      stale_after: float = STALE_AFTER_S, show_progress: bool = True,
-                     allow_partial: bool = False, meta_defaults: dict | None = None) -> dict:
+                     allow_partial: bool = False, meta_defaults: dict | None = None,
+                     detector: str | None = None) -> dict:
     """Select out-of-core and reshard per input shard (see the module docstring); returns this run's stats, with
     ``manifest`` when the selection is complete after it. Rerun the same call to resume."""
     t0 = time.time()
@@ -174,18 +153,17 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
     scores_dir = Path(scores_dir)
     if not scores_dir.is_dir():
         raise FileNotFoundError(f"scores: {scores_dir} is not a folder")
-    status = _score_status(scores_dir)
-    if status not in (None, "complete") and not allow_partial:
-        raise SelectError(f"scores: {scores_dir}/_manifest.json says {status!r}: scoring has not finished (rerun or "
-                          "finish its tasks first)")
+    folder = check_score_folder(scores_dir, detector, allow_partial)  # the in-memory select's check
     shards = expand_shards(data)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     args = dict(keep=keep, top_k=top_k, threshold=threshold, unit=unit, agg=agg, seed=seed)
-    filt = _filter(scores_dir, shards, args, keys_only)
+    filt = {**_filter(scores_dir, shards, args, keys_only), "detector": folder.detector,
+            "allow_partial": allow_partial, "scores_status": folder.status}
     _start(out, filt)
     board = ClaimBoard(out / STATE, f"select-{task_index}@{HOST}:{os.getpid()}", stale_after)
-    info = _keys(out, board, scores_dir, args, memory_limit)
+    info = _keys(out, board, scores_dir, {**args, "detector": detector if folder.other_detectors else None},
+                 memory_limit)
     run = {"task_index": task_index, "num_tasks": num_tasks, "shards_written": 0, "shards_done_before": 0,
            "samples_written": 0}
     marks = out / STATE / "shards"
@@ -228,34 +206,19 @@ def _finish(out: Path, filt: dict, info: dict, shards: list[Path], scores_dir: P
         write_json_atomic(out / "manifest.json", manifest)
         return manifest
     stats = [json.loads((out / STATE / "shards" / f"{i:06d}.json").read_text()) for i in range(len(shards))]
-    inp, got = defaultdict(Counter), defaultdict(Counter)
-    kept_units, kept_samples = Counter(), Counter()
+    counts = KeptCounts(filt["unit"] == "sentence" or filt["agg"] == "prune")
     sizes: dict[str, int] = {}
     for s in stats:
-        for c, v in s["input"].items():
-            inp[c].update(v)
-        for c, v in s["kept"].items():
-            got[c].update(v)
-        kept_units.update(s["kept_units"])
-        kept_samples.update(s["kept_samples"])
+        counts.merge_json(s)
         sizes.update(s["sizes"])
     # score parts with no input shard: all their keys are only in the scores
     covered = {s["part"] for s in stats}
     orphan = [p for p in sorted(scores_dir.glob("*.parquet")) if p.name not in covered and not p.name.startswith(".")]
     orphan_keys = sorted({k for p in orphan for k in pq.read_table(p, columns=["key"])["key"].to_pylist()})
-    total_in, total_kept = sum(inp.values(), Counter()), sum(got.values(), Counter())
-    caps = sorted(set(inp) | set(kept_units))
     write_json_atomic(out / "sizes.json", dict(sorted(sizes.items())))
     manifest.update({
         "score_parts_without_shard": [p.name for p in orphan][:EXAMPLES],
-        "kept_units": sum(kept_units.values()), "samples_written": sum(sizes.values()),
-        "source_samples_kept": sum(kept_samples.values()),
-        "kept_units_per_captioner": {c: kept_units[c] for c in caps},
-        "precision": {"input": _precision(total_in), "kept": _precision(total_kept),
-                      **{f"input/{c}": _precision(inp[c]) for c in caps},
-                      **{f"kept/{c}": _precision(got[c]) for c in caps}},
-        "labelled_units": {"input": total_in["correct"] + total_in["incorrect"],
-                           "kept": total_kept["correct"] + total_kept["incorrect"]},
+        "samples_written": sum(sizes.values()), **counts.manifest_fields(),
         "keys": {"shards": sum(s["shard_keys"] for s in stats),
                  "scores": sum(s["score_keys"] for s in stats) + len(orphan_keys),
                  "only_in_shards": sum(s["only_in_shards"] for s in stats),

@@ -103,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     env = dict(os.environ)
+    if args.nodes == 1:  # one id shared by the ranks of this launch (`halsift run` under launch: recipe_ranks)
+        import uuid
+
+        env.setdefault("HALSIFT_LAUNCH_ID", uuid.uuid4().hex)
     if spec.cpu:
         env.setdefault("OMP_NUM_THREADS", "1")
         env["HALSIFT_FORCE_CPU"] = "1"

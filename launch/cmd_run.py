@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 HELP = "run a YAML recipe (synth -> pretrain -> score -> select -> finetune -> eval -> report); reruns resume"
@@ -62,10 +63,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("RECIPE: give a recipe path or a shipped recipe name (see --list)")
     recipe = load_recipe(args.recipe, args.overrides)
     from halsift.launch.recipe import run_recipe
+    from halsift.launch.recipe_ranks import RankWaitError, ranks_from_env
 
-    report = run_recipe(recipe, dry_run=args.dry_run, force=tuple(args.force))
+    try:
+        report = run_recipe(recipe, dry_run=args.dry_run, force=tuple(args.force))
+    except RankWaitError as e:  # a rank > 0 gave up on rank 0: one line, not a traceback
+        print(f"halsift run: error: {e}", file=sys.stderr)
+        return 1
     if args.dry_run:
         print(f"recipe {args.recipe}: ok (stages: {', '.join(recipe.stages)}; run folder {recipe.run_dir})")
-    else:
+    elif getattr(ranks_from_env(), "is_main", True):  # rank > 0 said what it did
         print(f"report: {report / 'report.md'}")
     return 0

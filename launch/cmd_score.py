@@ -54,5 +54,5 @@ def run(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
     if PartialState().is_main_process:
-        summary(Path(out) / MANIFEST)
+        summary(Path(out) / MANIFEST, args)
     return 0

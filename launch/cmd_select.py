@@ -78,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
           f"precision {m['precision']['input']} -> {m['precision']['kept']}; keys only in shards "
           f"{k['only_in_shards']}, only in scores {k['only_in_scores']}; {m['skipped']['total']} sample(s) "
           f"skipped -> {args.out}")
+    from halsift.launch.run_wandb import log_select
+
+    log_select(args, m)  # --wandb
     if args.export_keys:
         from halsift.corpus.subset import write_subset
 

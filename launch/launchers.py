@@ -167,7 +167,9 @@ def sbatch_script(spec: SlurmSpec, command: Sequence[str], python: str = "python
               'MASTER_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
               'MASTER_ADDR=$(scontrol show node "$MASTER_NODE" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || true)',
               'export MASTER_ADDR=${MASTER_ADDR:-$MASTER_NODE}',
-              f"export MASTER_PORT={spec.master_port}", "export HALSIFT_QUIET=1 WANDB_MODE=${WANDB_MODE:-offline}"]
+              f"export MASTER_PORT={spec.master_port}", "export HALSIFT_QUIET=1 WANDB_MODE=${WANDB_MODE:-offline}",
+              # one id for the ranks of this job (and attempt): `halsift run` under it (recipe_ranks)
+              "export HALSIFT_LAUNCH_ID=${HALSIFT_LAUNCH_ID:-slurm-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}}"]
     if cpu:
         lines.append("export HALSIFT_FORCE_CPU=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}")
     lines.append("")

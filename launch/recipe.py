@@ -321,12 +321,16 @@ def _scores_dir(p: Paths, name: str, what: str) -> Path:
     return p.stage("score") / name / what
 
 
-def stage_score(r: Recipe, p: Paths) -> dict:
+def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
+    """Score the corpus and the bench with every detector; under ``halsift launch`` on every rank (``ranks``: see
+    :mod:`halsift.launch.recipe_ranks`), each scoring its share of the parts; the ensembles on rank 0."""
     from halsift.filtering.runner import score, score_bench
     from halsift.filtering.spec import load_detector
+    from halsift.launch.recipe_ranks import main_process_first
 
     info = {}
-    bench = bench_subset(p.bench, r.eval.bench_split, p.run)  # only the rows the eval stage reads
+    with main_process_first(ranks):  # rank 0 cuts the bench subset, the others then read it
+        bench = bench_subset(p.bench, r.eval.bench_split, p.run)  # only the rows the eval stage reads
     for name, spec in detector_specs(r, p).items():
         detector = load_detector(spec)
         if p.corpus and "select" in r.stages:
@@ -336,13 +340,24 @@ def stage_score(r: Recipe, p: Paths) -> dict:
             score_bench(detector, bench, _scores_dir(p, name, "bench"))
         info[name] = spec
         del detector
+    if ranks is not None and not ranks.is_main:
+        return {"detectors": info}
     for name, members in r.score.ensembles.items():
         for what in ("corpus", "bench"):
             if not all(_scores_dir(p, m, what).exists() for m in members):
                 continue
             write_ensemble(name, [_scores_dir(p, m, what) for m in members], _scores_dir(p, name, what))
         info[name] = "mean(" + ", ".join(members) + ")"
+    _log_stage(r, p, "score", {n: _scores_dir(p, n, "corpus") for n in info})
     return {"detectors": info}
+
+
+def _log_stage(r: Recipe, p: Paths, stage: str, folders: dict[str, Path]) -> None:
+    """The score / select stage's figures as one wandb run (``launch/run_wandb.py``) unless wandb is disabled."""
+    if r.wandb.mode != "disabled" and folders:
+        from halsift.launch.run_wandb import log_recipe_stage
+
+        log_recipe_stage(stage, p.stage(stage), folders, r.wandb.mode, r.wandb.project, r.name)
 
 
 def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
@@ -396,6 +411,7 @@ def stage_select(r: Recipe, p: Paths) -> dict:
                           meta_defaults={"captioner": r.select.default_captioner,
                                          "source": r.select.default_source})
         info[name] = manifest
+    _log_stage(r, p, "select", {name: p.stage("select") / name for name in info})
     return {"selections": info}
 
 
@@ -536,10 +552,15 @@ def run_recipe(r: Recipe, dry_run: bool = False, force: tuple[str, ...] = ()) ->
     p = check(r)
     if dry_run:
         return p.stage("report")
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # every rank would run the single-process stages too
-        raise ConfigError("halsift run: a recipe runs in one process; it must not be started under `halsift launch` "
-                          "or torchrun (WORLD_SIZE > 1). Scale its heavy stages out on their own: "
-                          "`halsift launch ... -- score ...` / `-- train clip ...`, or score as SLURM array tasks")
+    from halsift.launch import recipe_ranks
+
+    ranks = recipe_ranks.ranks_from_env()  # under `halsift launch -- run`: score on every rank, the rest on rank 0
+    inputs = stage_fingerprints(r)
+    stages = [s for s in r.stages if not (s == "world" and not r.world.enabled)]
+    if ranks is not None and not ranks.is_main:
+        recipe_ranks.follow(p.run, ranks, stages, {s: p.stage(s) for s in stages},
+                            {s: inputs[s]["fingerprint"] for s in stages}, lambda: stage_score(r, p, ranks))
+        return p.stage("report")
     p.run.mkdir(parents=True, exist_ok=True)
     write_json_atomic(p.run / "recipe.resolved.json", to_dict(r))
     import yaml
@@ -547,22 +568,30 @@ def run_recipe(r: Recipe, dry_run: bool = False, force: tuple[str, ...] = ()) ->
     (p.run / "recipe.resolved.yaml").write_text(yaml.safe_dump(to_dict(r), sort_keys=False))
     import shutil
 
-    inputs = stage_fingerprints(r)
-    for stage in r.stages:
-        if stage == "world" and not r.world.enabled:
-            continue
+    saved = {s: _done(p.stage(s)) for s in stages}
+    current = [s for s in stages if saved[s] is not None and s not in force
+               and saved[s].get("inputs", {}).get("fingerprint") == inputs[s]["fingerprint"]]
+    if ranks is not None:  # the stages the other ranks need not wait for
+        recipe_ranks.write_plan(p.run, ranks, current)
+    for stage in stages:
         d = p.stage(stage)
-        saved = _done(d)
-        if saved is not None and stage not in force:
-            if saved.get("inputs", {}).get("fingerprint") == inputs[stage]["fingerprint"]:
-                log.info("stage %s: complete, skipped", stage)
-                print(f"[halsift run] {stage}: already complete, skipped")
-                continue
-            print(f"[halsift run] {stage}: {_changed(saved, inputs[stage])} since it ran; clearing {d} and re-running")
+        if stage in current:
+            log.info("stage %s: complete, skipped", stage)
+            print(f"[halsift run] {stage}: already complete, skipped")
+            continue
+        if saved[stage] is not None:
+            print(f"[halsift run] {stage}: {_changed(saved[stage], inputs[stage])} since it ran; clearing {d} and "
+                  "re-running")
             shutil.rmtree(d)
         print(f"[halsift run] {stage}: running")
         started = time.time()
-        info = STAGE_FUNCS[stage](r, p)
-        _mark_done(d, info, started, inputs[stage])
+        try:
+            with recipe_ranks.stage_scope(ranks, stage):  # rank 0: score with every rank, any other stage alone
+                info = stage_score(r, p, ranks) if stage == "score" else STAGE_FUNCS[stage](r, p)
+        except BaseException as e:
+            if ranks is not None:
+                recipe_ranks.write_failure(p.run, ranks, stage, e)
+            raise
+        _mark_done(d, {**info, **({"launch": ranks.launch} if ranks else {})}, started, inputs[stage])
         print(f"[halsift run] {stage}: done in {time.time() - started:.1f}s")
     return p.stage("report")

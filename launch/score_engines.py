@@ -24,6 +24,9 @@ def add_task_arguments(p: argparse.ArgumentParser) -> None:
                    help="--engine ray: the cluster to join, e.g. auto or ray://head:10001 (default: a local one)")
     g.add_argument("--workers", type=int, default=None,
                    help="--engine ray: number of scoring actors (default: one per GPU of the cluster, else per CPU)")
+    from halsift.launch.run_wandb import add_wandb_arguments
+
+    add_wandb_arguments(p)  # --wandb [MODE], --wandb-project: logged by summary() once the folder is complete
 
 
 def run_tasks(args: argparse.Namespace) -> int | None:
@@ -49,7 +52,7 @@ def run_tasks(args: argparse.Namespace) -> int | None:
                           device=args.device, address=args.address, workers=args.workers,
                           show_progress=not args.no_progress)
             print(f"ray: {m['workers']} workers, {m['parts_redone']} parts redone after a worker died", flush=True)
-            summary(Path(args.out) / MANIFEST)
+            summary(Path(args.out) / MANIFEST, args)
             return 0
         task = task_from_env(args.num_tasks, args.task_index)
         if task is None:
@@ -69,16 +72,20 @@ def run_tasks(args: argparse.Namespace) -> int | None:
           f"{run['parts_skipped_done']} already done, {run['parts_taken_over']} taken over from dead tasks",
           flush=True)
     if run["complete"]:
-        summary(Path(args.out) / MANIFEST)
+        summary(Path(args.out) / MANIFEST, args)
     else:
         print(f"task {i}/{n}: {run['parts_missing']} parts not written yet ({len(run['held_by_live_tasks'])} held "
               f"by running tasks); the last task to finish completes {Path(args.out) / MANIFEST}", flush=True)
     return 0
 
 
-def summary(manifest: Path) -> None:
-    """The one-line result of a finished score run."""
+def summary(manifest: Path, args: argparse.Namespace | None = None) -> None:
+    """The one-line result of a finished score run (and its wandb run when ``args.wandb`` asks for one)."""
     m = json.loads(manifest.read_text())
     print(f"scored {m['sentences']} items of {m['samples']} samples in {m['parts']} parts "
           f"({m['sentences_per_s']} items/s this run); skipped {m['skipped']['total']}, "
           f"parse failures {m['parse_failures']} -> {manifest.parent}", flush=True)
+    if args is not None:
+        from halsift.launch.run_wandb import log_score
+
+        log_score(args, manifest)

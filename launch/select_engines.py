@@ -17,6 +17,9 @@ def add_resumable_arguments(p: argparse.ArgumentParser) -> None:
                    help="reshard as one of N processes sharing --out (default: $SLURM_ARRAY_TASK_COUNT in an array)")
     g.add_argument("--task-index", type=int, default=None, metavar="I", help="this process's index, 0..N-1")
     g.add_argument("--memory-limit", default=None, help="DuckDB's memory limit for the keys, e.g. 1GB (default)")
+    from halsift.launch.run_wandb import add_wandb_arguments
+
+    add_wandb_arguments(p)  # --wandb [MODE], --wandb-project: one run per complete selection (run_wandb.log_select)
 
 
 def run_resumable(args: argparse.Namespace) -> int | None:
@@ -43,6 +46,7 @@ def run_resumable(args: argparse.Namespace) -> int | None:
                                keys_only=args.keys_only, num_tasks=n, task_index=i,
                                memory_limit=args.memory_limit or MEMORY_LIMIT, show_progress=not args.no_progress,
                                allow_partial=bool(getattr(args, "allow_partial", False)),
+                               detector=getattr(args, "detector", None),
                                meta_defaults={"captioner": args.captioner, "source": args.source})
     except SelectError as e:
         raise UsageError(str(e)) from None
@@ -51,7 +55,10 @@ def run_resumable(args: argparse.Namespace) -> int | None:
         print(f"select task {i}/{n}: wrote {run['shards_written']} shards; {run['shards_missing']} not written "
               f"yet (other tasks hold them); the last task to finish writes {args.out}/manifest.json", flush=True)
         return 0
+    from halsift.launch.run_wandb import log_select
+
     if args.keys_only:
+        log_select(args, m)
         print(f"kept {m['kept_units']} of {m['candidates']} units (threshold {m['threshold_used']}) -> "
               f"{args.out}/kept.parquet", flush=True)
         return 0
@@ -59,4 +66,5 @@ def run_resumable(args: argparse.Namespace) -> int | None:
     print(f"kept {m['kept_units']} of {m['candidates']} units ({m['samples_written']} samples written); "
           f"precision {m['precision']['input']} -> {m['precision']['kept']}; keys only in shards "
           f"{k['only_in_shards']}, only in scores {k['only_in_scores']} -> {args.out}", flush=True)
+    log_select(args, m)
     return 0

@@ -148,12 +148,15 @@ def test_stage_fingerprints_change_from_the_edited_stage_on(tmp_path):
     assert all(seed[s]["fingerprint"] != base[s]["fingerprint"] for s in order)
 
 
-def test_a_recipe_refuses_to_run_on_several_ranks(tmp_path, monkeypatch, capsys):
-    """Under `halsift launch -- run` every rank would run select, fine-tuning and eval on its own: refused."""
+def test_a_recipe_on_several_ranks_needs_a_launch_id(tmp_path, monkeypatch, capsys):
+    """Under torchrun without `halsift launch` (no HALSIFT_LAUNCH_ID, no rendezvous id) the ranks could not tell this
+    launch's stage records from an earlier one's: refused in one line (tests/test_recipe_ranks.py runs it)."""
+    for k in ("HALSIFT_LAUNCH_ID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["run", "quickstart", f"run_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
-    assert "WORLD_SIZE > 1" in err and err.count("\n") == 1
+    assert "no launch id" in err and "HALSIFT_LAUNCH_ID" in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()
 
 

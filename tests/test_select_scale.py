@@ -128,7 +128,7 @@ def test_resumable_errors_exit_2(scored, tmp_path, capsys):
     (running / "_manifest.json").write_text(json.dumps({"status": "running"}))
     assert main(["select", "--scores", str(running), "--data", str(corpus), "--out", str(tmp_path / "r"), "--keep",
                  "0.3", "--resumable"]) == 2
-    assert "_manifest.json says 'running': scoring has not finished" in capsys.readouterr().err
+    assert "_manifest.json: the score manifest says status 'running'" in capsys.readouterr().err
 
 
 def test_pipeline_select_step_reuses_complete_and_clears_killed(scored, tmp_path):
