@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from halsift.filtering.base import Detector, Item, Result
+from halsift.filtering.base import Detector, Item, Result, distinct_images
 
 COS_SCALE = 10.0
 
@@ -94,17 +94,10 @@ class LoraClipDetector(Detector):
         was = self.scorer.training
         self.scorer.eval()
         try:
-            slot: dict[tuple, int] = {}
-            images, idx = [], []
-            for it in items:
-                k = (it.key, it.image_id, id(it.image))
-                if k not in slot:
-                    slot[k] = len(images)
-                    images.append(self.preprocess(it.image))
-                idx.append(slot[k])
+            images, idx = distinct_images(items)  # one encode per image, whatever the rows' keys
             dev = next(self.scorer.parameters()).device
             with torch.inference_mode():
-                logits = self.scorer(torch.stack(images).to(dev), self.tokenizer([it.sentence for it in items]).to(dev),
+                logits = self.scorer(torch.stack([self.preprocess(im) for im in images]).to(dev), self.tokenizer([it.sentence for it in items]).to(dev),
                                      torch.tensor(idx, device=dev))
         finally:
             self.scorer.train(was)
