@@ -80,11 +80,9 @@ def _likelihood(spec: str, bench: str, out_dir: Path, seed: int, max_images: int
     from halsift.filtering.spec import load_detector
     from halsift.launch.cli import UsageError
 
-    det = load_detector(spec)
-    if not (hasattr(det, "processor") and hasattr(det, "model") and hasattr(det, "full_batch")):
-        raise UsageError(f"--likelihood: {spec!r} is not a vision-language model detector (expected vlm:...)")
+    judge = load_detector(spec).vlm_judge("--likelihood")  # MissingCapability: one line, exit 2
     try:
-        table = likelihood_table(det, bench, seed=seed, max_images=max_images)
+        table = likelihood_table(judge, bench, seed=seed, max_images=max_images)
     except ValueError as e:
         raise UsageError(f"--likelihood: {e}") from e
     write_text_atomic(out_dir / "likelihood.csv", table.to_csv(index=False))

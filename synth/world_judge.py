@@ -73,14 +73,14 @@ def pretrain_captioner(model_dir: str | os.PathLike, shards: str | os.PathLike, 
 
     from halsift.corpus.images import SkipCounter, decode_sample
     from halsift.corpus.shards import iter_samples
-    from halsift.filtering.vlm_detector import VlmDetector
-    from halsift.filtering.vlm_likelihood import describe_prefix
+    from halsift.filtering.vlm_judge import VlmJudge
+    from halsift.filtering.vlm_likelihood import describe_features
 
     t0 = time.process_time()
     torch.manual_seed(seed)
     processor = AutoProcessor.from_pretrained(str(model_dir))
     model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32)
-    batcher = VlmDetector.from_model(model, processor, mode="yes_prob")  # lends its left-padded batch builder
+    judge = VlmJudge(model, processor)  # its max_pixels cap and left-padded batch builder
     tok = processor.tokenizer
     skipped = SkipCounter()
     pairs = []
@@ -105,10 +105,10 @@ def pretrain_captioner(model_dir: str | os.PathLike, shards: str | os.PathLike, 
         idx = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()
         for i in idx:
             if i not in describe:
-                describe[i] = describe_prefix(processor, batcher.fit_image(pairs[i][0]))
+                describe[i] = describe_features(judge, pairs[i][0])
         prefixes = [describe[i] for i in idx]
         conts = [tok(pairs[i][1], add_special_tokens=False)["input_ids"] for i in idx]
-        batch = batcher.full_batch(prefixes, conts)
+        batch = judge.full_batch(prefixes, conts)
         n = max(len(c) for c in conts)
         logits = model(**batch, use_cache=False, logits_to_keep=n + 1).logits[:, :-1].float()
         target = batch["input_ids"][:, -n:].clone()
