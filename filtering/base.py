@@ -2,8 +2,8 @@
 (0–100 score, higher = more likely correct) out, in batches.
 
 Every detector family (``clip``, ``random``, ``oracle``, ``ensemble``, ``vlm``, ``api``, ``lora``) subclasses
-:class:`Detector`, is registered by name in :data:`halsift.filtering.spec.FAMILIES` and built from a spec string
-by :func:`halsift.filtering.spec.load_detector`.
+:class:`Detector`, is registered by name in :mod:`halsift.filtering.spec` (its registry, or ``register_family``)
+and built from a spec string by :func:`halsift.filtering.spec.load_detector`.
 
 Beyond ``score_batch``, what a detector can do is declared, never probed (:data:`CAPABILITIES`):
 
