@@ -40,7 +40,7 @@ class Item:
     sentence: str
     context: list[str] = field(default_factory=list)  # the caption's sentences before this one
     image: Any = None  # a PIL image (RGB), or None for text-only detectors
-    image_id: str = ""  # items with the same image_id (and key) share one image
+    image_id: str = ""  # items with the same image_id share one image (:func:`image_group`; else the key decides)
     meta: dict = field(default_factory=dict)  # captioner, source, ground truth ("label", "types", "spans")
 
 

@@ -162,3 +162,18 @@ def test_decode_workers_give_the_same_scores(vlm_path, vlm_adapter, tmp_path, ki
     for name in parts:
         a, b = pq.read_table(tmp_path / "a" / name), pq.read_table(tmp_path / "b" / name)
         assert a.num_rows > 0 and a.equals(b)
+
+
+def test_set_level_detectors_are_refused_where_parts_are_scored_alone(tmp_path, monkeypatch):
+    """Tasks and Ray actors score parts independently: a set-level detector would be normalised per part."""
+    from halsift.filtering import ray_engine
+    from halsift.filtering.tasks import TaskError, score_task
+
+    data = make_corpus(tmp_path / "data", shards=1, per_shard=2)
+    spec = "ensemble:members=[random:seed=1,random:seed=2],norm=zscore"
+    with pytest.raises(TaskError, match="set level"):
+        score_task(spec, data, tmp_path / "t", num_tasks=2, task_index=0, show_progress=False)
+    monkeypatch.setattr(ray_engine, "_ray", lambda: object())  # no cluster needed: refused before it is used
+    with pytest.raises(TaskError, match="--engine ray: .*set level"):
+        ray_engine.score_ray(spec, data, tmp_path / "r", show_progress=False)
+    assert not (tmp_path / "r").exists() and not any((tmp_path / "t").glob("part-*"))
