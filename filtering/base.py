@@ -164,3 +164,18 @@ class Detector:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec!r})"
+
+
+class PreparedDetector(Detector):
+    """A detector that scores in two halves: :meth:`prepare` (CPU: preprocessing, processor, tokenization) and
+    :meth:`score_prepared` (the model). Subclasses implement both; :meth:`score_batch` runs one after the other.
+    ``score_prepared`` may only count its ``items``: from worker processes it gets the runner's row tuples."""
+
+    def prepare(self, items: Sequence[Item]) -> Any:
+        raise NotImplementedError
+
+    def score_prepared(self, items: Sequence[Any], prepared: Any) -> list[Result]:
+        raise NotImplementedError
+
+    def score_batch(self, items: Sequence[Item]) -> list[Result]:
+        return self.score_prepared(items, self.prepare(items)) if items else []

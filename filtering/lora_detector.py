@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from halsift.filtering.base import Detector, Item, Result, distinct_images
+from halsift.filtering.base import Detector, Item, PreparedDetector, Result, distinct_images
 
 COS_SCALE = 10.0
 
@@ -74,7 +74,7 @@ class ClipLoraScorer(nn.Module):
 
 
 
-class LoraClipDetector(Detector):
+class LoraClipDetector(PreparedDetector):
     """Scores with a :class:`ClipLoraScorer`: ``100 * sigmoid(head([cos, img*txt]))``."""
 
     family = "lora"
@@ -96,14 +96,7 @@ class LoraClipDetector(Detector):
         return {"pixels": torch.stack([self.preprocess(im) for im in images]), "rows": torch.tensor(idx),
                 "tokens": self.tokenizer([it.sentence for it in items])}
 
-    def score_batch(self, items: Sequence[Item]) -> list[Result]:
-        if not items:
-            return []
-        return self.score_prepared(items, self.prepare(items))
-
     def score_prepared(self, items: Sequence[Any], prepared: dict) -> list[Result]:
-        if not items:
-            return []
         was = self.scorer.training
         self.scorer.eval()
         try:

@@ -67,7 +67,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from halsift.filtering import vlm_prompts as P
-from halsift.filtering.base import Detector, DetectorError, Item, Result, image_group
+from halsift.filtering.base import Detector, DetectorError, Item, PreparedDetector, Result, image_group
 from halsift.filtering.vlm_judge import DEFAULT_MAX_PIXELS, DTYPES, VlmJudge, cap_pixels
 
 MODES = ("logits", "yes_prob", "prompt", "localize", "pmi")
@@ -129,7 +129,7 @@ def _check_options(mode: str, cot: bool, self_ensemble: int, batch_size: int, ma
     return float(temperature)
 
 
-class VlmDetector(Detector):
+class VlmDetector(PreparedDetector):
     """Judge (image, sentence) pairs with a transformers VLM; see the module docstring for the modes.
 
     ``model`` is a local path or hub name (loaded with ``AutoModelForImageTextToText`` + ``AutoProcessor``);
@@ -327,15 +327,8 @@ class VlmDetector(Detector):
                 "conts": [self.continuation_ids(it) for it in items], "sentences": [it.sentence for it in items]}
 
     # ------------------------------------------------------------------------------------------ scoring
-    def score_batch(self, items: Sequence[Item]) -> list[Result]:
-        if not items:
-            return []
-        return self.score_prepared(items, self.prepare(items))
-
     def score_prepared(self, items: Sequence[Any], prepared: dict) -> list[Result]:
         """Score from :meth:`prepare`'s output (``items`` are only counted: they may be the runner's row tuples)."""
-        if not items:
-            return []
         if self.mode == "pmi":
             return self._score_pmi(prepared["pmi"])
         out: list[Result] = []
