@@ -52,9 +52,10 @@ instruction text (the user content is ``[image, text]``), so the image is always
 
 Without reuse, full sequences are left-padded into one batch (``batch_size`` rows per forward/generate call).
 
-**CPU half** (:meth:`VlmDetector.prepare`): image decoding's follow-up, the ``max_pixels`` cap, the processor
-(one prefix per distinct image) and tokenization, on CPU, so that ``score --decode-workers N`` runs them in worker
-processes and the main process runs only the model (:meth:`VlmDetector.score_prepared`; the same scores).
+**CPU half** (:meth:`VlmDetector.prepare`): the ``max_pixels`` cap, the processor (one prefix per distinct image)
+and tokenization (``mode=pmi``: the captions' token plan), on CPU, so that the runner's read-ahead thread or
+``score --decode-workers N`` processes run them and the main thread runs only the model
+(:meth:`VlmDetector.score_prepared`; the same scores).
 
 The loaded model, processor, prompt building and KV reuse are a :class:`~halsift.filtering.vlm_judge.VlmJudge`
 (``detector.judge``), which the detector lends for free-form use (capability ``vlm-judge``): I-HallA's
