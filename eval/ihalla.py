@@ -172,12 +172,13 @@ from halsift.eval.run_ihalla import ANSWER_MODES  # noqa: E402 (one list of mode
 
 
 def vlm_answerer(detector_or_spec: Any, mode: str = "logits") -> ChoiceVlmAnswerer:
-    """A :class:`ChoiceVlmAnswerer` backed by a :class:`~halsift.filtering.vlm_detector.VlmDetector` (or a
-    ``vlm:...`` spec string).
+    """A :class:`ChoiceVlmAnswerer` backed by the VLM judge a detector lends (capability ``vlm-judge``: a ``vlm:...``
+    spec, or a ``lora:`` adapter of one), given as a detector or a spec string.
 
     ``mode="logits"``: one forward pass per question, the answer is the letter with the highest log-probability
-    (:meth:`VlmDetector.letter_logprobs`; never fails). ``mode="generate"``: greedy reply
-    (:meth:`VlmDetector.generate_text`) parsed by :func:`parse_letter`; unparsable replies count as failures.
+    (:meth:`VlmJudge.letter_logprobs`; never fails). ``mode="generate"``: greedy reply
+    (:meth:`VlmJudge.generate_text`) parsed by :func:`parse_letter`; unparsable replies count as failures. A
+    detector without a judge raises :class:`~halsift.filtering.base.MissingCapability` naming it.
     """
     if mode not in ANSWER_MODES:
         raise ValueError(f"mode={mode!r}: expected one of {ANSWER_MODES}")
@@ -186,14 +187,12 @@ def vlm_answerer(detector_or_spec: Any, mode: str = "logits") -> ChoiceVlmAnswer
         from halsift.filtering.spec import load_detector
 
         det = load_detector(det)
-    if not (hasattr(det, "letter_logprobs") and hasattr(det, "generate_text")):
-        raise ValueError(f"VLM answerer: {getattr(det, 'spec', det)!r} is not a vision-language model detector "
-                         "(expected a vlm:... spec)")
+    judge = det.vlm_judge("the I-HallA VLM answerer")
     if mode == "generate":
-        ans = ChoiceVlmAnswerer(generate=lambda image, prompt: det.generate_text(_pixels(image), prompt))
+        ans = ChoiceVlmAnswerer(generate=lambda image, prompt: judge.generate_text(_pixels(image), prompt))
     else:
         def score(image: Any, prompt: str, letters: Sequence[str]) -> list[float]:
-            lp = det.letter_logprobs(_pixels(image), prompt, letters)
+            lp = judge.letter_logprobs(_pixels(image), prompt, letters)
             return [lp[l] for l in letters]
 
         ans = ChoiceVlmAnswerer(score_letters=score)

@@ -44,7 +44,7 @@ def likelihood_table(det, bench_path: str | os.PathLike, seed: int = 0, max_imag
     """One row per labelled bench sentence: ``id``, ``image_id``, ``random_image_id``, ``generator``,
     ``position``, ``label``, ``own``, ``random``, ``gap`` (log-likelihoods in nats/token).
 
-    ``det`` is a :class:`~halsift.filtering.vlm_detector.VlmDetector` (its model and processor are used).
+    ``det`` is a :class:`~halsift.filtering.vlm_judge.VlmJudge` or a detector that lends one (``vlm-judge``).
     """
     from halsift.filtering.vlm_likelihood import sentence_logliks, with_random_images
 

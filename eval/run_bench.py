@@ -113,11 +113,9 @@ def likelihood_analysis(spec: str, bench: str, out_dir: Path, seed: int, max_ima
     from halsift.eval.likelihood import likelihood_table
     from halsift.filtering.spec import load_detector
 
-    det = load_detector(spec)
-    if not (hasattr(det, "processor") and hasattr(det, "model") and hasattr(det, "full_batch")):
-        raise ConfigError(f"likelihood: {spec!r} is not a vision-language model detector (expected vlm:...)")
+    judge = load_detector(spec).vlm_judge("--likelihood")  # MissingCapability: one line (exit 2 from the CLI)
     try:
-        table = likelihood_table(det, bench, seed=seed, max_images=max_images)
+        table = likelihood_table(judge, bench, seed=seed, max_images=max_images)
     except ValueError as e:
         raise ConfigError(f"likelihood: {e}") from None
     write_text_atomic(out_dir / "likelihood.csv", table.to_csv(index=False))

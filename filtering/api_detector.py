@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from halsift.filtering import vlm_prompts as P
-from halsift.filtering.base import Detector, DetectorError, Item, Result
+from halsift.filtering.base import Detector, DetectorError, Item, Result, distinct_images
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
@@ -197,14 +197,12 @@ class ApiDetector(Detector):
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
         if not items:
             return []
-        urls: dict[tuple, str] = {}
         for it in items:
             if it.image is None:
                 raise DetectorError(f"api detector: item {it.key}/{it.sentence_index} has no image")
-            k = (it.image_id, id(it.image))
-            if k not in urls:
-                urls[k] = image_data_url(it.image)  # each image encoded once per batch
-        url_of = [urls[(it.image_id, id(it.image))] for it in items]
+        images, idx = distinct_images(items)
+        urls = [image_data_url(im) for im in images]  # each image encoded once per batch
+        url_of = [urls[i] for i in idx]
         if self.per_caption:
             return self._score_per_caption(items, url_of)
         replies = self._post_all([self._payload(it, u) for it, u in zip(items, url_of)])

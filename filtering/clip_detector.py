@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from halsift.filtering.base import Detector, Item, Result
+from halsift.filtering.base import Detector, Item, Result, distinct_images
 
 _CONFIG_DIR = Path(__file__).parent / "model_configs"
 _registered = False
@@ -211,19 +211,11 @@ class ClipDetector(Detector):
         sentences, on the CPU: what :meth:`cosines` feeds the model."""
         import torch
 
-        slot: dict[tuple[str, int], int] = {}
-        images = []
-        idx = []
         for it in items:
             if it.image is None:
                 raise ValueError(f"clip detector: item {it.key}/{it.sentence_index} has no image")
-            # image identity: bench rows of one image have distinct keys (row ids) but one image_id and object
-            k = (it.image_id or it.key, id(it.image))
-            if k not in slot:
-                slot[k] = len(images)
-                images.append(self.preprocess(it.image))
-            idx.append(slot[k])
-        out = {"pixels": torch.stack(images), "rows": torch.as_tensor(idx),
+        images, idx = distinct_images(items)  # bench rows of one image: distinct keys, one image
+        out = {"pixels": torch.stack([self.preprocess(im) for im in images]), "rows": torch.as_tensor(idx),
                "tokens": self.tokenizer([it.sentence for it in items])}
         if torch.cuda.is_available():  # page-locked: the copies to the GPU run asynchronously
             out = {k: v.pin_memory() for k, v in out.items()}

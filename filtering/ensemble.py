@@ -9,8 +9,9 @@ Normalisations (``norm``), applied to each member's scores over the scored set b
 
 With ``norm=none`` an item's score depends only on that item. ``rank``/``zscore`` depend on the set: the
 scoring runner therefore scores each member over the whole input and combines once at the end
-(:func:`halsift.filtering.runner.score`); :meth:`EnsembleDetector.score_batch` normalises over the batch it is
-given. ``parsed`` is true only where every member parsed.
+(:func:`halsift.filtering.runner.score`, through the ``set-level`` capability);
+:meth:`EnsembleDetector.score_batch` normalises over the batch it is given. ``parsed`` is true only where every
+member parsed.
 """
 
 from __future__ import annotations
@@ -74,7 +75,12 @@ class EnsembleDetector(Detector):
             raise ValueError(f"norm={norm!r}: expected one of {NORMS}")
         self.weights = [float(w) for w in weights]
         self.norm = norm
+        self.set_level = norm != "none"  # rank/zscore normalise over the set: the runner combines once at the end
         self.needs_image = any(m.needs_image for m in self.members)
+
+    def combine_scores(self, member_scores: np.ndarray) -> np.ndarray:
+        """:func:`combine` with this ensemble's weights and norm (``[members, items]`` -> ``[items]``)."""
+        return combine(member_scores, self.weights, self.norm)
 
     def to(self, device) -> "EnsembleDetector":
         for m in self.members:
@@ -84,6 +90,6 @@ class EnsembleDetector(Detector):
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
         results = [m.score_batch(items) for m in self.members]
         scores = np.array([[r.score for r in res] for res in results])
-        combined = combine(scores, self.weights, self.norm)
+        combined = self.combine_scores(scores)
         parsed = [all(res[i].parsed for res in results) for i in range(len(items))]
         return [Result(float(s), p) for s, p in zip(combined, parsed)]

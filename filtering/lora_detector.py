@@ -13,7 +13,9 @@ paths (``./...``) in the base spec are relative to ``DIR``. A missing or corrupt
 
 ``clip`` kind: score = ``100 * sigmoid(head([cos, img*txt]))``; the head starts as ``COS_SCALE * cos`` (its MLP
 branch's output layer is zero-initialised), so an untrained head ranks exactly like its base.
-``vlm`` kind: the base :class:`~halsift.filtering.vlm_detector.VlmDetector` scores with the LoRA-adapted model.
+``vlm`` kind: the base :class:`~halsift.filtering.vlm_detector.VlmDetector` scores with the LoRA-adapted model,
+and the detector lends that judge (capability ``vlm-judge``: I-HallA answers, ``eval bench --likelihood``).
+Both kinds have a CPU half (``prepare``) for ``score --decode-workers``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from halsift.filtering.base import Detector, Item, Result
+from halsift.filtering.base import Detector, Item, PreparedDetector, Result, distinct_images
 
 COS_SCALE = 10.0
 
@@ -72,7 +74,7 @@ class ClipLoraScorer(nn.Module):
 
 
 
-class LoraClipDetector(Detector):
+class LoraClipDetector(PreparedDetector):
     """Scores with a :class:`ClipLoraScorer`: ``100 * sigmoid(head([cos, img*txt]))``."""
 
     family = "lora"
@@ -85,27 +87,22 @@ class LoraClipDetector(Detector):
         self.scorer.to(device)
         return self
 
-    def score_batch(self, items: Sequence[Item]) -> list[Result]:
-        if not items:
-            return []
+    def prepare(self, items: Sequence[Item]) -> dict:
+        """The CPU half: each distinct image preprocessed once, each item's image row, the tokenized sentences."""
         for it in items:
             if it.image is None:
                 raise ValueError(f"lora clip detector: item {it.key}/{it.sentence_index} has no image")
+        images, idx = distinct_images(items)  # one encode per image, whatever the rows' keys
+        return {"pixels": torch.stack([self.preprocess(im) for im in images]), "rows": torch.tensor(idx),
+                "tokens": self.tokenizer([it.sentence for it in items])}
+
+    def score_prepared(self, items: Sequence[Any], prepared: dict) -> list[Result]:
         was = self.scorer.training
         self.scorer.eval()
         try:
-            slot: dict[tuple, int] = {}
-            images, idx = [], []
-            for it in items:
-                k = (it.key, it.image_id, id(it.image))
-                if k not in slot:
-                    slot[k] = len(images)
-                    images.append(self.preprocess(it.image))
-                idx.append(slot[k])
             dev = next(self.scorer.parameters()).device
             with torch.inference_mode():
-                logits = self.scorer(torch.stack(images).to(dev), self.tokenizer([it.sentence for it in items]).to(dev),
-                                     torch.tensor(idx, device=dev))
+                logits = self.scorer(prepared["pixels"].to(dev), prepared["tokens"].to(dev), prepared["rows"].to(dev))
         finally:
             self.scorer.train(was)
         return [Result(float(s)) for s in (100 * logits.float().sigmoid()).cpu().tolist()]
@@ -261,12 +258,27 @@ class LoraDetector(Detector):
     def needs_image(self) -> bool:  # type: ignore[override]
         return self.inner.needs_image
 
+    @property
+    def localizes(self) -> bool:  # type: ignore[override]
+        return self.inner.localizes
+
+    @property
+    def judge(self):  # type: ignore[override]
+        """A ``vlm`` kind lends its base's (LoRA-adapted) judge: I-HallA and likelihoods use the tuned model."""
+        return self.inner.judge
+
     def to(self, device: Any) -> "LoraDetector":
         self.inner.to(device)
         return self
 
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
         return self.inner.score_batch(items)
+
+    def prepare(self, items: Sequence[Item]) -> Any:
+        return self.inner.prepare(items)
+
+    def score_prepared(self, items: Sequence[Any], prepared: Any) -> list[Result]:
+        return self.inner.score_prepared(items, prepared)
 
 
 __all__ = ["COS_SCALE", "ClipHead", "ClipLoraScorer", "LoraClipDetector", "LoraDetector", "apply_adapter",

@@ -63,6 +63,9 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
         raise TaskError(f"batch_size={batch_size}: expected >= 1")
     t0 = time.perf_counter()
     detector = load_detector(spec)
+    if detector.set_level:  # each actor scores its parts alone: a set-level score would be per part
+        raise TaskError(f"--engine ray: {detector.name} scores at set level (an ensemble's rank/zscore norm); score "
+                        "its members with Ray, each into its own folder, or run it without --engine ray")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     parts, inputs = plan_parts(data)

@@ -381,10 +381,9 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
     ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
     _check_or_start(out, ident, state)
 
-    from halsift.filtering.ensemble import EnsembleDetector
-
-    if isinstance(detector, EnsembleDetector) and detector.norm != "none":
-        return _score_ensemble(detector, data, out, ident, parts, unit, batch_size, device, show_progress, state, t0)
+    if detector.set_level:
+        return _score_set_level(detector, data, out, ident, parts, unit, batch_size, device, show_progress, state,
+                                t0)
 
     rank, world = state.process_index, state.num_processes
     mine = parts[rank::world]
@@ -433,14 +432,13 @@ def _reduce(state, value: float, op: str) -> float:
     return float(t.item())
 
 
-def _score_ensemble(det, data, out: Path, ident: dict, parts: list[Part], unit: str, batch_size: int, device,
-                    show_progress: bool, state, t0: float) -> Path:
-    """Set-level normalisation: score every member over the whole input, then combine once (rank 0)."""
+def _score_set_level(det: Detector, data, out: Path, ident: dict, parts: list[Part], unit: str, batch_size: int,
+                     device, show_progress: bool, state, t0: float) -> Path:
+    """A ``set-level`` detector (an ensemble with set normalisation): score every member over the whole input,
+    then combine once (rank 0, :meth:`Detector.combine_scores`)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from halsift.filtering.ensemble import combine
 
     member_dirs = []
     for i, m in enumerate(det.members):
@@ -460,7 +458,7 @@ def _score_ensemble(det, data, out: Path, ident: dict, parts: list[Part], unit: 
         for d, t in zip(member_dirs[1:], tables[1:]):
             if not (t["key"].equals(ref["key"]) and t["sentence_index"].equals(ref["sentence_index"])):
                 raise RuntimeError(f"ensemble members scored different rows ({member_dirs[0]} vs {d})")
-        scores = combine(np.stack([t["score"].to_numpy() for t in tables]), det.weights, det.norm)
+        scores = det.combine_scores(np.stack([t["score"].to_numpy() for t in tables]))
         parsed = np.logical_and.reduce([t["parsed"].to_numpy(zero_copy_only=False) for t in tables])
         names = ref["_part"].to_numpy(zero_copy_only=False)
         for p in parts:

@@ -238,8 +238,6 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     ``complete`` in the result is true when every part exists after this task (then ``_manifest.json`` is
     complete); ``held_by_live_tasks`` lists the missing parts that running tasks hold.
     """
-    from halsift.filtering.ensemble import EnsembleDetector
-
     if unit not in ("sentence", "caption"):
         raise TaskError(f"unit={unit!r}: expected sentence or caption")
     if batch_size < 1:
@@ -248,9 +246,10 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
         raise TaskError("--num-tasks: each task is one process; do not run it under torchrun/accelerate launch")
     t0 = time.perf_counter()
     detector = load_detector(spec_or_detector)
-    if isinstance(detector, EnsembleDetector) and detector.norm != "none":
-        raise TaskError(f"--num-tasks: ensemble norm={detector.norm} normalises over the whole set; score each "
-                        "member as tasks into its own folder, or run it without --num-tasks")
+    if detector.set_level:
+        raise TaskError(f"--num-tasks: {detector.name} scores at set level (e.g. an ensemble's rank/zscore norm "
+                        "normalises over the whole set); score each member as tasks into its own folder, or run it "
+                        "without --num-tasks")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     parts, inputs = plan_parts(data)

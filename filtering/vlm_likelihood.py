@@ -14,17 +14,23 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from halsift.filtering.base import Item
+from halsift.filtering.base import Item, image_group, image_key
+from halsift.filtering.vlm_judge import EncodedPrefix, VlmJudge, as_judge, chat_text, text_features
 
 DESCRIBE_PROMPT = "Describe this image in detail."
+_PURPOSE = "sentence likelihoods"
 
 
 def describe_prefix(processor, image) -> dict:
     """Processor features of the ``[image, DESCRIBE_PROMPT]`` user turn and the assistant header, on CPU."""
-    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": DESCRIBE_PROMPT}]}]
-    head = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    return dict(processor(text=[head], images=[image], return_tensors="pt", add_special_tokens=False))
+    return text_features(processor, chat_text(processor, DESCRIBE_PROMPT), image)
+
+
+def describe_features(judge: VlmJudge, image) -> dict:
+    """:func:`describe_prefix` of ``image`` capped to the judge's ``max_pixels``."""
+    return judge.features(chat_text(judge.processor, DESCRIBE_PROMPT), image)
 
 
 def _sentence_ids(tok, text: str, first: bool) -> list[int]:
@@ -40,7 +46,7 @@ def _chains(items: Sequence[Item], prefixes: Sequence[dict]) -> list[tuple[dict,
     """
     groups: dict[tuple, list[int]] = {}
     for i, it in enumerate(items):
-        groups.setdefault((it.image_id, id(it.image), id(prefixes[i])), []).append(i)
+        groups.setdefault((*image_group(it), id(prefixes[i])), []).append(i)
     chains: list[tuple[dict, list[str], list[tuple[int, int]]]] = []
     for idx in groups.values():
         mine: list[tuple[dict, list[str], list[tuple[int, int]]]] = []
@@ -55,64 +61,112 @@ def _chains(items: Sequence[Item], prefixes: Sequence[dict]) -> list[tuple[dict,
     return chains
 
 
-def _chain_ids(tok, chunk) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
-    """Token ids of each chain's sentences, concatenated, and each sentence's ``(start, end)`` in them."""
-    conts, spans = [], []
-    for _, sents, _ in chunk:
+@dataclass
+class Chain:
+    """One caption read in one pass: its prefix features, the token ids of its sentences (concatenated), each
+    sentence's ``(start, end)`` in them, and the ``(item index, sentence position)`` it answers."""
+
+    prefix: dict
+    ids: list[int]
+    bounds: list[tuple[int, int]]
+    members: list[tuple[int, int]]
+
+
+@dataclass
+class ChainPlan:
+    """The chains of a batch of ``n`` items: what :func:`token_logprobs` and PMI read; built on CPU (a
+    detector's ``prepare`` step), so it can travel from a worker process."""
+
+    chains: list[Chain]
+    n: int
+
+
+def plan_chains(tokenizer, items: Sequence[Item], prefixes: Sequence[dict]) -> ChainPlan:
+    """:func:`_chains` of ``items`` with their token ids (sentences tokenized one by one: the first bare, the
+    others after a space)."""
+    plan = []
+    for prefix, sents, members in _chains(items, prefixes):
         ids, bounds = [], []
         for k, text in enumerate(sents):
-            piece = _sentence_ids(tok, text, k == 0)
+            piece = _sentence_ids(tokenizer, text, k == 0)
             bounds.append((len(ids), len(ids) + len(piece)))
             ids += piece
-        conts.append(ids)
-        spans.append(bounds)
-    return conts, spans
+        plan.append(Chain(prefix, ids, bounds, members))
+    return ChainPlan(plan, len(items))
 
 
-def token_logprobs(det, items: Sequence[Item], prefixes: Sequence[dict], batch_size: int = 16) -> list:
-    """Log-probability (nats) of each token of each item's sentence after ``prefixes[i]`` (a
-    :func:`describe_prefix`) and the item's preceding sentences; a list of 1-D float numpy arrays.
+def _scatter(out: list, chain: Chain, lp) -> None:
+    for i, pos in chain.members:
+        a, b = chain.bounds[pos]
+        out[i] = lp[a:b]
 
-    Sentences are tokenized one by one (the first bare, the others after a space) and concatenated. The sentences
-    of one caption (same key, image and prefix; nested contexts) are read off a single forward pass over the
-    caption: a caption of n sentences costs one sequence, not n. ``det`` is a
-    :class:`~halsift.filtering.vlm_detector.VlmDetector` (only its model, tokenizer and batch builder are used).
-    """
+
+def planned_logprobs(judge: VlmJudge, plan: ChainPlan, batch_size: int = 16, prefix: dict | None = None) -> list:
+    """Per-token log-probabilities of every planned item, one full forward pass per chain (after each chain's own
+    prefix, or after ``prefix`` for all)."""
     import torch
 
-    out: list = [None] * len(items)
-    chains = _chains(items, prefixes)
-    for s in range(0, len(chains), batch_size):
-        chunk = chains[s:s + batch_size]
-        conts, spans = _chain_ids(det.tokenizer, chunk)
-        batch = det.full_batch([c[0] for c in chunk], conts)
+    out: list = [None] * plan.n
+    for s in range(0, len(plan.chains), batch_size):
+        chunk = plan.chains[s:s + batch_size]
+        conts = [c.ids for c in chunk]
+        batch = judge.full_batch([prefix if prefix is not None else c.prefix for c in chunk], conts)
         keep = max(len(c) for c in conts) + 1
         with torch.inference_mode():
-            logits = det.model(**batch, use_cache=False, logits_to_keep=keep).logits
+            logits = judge.model(**batch, use_cache=False, logits_to_keep=keep).logits
         ids = batch["input_ids"]
-        for r, ((_, _, members), cont, bounds) in enumerate(zip(chunk, conts, spans)):
+        for r, (chain, cont) in enumerate(zip(chunk, conts)):
             # logits column j predicts token j+1; the continuation is the last len(cont) tokens of the row
             logp = logits[r, keep - 1 - len(cont):keep - 1].float().log_softmax(-1)
-            lp = logp.gather(-1, ids[r, ids.shape[1] - len(cont):].view(-1, 1)).view(-1).cpu().numpy()
-            for i, pos in members:
-                a, b = bounds[pos]
-                out[i] = lp[a:b]
+            _scatter(out, chain, logp.gather(-1, ids[r, ids.shape[1] - len(cont):].view(-1, 1)).view(-1).cpu().numpy())
     return out
 
 
-def _own_prefixes(det, items: Sequence[Item]) -> list[dict]:
+def planned_cached_logprobs(judge: VlmJudge, plan: ChainPlan, prefix: EncodedPrefix, batch_size: int = 16) -> list:
+    """:func:`planned_logprobs` after one shared, already encoded prefix: the same numbers (up to float rounding)
+    for the price of the continuation tokens alone (right-padded: pads follow every real token)."""
+    import torch
+
+    out: list = [None] * plan.n
+    for s in range(0, len(plan.chains), batch_size):
+        chunk = plan.chains[s:s + batch_size]
+        logits = judge.continue_prefix(prefix, [0] * len(chunk), [c.ids for c in chunk], mid_pad=False,
+                                       keep_prefix=True)
+        logp = logits.float().log_softmax(-1)
+        for r, chain in enumerate(chunk):
+            target = torch.tensor(chain.ids, device=judge.device)
+            # token 0 is predicted by the prefix's last position, token j > 0 by continuation position j - 1
+            lp = torch.cat([prefix.first[target[:1]], logp[r, :len(chain.ids) - 1].gather(-1, target[1:, None])[:, 0]])
+            _scatter(out, chain, lp.cpu().numpy())
+    return out
+
+
+def token_logprobs(judge, items: Sequence[Item], prefixes: Sequence[dict], batch_size: int = 16) -> list:
+    """Log-probability (nats) of each token of each item's sentence after ``prefixes[i]`` (a
+    :func:`describe_prefix`) and the item's preceding sentences; a list of 1-D float numpy arrays.
+
+    The sentences of one caption (same image and prefix; nested contexts) are read off a single forward pass over
+    the caption: a caption of n sentences costs one sequence, not n. ``judge`` is a
+    :class:`~halsift.filtering.vlm_judge.VlmJudge` or a detector that lends one (capability ``vlm-judge``).
+    """
+    judge = as_judge(judge, _PURPOSE)
+    return planned_logprobs(judge, plan_chains(judge.tokenizer, items, prefixes), batch_size)
+
+
+def own_prefixes(judge: VlmJudge, items: Sequence[Item]) -> list[dict]:
+    """Each item's :func:`describe_features` (one per distinct image, :func:`~halsift.filtering.base.image_group`)."""
     cache: dict[tuple, dict] = {}
     for it in items:
-        k = (it.image_id, id(it.image))
-        if k not in cache:
-            fit = getattr(det, "fit_image", lambda im: im)  # VlmDetector's max_pixels cap
-            cache[k] = describe_prefix(det.processor, fit(it.image))
-    return [cache[(it.image_id, id(it.image))] for it in items]
+        if image_group(it) not in cache:
+            cache[image_group(it)] = describe_features(judge, it.image)
+    return [cache[image_group(it)] for it in items]
 
 
-def sentence_logliks(det, items: Sequence[Item], batch_size: int = 16) -> list[float]:
-    """Mean log-probability (nats/token) of each item's sentence given its image and preceding sentences."""
-    return [float(lp.mean()) for lp in token_logprobs(det, items, _own_prefixes(det, items), batch_size)]
+def sentence_logliks(judge, items: Sequence[Item], batch_size: int = 16) -> list[float]:
+    """Mean log-probability (nats/token) of each item's sentence given its image and preceding sentences
+    (``judge``: a VlmJudge or a detector that lends one)."""
+    judge = as_judge(judge, _PURPOSE)
+    return [float(lp.mean()) for lp in token_logprobs(judge, items, own_prefixes(judge, items), batch_size)]
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -159,66 +213,35 @@ def reference_images(path: str | None, n: int) -> list:
     return images
 
 
-class EncodedPrefix:
-    """A prefix (e.g. a PMI reference image's :func:`describe_prefix`) run through the model once: its KV cache,
-    its length and the log-probabilities of the first continuation token. Every caption read after it reuses the
-    cache instead of re-encoding the image and re-running the prompt (:func:`cached_token_logprobs`)."""
-
-    def __init__(self, det, prefix: dict) -> None:
-        import torch
-
-        feats = {n: v.to(det.device) if not v.is_floating_point() else v.to(det.device, det.model.dtype)
-                 for n, v in prefix.items()}
-        with torch.inference_mode():
-            out = det.model(**feats, use_cache=True, logits_to_keep=1)
-        self.cache = out.past_key_values
-        self.first = out.logits[0, -1].float().log_softmax(-1)
-        self.length = int(feats["input_ids"].shape[1])
-        deltas = getattr(getattr(det.model, "model", None), "rope_deltas", None)  # M-RoPE (Qwen2-VL) offset
-        self.rope_delta = None if deltas is None else deltas.reshape(-1)[:1].clone()
+def cached_token_logprobs(judge, items: Sequence[Item], prefix: EncodedPrefix, batch_size: int = 16) -> list:
+    """:func:`token_logprobs` of every item after one shared, already encoded prefix (an :class:`EncodedPrefix`)."""
+    judge = as_judge(judge, _PURPOSE)
+    return planned_cached_logprobs(judge, plan_chains(judge.tokenizer, items, [prefix] * len(items)), prefix,
+                                   batch_size)
 
 
-def cached_token_logprobs(det, items: Sequence[Item], prefix: EncodedPrefix, batch_size: int = 16) -> list:
-    """:func:`token_logprobs` of every item after one shared, already encoded prefix: the same numbers (up to
-    float rounding) for the price of the continuation tokens alone. Captions are right-padded, so pads follow
-    every real token and change nothing before them."""
-    import copy
+def plan_pmi(judge: VlmJudge, items: Sequence[Item]) -> ChainPlan:
+    """The CPU half of :func:`image_pmi`: the items' own-image prefixes and their chains."""
+    return plan_chains(judge.tokenizer, items, own_prefixes(judge, items))
 
-    import torch
 
-    out: list = [None] * len(items)
-    chains = _chains(items, [prefix] * len(items))
-    for s in range(0, len(chains), batch_size):
-        chunk = chains[s:s + batch_size]
-        conts, spans = _chain_ids(det.tokenizer, chunk)
-        n = max(len(c) for c in conts)
-        ids = torch.full((len(chunk), n), det.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), prefix.length + n), dtype=torch.long)
-        mask[:, :prefix.length] = 1
-        for r, c in enumerate(conts):
-            ids[r, :len(c)] = torch.tensor(c)
-            mask[r, prefix.length:prefix.length + len(c)] = 1
-        pos = torch.arange(prefix.length, prefix.length + n).expand(len(chunk), -1)
-        if prefix.rope_delta is not None:
-            pos = (pos + prefix.rope_delta.cpu()).unsqueeze(0).expand(3, -1, -1)
-        cache = copy.deepcopy(prefix.cache)  # the forward appends to the cache: the stored one stays the prefix
-        cache.reorder_cache(torch.zeros(len(chunk), dtype=torch.long, device=det.device))
-        with torch.inference_mode():
-            logits = det.model(input_ids=ids.to(det.device), attention_mask=mask.to(det.device),
-                               position_ids=pos.to(det.device), past_key_values=cache, use_cache=True).logits
-        logp = logits.float().log_softmax(-1)
-        for r, ((_, _, members), cont, bounds) in enumerate(zip(chunk, conts, spans)):
-            target = torch.tensor(cont, device=det.device)
-            # token 0 is predicted by the prefix's last position, token j > 0 by continuation position j - 1
-            lp = torch.cat([prefix.first[target[:1]], logp[r, :len(cont) - 1].gather(-1, target[1:, None])[:, 0]])
-            lp = lp.cpu().numpy()
-            for i, pos_ in members:
-                a, b = bounds[pos_]
-                out[i] = lp[a:b]
+def planned_pmi(judge: VlmJudge, plan: ChainPlan, references: Sequence, batch_size: int = 16) -> list[float]:
+    """:func:`image_pmi` from a :func:`plan_pmi`."""
+    import numpy as np
+
+    if not references:
+        raise ValueError("image_pmi: needs at least one reference image")
+    own = planned_logprobs(judge, plan, batch_size)
+    refs = [planned_cached_logprobs(judge, plan, r, batch_size) if isinstance(r, EncodedPrefix)
+            else planned_logprobs(judge, plan, batch_size, prefix=r) for r in references]
+    out = []
+    for i, o in enumerate(own):
+        marginal = np.logaddexp.reduce(np.stack([r[i] for r in refs]), axis=0) - np.log(len(refs))
+        out.append(float((o - marginal).sum()))
     return out
 
 
-def image_pmi(det, items: Sequence[Item], references: Sequence, batch_size: int = 16) -> list[float]:
+def image_pmi(judge, items: Sequence[Item], references: Sequence, batch_size: int = 16) -> list[float]:
     """Pointwise mutual information of each sentence with its own image, in nats:
     ``sum_t [log p(t | image) - log mean_k p(t | reference_k)]`` over the sentence's tokens (each conditioned on
     the preceding sentences), with ``references`` the :func:`describe_prefix` of K fixed other images.
@@ -228,23 +251,8 @@ def image_pmi(det, items: Sequence[Item], references: Sequence, batch_size: int 
     plus, per reference, a pass over its tokens alone when ``references`` are :class:`EncodedPrefix` (each
     reference's image and prompt encoded once per run), or a full pass when they are plain prefixes.
     """
-    import numpy as np
-
-    if not references:
-        raise ValueError("image_pmi: needs at least one reference image")
-    own = token_logprobs(det, items, _own_prefixes(det, items), batch_size)
-    refs = [cached_token_logprobs(det, items, r, batch_size) if isinstance(r, EncodedPrefix)
-            else token_logprobs(det, items, [r] * len(items), batch_size) for r in references]
-    out = []
-    for i, o in enumerate(own):
-        marginal = np.logaddexp.reduce(np.stack([r[i] for r in refs]), axis=0) - np.log(len(refs))
-        out.append(float((o - marginal).sum()))
-    return out
-
-
-def image_key(it: Item) -> str:
-    """An item's image identity: ``image_id`` when set, else its ``key`` (bench rows of one image share it)."""
-    return it.image_id or it.key
+    judge = as_judge(judge, _PURPOSE)
+    return planned_pmi(judge, plan_pmi(judge, items), references, batch_size)
 
 
 def with_random_images(items: Sequence[Item], seed: int = 0) -> list[Item]:
@@ -265,7 +273,7 @@ def with_random_images(items: Sequence[Item], seed: int = 0) -> list[Item]:
                  {**it.meta, "random_image": swap[image_key(it)]}) for it in items]
 
 
-def own_vs_random(det, items: Sequence[Item], seed: int = 0, batch_size: int = 16) -> dict:
+def own_vs_random(judge, items: Sequence[Item], seed: int = 0, batch_size: int = 16) -> dict:
     """Per-position mean log-likelihood given the own image and a random other caption's image.
 
     Returns flat metrics: ``likelihood/own/pos<k>``, ``likelihood/random/pos<k>``, ``likelihood/gap/pos<k>``
@@ -273,8 +281,8 @@ def own_vs_random(det, items: Sequence[Item], seed: int = 0, batch_size: int = 1
     (:func:`image_key`).
     """
     swapped = with_random_images(items, seed)
-    own = sentence_logliks(det, items, batch_size)
-    rnd = sentence_logliks(det, swapped, batch_size)
+    own = sentence_logliks(judge, items, batch_size)
+    rnd = sentence_logliks(judge, swapped, batch_size)
     res: dict[str, float] = {}
     positions = sorted({it.sentence_index for it in items})
     for name, sel in [(f"pos{p}", [i for i, it in enumerate(items) if it.sentence_index == p]) for p in positions] + \
@@ -286,6 +294,7 @@ def own_vs_random(det, items: Sequence[Item], seed: int = 0, batch_size: int = 1
     return res
 
 
-__all__ = ["DESCRIBE_PROMPT", "EncodedPrefix", "cached_token_logprobs", "describe_prefix", "image_key", "image_pmi",
-           "own_vs_random", "reference_images",
-           "sentence_logliks", "token_logprobs", "with_random_images"]
+__all__ = ["DESCRIBE_PROMPT", "Chain", "ChainPlan", "EncodedPrefix", "cached_token_logprobs", "describe_features",
+           "describe_prefix", "image_key", "image_pmi", "own_prefixes", "own_vs_random", "plan_chains", "plan_pmi",
+           "planned_cached_logprobs", "planned_logprobs", "planned_pmi", "reference_images", "sentence_logliks",
+           "token_logprobs", "with_random_images"]

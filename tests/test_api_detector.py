@@ -218,9 +218,8 @@ def test_loopback_server_backed_by_tiny_vlm(serve, tmp_path):
 
     def top20(image, sentence):
         item = Item("k", 0, sentence, [], image, "i")
-        with torch.no_grad():
-            prefixes = {("i", id(image)): judge.prefix_inputs(image)}
-            logits = judge._logits_reuse([item], [judge.continuation_ids(item)], prefixes, 1)
+        with torch.no_grad():  # one item, image slot 0: its prefix encoded once, the continuation after it
+            logits = judge._logits_reuse([0], [judge.continuation_ids(item)], [judge.prefix_inputs(image)], 1)
         lp = logits[0, -1].float().log_softmax(-1)
         vals, ids = lp.topk(20)
         return [(tok.decode([i]), float(v)) for i, v in zip(ids.tolist(), vals.tolist())]

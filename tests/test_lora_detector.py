@@ -150,3 +150,26 @@ def test_detector_yaml_kind_is_checked(clip_adapter, tmp_path):
     with pytest.raises((SpecError, ValueError), match="detector.yaml"):
         load_detector(f"lora:{broken}")
     json.loads((adapter / "adapter_config.json").read_text())  # the original is untouched
+
+
+def test_bench_rows_sharing_an_image_encode_it_once(clip_adapter, tmp_path):
+    """Bench rows have distinct keys (row ids) but rows of one image share one decoded image: the LoRA clip
+    detector encodes each image once per batch, and scores as when every row is scored alone."""
+    from halsift.corpus.bench import read_bench
+    from halsift.filtering.runner import score_bench
+
+    adapter, bench = clip_adapter
+    det = load_detector(f"lora:{adapter}")
+    encoded = []
+    clip = det.inner.scorer.clip
+    orig = clip.encode_image
+    clip.encode_image = lambda pix, *a, **k: (encoded.append(pix.shape[0]), orig(pix, *a, **k))[1]
+    rows = read_bench(bench)
+    df = score_bench(det, bench, tmp_path / "s", batch_size=4096, show_progress=False)
+    images = {r.image for r in rows}
+    assert len(df) == len(rows) > len(images)  # the check is not vacuous: images are shared by several rows
+    assert sum(encoded) == len(images)
+    items = _items(bench)[:5]
+    alone = [det.score_batch([it])[0].score for it in items]
+    together = [r.score for r in det.score_batch(items)]
+    np.testing.assert_allclose(together, alone, atol=1e-4)

@@ -39,7 +39,7 @@ def test_letter_logprobs_match_independent_forward(vlm_path, det):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     image = Image.new("RGB", (48, 48), (200, 30, 30))
-    got = det.choice_logprobs(image, "What colour is the square?", CHOICES)
+    got = det.judge.choice_logprobs(image, "What colour is the square?", CHOICES)
     assert list(got) == list(LETTERS)
 
     proc = AutoProcessor.from_pretrained(vlm_path)
@@ -70,7 +70,7 @@ def test_logits_answerer_answers_letters(det, data):
     # the first answer is the argmax of the letter log-probs of that question and rendered image
     qa, gen = data.qa_sets[0], next(iter(data.images))
     it = qa.items[0]
-    lp = det.choice_logprobs(data.images[gen][qa.prompt_id].image, it.question, it.choices)
+    lp = det.judge.choice_logprobs(data.images[gen][qa.prompt_id].image, it.question, it.choices)
     row = answers[(answers.generator == gen) & (answers.prompt_id == qa.prompt_id) & (answers.qid == 0)].iloc[0]
     assert row["pred"] == max(lp, key=lp.get)
 
@@ -78,18 +78,18 @@ def test_logits_answerer_answers_letters(det, data):
 def test_generate_mode_counts_failures(vlm_path, det, data):
     ans = vlm_answerer(det, "generate")
     replies = []
-    orig = det.generate_text
+    orig = det.judge.generate_text
 
     def recording(image, prompt, max_new_tokens=None):
         replies.append(orig(image, prompt, max_new_tokens))
         return replies[-1]
 
-    det.generate_text = recording
+    det.judge.generate_text = recording
     try:
         qa = data.qa_sets[:1]
         answers = answer_all(qa, data.images, ans)
     finally:
-        del det.generate_text
+        del det.judge.generate_text
     expect = [parse_letter(r, it.choices) for r, it in zip(replies, [i for _ in data.images for i in qa[0].items])]
     assert len(replies) == len(answers) == ans.asked
     assert ans.failures == sum(e is None for e in expect) == int((~answers["parsed"]).sum())
@@ -104,7 +104,7 @@ def test_generate_mode_counts_failures(vlm_path, det, data):
                  return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
         out = det.model.generate(**feats, max_new_tokens=4, do_sample=False)
-    assert det.generate_text(image, "Describe.") == proc.tokenizer.decode(out[0, feats["input_ids"].shape[1]:],
+    assert det.judge.generate_text(image, "Describe.") == proc.tokenizer.decode(out[0, feats["input_ids"].shape[1]:],
                                                                           skip_special_tokens=True)
 
 

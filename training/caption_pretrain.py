@@ -74,12 +74,12 @@ class CaptionTask(Task):
     def build(self, accelerator):
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
-        from halsift.filtering.vlm_detector import VlmDetector
+        from halsift.filtering.vlm_judge import VlmJudge
 
         cfg = self.cfg
         self.processor = AutoProcessor.from_pretrained(cfg.model)
         model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=torch.float32)
-        self.batcher = VlmDetector.from_model(model, self.processor, mode="yes_prob")  # its left-padded batches
+        self.judge = VlmJudge(model, self.processor)  # its max_pixels cap and left-padded batch builder
         self.pairs = self._pairs()
         self.describe: dict[int, dict] = {}  # image index -> processor features: each image is processed once
         if cfg.freeze_vision:  # LLaVA stage 1: the (pre-trained) vision tower stays as it is
@@ -107,7 +107,7 @@ class CaptionTask(Task):
 
     def batches(self, start: int):
         """Per step, ``batch_size`` pair indices drawn with replacement (the draws of earlier steps replayed)."""
-        from halsift.filtering.vlm_likelihood import describe_prefix
+        from halsift.filtering.vlm_likelihood import describe_features
 
         gen = torch.Generator().manual_seed(self.cfg.seed)
         tok = self.processor.tokenizer
@@ -117,9 +117,9 @@ class CaptionTask(Task):
                 continue
             for i in idx:
                 if i not in self.describe:
-                    self.describe[i] = describe_prefix(self.processor, self.batcher.fit_image(self.pairs[i][0]))
+                    self.describe[i] = describe_features(self.judge, self.pairs[i][0])
             conts = [tok(self.pairs[i][1], add_special_tokens=False)["input_ids"] for i in idx]
-            yield self.batcher.full_batch([self.describe[i] for i in idx], conts), [len(c) for c in conts]
+            yield self.judge.full_batch([self.describe[i] for i in idx], conts), [len(c) for c in conts]
 
     def loss(self, model, batch) -> torch.Tensor:
         inputs, lengths = batch

@@ -2,8 +2,8 @@
 
 Train and score agree by construction: the inputs are built by the base
 :class:`~halsift.filtering.vlm_detector.VlmDetector` itself (its chat template, prompt, prefill and continuation
-tokens, via ``prefix_inputs`` / ``continuation_ids`` / ``full_batch``), and the training target is the detector's own
-score read from the same next-token distribution with the same token sets:
+tokens, via ``prefix_inputs`` / ``continuation_ids`` and its judge's ``full_batch``), and the training target is the
+detector's own score read from the same next-token distribution with the same token sets:
 
 * ``yes_prob``: logit = ``log P(yes tokens) - log P(no tokens)`` at the answer position, so
   ``sigmoid(logit) = score / 100`` exactly; binary cross-entropy pushes the mass to "Yes" for correct sentences
@@ -127,7 +127,7 @@ class VlmTask:
         det = self.det
         prefixes = [det.prefix_inputs(it.image) for it, _ in examples]
         conts = [det.continuation_ids(it) for it, _ in examples]
-        batch = det.full_batch(prefixes, conts)
+        batch = det.judge.full_batch(prefixes, conts)
         batch["labels"] = torch.tensor([y for _, y in examples], dtype=torch.float32)
         return batch
 
