@@ -154,8 +154,8 @@ def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.Pat
     per-query ``i2t`` and ``t2i`` ranks of :func:`retrieval_ranks` and the ``text_to_image`` map.
     """
     import torch
-    from PIL import Image
 
+    from halsift.corpus.images import ImageDecodeError, load_image_file
     from halsift.corpus.retrieval import RetrievalFormatError
 
     rs = read_retrieval(retrieval_set)
@@ -169,10 +169,9 @@ def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.Pat
                 ims = []
                 for p in rs.images[lo:lo + batch_size]:
                     try:
-                        with Image.open(p) as im:
-                            ims.append(preprocess(im.convert("RGB")))
-                    except (OSError, ValueError) as e:
-                        raise RetrievalFormatError(f"retrieval set: cannot read image {p} ({e})") from e
+                        ims.append(preprocess(load_image_file(p)))
+                    except ImageDecodeError as e:
+                        raise RetrievalFormatError(f"retrieval set: cannot read image {p} ({e.reason})") from e
                 x = torch.stack(ims).to(device)
                 img_feats.append(model.encode_image(x).float().cpu())
             for lo in range(0, len(captions), batch_size):

@@ -51,13 +51,12 @@ def load_rgb(img: Any) -> np.ndarray:
     """An HxWx3 uint8 array from an array, a PIL image or a path."""
     if isinstance(img, np.ndarray):
         return img
-    from PIL import Image
-
     if isinstance(img, (str, os.PathLike)):
         if not Path(img).is_file():
             raise FileNotFoundError(f"{img}: image not found")
-        with Image.open(img) as im:
-            return np.asarray(im.convert("RGB"))
+        from halsift.corpus.images import load_image_file
+
+        return np.asarray(load_image_file(img))
     return np.asarray(img.convert("RGB"))
 
 

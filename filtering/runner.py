@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from halsift.corpus.fingerprint import file_fingerprint, path_fingerprint, spec_fingerprint
-from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_image, decode_sample
+from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_sample, load_image_file
 from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name, scores_table, write_part_atomic
 from halsift.corpus.sentences import sentence_texts
@@ -122,14 +122,10 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
                 image = last[1]
             elif decode:
                 try:
-                    path = bench_dir / first.image
-                    if not path.is_file():  # missing, a folder, or a FIFO/device that would block the read
-                        raise OSError(f"{path} is missing or not a regular file")
-                    image = decode_image(path.read_bytes(), first.id)
-                except (ImageDecodeError, OSError) as e:
+                    image = load_image_file(bench_dir / first.image, first.id)
+                except ImageDecodeError as e:
                     for r in rows:
-                        skipped.add(r.id, f"image {first.image}: {getattr(e, 'reason', e)}",
-                                    getattr(e, "kind", "missing_image"))
+                        skipped.add(r.id, f"image {first.image}: {e.reason}", e.kind)
                     continue
                 last = (first.image, image)
             texts = [r.sentence for r in rows]

@@ -178,7 +178,7 @@ def reference_images(path: str | None, n: int) -> list:
     import os
     from pathlib import Path
 
-    from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_image, decode_sample
+    from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_sample, load_image_file
 
     if int(n) < 1:
         raise ValueError(f"n_references={n!r}: expected an integer >= 1")
@@ -190,7 +190,7 @@ def reference_images(path: str | None, n: int) -> list:
     if files:
         for f in files:
             try:
-                images.append(decode_image(f.read_bytes(), str(f)))
+                images.append(load_image_file(f))
             except ImageDecodeError:
                 continue
             if len(images) == n:

@@ -22,31 +22,23 @@ size, workers and batch size are unchanged (the trainer checks this and otherwis
 
 from __future__ import annotations
 
-import io
 import random
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from halsift.corpus.images import ImageDecodeError
+from halsift.corpus.images import decode_image as corpus_decode_image
 from halsift.corpus.shards import IMAGE_EXTS, expand_shards
 
 
 def decode_image(data: bytes):
-    """Bytes -> RGB PIL image, or None when the bytes are not a readable image."""
+    """Bytes -> RGB PIL image (:func:`halsift.corpus.images.decode_image`: bombs refused, EXIF applied, alpha over
+    white), or None when the bytes are not a readable image (the caller counts it as a skipped sample)."""
     try:
-        from halsift.corpus.images import decode_image as corpus_decode
-    except ImportError:
-        corpus_decode = None
-    try:
-        if corpus_decode is not None:
-            im = corpus_decode(data)
-            return None if im is None else im.convert("RGB")
-        from PIL import Image
-
-        with Image.open(io.BytesIO(data)) as im:
-            return im.convert("RGB")  # convert() forces a full decode, so truncated files fail here
-    except Exception:  # noqa: BLE001 - any decoder failure means "corrupt sample"
+        return corpus_decode_image(data)
+    except ImageDecodeError:
         return None
 
 

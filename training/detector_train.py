@@ -44,9 +44,9 @@ EXPORT_FORMAT = "halsift-lora-detector/1"
 # ---------------------------------------------------------------------------------------------- data
 @functools.lru_cache(maxsize=4096)
 def _load_image(path: str):
-    from halsift.corpus.images import decode_image
+    from halsift.corpus.images import load_image_file
 
-    return decode_image(Path(path).read_bytes(), path)
+    return load_image_file(path)
 
 
 def bench_examples(bench: str | os.PathLike, split: str) -> list[tuple[Any, int]]:
@@ -83,14 +83,10 @@ def readable_items(items: list[Item], labels: np.ndarray, skipped) -> tuple[list
     for i, it in enumerate(items):
         path = Path(it.meta["image_path"])
         try:
-            if not path.is_file():
-                raise OSError(f"{path} is missing or not a regular file")
             _load_image(str(path))
             keep.append(i)
         except ImageDecodeError as e:
             skipped.add(it.key, f"image {path}: {e.reason}", e.kind)
-        except OSError as e:
-            skipped.add(it.key, f"image {path}: {e}", "missing_image")
     return [items[i] for i in keep], labels[keep]
 
 
