@@ -53,6 +53,20 @@ def field_default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
+def fields_of(cls: type, name: str, drop: Sequence[str], doc: str) -> type:
+    """A new dataclass ``name`` holding the fields of ``cls`` except ``drop``: the same types, defaults and help,
+    so that a section of a bigger config (a recipe's training sections) reuses one set of field definitions.
+    Subclass it to add fields or a ``validate()``."""
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(drop) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise TypeError(f"fields_of({cls.__name__}): no field {unknown[0]!r}")
+    kept = [(f.name, hints[f.name], dataclasses.field(default=f.default, default_factory=f.default_factory,
+                                                     metadata=f.metadata))
+            for f in dataclasses.fields(cls) if f.init and f.name not in drop]
+    return dataclasses.make_dataclass(name, kept, namespace={"__doc__": doc, "__module__": cls.__module__})
+
+
 # ------------------------------------------------------------------------------------------------ validation
 _EXPECTED = {"int": "an integer", "float": "a number", "bool": "true/false", "string": "a string", "list": "a list",
              "tuple": "a list", "dict": "a mapping", "dataclass": "a mapping", "path": "a path", "none": "null"}
