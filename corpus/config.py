@@ -38,9 +38,11 @@ class ConfigError(InputError):
     """A recipe or config file has an unknown key, a wrong type or a bad value; the message names the key."""
 
 
-def field(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING, **kw):
-    """A dataclass field with a one-line ``help`` (used for YAML comments, ``--help`` and error messages)."""
-    meta = {"help": help, **kw.pop("metadata", {})}
+def field(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING,
+          cli: Mapping[str, Any] | None = None, **kw):
+    """A dataclass field with a one-line ``help`` (used for YAML comments, ``--help`` and error messages) and,
+    for a command's config, how its flag is declared (``cli``: see :func:`add_dataclass_arguments`)."""
+    meta = {"help": help, **({"cli": dict(cli)} if cli else {}), **kw.pop("metadata", {})}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta, **kw)
     return dataclasses.field(default=default, metadata=meta, **kw)
@@ -276,45 +278,103 @@ def describe(cls: type, indent: int = 0) -> str:
     return "\n".join(lines)
 
 
-def add_dataclass_arguments(parser, cls: type, metavars: Mapping[str, str] | None = None) -> None:
-    """One ``--flag`` per field of ``cls`` (help = the field's help) plus ``--config YAML``.
+# ------------------------------------------------------------------------------------------------ command-line flags
+def _flag_type(tp: Any) -> tuple[Any, list | None]:
+    """The argparse ``type`` and ``choices`` of a field annotation (``X | None`` -> X; a Literal -> its values)."""
+    if _is_union(tp):
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = members[0] if len(members) == 1 else str
+    if typing.get_origin(tp) is typing.Literal:
+        values = list(typing.get_args(tp))
+        return type(values[0]), values
+    return tp, None
 
-    Lists take several values; booleans are on/off switches (``--x`` / ``--no-x``). Unset flags stay absent
-    from the namespace, so :func:`config_from_args` can overlay only what was given on the YAML.
+
+def add_dataclass_arguments(parser, cls: type, metavars: Mapping[str, str] | None = None, *,
+                            config_file: bool = True, defaults: bool = False) -> None:
+    """One ``--flag`` per field of ``cls`` (help = the field's help), plus ``--config YAML`` when ``config_file``.
+
+    Lists take several values; booleans are on/off switches (``--x`` / ``--no-x``; a field named ``no_x`` is the
+    switch ``--no-x``). A field's ``cli`` metadata (``field(..., cli={...})``) may say ``positional``,
+    ``required``, ``metavar``, ``choices``, ``group`` (a titled argument group) and ``exclusive`` (a mutually
+    exclusive group's name; required when one of its fields is). Without ``defaults`` unset flags stay absent
+    from the namespace, so :func:`config_from_args` overlays only what was given on the YAML; with it (commands
+    without ``--config``) every field's default is in the namespace.
     """
     import argparse
 
     hints = typing.get_type_hints(cls)
-    parser.add_argument("--config", metavar="YAML", help=f"YAML with {cls.__name__} keys; flags override it")
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=f"{f.metadata['help']} (default: {default!r})")
-        metavar = (metavars or {}).get(f.name)
-        if tp is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-        elif typing.get_origin(tp) is list:
-            parser.add_argument(flag, nargs="+", type=typing.get_args(tp)[0], metavar=metavar, **kw)
-        else:
-            parser.add_argument(flag, type=tp, metavar=metavar, **kw)
+    if config_file:
+        parser.add_argument("--config", metavar="YAML", help=f"YAML with {cls.__name__} keys; flags override it")
+    fields_ = [f for f in dataclasses.fields(cls) if f.init]
+    groups: dict[str, Any] = {}
+    for f in fields_:
+        cli = f.metadata.get("cli", {})
+        target = parser
+        if cli.get("group"):
+            target = groups.get(cli["group"]) or groups.setdefault(cli["group"], parser.add_argument_group(cli["group"]))
+        if cli.get("exclusive"):
+            name = "exclusive:" + cli["exclusive"]
+            if name not in groups:
+                required = any(g.metadata.get("cli", {}).get("exclusive") == cli["exclusive"]
+                               and g.metadata.get("cli", {}).get("required") for g in fields_)
+                groups[name] = target.add_mutually_exclusive_group(required=required)
+            target = groups[name]
+        _add_flag(target, f, hints[f.name], cli, (metavars or {}).get(f.name), defaults)
+
+
+def _add_flag(target, f: dataclasses.Field, tp: Any, cli: Mapping[str, Any], metavar: str | None,
+              defaults: bool) -> None:
+    import argparse
+
+    default = field_default(f)
+    help_ = f.metadata["help"].replace("%", "%%")
+    if "default" not in help_ and not (default is None or default is False or default in ("", [])):
+        help_ += f" (default: {default})"
+    kw: dict[str, Any] = {"help": help_, "default": default if defaults else argparse.SUPPRESS}
+    if cli.get("metavar") or metavar:
+        kw["metavar"] = cli.get("metavar") or metavar
+    if cli.get("positional"):
+        names = [f.name]
+    else:
+        names = ["--" + f.name.replace("_", "-")]
+        kw["dest"] = f.name
+        if cli.get("required") and not cli.get("exclusive"):
+            kw["required"] = True
+    if tp is bool:
+        kw.pop("metavar", None)
+        action = "store_true" if f.name.startswith("no_") else argparse.BooleanOptionalAction
+        target.add_argument(*names, action=action, **kw)
+        return
+    nargs = None
+    if typing.get_origin(tp) is list:
+        nargs, tp = "+", (typing.get_args(tp) or (str,))[0]
+    tp, choices = _flag_type(tp)
+    choices = list(cli["choices"]) if cli.get("choices") else choices
+    target.add_argument(*names, type=tp, nargs=nargs, choices=choices, **kw)
 
 
 def config_from_args(cls: type[T], args) -> T:
     """``--config`` YAML overlaid with the flags given -> validated ``cls``; errors name the ``--flag``."""
     data = load_yaml(args.config) if getattr(args, "config", None) else {}
+    positional = []
     for f in dataclasses.fields(cls):
         if hasattr(args, f.name):
             data[f.name] = getattr(args, f.name)
+        if f.metadata.get("cli", {}).get("positional"):
+            positional.append(f.name)
     try:
         return from_dict(cls, data)
     except ConfigError as e:
-        raise ConfigError(flag_message(str(e))) from None
+        raise ConfigError(flag_message(str(e), positional)) from None
 
 
-def flag_message(msg: str) -> str:
-    """``"batch_size: must be >= 1"`` -> ``"--batch-size: must be >= 1"`` (config field named as its CLI flag)."""
+def flag_message(msg: str, positional: Sequence[str] = ()) -> str:
+    """``"batch_size: must be >= 1"`` -> ``"--batch-size: must be >= 1"`` (config field named as its CLI flag;
+    a ``positional`` argument as its metavar, ``PATH``)."""
     field_ = msg.split(":", 1)[0]
+    if field_ in positional:
+        return field_.upper() + msg[len(field_):]
     if field_.isidentifier():
         return "--" + field_.replace("_", "-") + msg[len(field_):]
     return msg

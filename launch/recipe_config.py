@@ -139,20 +139,24 @@ class ScoreCfg:
                                  f"unknown {missing}")
 
 
-def _check_selection(where: str, keep: float, unit: str, agg: str, top_k: int = 0,
-                     threshold: float | None = None) -> None:
-    if not 0 < keep <= 1:
-        raise ValueError(f"{where}.keep: expected a fraction in (0, 1], got {keep}")
+def check_selection(where: str, keep: float | None, unit: str, agg: str, top_k: int | None = 0,
+                    threshold: float | None = None) -> None:
+    """Raise ValueError naming ``where.KEY`` (or ``KEY`` when ``where`` is '') on a bad selection setting."""
+    def key(name: str) -> str:
+        return f"{where}.{name}" if where else name
+
+    if keep is not None and not 0 < keep <= 1:
+        raise ValueError(f"{key('keep')}: expected a fraction in (0, 1], got {keep}")
     if unit not in ("sentence", "caption"):
-        raise ValueError(f"{where}.unit: expected sentence or caption, got {unit!r}")
+        raise ValueError(f"{key('unit')}: expected sentence or caption, got {unit!r}")
     if agg not in ("min", "mean", "prob", "prune"):
-        raise ValueError(f"{where}.agg: expected min, mean, prob or prune, got {agg!r}")
-    if top_k < 0:
-        raise ValueError(f"{where}.top_k: expected >= 0 (0 = keep a fraction), got {top_k}")
+        raise ValueError(f"{key('agg')}: expected min, mean, prob or prune, got {agg!r}")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"{key('top_k')}: expected >= 0, got {top_k}")
     if threshold is not None and not 0 <= threshold <= 100:  # also refuses nan
-        raise ValueError(f"{where}.threshold: expected a score in [0, 100], got {threshold}")
+        raise ValueError(f"{key('threshold')}: expected a score in [0, 100], got {threshold}")
     if top_k and threshold is not None:
-        raise ValueError(f"{where}.threshold: set top_k or threshold, not both")
+        raise ValueError(f"{key('threshold')}: set top_k or threshold, not both")
 
 
 def _amount(keep: float, top_k: int, threshold: float | None) -> dict:
@@ -198,14 +202,14 @@ class SelectCfg:
                                    "whole captions vs pruned captions vs sentences)")
 
     def validate(self) -> None:
-        _check_selection("select", self.keep, self.unit, self.agg, self.top_k, self.threshold)
+        check_selection("select", self.keep, self.unit, self.agg, self.top_k, self.threshold)
         if self.default_source not in ("i2t", "t2i"):
             raise ValueError(f"select.default_source: expected i2t or t2i, got {self.default_source!r}")
         for name, v in self.variants.items():
             if "/" in name:
                 raise ValueError(f"select.variants.{name}: a name becomes a folder under select/ and finetune/; "
                                  "use no '/'")
-            _check_selection(f"select.variants.{name}", v.keep or self.keep, v.unit or self.unit, v.agg or self.agg,
+            check_selection(f"select.variants.{name}", v.keep or self.keep, v.unit or self.unit, v.agg or self.agg,
                              v.top_k, v.threshold)
             if not v.filter:
                 raise ValueError(f"select.variants.{name}.filter: required (a key of score.detectors or "

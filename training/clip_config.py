@@ -12,8 +12,6 @@ from pathlib import Path
 
 from halsift.corpus.config import field as _f
 
-TINY_MODEL = "halsift-tiny"  # 2-layer open_clip config shipped in halsift/filtering/model_configs
-
 
 @dataclasses.dataclass
 class ClipTrainConfig:
