@@ -95,16 +95,19 @@ def _type_name(tp: Any) -> str:
     return str(tp).replace("typing.", "")
 
 
-def _walk(tp: Any, loc: Sequence[str | int], prefix: str) -> tuple[str, Any, bool]:
-    """pydantic's error location -> ``(dotted key, type at that key, whether a union was crossed)``."""
-    key, crossed = prefix, False
+def _walk(tp: Any, loc: Sequence[str | int], prefix: str) -> tuple[str, Any, Any]:
+    """pydantic's error location -> ``(dotted key, type at that key, the union whose member the location ends
+    in, or None)``: pydantic names the union member it tried, which is not part of the key."""
+    key, union = prefix, None
     for part in loc:
-        if _is_union(tp):  # pydantic names the union member it tried: not part of the key
-            crossed = True
+        union = None
+        if _is_union(tp):
             members = [a for a in typing.get_args(tp) if a is not type(None)]
-            tp = next((a for a in members if _type_name(a) == part), Any if len(members) > 1 else members[0])
-            if len(members) > 1 or _type_name(members[0]) == part:
+            named = next((a for a in members if _type_name(a) == part), None)
+            if named is not None or len(members) > 1:
+                union, tp = tp, named if named is not None else Any
                 continue
+            tp = members[0]  # X | None: pydantic names no member
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         if isinstance(part, int) and origin in (list, tuple, Sequence):
             key, tp = f"{key}[{part}]", args[0] if args else Any
@@ -116,7 +119,7 @@ def _walk(tp: Any, loc: Sequence[str | int], prefix: str) -> tuple[str, Any, boo
             tp = args[1] if len(args) == 2 else Any
         else:
             tp = Any
-    return key, tp, crossed
+    return key, tp, union
 
 
 def _message(cls: type, err: dict, prefix: str) -> str:
@@ -125,12 +128,14 @@ def _message(cls: type, err: dict, prefix: str) -> str:
     if kind in ("unexpected_keyword_argument", "extra_forbidden"):
         key, _, _ = _walk(cls, loc, prefix)
         _, owner, _ = _walk(cls, loc[:-1], prefix)
+        if _is_union(owner):  # Cfg | None
+            owner = next((a for a in typing.get_args(owner) if dataclasses.is_dataclass(a)), owner)
         known = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
         return f"unknown key '{key}'" + (f" (known: {', '.join(known)})" if known else "")
-    key, tp, crossed = _walk(cls, loc, prefix)
+    key, tp, union = _walk(cls, loc, prefix)
     where = key or "config"
-    if crossed and _is_union(_walk(cls, loc[:-1], prefix)[1]):
-        names = [_type_name(a) for a in typing.get_args(_walk(cls, loc[:-1], prefix)[1]) if a is not type(None)]
+    if union is not None:
+        names = [_type_name(a) for a in typing.get_args(union) if a is not type(None)]
         return f"{where}: {short_repr(value)} matches none of {names}"
     if kind == "literal_error":
         return f"{where}: {short_repr(value)} is not one of {list(typing.get_args(tp)) or err['ctx']['expected']}"
