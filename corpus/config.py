@@ -1,13 +1,25 @@
-"""Typed configs from YAML: dataclasses whose field docs are the YAML comments; validation in one place.
+"""Typed configs from YAML: dataclasses whose field docs are the YAML comments; validation by pydantic.
 
-Every field has a default and a one-line ``help`` in its metadata. Unknown keys, wrong types and bad values
-are :class:`ConfigError` naming the dotted key. ``key=value`` overrides (dotted paths, YAML-typed values) are
-applied before validation.
+Every field has a default and a one-line ``help`` in its metadata. Configs stay plain stdlib dataclasses (no
+framework base class: any layer can declare one, and ``dataclasses.replace``/``asdict`` keep working);
+:func:`from_dict` validates a mapping into one with pydantic v2's ``TypeAdapter`` (``extra='forbid'``, strict
+mode). Library choice: pydantic validates stdlib dataclasses as they are, reports every error with its exact
+location, is already a dependency (wandb) and imports without torch; jsonargparse/draccus would also own the
+argument parser (ours keeps the flag names and one-line errors the commands promise) and omegaconf's structured
+configs carry no strict scalar types (``"1"`` becomes 1).
+
+Strictness (pydantic strict mode over the YAML's JSON types): an integer field takes only an integer (not
+``"1"``, ``1.0`` or ``true``), a number field an integer or a float, a boolean only ``true``/``false``, a string
+field only a string (quote a number: ``bench_split: "2017"``), a list only a list. Unknown keys, wrong types
+and bad values are :class:`ConfigError` with one line naming the dotted key and what was expected; a config's
+own ``validate()`` method (run after the types check, innermost first) adds value checks. ``key=value``
+overrides (dotted paths, YAML-typed values) are applied before validation.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -26,108 +38,170 @@ class ConfigError(InputError):
     """A recipe or config file has an unknown key, a wrong type or a bad value; the message names the key."""
 
 
-def field(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING, **kw):
-    """A dataclass field with a one-line ``help`` (used for YAML comments and error messages)."""
-    meta = {"help": help, **kw.pop("metadata", {})}
+def field(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING,
+          cli: Mapping[str, Any] | None = None, **kw):
+    """A dataclass field with a one-line ``help`` (used for YAML comments, ``--help`` and error messages) and,
+    for a command's config, how its flag is declared (``cli``: see :func:`add_dataclass_arguments`)."""
+    meta = {"help": help, **({"cli": dict(cli)} if cli else {}), **kw.pop("metadata", {})}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta, **kw)
     return dataclasses.field(default=default, metadata=meta, **kw)
 
 
+def field_default(f: dataclasses.Field) -> Any:
+    """The default value of dataclass field ``f`` (``None`` when it has none)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+
+
+def fields_of(cls: type, name: str, drop: Sequence[str], doc: str) -> type:
+    """A new dataclass ``name`` holding the fields of ``cls`` except ``drop``: the same types, defaults and help,
+    so that a section of a bigger config (a recipe's training sections) reuses one set of field definitions.
+    Subclass it to add fields or a ``validate()``."""
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(drop) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise TypeError(f"fields_of({cls.__name__}): no field {unknown[0]!r}")
+    kept = [(f.name, hints[f.name], dataclasses.field(default=f.default, default_factory=f.default_factory,
+                                                     metadata=f.metadata))
+            for f in dataclasses.fields(cls) if f.init and f.name not in drop]
+    return dataclasses.make_dataclass(name, kept, namespace={"__doc__": doc, "__module__": cls.__module__})
+
+
+# ------------------------------------------------------------------------------------------------ validation
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true/false", "string": "a string", "list": "a list",
+             "tuple": "a list", "dict": "a mapping", "dataclass": "a mapping", "path": "a path", "none": "null"}
+
+
+@functools.cache
+def _adapter(cls: type):
+    """pydantic's validator for dataclass ``cls``; unknown keys are refused in it and every nested dataclass."""
+    from pydantic import ConfigDict, TypeAdapter
+
+    if "__pydantic_config__" not in vars(cls):
+        cls.__pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # read by pydantic for cls and below
+    return TypeAdapter(cls)
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
+
+
 def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+    """``int``, ``list[int]``: how pydantic names a union member in an error's location."""
+    if typing.get_origin(tp) is None and hasattr(tp, "__name__"):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check/convert ``value`` to annotation ``tp``; raises ConfigError naming ``key``."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
+def _walk(tp: Any, loc: Sequence[str | int], prefix: str) -> tuple[str, Any, Any]:
+    """pydantic's error location -> ``(dotted key, type at that key, the union whose member the location ends
+    in, or None)``: pydantic names the union member it tried, which is not part of the key."""
+    key, union = prefix, None
+    for part in loc:
+        union = None
+        if _is_union(tp):
+            members = [a for a in typing.get_args(tp) if a is not type(None)]
+            named = next((a for a in members if _type_name(a) == part), None)
+            if named is not None or len(members) > 1:
+                union, tp = tp, named if named is not None else Any
                 continue
-            try:
-                return _coerce(value, a, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {short_repr(value)} matches none of "
-                          f"{[_type_name(a) for a in args]}")
-    if origin is typing.Literal:
-        if value not in args:
-            raise ConfigError(f"{key}: {short_repr(value)} is not one of {list(args)}")
-        return value
-    if origin in (list, Sequence, tuple):
-        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {short_repr(value)}")
-        inner = args[0] if args else Any
-        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin in (dict, Mapping):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
-        vt = args[1] if len(args) == 2 else Any
-        return {str(k): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, prefix=key)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true/false, got {short_repr(value)}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected an integer, got {short_repr(value)}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{key}: expected a number, got {short_repr(value)}")
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{key}: expected a string, got {short_repr(value)}")
-    if tp is Path:
-        if isinstance(value, (str, Path)):
-            return Path(value)
-        raise ConfigError(f"{key}: expected a path, got {short_repr(value)}")
-    return value
+            tp = members[0]  # X | None: pydantic names no member
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if isinstance(part, int) and origin in (list, tuple, Sequence):
+            key, tp = f"{key}[{part}]", args[0] if args else Any
+            continue
+        key = f"{key}.{part}" if key else str(part)
+        if dataclasses.is_dataclass(tp):
+            tp = typing.get_type_hints(tp).get(str(part), Any)
+        elif origin in (dict, Mapping):
+            tp = args[1] if len(args) == 2 else Any
+        else:
+            tp = Any
+    return key, tp, union
+
+
+def _message(cls: type, err: dict, prefix: str) -> str:
+    """One pydantic error as halsift's one line: the dotted key, what was expected, what was given."""
+    kind, loc, value = err["type"], err["loc"], err.get("input")
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        key, _, _ = _walk(cls, loc, prefix)
+        _, owner, _ = _walk(cls, loc[:-1], prefix)
+        if _is_union(owner):  # Cfg | None
+            owner = next((a for a in typing.get_args(owner) if dataclasses.is_dataclass(a)), owner)
+        known = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
+        return f"unknown key '{key}'" + (f" (known: {', '.join(known)})" if known else "")
+    key, tp, union = _walk(cls, loc, prefix)
+    where = key or "config"
+    if union is not None:
+        names = [_type_name(a) for a in typing.get_args(union) if a is not type(None)]
+        return f"{where}: {short_repr(value)} matches none of {names}"
+    if kind == "literal_error":
+        return f"{where}: {short_repr(value)} is not one of {list(typing.get_args(tp)) or err['ctx']['expected']}"
+    if kind in ("missing", "missing_argument"):
+        return f"{where}: required"
+    expected = "a path" if tp is Path else _EXPECTED.get(kind.split("_")[0])
+    if expected:
+        return f"{where}: expected {expected}, got {short_repr(value)}"
+    return f"{where}: {err['msg'][:1].lower()}{err['msg'][1:]}, got {short_repr(value)}"
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any] | None, prefix: str = "") -> T:
-    """Build dataclass ``cls`` from a mapping; unknown keys and bad types are errors naming the key."""
+    """Build dataclass ``cls`` from a mapping; unknown keys, bad types and bad values are :class:`ConfigError`
+    naming the dotted key (under ``prefix``)."""
+    from pydantic import ValidationError
+    from pydantic_core import PydanticSerializationError, to_json
+
     data = {} if data is None else data
     if not isinstance(data, Mapping):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = [k for k in data if k not in fields]
-    if unknown:
-        where = f"{prefix}." if prefix else ""
-        raise ConfigError(f"unknown key '{where}{unknown[0]}' (known: {', '.join(sorted(fields))})")
-    kwargs = {}
-    for name, value in data.items():
-        kwargs[name] = _coerce(value, hints[name], f"{prefix}.{name}" if prefix else name)
-    obj = cls(**kwargs)
-    check = getattr(obj, "validate", None)
-    if callable(check):
-        try:
-            check()
-        except ConfigError:
-            raise
-        except ValueError as e:
-            msg = str(e)
-            if not prefix or msg.startswith(prefix):
-                raise ConfigError(msg) from None
-            first = msg.split(":")[0]  # "field: ..." or "a/b: ..." names fields of this config: qualify them
-            own = {f.name for f in dataclasses.fields(cls)}
-            named = all(part.split(".")[0] in own for part in first.split("/"))
-            raise ConfigError(f"{prefix}.{msg}" if named else f"{prefix}: {msg}") from None
+    try:  # validated as JSON: strict mode then takes a YAML string for a Path and a mapping for a dataclass
+        obj = _adapter(cls).validate_json(to_json(data, inf_nan_mode="constants"), strict=True)
+    except PydanticSerializationError as e:
+        raise ConfigError(f"{prefix or 'config'}: {clip_text(str(e))}") from None
+    except ValidationError as e:
+        raise ConfigError(_message(cls, e.errors()[0], prefix)) from None
+    _validate_tree(obj, prefix)
     return obj
 
 
+def _validate_tree(obj: Any, prefix: str) -> None:
+    """Run ``validate()`` of every dataclass in ``obj``, innermost first; a ``ValueError`` names its key."""
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            _validate_tree(v, f"{prefix}.{k}" if prefix else str(k))
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _validate_tree(v, f"{prefix}[{i}]")
+        return
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return
+    for f in dataclasses.fields(obj):
+        _validate_tree(getattr(obj, f.name), f"{prefix}.{f.name}" if prefix else f.name)
+    check = getattr(obj, "validate", None)
+    if not callable(check):
+        return
+    try:
+        check()
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(_qualify(type(obj), str(e), prefix)) from None
+
+
+def _qualify(cls: type, msg: str, prefix: str) -> str:
+    """A ``validate()`` message ("field: ..." or "a/b: ...") of the config at ``prefix``, named in full."""
+    if not prefix or msg.startswith(prefix):
+        return msg
+    first = msg.split(":")[0]
+    own = {f.name for f in dataclasses.fields(cls)}
+    named = all(part.split(".")[0] in own for part in first.split("/"))
+    return f"{prefix}.{msg}" if named else f"{prefix}: {msg}"
+
+
+# ------------------------------------------------------------------------------------------------ YAML and overrides
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
     """``["a.b=1", "c=[x, y]"]`` -> nested dict with YAML-typed values."""
     out: dict[str, Any] = {}
@@ -199,11 +273,7 @@ def describe(cls: type, indent: int = 0) -> str:
             lines.append(f"{pad}{f.name}:  # {help_}")
             lines.append(describe(tp, indent + 1))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        val = yaml.safe_dump(to_dict(default), default_flow_style=True).strip()
-        if val.endswith("\n..."):
-            val = val[:-4].strip()
+        val = yaml.safe_dump(to_dict(field_default(f)), default_flow_style=True).strip()
         val = val.removesuffix("...").strip()
         lines.append(f"{pad}{f.name}: {val}  # {help_}")
         entry = typing.get_args(tp)[-1] if typing.get_origin(tp) is dict else None
@@ -213,45 +283,103 @@ def describe(cls: type, indent: int = 0) -> str:
     return "\n".join(lines)
 
 
-def add_dataclass_arguments(parser, cls: type, metavars: Mapping[str, str] | None = None) -> None:
-    """One ``--flag`` per field of ``cls`` (help = the field's help) plus ``--config YAML``.
+# ------------------------------------------------------------------------------------------------ command-line flags
+def _flag_type(tp: Any) -> tuple[Any, list | None]:
+    """The argparse ``type`` and ``choices`` of a field annotation (``X | None`` -> X; a Literal -> its values)."""
+    if _is_union(tp):
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = members[0] if len(members) == 1 else str
+    if typing.get_origin(tp) is typing.Literal:
+        values = list(typing.get_args(tp))
+        return type(values[0]), values
+    return tp, None
 
-    Lists take several values; booleans are on/off switches (``--x`` / ``--no-x``). Unset flags stay absent
-    from the namespace, so :func:`config_from_args` can overlay only what was given on the YAML.
+
+def add_dataclass_arguments(parser, cls: type, metavars: Mapping[str, str] | None = None, *,
+                            config_file: bool = True, defaults: bool = False) -> None:
+    """One ``--flag`` per field of ``cls`` (help = the field's help), plus ``--config YAML`` when ``config_file``.
+
+    Lists take several values; booleans are on/off switches (``--x`` / ``--no-x``; a field named ``no_x`` is the
+    switch ``--no-x``). A field's ``cli`` metadata (``field(..., cli={...})``) may say ``positional``,
+    ``required``, ``metavar``, ``choices``, ``group`` (a titled argument group) and ``exclusive`` (a mutually
+    exclusive group's name; required when one of its fields is). Without ``defaults`` unset flags stay absent
+    from the namespace, so :func:`config_from_args` overlays only what was given on the YAML; with it (commands
+    without ``--config``) every field's default is in the namespace.
     """
     import argparse
 
     hints = typing.get_type_hints(cls)
-    parser.add_argument("--config", metavar="YAML", help=f"YAML with {cls.__name__} keys; flags override it")
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=f"{f.metadata['help']} (default: {default!r})")
-        metavar = (metavars or {}).get(f.name)
-        if tp is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-        elif typing.get_origin(tp) is list:
-            parser.add_argument(flag, nargs="+", type=typing.get_args(tp)[0], metavar=metavar, **kw)
-        else:
-            parser.add_argument(flag, type=tp, metavar=metavar, **kw)
+    if config_file:
+        parser.add_argument("--config", metavar="YAML", help=f"YAML with {cls.__name__} keys; flags override it")
+    fields_ = [f for f in dataclasses.fields(cls) if f.init]
+    groups: dict[str, Any] = {}
+    for f in fields_:
+        cli = f.metadata.get("cli", {})
+        target = parser
+        if cli.get("group"):
+            target = groups.get(cli["group"]) or groups.setdefault(cli["group"], parser.add_argument_group(cli["group"]))
+        if cli.get("exclusive"):
+            name = "exclusive:" + cli["exclusive"]
+            if name not in groups:
+                required = any(g.metadata.get("cli", {}).get("exclusive") == cli["exclusive"]
+                               and g.metadata.get("cli", {}).get("required") for g in fields_)
+                groups[name] = target.add_mutually_exclusive_group(required=required)
+            target = groups[name]
+        _add_flag(target, f, hints[f.name], cli, (metavars or {}).get(f.name), defaults)
+
+
+def _add_flag(target, f: dataclasses.Field, tp: Any, cli: Mapping[str, Any], metavar: str | None,
+              defaults: bool) -> None:
+    import argparse
+
+    default = field_default(f)
+    help_ = f.metadata["help"].replace("%", "%%")
+    if "default" not in help_ and not (default is None or default is False or default in ("", [])):
+        help_ += f" (default: {default})"
+    kw: dict[str, Any] = {"help": help_, "default": default if defaults else argparse.SUPPRESS}
+    if cli.get("metavar") or metavar:
+        kw["metavar"] = cli.get("metavar") or metavar
+    if cli.get("positional"):
+        names = [f.name]
+    else:
+        names = ["--" + f.name.replace("_", "-")]
+        kw["dest"] = f.name
+        if cli.get("required") and not cli.get("exclusive"):
+            kw["required"] = True
+    if tp is bool:
+        kw.pop("metavar", None)
+        action = "store_true" if f.name.startswith("no_") else argparse.BooleanOptionalAction
+        target.add_argument(*names, action=action, **kw)
+        return
+    nargs = None
+    if typing.get_origin(tp) is list:
+        nargs, tp = "+", (typing.get_args(tp) or (str,))[0]
+    tp, choices = _flag_type(tp)
+    choices = list(cli["choices"]) if cli.get("choices") else choices
+    target.add_argument(*names, type=tp, nargs=nargs, choices=choices, **kw)
 
 
 def config_from_args(cls: type[T], args) -> T:
     """``--config`` YAML overlaid with the flags given -> validated ``cls``; errors name the ``--flag``."""
     data = load_yaml(args.config) if getattr(args, "config", None) else {}
+    positional = []
     for f in dataclasses.fields(cls):
         if hasattr(args, f.name):
             data[f.name] = getattr(args, f.name)
+        if f.metadata.get("cli", {}).get("positional"):
+            positional.append(f.name)
     try:
         return from_dict(cls, data)
     except ConfigError as e:
-        raise ConfigError(flag_message(str(e))) from None
+        raise ConfigError(flag_message(str(e), positional)) from None
 
 
-def flag_message(msg: str) -> str:
-    """``"batch_size: must be >= 1"`` -> ``"--batch-size: must be >= 1"`` (config field named as its CLI flag)."""
+def flag_message(msg: str, positional: Sequence[str] = ()) -> str:
+    """``"batch_size: must be >= 1"`` -> ``"--batch-size: must be >= 1"`` (config field named as its CLI flag;
+    a ``positional`` argument as its metavar, ``PATH``)."""
     field_ = msg.split(":", 1)[0]
+    if field_ in positional:
+        return field_.upper() + msg[len(field_):]
     if field_.isidentifier():
         return "--" + field_.replace("_", "-") + msg[len(field_):]
     return msg

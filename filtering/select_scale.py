@@ -237,8 +237,8 @@ def _finish(out: Path, filt: dict, info: dict, shards: list[Path], scores_dir: P
     return manifest
 
 
-def reuse_or_clear(dest: str | os.PathLike, scores_dir, *, keep=None, top_k=None, unit: str = "sentence",
-                   agg: str = "min", per_captioner: bool = False, seed: int = 0) -> dict | None:
+def reuse_or_clear(dest: str | os.PathLike, scores_dir, *, keep=None, top_k=None, threshold=None,
+                   unit: str = "sentence", agg: str = "min", per_captioner: bool = False, seed: int = 0) -> dict | None:
     """For a pipeline's select step: the manifest of ``dest`` when it holds a complete selection made with these
     arguments; otherwise remove whatever ``dest`` holds (a select killed mid-way, or other arguments) and return
     ``None``, so the step runs again from scratch -- select is deterministic, so to the identical result."""
@@ -250,8 +250,8 @@ def reuse_or_clear(dest: str | os.PathLike, scores_dir, *, keep=None, top_k=None
         m = None
     if m is not None and m.get("status", "complete") == "complete":
         f = m.get("filter", {})
-        want = {"scores": str(Path(scores_dir).resolve()), "keep": keep, "top_k": top_k, "unit": unit,
-                "agg": agg if unit == "caption" else None, "per_captioner": per_captioner, "seed": seed}
+        want = {"scores": str(Path(scores_dir).resolve()), "keep": keep, "top_k": top_k, "threshold": threshold,
+                "unit": unit, "agg": agg if unit == "caption" else None, "per_captioner": per_captioner, "seed": seed}
         if all(f.get(k) == v for k, v in want.items()):
             return m
     shutil.rmtree(dest, ignore_errors=True)

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
+from typing import Literal
+
+from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
+from halsift.launch.describe import add_describe_argument
 
 HELP = "convert AlignBench/HalDec, COCO, Flickr, img2dataset/WebDataset, tables, HF datasets, image folders"
 
@@ -21,30 +26,44 @@ FORMATS = {
 }
 
 
+@dataclass
+class ConvertConfig:
+    """``halsift convert``'s settings."""
+
+    format: str = field("", help="the layout of SRC (see below)", cli={"positional": True, "choices": sorted(FORMATS)})
+    src: str = field("", help="the input file, folder or URL", cli={"positional": True})
+    out: str = field("", help="bench.jsonl / retrieval.jsonl path, or a new shard folder", cli={"required": True})
+    images: str | None = field(None, help="image root: alignbench/haldec local mirror (images/... and COCO/CC12M "
+                                          "files by image_name), coco/flickr image folder, table image paths "
+                                          "(default: the table's folder)")
+    split: str | None = field(None, help="alignbench/haldec: split written to rows (default test); coco --karpathy: "
+                                         "keep these splits, e.g. test")
+    karpathy: bool = field(False, help="coco: SRC is Karpathy's dataset_coco.json")
+    split_file: str | None = field(None, help="flickr: keep the images listed in this file")
+    image_col: str = field("image", help="table/hf: image column (path, bytes or {bytes, path})")
+    caption_col: str = field("caption", help="table/hf: caption column")
+    key_col: str | None = field(None, help="table/hf: key column (default: the row number)")
+    captioner: str | None = field(None, help="shards: captioner for samples whose json has none (default unknown)")
+    source: Literal["i2t", "t2i"] | None = field(None, help="shards: source for samples whose json has none "
+                                                            "(default i2t)")
+    maxcount: int = field(1000, help="shards: samples per output shard")
+
+    def validate(self) -> None:
+        if self.maxcount < 1:
+            raise ValueError(f"maxcount: expected >= 1, got {self.maxcount}")
+
+
+CONFIG = ConvertConfig  # the settings (docs/config.md, --describe)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = "formats:\n" + "\n".join(f"  {k:<12} SRC = {v[0]}; OUT = {v[1]}" for k, v in FORMATS.items())
-    p.add_argument("format", choices=sorted(FORMATS), help="the layout of SRC (see below)")
-    p.add_argument("src", help="the input file, folder or URL")
-    p.add_argument("--out", required=True, help="bench.jsonl / retrieval.jsonl path, or a new shard folder")
-    p.add_argument("--images", default=None,
-                   help="image root: alignbench/haldec local mirror (images/... and COCO/CC12M files by "
-                        "image_name), coco/flickr image folder, table image paths (default: the table's folder)")
-    p.add_argument("--split", default=None, help="alignbench/haldec: split written to rows (default test); "
-                                                 "coco --karpathy: keep these splits, e.g. test")
-    p.add_argument("--karpathy", action="store_true", help="coco: SRC is Karpathy's dataset_coco.json")
-    p.add_argument("--split-file", default=None, help="flickr: keep the images listed in this file")
-    p.add_argument("--image-col", default="image", help="table/hf: image column (path, bytes or {bytes, path})")
-    p.add_argument("--caption-col", default="caption", help="table/hf: caption column")
-    p.add_argument("--key-col", default=None, help="table/hf: key column (default: the row number)")
-    p.add_argument("--captioner", default=None, help="shards: captioner for samples whose json has none "
-                                                     "(default unknown)")
-    p.add_argument("--source", choices=("i2t", "t2i"), default=None,
-                   help="shards: source for samples whose json has none (default i2t)")
-    p.add_argument("--maxcount", type=int, default=1000, help="shards: samples per output shard")
+    add_dataclass_arguments(p, ConvertConfig, config_file=False, defaults=True)
+    add_describe_argument(p, ConvertConfig)
 
 
-def _convert(args) -> dict:
+def _convert(args: ConvertConfig) -> dict:
     from pathlib import Path
 
     from halsift.corpus import convert as cv
@@ -85,10 +104,9 @@ def run(args: argparse.Namespace) -> int:
     from halsift.corpus.convert import ConvertError
     from halsift.launch.cli import UsageError
 
-    if args.maxcount < 1:
-        raise UsageError(f"--maxcount: expected >= 1, got {args.maxcount}")
+    cfg = config_from_args(ConvertConfig, args)
     try:
-        summary = _convert(args)
+        summary = _convert(cfg)
     except (ConvertError, AlignBenchFormatError) as e:
         raise UsageError(str(e)) from e
     print(json.dumps(summary, sort_keys=True))

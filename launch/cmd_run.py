@@ -14,7 +14,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe fields (dotted keys)")
     p.add_argument("--dry-run", action="store_true", help="resolve and check the recipe, load no model, run nothing")
     p.add_argument("--force", action="append", default=[], metavar="STAGE", help="rerun this stage even if complete")
-    p.add_argument("--describe", action="store_true", help="print every recipe field with its default and meaning")
+    p.add_argument("--describe", action="store_true",
+                   help="print every recipe field with its default and meaning, and every detector family's options")
     p.add_argument("--list", action="store_true", help="list the shipped recipes")
 
 
@@ -50,10 +51,10 @@ def run(args: argparse.Namespace) -> int:
     from halsift.launch.cli import UsageError
 
     if args.describe:
-        from halsift.corpus.config import describe
+        from halsift.launch.describe import describe_command
         from halsift.launch.recipe_config import Recipe
 
-        print(describe(Recipe))
+        print(describe_command(Recipe, detectors=True))
         return 0
     if args.list:
         for name, path in shipped_recipes().items():

@@ -3,25 +3,51 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from typing import Literal
+
+from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
+from halsift.launch.describe import add_describe_argument
 
 HELP = "score shards or a bench.jsonl with a detector spec (sharded over ranks, resumable)"
 
 
+@dataclass
+class ScoreConfig:
+    """``halsift score``'s settings (the scale-out flags come from :mod:`halsift.launch.score_engines`)."""
+
+    detector: str = field("", help="detector spec or YAML file, e.g. clip:arch=ViT-B-32,pretrained=openai | "
+                                   "random:seed=0 | oracle (`halsift score --describe`: the families' options)",
+                          cli={"required": True, "metavar": "SPEC"})
+    data: str = field("", help="shard folder / glob / brace pattern, or a bench.jsonl", cli={"required": True})
+    out: str = field("", help="output folder: parquet parts + _manifest.json", cli={"required": True})
+    unit: Literal["sentence", "caption"] = field("sentence", help="score each sentence against its image (default) "
+                                                                  "or the whole caption")
+    batch_size: int = field(64, help="items per detector call")
+    device: str | None = field(None, help="cpu, cuda, cuda:1 ... (default: the process's accelerate device)")
+    no_progress: bool = field(False, help="no progress bar")
+    decode_workers: int = field(0, help="read, decode and preprocess in N processes per rank (detectors with a CPU "
+                                        "half, e.g. clip); 0: one read-ahead thread (default)",
+                                cli={"metavar": "N"})
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: expected >= 1, got {self.batch_size}")
+        if self.decode_workers < 0:
+            raise ValueError(f"decode_workers: expected >= 0, got {self.decode_workers}")
+        if self.unit != "sentence" and str(self.data).endswith(".jsonl"):
+            raise ValueError(f"--unit {self.unit}: a bench file ({self.data}) is scored per sentence (its rows); "
+                             "use --unit sentence")
+
+
+CONFIG = ScoreConfig  # the settings (docs/config.md, --describe)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--detector", required=True, metavar="SPEC",
-                   help="detector spec or YAML file, e.g. clip:arch=ViT-B-32,pretrained=openai | random:seed=0 | oracle")
-    p.add_argument("--data", required=True, help="shard folder / glob / brace pattern, or a bench.jsonl")
-    p.add_argument("--out", required=True, help="output folder: parquet parts + _manifest.json")
-    p.add_argument("--unit", choices=("sentence", "caption"), default="sentence",
-                   help="score each sentence against its image (default) or the whole caption")
-    p.add_argument("--batch-size", type=int, default=64, help="items per detector call")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: the process's accelerate device)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--decode-workers", type=int, default=0, metavar="N",
-                   help="read, decode and preprocess in N processes per rank (detectors with a CPU half, e.g. "
-                        "clip); 0: one read-ahead thread (default)")
     from halsift.launch.score_engines import add_task_arguments
 
+    add_dataclass_arguments(p, ScoreConfig, config_file=False, defaults=True)
+    add_describe_argument(p, ScoreConfig, detectors=True)
     add_task_arguments(p)
 
 
@@ -30,13 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     from halsift.launch.cli import UsageError
 
-    if args.batch_size < 1:
-        raise UsageError(f"--batch-size: expected >= 1, got {args.batch_size}")
-    if args.decode_workers < 0:
-        raise UsageError(f"--decode-workers: expected >= 0, got {args.decode_workers}")
-    if args.unit != "sentence" and str(args.data).endswith(".jsonl"):
-        raise UsageError(f"--unit {args.unit}: a bench file ({args.data}) is scored per sentence (its rows); "
-                         "use --unit sentence")
+    config_from_args(ScoreConfig, args)  # the checks of ScoreConfig.validate, errors naming the flag
     from halsift.filtering.base import DetectorError
     from halsift.filtering.runner import MANIFEST, RunMismatch, score
     from halsift.launch.score_engines import run_tasks, summary

@@ -3,61 +3,78 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from typing import Literal
+
+from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
+from halsift.launch.describe import add_describe_argument
 
 HELP = "select the top fraction / top-k / above-threshold units by score and write new shards"
 
 
+@dataclass
+class SelectConfig:
+    """``halsift select``'s settings (the resumable/parallel flags come from :mod:`halsift.launch.select_engines`)."""
+
+    scores: str = field("", help="score folder written by `halsift score`", cli={"required": True})
+    data: str = field("", help="the shards that were scored (folder / glob / brace pattern)", cli={"required": True})
+    out: str = field("", help="new folder: shards + sizes.json + manifest.json + kept.parquet", cli={"required": True})
+    keep: float | None = field(None, help="fraction of units to keep, e.g. 0.2",
+                               cli={"exclusive": "amount", "required": True})
+    top_k: int | None = field(None, help="number of units to keep", cli={"exclusive": "amount"})
+    threshold: float | None = field(None, help="keep units scoring at least this (0-100)",
+                                    cli={"exclusive": "amount"})
+    unit: Literal["sentence", "caption"] = field("sentence", help="select image-sentence pairs (default) or whole "
+                                                                  "captions")
+    agg: Literal["min", "mean", "prob", "prune"] = field(
+        "min", help="unit caption: aggregate sentence scores by min/mean/product of probabilities, or prune (drop "
+                    "low sentences, keep the rest of the caption)")
+    per_captioner: bool = field(False, help="apply --keep/--top-k within each captioner")
+    random: bool = field(False, help="baseline: keep the same number of units at random")
+    seed: int = field(0, help="seed of --random")
+    captioner: str = field("unknown", help="captioner recorded for samples whose json has none (img2dataset "
+                                           "output); default unknown")
+    source: Literal["i2t", "t2i"] = field("i2t", help="source recorded for samples whose json has none; default i2t "
+                                                      "(the caption describes a real image)")
+    export_keys: str | None = field(None, help="also write the kept source samples as a subset file: PATH.npy = "
+                                               "DataComp uids (u8,u8, sorted; from the json 'uid'), any other name "
+                                               "= one key per line", cli={"metavar": "PATH"})
+    detector: str | None = field(None, help="select from this detector's rows only (a score folder holds one "
+                                            "detector; without this, a folder whose parts name another detector "
+                                            "is refused)")
+    allow_partial: bool = field(False, help="select from a score folder whose _manifest.json is not complete "
+                                            "(recorded in the manifest)")
+    maxcount: int = field(1000, help="samples per output shard")
+    no_progress: bool = field(False, help="no progress bar")
+    html: bool = field(False, help="also write OUT/index.html: a browser of the selected shards' captions, each "
+                                   "sentence coloured by its score and marked kept or dropped (thumbnails in "
+                                   "OUT/samples/)")
+
+    def validate(self) -> None:
+        from halsift.launch.recipe_config import check_selection
+
+        check_selection("", self.keep, self.unit, self.agg, self.top_k, self.threshold)
+        if self.maxcount < 1:
+            raise ValueError(f"maxcount: expected >= 1, got {self.maxcount}")
+        if self.agg != "min" and self.unit != "caption":
+            raise ValueError(f"--agg {self.agg}: only used with --unit caption")
+
+
+CONFIG = SelectConfig  # the settings (docs/config.md, --describe)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scores", required=True, help="score folder written by `halsift score`")
-    p.add_argument("--data", required=True, help="the shards that were scored (folder / glob / brace pattern)")
-    p.add_argument("--out", required=True, help="new folder: shards + sizes.json + manifest.json + kept.parquet")
-    how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--keep", type=float, help="fraction of units to keep, e.g. 0.2")
-    how.add_argument("--top-k", type=int, help="number of units to keep")
-    how.add_argument("--threshold", type=float, help="keep units scoring at least this (0-100)")
-    p.add_argument("--unit", choices=("sentence", "caption"), default="sentence",
-                   help="select image-sentence pairs (default) or whole captions")
-    p.add_argument("--agg", choices=("min", "mean", "prob", "prune"), default="min",
-                   help="unit caption: aggregate sentence scores by min/mean/product of probabilities, "
-                        "or prune (drop low sentences, keep the rest of the caption)")
-    p.add_argument("--per-captioner", action="store_true", help="apply --keep/--top-k within each captioner")
-    p.add_argument("--random", action="store_true", help="baseline: keep the same number of units at random")
-    p.add_argument("--seed", type=int, default=0, help="seed of --random")
-    p.add_argument("--captioner", default="unknown",
-                   help="captioner recorded for samples whose json has none (img2dataset output); default unknown")
-    p.add_argument("--source", choices=("i2t", "t2i"), default="i2t",
-                   help="source recorded for samples whose json has none; default i2t (the caption describes a "
-                        "real image)")
-    p.add_argument("--export-keys", metavar="PATH", default=None,
-                   help="also write the kept source samples as a subset file: PATH.npy = DataComp uids (u8,u8, "
-                        "sorted; from the json 'uid'), any other name = one key per line")
-    p.add_argument("--detector", help="select from this detector's rows only (a score folder holds one detector; "
-                                      "without this, a folder whose parts name another detector is refused)")
-    p.add_argument("--allow-partial", action="store_true",
-                   help="select from a score folder whose _manifest.json is not complete (recorded in the manifest)")
-    p.add_argument("--maxcount", type=int, default=1000, help="samples per output shard")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--html", action="store_true",
-                   help="also write OUT/index.html: a browser of the selected shards' captions, each sentence coloured "
-                        "by its score and marked kept or dropped (thumbnails in OUT/samples/)")
     from halsift.launch.select_engines import add_resumable_arguments
 
+    add_dataclass_arguments(p, SelectConfig, config_file=False, defaults=True)
+    add_describe_argument(p, SelectConfig)
     add_resumable_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from halsift.launch.cli import UsageError
 
-    if args.keep is not None and not 0 < args.keep <= 1:
-        raise UsageError(f"--keep: expected a fraction in (0, 1], got {args.keep}")
-    if args.top_k is not None and args.top_k < 0:
-        raise UsageError(f"--top-k: expected >= 0, got {args.top_k}")
-    if args.threshold is not None and not 0 <= args.threshold <= 100:  # also refuses nan
-        raise UsageError(f"--threshold: expected a score in [0, 100], got {args.threshold}")
-    if args.maxcount < 1:
-        raise UsageError(f"--maxcount: expected >= 1, got {args.maxcount}")
-    if args.agg != "min" and args.unit != "caption":
-        raise UsageError(f"--agg {args.agg}: only used with --unit caption")
+    config_from_args(SelectConfig, args)  # the checks of SelectConfig.validate, errors naming the flag
     from halsift.filtering.select import SelectError, select
     from halsift.launch.select_engines import run_resumable
 

@@ -5,23 +5,27 @@ from __future__ import annotations
 import argparse
 import sys
 
+from halsift.launch.describe import add_describe_argument
+from halsift.training.clip_config import ClipTrainConfig
+
 HELP = "fine-tune CLIP (open_clip + accelerate) on shards; retrieval + bench detection evaluated in the loop"
 
 # list fields take several values; booleans are on/off switches (--lock-image / --no-lock-image)
 _SHORT = {"data": "SHARDS", "out": "DIR", "model": "ARCH", "pretrained": "TAG|PATH"}
 
+CONFIG = ClipTrainConfig  # the settings (docs/config.md, --describe)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from halsift.corpus.config import add_dataclass_arguments
-    from halsift.training.clip_config import ClipTrainConfig
 
     add_dataclass_arguments(parser, ClipTrainConfig, _SHORT)
+    add_describe_argument(parser, ClipTrainConfig)
 
 
 def build_config(args: argparse.Namespace):
     """YAML (``--config``) overlaid with the flags given on the command line -> validated ClipTrainConfig."""
     from halsift.corpus.config import config_from_args
-    from halsift.training.clip_config import ClipTrainConfig
 
     return config_from_args(ClipTrainConfig, args)
 

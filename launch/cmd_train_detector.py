@@ -6,22 +6,26 @@ from __future__ import annotations
 import argparse
 import sys
 
+from halsift.launch.describe import add_describe_argument
+from halsift.training.detector_config import DetectorTrainConfig
+
 HELP = "LoRA fine-tune a clip or vlm detector on an annotated bench; writes OUT/adapter (spec lora:OUT/adapter)"
 
 _SHORT = {"base": "SPEC", "bench": "BENCH.jsonl", "out": "DIR", "target_modules": "NAME"}
 
+CONFIG = DetectorTrainConfig  # the settings (docs/config.md, --describe)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from halsift.corpus.config import add_dataclass_arguments
-    from halsift.training.detector_config import DetectorTrainConfig
 
     add_dataclass_arguments(parser, DetectorTrainConfig, _SHORT)
+    add_describe_argument(parser, DetectorTrainConfig, detectors=True)
 
 
 def build_config(args: argparse.Namespace):
     """YAML (``--config``) overlaid with the flags given on the command line -> validated DetectorTrainConfig."""
     from halsift.corpus.config import config_from_args
-    from halsift.training.detector_config import DetectorTrainConfig
 
     return config_from_args(DetectorTrainConfig, args)
 

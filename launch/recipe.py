@@ -272,16 +272,12 @@ def bench_subset(bench: str, split: str, out: Path) -> str:
 
 
 def _train_cfg(r: Recipe, t, data: list[str], out: Path, pretrained: str, seed: int):
-    from halsift.training.clip_config import ClipTrainConfig
-
     first_retrieval = next(iter(_retrieval_sets(r, resolve_paths(r)).values()), "")
     bench = bench_subset(resolve_paths(r).bench, t.bench_split, Path(r.run_dir))
-    return ClipTrainConfig(data=data, out=str(out), model=r.model.arch, pretrained=pretrained, loss=t.loss,
-                           steps=t.steps, batch_size=t.batch_size, lr=t.lr, warmup=t.warmup, wd=t.wd,
-                           workers=t.workers, eval_every=t.eval_every, retrieval=first_retrieval,
-                           bench=bench, eval_batch_size=r.eval.batch_size, seed=seed,
-                           wandb_mode=r.wandb.mode, wandb_project=r.wandb.project,
-                           wandb_run=f"{r.name}-{out.parent.name}-{out.name}", resume=True)
+    return t.clip_train_config(data=data, out=str(out), model=r.model.arch, pretrained=pretrained,
+                               retrieval=first_retrieval, bench=bench, eval_batch_size=r.eval.batch_size, seed=seed,
+                               wandb_mode=r.wandb.mode, wandb_project=r.wandb.project,
+                               wandb_run=f"{r.name}-{out.parent.name}-{out.name}", resume=True)
 
 
 def _retrieval_sets(r: Recipe, p: Paths) -> dict[str, str]:
@@ -400,14 +396,14 @@ def stage_select(r: Recipe, p: Paths) -> dict:
 
     info = {}
     for name in _filters(r):
-        scored, keep, unit, agg = r.select.resolved(name)
-        done = reuse_or_clear(p.stage("select") / name, _scores_dir(p, scored, "corpus"), keep=keep, unit=unit,
-                              agg=agg, per_captioner=r.select.per_captioner, seed=r.seed)
+        scored, how = r.select.resolved(name)
+        done = reuse_or_clear(p.stage("select") / name, _scores_dir(p, scored, "corpus"), **how,
+                              per_captioner=r.select.per_captioner, seed=r.seed)
         if done is not None:  # finished before the stage was killed; a half-written one was cleared above
             info[name] = done
             continue
-        manifest = select(_scores_dir(p, scored, "corpus"), p.corpus, p.stage("select") / name, keep=keep,
-                          unit=unit, agg=agg, per_captioner=r.select.per_captioner, seed=r.seed,
+        manifest = select(_scores_dir(p, scored, "corpus"), p.corpus, p.stage("select") / name, **how,
+                          per_captioner=r.select.per_captioner, seed=r.seed,
                           meta_defaults={"captioner": r.select.default_captioner,
                                          "source": r.select.default_source})
         info[name] = manifest

@@ -7,11 +7,12 @@ the pretrain stage produced or ``model.pretrained``) are substituted in detector
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-from halsift.corpus.config import ConfigError, field
+from halsift.corpus.config import ConfigError, field, fields_of
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
+from halsift.training.clip_config import ClipTrainConfig
 
 STAGES = ("world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report")
 TRAINED_KINDS = ("lora", "world_judge")
@@ -58,28 +59,31 @@ class DataCfg:
 
 @dataclass
 class ModelCfg:
-    arch: str = field("halsift-tiny", help="open_clip architecture (open_clip.list_models()) or halsift-tiny")
+    arch: str = field("ViT-B-32", help="open_clip architecture (open_clip.list_models()); halsift-tiny: a built-in "
+                                       "2-layer model for tests and CPU smoke runs")
     pretrained: str = field("", help="open_clip pretrained tag or weights path of the base model; '' = pre-train it")
 
 
+# ClipTrainConfig fields a recipe sets itself (its data, run folders, model section, eval sets, wandb section, seed)
+RECIPE_SET = ("data", "data_weights", "out", "model", "pretrained", "retrieval", "bench", "eval_batch_size",
+              "wandb_project", "wandb_run", "wandb_mode", "seed", "resume")
+ClipTrainSection = fields_of(ClipTrainConfig, "ClipTrainSection", RECIPE_SET,
+                             "`train clip`'s settings a recipe's pretrain/finetune section takes (same defaults)")
+
+
 @dataclass
-class TrainCfg:
-    steps: int = field(200, help="optimizer steps")
-    batch_size: int = field(64, help="samples per step per process")
-    lr: float = field(5e-4, help="peak AdamW learning rate")
-    warmup: int = field(20, help="linear warmup steps before cosine decay")
-    wd: float = field(0.1, help="weight decay")
-    loss: str = field("clip", help="clip | siglip")
-    workers: int = field(0, help="dataloader workers per process")
-    eval_every: int = field(0, help="in-loop retrieval + bench eval every N steps (0 = at the end)")
+class TrainCfg(ClipTrainSection):
+    """A recipe's CLIP training section: ClipTrainConfig's fields (one definition, one help, one validation)."""
+
     bench_split: str = field("test", help="bench split for the model's own detection AUROC in the loop "
                                           "('' = all rows, 'none' = skip)")
 
     def validate(self) -> None:
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError(f"steps/batch_size: must be >= 1, got {self.steps}/{self.batch_size}")
-        if self.loss not in ("clip", "siglip"):
-            raise ValueError(f"loss: expected clip or siglip, got {self.loss!r}")
+        self.clip_train_config(data=["-"], out="-").validate()
+
+    def clip_train_config(self, **recipe_set: Any) -> ClipTrainConfig:
+        """The ``train clip`` config of this section, with the fields the recipe sets (:data:`RECIPE_SET`)."""
+        return ClipTrainConfig(**{f.name: getattr(self, f.name) for f in fields(ClipTrainSection)}, **recipe_set)
 
 
 @dataclass
@@ -136,13 +140,33 @@ class ScoreCfg:
                                  f"unknown {missing}")
 
 
-def _check_selection(where: str, keep: float, unit: str, agg: str) -> None:
-    if not 0 < keep <= 1:
-        raise ValueError(f"{where}.keep: expected a fraction in (0, 1], got {keep}")
+def check_selection(where: str, keep: float | None, unit: str, agg: str, top_k: int | None = 0,
+                    threshold: float | None = None) -> None:
+    """Raise ValueError naming ``where.KEY`` (or ``KEY`` when ``where`` is '') on a bad selection setting."""
+    def key(name: str) -> str:
+        return f"{where}.{name}" if where else name
+
+    if keep is not None and not 0 < keep <= 1:
+        raise ValueError(f"{key('keep')}: expected a fraction in (0, 1], got {keep}")
     if unit not in ("sentence", "caption"):
-        raise ValueError(f"{where}.unit: expected sentence or caption, got {unit!r}")
+        raise ValueError(f"{key('unit')}: expected sentence or caption, got {unit!r}")
     if agg not in ("min", "mean", "prob", "prune"):
-        raise ValueError(f"{where}.agg: expected min, mean, prob or prune, got {agg!r}")
+        raise ValueError(f"{key('agg')}: expected min, mean, prob or prune, got {agg!r}")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"{key('top_k')}: expected >= 0, got {top_k}")
+    if threshold is not None and not 0 <= threshold <= 100:  # also refuses nan
+        raise ValueError(f"{key('threshold')}: expected a score in [0, 100], got {threshold}")
+    if top_k and threshold is not None:
+        raise ValueError(f"{key('threshold')}: set top_k or threshold, not both")
+
+
+def _amount(keep: float, top_k: int, threshold: float | None) -> dict:
+    """select()'s ``keep``/``top_k``/``threshold``: top_k (when > 0) or threshold (when set) replaces keep."""
+    if top_k:
+        return {"keep": None, "top_k": top_k, "threshold": None}
+    if threshold is not None:
+        return {"keep": None, "top_k": None, "threshold": threshold}
+    return {"keep": keep, "top_k": None, "threshold": None}
 
 
 @dataclass
@@ -150,13 +174,22 @@ class SelectVariantCfg:
     filter: str = field("", help="the detector or ensemble (a key of score.detectors / score.ensembles) whose "
                                  "scores this selection reads")
     keep: float = field(0.0, help="fraction kept (0 = select.keep)")
+    top_k: int = field(0, help="number of units kept instead of a fraction (0 = as select)")
+    threshold: float | None = field(None, help="keep units scoring at least this, 0-100 (null = as select)")
     unit: str = field("", help="sentence | caption ('' = select.unit)")
     agg: str = field("", help="min | mean | prob | prune ('' = select.agg)")
+
+    def sets_amount(self) -> bool:
+        """Whether this variant chooses how much to keep itself (else select's keep/top_k/threshold apply)."""
+        return bool(self.keep or self.top_k or self.threshold is not None)
 
 
 @dataclass
 class SelectCfg:
     keep: float = field(0.2, help="fraction of units kept per detector (the seeds' top 20%)")
+    top_k: int = field(0, help="keep this many units instead of the keep fraction (0 = keep a fraction)")
+    threshold: float | None = field(None, help="keep the units scoring at least this (0-100) instead of the keep "
+                                               "fraction (null = keep a fraction)")
     unit: str = field("sentence", help="sentence (image-sentence pairs) | caption")
     agg: str = field("min", help="caption unit: min | mean | prob (whole captions by aggregated score) | prune "
                                  "(keep the top sentences, write each caption with only its kept sentences)")
@@ -166,28 +199,32 @@ class SelectCfg:
     default_source: str = field("i2t", help="i2t | t2i: source written for corpus samples whose json has none")
     variants: dict[str, SelectVariantCfg] = field(
         default_factory=dict, help="extra selections, each fine-tuned, evaluated and reported like a filter: "
-                                   "name -> {filter, keep, unit, agg} (a keep-fraction sweep, whole captions vs "
-                                   "pruned captions vs sentences)")
+                                   "name -> {filter, keep, top_k, threshold, unit, agg} (a keep-fraction sweep, "
+                                   "whole captions vs pruned captions vs sentences)")
 
     def validate(self) -> None:
-        _check_selection("select", self.keep, self.unit, self.agg)
+        check_selection("select", self.keep, self.unit, self.agg, self.top_k, self.threshold)
         if self.default_source not in ("i2t", "t2i"):
             raise ValueError(f"select.default_source: expected i2t or t2i, got {self.default_source!r}")
         for name, v in self.variants.items():
             if "/" in name:
                 raise ValueError(f"select.variants.{name}: a name becomes a folder under select/ and finetune/; "
                                  "use no '/'")
-            _check_selection(f"select.variants.{name}", v.keep or self.keep, v.unit or self.unit, v.agg or self.agg)
+            check_selection(f"select.variants.{name}", v.keep or self.keep, v.unit or self.unit, v.agg or self.agg,
+                             v.top_k, v.threshold)
             if not v.filter:
                 raise ValueError(f"select.variants.{name}.filter: required (a key of score.detectors or "
                                  "score.ensembles)")
 
-    def resolved(self, name: str) -> tuple[str, float, str, str]:
-        """``(filter, keep, unit, agg)`` of selection ``name``: a variant, or a filter with the defaults."""
+    def resolved(self, name: str) -> tuple[str, dict]:
+        """``(filter, select() keyword arguments: keep, top_k, threshold, unit, agg)`` of selection ``name``: a
+        variant, or a filter with the section's settings."""
         v = self.variants.get(name)
         if v is None:
-            return name, self.keep, self.unit, self.agg
-        return v.filter, v.keep or self.keep, v.unit or self.unit, v.agg or self.agg
+            return name, {**_amount(self.keep, self.top_k, self.threshold), "unit": self.unit, "agg": self.agg}
+        amount = _amount(v.keep or self.keep, v.top_k, v.threshold) if v.sets_amount() else \
+            _amount(self.keep, self.top_k, self.threshold)
+        return v.filter, {**amount, "unit": v.unit or self.unit, "agg": v.agg or self.agg}
 
 
 @dataclass
@@ -240,8 +277,7 @@ class Recipe:
     world: WorldCfg = field(default_factory=WorldCfg, help="the embedded synthetic world")
     data: DataCfg = field(default_factory=DataCfg, help="user data (overrides the world)")
     model: ModelCfg = field(default_factory=ModelCfg, help="the CLIP architecture and base weights")
-    pretrain: PretrainCfg = field(default_factory=lambda: PretrainCfg(steps=400, lr=1e-3),
-                                  help="pre-training of the base CLIP")
+    pretrain: PretrainCfg = field(default_factory=PretrainCfg, help="pre-training of the base CLIP")
     detectors: dict[str, TrainedDetectorCfg] = field(
         default_factory=dict, help="detectors trained before scoring, into <run_dir>/detectors/NAME; a score spec "
                                    "names one as {trained.NAME}")

@@ -7,39 +7,46 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from halsift.corpus.config import field
+
 
 @dataclass
 class WorldJudgeSettings:
     """Knobs of :func:`build_world_judge` (defaults: a few CPU minutes on the default world)."""
 
-    arch: str = "llava"
-    extra_images: int = 0  # fresh labelled captions (own seed stream, not in corpus/ or bench/) added to train
-    swap_negatives: float = 0.0  # share of correct train sentences also paired with another image as negatives
-    image_size: int = 32  # llava: vision input size ((size/patch)^2 image tokens)
-    patch_size: int = 8  # llava: vision patch size
-    fan_in_projector: bool = False  # llava: fan-in projector init (the captioner then uses the image; no AUROC gain)
-    world_vocab: bool = True  # train the tokenizer on the world's captions too: its words become whole tokens
-    vocab_size: int = 1024
-    pretrain_steps: int = 2400
-    pretrain_batch: int = 16
-    pretrain_lr: float = 2e-3
-    judge_steps: int = 600
-    judge_batch: int = 32
-    judge_lr: float = 5e-4
-    lora_r: int = 16
-    eval_every: int = 25
-    patience: int = 6
-    # llava: open_clip halsift-tiny weights (e.g. RUN/pretrain/final/open_clip_model.safetensors) for the vision
-    # tower, converted to HF CLIP (64 px, 16 px patches; image_size/patch_size are then ignored)
-    vision_from: str = ""
-    vision_arch: str = "halsift-tiny"
-    vision_layer: int = -1  # with vision_from: LLaVA vision_feature_layer
-    vision_select: str = "default"  # with vision_from: vision_feature_select_strategy (default | full)
-    freeze_vision_pretrain: bool = True  # with vision_from: caption pre-training leaves the CLIP tower frozen
-    # > 0: the detector is the z-score mean of the yes/no judge and the pre-trained captioner's image PMI
-    # (vlm mode=pmi) against this many reference images (the world's first pretrain images); 0: the judge alone.
-    # Scoring only: changing it reuses the trained models.
-    pmi_references: int = 16
+    arch: str = field("llava", help="the judge's architecture (llava: a tiny LLaVA)")
+    extra_images: int = field(0, help="fresh labelled captions (own seed stream, not in corpus/ or bench/) added "
+                                      "to train")
+    swap_negatives: float = field(0.0, help="share of correct train sentences also paired with another image as "
+                                            "negatives")
+    image_size: int = field(32, help="llava: vision input size ((size/patch)^2 image tokens)")
+    patch_size: int = field(8, help="llava: vision patch size")
+    fan_in_projector: bool = field(False, help="llava: fan-in projector init (the captioner then uses the image; "
+                                               "no AUROC gain)")
+    world_vocab: bool = field(True, help="train the tokenizer on the world's captions too: its words become whole "
+                                         "tokens")
+    vocab_size: int = field(1024, help="tokenizer vocabulary size")
+    pretrain_steps: int = field(2400, help="caption pre-training steps")
+    pretrain_batch: int = field(16, help="caption pre-training batch size")
+    pretrain_lr: float = field(2e-3, help="caption pre-training learning rate")
+    judge_steps: int = field(600, help="yes/no LoRA tuning steps (at most; early-stopped on val)")
+    judge_batch: int = field(32, help="yes/no LoRA tuning batch size")
+    judge_lr: float = field(5e-4, help="yes/no LoRA tuning learning rate")
+    lora_r: int = field(16, help="LoRA rank of the judge")
+    eval_every: int = field(25, help="evaluate on the bench's val split every N judge steps")
+    patience: int = field(6, help="stop after this many evaluations without a better val AUROC")
+    vision_from: str = field("", help="llava: open_clip weights (e.g. RUN/pretrain/final/open_clip_model.safetensors) "
+                                      "for the vision tower, converted to HF CLIP (image_size/patch_size are then "
+                                      "ignored); '' = a fresh tower")
+    vision_arch: str = field("halsift-tiny", help="open_clip architecture of vision_from")
+    vision_layer: int = field(-1, help="with vision_from: LLaVA vision_feature_layer")
+    vision_select: str = field("default", help="with vision_from: vision_feature_select_strategy (default | full)")
+    freeze_vision_pretrain: bool = field(True, help="with vision_from: caption pre-training leaves the CLIP tower "
+                                                    "frozen")
+    pmi_references: int = field(16, help="> 0: the detector is the z-score mean of the yes/no judge and the "
+                                         "pre-trained captioner's image PMI (vlm mode=pmi) against this many reference "
+                                         "images (the world's first pretrain images); 0: the judge alone. Scoring "
+                                         "only: changing it reuses the trained models")
 
 
 def world_judge_spec(out_dir: str | os.PathLike, settings: WorldJudgeSettings | None = None) -> str:

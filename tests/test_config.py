@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -58,3 +59,37 @@ def test_describe_lists_every_field_with_its_help():
     text = describe(Outer)
     for line in ("steps: 10  # optimizer steps", "  lr: 0.001  # learning rate", "detectors: [oracle]"):
         assert line in text
+
+
+@dataclass
+class Typed:
+    path: Path = field(Path("."), help="a path")
+    flag: bool = field(False, help="a switch")
+    name: str = field("x", help="a name")
+    ratio: float = field(0.5, help="a number")
+    either: int | list[int] = field(0, help="one or several")
+    entries: dict[str, Inner] = field(default_factory=dict, help="named optimizers")
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"flag": 1}, "flag: expected true/false, got 1"), ({"flag": "yes"}, "flag: expected true/false, got 'yes'"),
+    ({"name": 2017}, "name: expected a string, got 2017"), ({"ratio": "0.5"}, "ratio: expected a number, got '0.5'"),
+    ({"either": "a"}, "either: 'a' matches none of ['int', 'list[int]']"),
+    ({"entries": {"a": {"lr": "fast"}}}, "entries.a.lr: expected a number, got 'fast'"),
+    ({"entries": {"a": {"lrr": 1}}}, "unknown key 'entries.a.lrr' (known: loss, lr)"),
+    ({"entries": {"a": {"lr": 0}}}, "entries.a: lr must be > 0, got 0.0"),
+    ({"path": 3}, "path: expected a path, got 3"),
+])
+def test_strict_types_one_line_each(data, message):
+    """Strict (pydantic strict mode): no "1" -> 1, 1 -> true or 2017 -> "2017" behind the user's back."""
+    with pytest.raises(ConfigError) as e:
+        from_dict(Typed, data, prefix="")
+    assert str(e.value) == message
+
+
+def test_lenient_where_yaml_is_unambiguous():
+    cfg = from_dict(Typed, {"path": "a/b", "ratio": 1, "either": [1, 2], "entries": {"a": {"lr": 2}}})
+    assert cfg.path == Path("a/b") and cfg.ratio == 1.0 and isinstance(cfg.ratio, float) and cfg.either == [1, 2]
+    assert cfg.entries["a"] == Inner(lr=2.0)
+    with pytest.raises(ConfigError, match=r"^top\.steps: expected an integer, got '3'$"):
+        from_dict(Outer, {"steps": "3"}, prefix="top")

@@ -82,6 +82,10 @@ def test_quickstart_yaml_opens_with_its_command():
     ("evals.vigil={synthetic: true, annotations: a.json}", "evals.vigil.synthetic"),
     ("evals.vope={responses: r.jsonl, unparsed: maybe}", "evals.vope.unparsed"),
     ("evals.pope={synthetic: true}", "evals.pope"), ("evals.ihalla=[--synthetic]", "evals.ihalla"),
+    ("select.top_k=-1", "select.top_k"), ("select.threshold=101", "select.threshold"),
+    ("select.variants={o: {filter: oracle, top_k: 5, threshold: 50}}", "select.variants.o.threshold"),
+    ("finetune.precision=fp64", "finetune.precision"), ("pretrain.grad_accum=0", "pretrain.grad_accum"),
+    ("finetune.workers=2.5", "finetune.workers: expected an integer"), ("pretrain.augment=1", "pretrain.augment"),
 ])
 def test_bad_recipe_fails_fast_naming_the_key(override, key, capsys):
     start = time.perf_counter()
@@ -187,3 +191,42 @@ def test_recipe_evals_call_the_library_with_typed_sections(tmp_path, monkeypatch
         got = (tmp_path / "run" / "eval" / name / "metrics.json").read_text()
         assert got == (tmp_path / "cli" / name / "metrics.json").read_text(), name
         assert json.loads(got) and (tmp_path / "run" / "eval" / name / "report.md").exists()
+
+
+def test_train_sections_are_train_clip_configs(tmp_path, monkeypatch):
+    """One schema: a recipe's pretrain/finetune sections hold `train clip`'s fields, defaults and help, and every
+    one of them reaches the ClipTrainConfig the stage trains with."""
+    import dataclasses
+
+    import halsift.launch.recipe as recipe_mod
+    from halsift.launch.recipe_config import RECIPE_SET, FinetuneCfg
+    from halsift.training.clip_config import ClipTrainConfig
+
+    ours = {f.name: f for f in dataclasses.fields(FinetuneCfg)}
+    for f in dataclasses.fields(ClipTrainConfig):
+        assert (f.name in ours) != (f.name in RECIPE_SET), f.name
+        if f.name in ours:
+            assert ours[f.name].default == f.default and ours[f.name].metadata["help"] == f.metadata["help"]
+    r = load_recipe("quickstart", [f"run_dir={tmp_path}", "finetune.grad_accum=2", "finetune.precision=fp32",
+                                   "pretrain.lock_image=true"])
+    monkeypatch.setattr(recipe_mod, "bench_subset", lambda bench, split, out: f"{bench}@{split}")
+    fine = recipe_mod._train_cfg(r, r.finetune, ["sel"], tmp_path / "f" / "seed0", "base.safetensors", 3)
+    pre = recipe_mod._train_cfg(r, r.pretrain, ["pre"], tmp_path / "p", "", 0)
+    assert (fine.grad_accum, fine.precision, fine.lr, fine.steps, fine.workers, fine.seed) == (2, "fp32", 1e-3, 300, 0, 3)
+    assert (pre.lock_image, pre.steps, pre.warmup, pre.model, pre.pretrained) == (True, 800, 40, "halsift-tiny", "")
+    assert fine.bench.endswith("@test") and fine.resume and fine.wandb_run == "quickstart-f-seed0"
+
+
+def test_select_top_k_and_threshold_reach_select():
+    r = load_recipe("quickstart", ["select.top_k=100", "select.variants={o@50: {filter: oracle, threshold: 50}, "
+                                   "o@0.1: {filter: oracle, keep: 0.1}, o-sent: {filter: oracle, unit: sentence}}"])
+    assert r.select.resolved("clip") == ("clip", {"keep": None, "top_k": 100, "threshold": None, "unit": "caption",
+                                                   "agg": "prune"})
+    assert r.select.resolved("o@50")[1] == {"keep": None, "top_k": None, "threshold": 50.0, "unit": "caption",
+                                            "agg": "prune"}
+    assert r.select.resolved("o@0.1")[1]["keep"] == 0.1 and r.select.resolved("o@0.1")[1]["top_k"] is None
+    assert r.select.resolved("o-sent") == ("oracle", {"keep": None, "top_k": 100, "threshold": None,
+                                                      "unit": "sentence", "agg": "prune"})
+    plain = load_recipe("quickstart", [])
+    assert plain.select.resolved("clip")[1] == {"keep": 0.2, "top_k": None, "threshold": None, "unit": "caption",
+                                               "agg": "prune"}

@@ -283,7 +283,8 @@ def test_bad_flags_exit_2(tiny, tmp_path, capsys):
     assert "--model" in capsys.readouterr().err
     assert main(["train", "clip", "--data", str(tiny / "shards"), "--out", str(tmp_path), "--loss", "l2"]) == 2
     assert "--loss" in capsys.readouterr().err
-    assert main(["train", "clip", "--data", str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
+    assert main(["train", "clip", "--data", str(tmp_path / "missing"), "--out", str(tmp_path), "--model",
+                 "halsift-tiny"]) == 2
     assert main(["eval", "retrieval", "--model", "halsift-tiny", "--data", str(tmp_path / "none"),
                  "--out", str(tmp_path / "ev")]) == 2
 

@@ -367,8 +367,8 @@ def test_lora_clip_beats_its_untuned_base(tmp_path):
 
     world = tmp_path / "world"
     generate_world(world, images=1200, seed=0)
-    train(ClipTrainConfig(data=[str(world / "pretrain")], out=str(tmp_path / "clip"), steps=400, batch_size=64,
-                          lr=1e-3, warmup=20, workers=1, wandb_mode="disabled", seed=0, log_every=50))
+    train(ClipTrainConfig(data=[str(world / "pretrain")], out=str(tmp_path / "clip"), model="halsift-tiny", steps=400,
+                          batch_size=64, lr=1e-3, warmup=20, workers=1, wandb_mode="disabled", seed=0, log_every=50))
     base = f"clip:arch=halsift-tiny,checkpoint={tmp_path / 'clip' / 'final' / 'open_clip_model.safetensors'}"
     res = train_detector(_cfg(base=base, bench=str(world / "bench" / "bench.jsonl"), out=str(tmp_path / "lora"),
                               steps=300, batch_size=64, eval_every=50, lr=1e-3, warmup=10, max_val_rows=0))

@@ -12,8 +12,6 @@ from pathlib import Path
 
 from halsift.corpus.config import field as _f
 
-TINY_MODEL = "halsift-tiny"  # 2-layer open_clip config shipped in halsift/filtering/model_configs
-
 
 @dataclasses.dataclass
 class ClipTrainConfig:
@@ -23,7 +21,8 @@ class ClipTrainConfig:
     data_weights: list[float] = _f(default_factory=list,
                                    help="mixture weight per data spec (several specs: resampled mixture)")
     out: str = _f("", help="run folder: checkpoints/, final/, metrics.jsonl, config.json")
-    model: str = _f(TINY_MODEL, help="open_clip architecture (open_clip.list_models()) or halsift-tiny")
+    model: str = _f("ViT-B-32", help="open_clip architecture (open_clip.list_models()); halsift-tiny: a built-in "
+                                     "2-layer model for tests and CPU smoke runs")
     pretrained: str = _f("", help="open_clip pretrained tag, a local weights file, or '' for random init")
     loss: str = _f("clip", help="clip (softmax InfoNCE) or siglip (sigmoid)")
     steps: int = _f(100, help="optimizer steps")

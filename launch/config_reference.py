@@ -1,0 +1,109 @@
+"""The config reference, generated from the config classes: ``python -m halsift.launch.config_reference >
+docs/config.md`` (tests/test_config_reference.py checks that the file is current).
+
+Every setting a user can give is a field of one of these classes, with its type, default and one-line help: a
+recipe's sections, the commands' flags (a command module names its class ``CONFIG``), a trained detector's options
+and the detector families' spec options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+import typing
+
+import yaml
+
+from halsift.corpus.config import field_default, to_dict
+
+
+def _type(tp: typing.Any) -> str:
+    if typing.get_origin(tp) is None and hasattr(tp, "__name__"):
+        return tp.__name__
+    return re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", str(tp)).replace("NoneType", "None")  # no module paths
+
+
+def _default(f: dataclasses.Field) -> str:
+    val = yaml.safe_dump(to_dict(field_default(f)), default_flow_style=True, width=10_000).strip()
+    return val.removesuffix("...").strip()
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _entry_class(tp: typing.Any) -> type | None:
+    """The dataclass of a ``dict[str, Cls]`` field's entries, else None."""
+    args = typing.get_args(tp) if typing.get_origin(tp) is dict else ()
+    return args[1] if len(args) == 2 and dataclasses.is_dataclass(args[1]) else None
+
+
+def tables(cls: type, title: str, key_prefix: str = "", drop: tuple[str, ...] = (), root: str = "") -> list[str]:
+    """A markdown table of ``cls``'s own settings, then one per nested section (titled ``root: `section```)."""
+    hints = typing.get_type_hints(cls)
+    rows, nested = [], []
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name in drop:
+            continue
+        tp, key = hints[f.name], f"{key_prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            nested.append((tp, f"`{key}`", f"{key}."))
+            continue
+        rows.append(f"| `{key}` | `{_cell(_type(tp))}` | `{_cell(_default(f))}` | {_cell(f.metadata.get('help', ''))} |")
+        entry = _entry_class(tp)
+        if entry is not None:
+            nested.append((entry, f"`{key}.NAME`", f"{key}.NAME."))
+    out = [f"### {title}", ""]
+    if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("):
+        out += [" ".join(cls.__doc__.split()), ""]
+    if rows:
+        out += ["| key | type | default | meaning |", "|---|---|---|---|", *rows, ""]
+    for sub, sub_title, sub_prefix in nested:
+        out += tables(sub, f"{root or title}: {sub_title}", sub_prefix, root=root or title)
+    return out
+
+
+def command_configs() -> list[tuple[str, type]]:
+    """``(command, config class)`` of every command whose module names its class ``CONFIG``."""
+    from halsift.launch.cli import COMMANDS
+
+    found = []
+    for path, module in COMMANDS.items():
+        cls = getattr(importlib.import_module(module), "CONFIG", None)
+        if cls is not None:
+            found.append((" ".join(path), cls))
+    return found
+
+
+def reference() -> str:
+    from halsift.launch.describe import describe_detectors
+    from halsift.launch.recipe_config import Recipe
+    from halsift.synth.world_judge_config import WorldJudgeSettings
+    from halsift.training.detector_config import DetectorTrainConfig
+
+    out = ["# Config reference", "",
+           "Generated from the config classes by `python -m halsift.launch.config_reference > docs/config.md`; "
+           "do not edit by hand. `halsift run --describe` and `halsift COMMAND --describe` print the same settings "
+           "as commented YAML.", "",
+           "Values are checked strictly (pydantic, `halsift.corpus.config`): an integer setting takes an integer "
+           "(not `\"1\"`, `1.0` or `true`), a number an integer or a float, a switch only `true`/`false`, a text "
+           "setting a string (quote a number: `bench_split: \"2017\"`). Unknown keys and bad values stop with one "
+           "line naming the key.", "",
+           "## Recipes (`halsift run RECIPE key=value ...`)", ""]
+    out += tables(Recipe, "recipe")
+    out += tables(DetectorTrainConfig, "recipe: `detectors.NAME.options` (kind `lora`)", "detectors.NAME.options.",
+                  drop=("base", "bench", "out"))
+    out += tables(WorldJudgeSettings, "recipe: `detectors.NAME.options` (kind `world_judge`)",
+                  "detectors.NAME.options.")
+    out += ["## Commands", "",
+            "Each key is also a flag: `batch_size` is `--batch-size`; a switch `x` is `--x` / `--no-x`. "
+            "`train clip` and `train detector` also read these keys from `--config YAML`.", ""]
+    for name, cls in command_configs():
+        out += tables(cls, f"`halsift {name}`")
+    out += ["## Detector specs", "", "```", describe_detectors().replace("# ", "").replace("#", ""), "```", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(reference(), end="")

@@ -1,0 +1,40 @@
+"""``--describe``: a command's settings as commented YAML, read from its config class (the same fields its flags,
+``--config`` files and recipes use), with the detector families' options where a command takes a detector spec."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def describe_detectors() -> str:
+    """Every registered detector family with its options (the keys a ``family:key=value,...`` spec takes)."""
+    from halsift.filtering.spec import _family_options, families  # the options the spec checker accepts
+
+    lines = ["# detector specs: FAMILY[:key=value,...] or a YAML file {family: ..., key: value}; families and options:"]
+    lines += [f"#   {name}: {', '.join(_family_options(name, name)) or '(no options)'}" for name in families()]
+    return "\n".join(lines)
+
+
+def describe_command(cls: type, detectors: bool = False) -> str:
+    """``cls``'s fields as YAML (default and help of each), then the detector families when ``detectors``."""
+    from halsift.corpus.config import describe
+
+    text = describe(cls)
+    return f"{text}\n{describe_detectors()}" if detectors else text
+
+
+class _Describe(argparse.Action):
+    def __init__(self, option_strings, dest, cls: type, detectors: bool, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+        self.cls, self.detectors = cls, detectors
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(describe_command(self.cls, self.detectors))
+        parser.exit(0)
+
+
+def add_describe_argument(parser: argparse.ArgumentParser, cls: type, detectors: bool = False) -> None:
+    """``--describe``: print ``cls``'s settings (and the detector families' options) and exit, like ``--help``."""
+    parser.add_argument("--describe", action=_Describe, cls=cls, detectors=detectors,
+                        help="print every setting with its default and meaning" +
+                             (", and every detector family's options" if detectors else "") + ", then exit")
