@@ -306,7 +306,6 @@ def add_dataclass_arguments(parser, cls: type, metavars: Mapping[str, str] | Non
     from the namespace, so :func:`config_from_args` overlays only what was given on the YAML; with it (commands
     without ``--config``) every field's default is in the namespace.
     """
-    import argparse
 
     hints = typing.get_type_hints(cls)
     if config_file:
@@ -354,6 +353,8 @@ def _add_flag(target, f: dataclasses.Field, tp: Any, cli: Mapping[str, Any], met
     nargs = None
     if typing.get_origin(tp) is list:
         nargs, tp = "+", (typing.get_args(tp) or (str,))[0]
+        if not (defaults and default):  # a repeated list flag adds up (`--scores A --scores B`); never onto a default
+            kw["action"] = "extend"
     tp, choices = _flag_type(tp)
     choices = list(cli["choices"]) if cli.get("choices") else choices
     target.add_argument(*names, type=tp, nargs=nargs, choices=choices, **kw)

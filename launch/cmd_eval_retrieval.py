@@ -2,6 +2,7 @@
 (flags: :class:`halsift.eval.run_retrieval.RetrievalEvalConfig`; library:
 :func:`halsift.eval.run_retrieval.run_retrieval`)."""
 
+from halsift.eval.run_retrieval import RetrievalEvalConfig as CONFIG  # noqa: F401 (the flags' class, for docs/config.md)
 from halsift.launch.eval_command import eval_command
 
 HELP, add_arguments, run = eval_command("retrieval", {"model": "ARCH", "pretrained": "TAG|PATH",

@@ -6,8 +6,6 @@ place outside ``halsift.synth`` that knows the world's answerers, for the comman
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import typing
 from collections.abc import Callable, Mapping
 
 
@@ -43,12 +41,7 @@ def eval_command(name: str, metavars: Mapping[str, str] | None = None) -> tuple[
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         from halsift.corpus.config import add_dataclass_arguments
 
-        add_dataclass_arguments(parser, cls, metavars)
-        hints = typing.get_type_hints(cls)
-        lists = {f.name for f in dataclasses.fields(cls) if typing.get_origin(hints[f.name]) is list}
-        for action in parser._actions:  # a repeated list flag adds to it (`--scores A --scores B`), as it always did
-            if action.dest in lists:
-                action.__class__ = argparse._ExtendAction
+        add_dataclass_arguments(parser, cls, metavars)  # list flags add up over repeats (`--scores A --scores B`)
 
     def run(args: argparse.Namespace) -> int:
         from halsift.corpus.config import ConfigError, config_from_args, flag_message
