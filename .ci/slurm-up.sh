@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Single-node SLURM for tests/test_slurm_real.py: installs Debian's slurm-wlm pieces + munge (apt), writes a minimal
+# Single-node SLURM for tests/launch/test_slurm_real.py: installs Debian's slurm-wlm pieces + munge (apt), writes a minimal
 # slurm.conf (this host, all its CPUs, no cgroups, no accounting) and starts munged, slurmctld and slurmd as root
 # without systemd. Partition `debug` (default) is this host; partition `pair` is two more slurmds on this host,
 # halsift-n1 and halsift-n2 (1 CPU each, names that do not resolve, like clusters whose NodeAddr differs from the

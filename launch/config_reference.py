@@ -1,5 +1,5 @@
 """The config reference, generated from the config classes: ``python -m halsift.launch.config_reference >
-docs/config.md`` (tests/test_config_reference.py checks that the file is current).
+docs/config.md`` (tests/launch/test_config_reference.py checks that the file is current).
 
 Every setting a user can give is a field of one of these classes, with its type, default and one-line help: a
 recipe's sections, the commands' flags (a command module names its class ``CONFIG``), a trained detector's options

@@ -12,7 +12,7 @@ from halsift.corpus.config import field_default
 from halsift.launch.cli import build_parser, main
 from halsift.launch.config_reference import command_configs, reference
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 # the smallest argv each command parses with (required flags and positionals)
 MINIMAL = {"score": ["--detector", "oracle", "--data", "d", "--out", "o"],

@@ -24,7 +24,7 @@ def cluster():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HALSIFT_QUIET": "1",
-                                       "PYTHONPATH": str(Path(__file__).parent)}})
+                                       "PYTHONPATH": str(Path(__file__).parents[1])}})
     yield
     ray.shutdown()
 

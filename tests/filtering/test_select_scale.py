@@ -22,7 +22,7 @@ from halsift.filtering.select import select
 from halsift.filtering.select_scale import STATE, select_resumable
 from halsift.launch.cli import main
 
-ENV = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+ENV = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
 SAME = ("kept_units", "samples_written", "source_samples_kept", "kept_units_per_captioner", "precision",
         "labelled_units", "keys", "score_rows", "candidates", "selected", "threshold_used")
 

@@ -45,7 +45,7 @@ def test_progress_in_a_log_is_a_line_logger_unless_disabled(monkeypatch):
 def test_score_task_logs_progress_lines_under_slurm_like_env(tmp_path):
     corpus = make_corpus(tmp_path / "c", shards=2, per_shard=3)
     env = {**os.environ, "HALSIFT_QUIET": "1", "HALSIFT_PROGRESS_EVERY": "0", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(Path(__file__).parent)}
+           "PYTHONPATH": str(Path(__file__).parents[1])}
     res = subprocess.run([sys.executable, "-m", "halsift.launch.cli", "score", "--detector", "random:seed=0",
                           "--data", str(corpus), "--out", str(tmp_path / "o"), "--num-tasks", "1"],
                          env=env, capture_output=True, text=True, timeout=120)

@@ -20,7 +20,7 @@ from halsift.filtering.runner import score
 from halsift.filtering.tasks import CLAIMS, ClaimBoard, TaskError, score_task, task_from_env, task_order
 from halsift.launch.cli import main
 
-ENV = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+ENV = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
 for _k in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN"):
     ENV.pop(_k, None)
 

@@ -13,7 +13,7 @@ from halsift.corpus.config import ConfigError
 from halsift.launch.recipe import check, detector_specs, trained_configs
 
 RECIPES = shipped_recipes()
-REPO_RECIPES = sorted((Path(__file__).parents[1] / "recipes").rglob("*.yaml"))
+REPO_RECIPES = sorted((Path(__file__).parents[2] / "recipes").rglob("*.yaml"))
 
 
 def test_every_recipe_file_in_the_repo_is_shipped():
@@ -154,7 +154,7 @@ def test_stage_fingerprints_change_from_the_edited_stage_on(tmp_path):
 
 def test_a_recipe_on_several_ranks_needs_a_launch_id(tmp_path, monkeypatch, capsys):
     """Under torchrun without `halsift launch` (no HALSIFT_LAUNCH_ID, no rendezvous id) the ranks could not tell this
-    launch's stage records from an earlier one's: refused in one line (tests/test_recipe_ranks.py runs it)."""
+    launch's stage records from an earlier one's: refused in one line (tests/launch/test_recipe_ranks.py runs it)."""
     for k in ("HALSIFT_LAUNCH_ID", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -120,7 +120,7 @@ def test_vlm_judge_target_equals_its_score_and_loads(data, tiny_llava, tmp_path)
 def test_two_process_cpu_training(data, tmp_path):
     out = tmp_path / "ddp"
     env = dict(os.environ, HALSIFT_QUIET="1", WANDB_MODE="disabled", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "halsift.launch.cli", "train", "detector", "--base", CLIP, "--bench", str(data["bench"]),
            "--out", str(out), "--steps", "2", "--batch-size", "4", "--eval-every", "2", "--warmup", "0",

@@ -20,7 +20,7 @@ from halsift.corpus.scores import read_scores_df
 from halsift.filtering.runner import RunMismatch, score, score_bench
 from halsift.launch.cli import main
 
-ENV = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+ENV = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
 
 
 def _rows(folder) -> pd.DataFrame:

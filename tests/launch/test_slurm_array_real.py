@@ -2,7 +2,7 @@
 one task is SIGKILLed mid-part, the others take over what it held, the killed task rerun alone
 (`sbatch --array=1 SCRIPT`) completes, and the scores equal a single-process run.
 
-Skipped unless a SLURM answers here and this host is one of its nodes (see tests/test_slurm_real.py; bring one up
+Skipped unless a SLURM answers here and this host is one of its nodes (see tests/launch/test_slurm_real.py; bring one up
 with `.ci/slurm-up.sh`).
 """
 

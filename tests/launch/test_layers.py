@@ -1,0 +1,48 @@
+"""Layer contracts (``.importlinter``): corpus <- filtering <- eval <- training <- synth <- launch, the notebook API
+on top; recipes import nothing. Checked by import-linter through ``.ci/lint_imports.py``, which stages the package
+as it installs (pyproject maps the subpackages from separate folders, which import-linter cannot follow)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+SCRIPT = ROOT / ".ci" / "lint_imports.py"
+FOLDERS = ("api", "corpus", "filtering", "eval", "training", "synth", "launch", "recipes")
+
+pytestmark = pytest.mark.skipif(shutil.which("lint-imports") is None,
+                                reason="import-linter is a test dependency: pip install -e '.[test]'")
+
+
+def _lint(src: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "--src", str(src)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_layer_contracts_hold():
+    done = _lint()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 kept, 0 broken" in done.stdout
+
+
+@pytest.mark.parametrize("folder, line, broken", [
+    ("corpus", "from halsift.filtering import spec", "halsift.corpus.bad -> halsift.filtering.spec"),
+    ("eval", "def f():\n    from halsift.synth import world", "halsift.eval.bad -> halsift.synth.world"),
+    ("recipes", "import halsift.corpus.bench", "halsift.recipes.bad -> halsift.corpus.bench"),
+])
+def test_an_upward_import_breaks_a_contract(tmp_path, folder, line, broken):
+    """The same check on a copy with one bad module (imports inside functions count too)."""
+    for f in FOLDERS:
+        if f == folder:
+            shutil.copytree(ROOT / f, tmp_path / f, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (tmp_path / f).symlink_to(ROOT / f, target_is_directory=True)
+    (tmp_path / folder / "bad.py").write_text(line + "\n")
+    done = _lint(tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 broken" in done.stdout and broken in done.stdout, done.stdout
