@@ -13,7 +13,6 @@ makes the grid search affordable.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -64,15 +63,10 @@ def read_vigil(path: str | os.PathLike, root: str | os.PathLike | None = None) -
     """Read the VIGIL annotation layout: a JSON list of ``{generated_photo, hallucination: {objects, background,
     object_omission}}`` (a non-empty string = present), with ``background_photo``, ``object_photos`` (list or one
     path), ``prompt`` and ``category`` where given. Paths are relative to ``root`` (default: the file's folder)."""
+    from halsift.corpus.jsonl import read_json
+
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such file")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise VigilFormatError(f"{p}: not JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(data, list):
-        raise VigilFormatError(f"{p}: expected a JSON list of records, got {type(data).__name__}")
+    data = read_json(p, VigilFormatError, "VIGIL annotations", expect=list)
     base = Path(root) if root else p.parent
     out = []
     for i, r in enumerate(data):

@@ -21,11 +21,9 @@ from pathlib import Path
 
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
-from halsift.corpus.fingerprint import spec_fingerprint
-from halsift.filtering.runner import (MANIFEST, Part, _check_or_start, _finish_manifest, part_fingerprints,
-                                     plan_parts, score_part)
+from halsift.filtering.runner import MANIFEST, Part, _finish_manifest, score_part
 from halsift.filtering.spec import load_detector
-from halsift.filtering.tasks import TaskError, _Solo, part_done, task_device
+from halsift.filtering.tasks import TaskError, part_done, start_solo_run, task_device
 
 
 def _ray():
@@ -59,20 +57,8 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
     is already connected to, or a new local one). A part whose actor died is retried up to ``max_failures`` times.
     ``on_start(actors)`` is called once the actors exist (tests use it to kill one)."""
     ray = _ray()
-    if batch_size < 1:
-        raise TaskError(f"batch_size={batch_size}: expected >= 1")
     t0 = time.perf_counter()
-    detector = load_detector(spec)
-    if detector.set_level:  # each actor scores its parts alone: a set-level score would be per part
-        raise TaskError(f"--engine ray: {detector.name} scores at set level (an ensemble's rank/zscore norm); score "
-                        "its members with Ray, each into its own folder, or run it without --engine ray")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    parts, inputs = plan_parts(data)
-    ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
-    ident["detector_fp"] = spec_fingerprint(detector.spec)
-    fps = part_fingerprints(parts, ident["detector_fp"])
-    _check_or_start(out, ident, _Solo)
+    detector, out, parts, ident, fps = start_solo_run(spec, data, out_dir, unit, batch_size, "--engine ray")
     todo = [p for p in parts if not part_done(out, p, fps[p.name])]
     resumed = len(parts) - len(todo)
     if not ray.is_initialized():

@@ -230,6 +230,28 @@ class _Solo:
         pass
 
 
+def start_solo_run(spec_or_detector, data, out_dir: str | os.PathLike, unit: str, batch_size: int,
+                   engine: str) -> tuple:
+    """The start shared by every engine whose processes score parts alone (tasks, Ray): load the detector (refusing
+    a set-level one, whose scores would be per part), plan the parts and start or check the score folder.
+    Returns ``(detector, out, parts, ident, part fingerprints)``."""
+    if batch_size < 1:
+        raise TaskError(f"batch_size={batch_size}: expected >= 1")
+    detector = load_detector(spec_or_detector)
+    if detector.set_level:
+        raise TaskError(f"{engine}: {detector.name} scores at set level (e.g. an ensemble's rank/zscore norm "
+                        "normalises over the whole set); score each member into its own folder, or run it "
+                        f"without {engine}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    parts, inputs = plan_parts(data)
+    ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
+    ident["detector_fp"] = spec_fingerprint(detector.spec)
+    fps = part_fingerprints(parts, ident["detector_fp"])
+    _check_or_start(out, ident, _Solo)
+    return detector, out, parts, ident, fps
+
+
 def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: int, task_index: int, *,
                unit: str = "sentence", batch_size: int = 64, device: str | None = None, show_progress: bool = True,
                stale_after: float = STALE_AFTER_S, steal: bool = True) -> dict:
@@ -240,23 +262,11 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     """
     if unit not in ("sentence", "caption"):
         raise TaskError(f"unit={unit!r}: expected sentence or caption")
-    if batch_size < 1:
-        raise TaskError(f"batch_size={batch_size}: expected >= 1")
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise TaskError("--num-tasks: each task is one process; do not run it under torchrun/accelerate launch")
     t0 = time.perf_counter()
-    detector = load_detector(spec_or_detector)
-    if detector.set_level:
-        raise TaskError(f"--num-tasks: {detector.name} scores at set level (e.g. an ensemble's rank/zscore norm "
-                        "normalises over the whole set); score each member as tasks into its own folder, or run it "
-                        "without --num-tasks")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    parts, inputs = plan_parts(data)
-    ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
-    ident["detector_fp"] = spec_fingerprint(detector.spec)
-    fps = part_fingerprints(parts, ident["detector_fp"])
-    _check_or_start(out, ident, _Solo)
+    detector, out, parts, ident, fps = start_solo_run(spec_or_detector, data, out_dir, unit, batch_size,
+                                                      "--num-tasks")
     resumed = sum(1 for p in parts if part_done(out, p, fps[p.name]))
     name = f"task-{task_index:05d}"
     board = ClaimBoard(out, f"{name}@{HOST}:{os.getpid()}", stale_after)
