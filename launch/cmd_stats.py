@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
-from halsift.launch.describe import add_describe_argument
+from halsift.corpus.config import config_from_args, field
+from halsift.launch.describe import config_arguments
 
 HELP = "per-generator statistics (sentences, share correct, types, incorrect rate by position) of a bench or shards"
 
@@ -22,10 +22,7 @@ class StatsConfig:
 
 CONFIG = StatsConfig  # the settings (docs/config.md, --describe)
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_dataclass_arguments(p, StatsConfig, config_file=False, defaults=True)
-    add_describe_argument(p, StatsConfig)
+add_arguments = config_arguments(StatsConfig, config_file=False, defaults=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,8 +6,8 @@ import argparse
 import time
 from dataclasses import asdict, dataclass
 
-from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
-from halsift.launch.describe import add_describe_argument
+from halsift.corpus.config import config_from_args, field
+from halsift.launch.describe import config_arguments
 from halsift.synth.styles import RETRIEVAL_STYLES
 
 HELP = "generate the synthetic caption world: corpus shards, annotated bench, retrieval set, pre-training shards"
@@ -47,10 +47,7 @@ class SynthConfig:
 
 CONFIG = SynthConfig  # the settings (docs/config.md, --describe)
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_dataclass_arguments(p, SynthConfig, config_file=False, defaults=True)
-    add_describe_argument(p, SynthConfig)
+add_arguments = config_arguments(SynthConfig, config_file=False, defaults=True)
 
 
 def run(args: argparse.Namespace) -> int:

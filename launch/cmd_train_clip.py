@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from halsift.launch.describe import add_describe_argument
+from halsift.launch.describe import config_arguments, parsed_config
 from halsift.training.clip_config import ClipTrainConfig
 
 HELP = "fine-tune CLIP (open_clip + accelerate) on shards; retrieval + bench detection evaluated in the loop"
@@ -14,33 +14,17 @@ HELP = "fine-tune CLIP (open_clip + accelerate) on shards; retrieval + bench det
 _SHORT = {"data": "SHARDS", "out": "DIR", "model": "ARCH", "pretrained": "TAG|PATH"}
 
 CONFIG = ClipTrainConfig  # the settings (docs/config.md, --describe)
+add_arguments = config_arguments(ClipTrainConfig, _SHORT)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from halsift.corpus.config import add_dataclass_arguments
+def _check(cfg: ClipTrainConfig) -> None:
+    from halsift.training.clip_config import check_model_name
 
-    add_dataclass_arguments(parser, ClipTrainConfig, _SHORT)
-    add_describe_argument(parser, ClipTrainConfig)
-
-
-def build_config(args: argparse.Namespace):
-    """YAML (``--config``) overlaid with the flags given on the command line -> validated ClipTrainConfig."""
-    from halsift.corpus.config import config_from_args
-
-    return config_from_args(ClipTrainConfig, args)
+    check_model_name(cfg.model)
 
 
 def run(args: argparse.Namespace) -> int:
-    from halsift.launch.cli import UsageError
-    from halsift.corpus.config import ConfigError, flag_message
-
-    try:
-        cfg = build_config(args)
-        from halsift.training.clip_config import check_model_name
-
-        check_model_name(cfg.model)
-    except (ConfigError, ValueError) as e:
-        raise UsageError(flag_message(str(e))) from None
+    cfg = parsed_config(ClipTrainConfig, args, _check)
     from halsift.training.clip_train import NonFiniteLossError, train
 
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from halsift.launch.describe import add_describe_argument
+from halsift.launch.describe import config_arguments, parsed_config
 from halsift.training.detector_config import DetectorTrainConfig
 
 HELP = "LoRA fine-tune a clip or vlm detector on an annotated bench; writes OUT/adapter (spec lora:OUT/adapter)"
@@ -14,31 +14,11 @@ HELP = "LoRA fine-tune a clip or vlm detector on an annotated bench; writes OUT/
 _SHORT = {"base": "SPEC", "bench": "BENCH.jsonl", "out": "DIR", "target_modules": "NAME"}
 
 CONFIG = DetectorTrainConfig  # the settings (docs/config.md, --describe)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from halsift.corpus.config import add_dataclass_arguments
-
-    add_dataclass_arguments(parser, DetectorTrainConfig, _SHORT)
-    add_describe_argument(parser, DetectorTrainConfig, detectors=True)
-
-
-def build_config(args: argparse.Namespace):
-    """YAML (``--config``) overlaid with the flags given on the command line -> validated DetectorTrainConfig."""
-    from halsift.corpus.config import config_from_args
-
-    return config_from_args(DetectorTrainConfig, args)
+add_arguments = config_arguments(DetectorTrainConfig, _SHORT, detectors=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from halsift.launch.cli import UsageError
-    from halsift.corpus.config import ConfigError, flag_message
-
-    try:
-        cfg = build_config(args)
-        cfg.resolved_kind()
-    except (ConfigError, ValueError) as e:
-        raise UsageError(flag_message(str(e))) from None
+    cfg = parsed_config(DetectorTrainConfig, args, DetectorTrainConfig.resolved_kind)
     from halsift.training.detector_train import train_detector
 
     try:

@@ -38,3 +38,32 @@ def add_describe_argument(parser: argparse.ArgumentParser, cls: type, detectors:
     parser.add_argument("--describe", action=_Describe, cls=cls, detectors=detectors,
                         help="print every setting with its default and meaning" +
                              (", and every detector family's options" if detectors else "") + ", then exit")
+
+
+def config_arguments(cls: type, metavars: dict[str, str] | None = None, detectors: bool = False, *,
+                     config_file: bool = True, defaults: bool = False):
+    """``add_arguments`` of a command whose flags are ``cls``'s fields: one flag per field, ``--config YAML`` (unless
+    not ``config_file``) and ``--describe`` (:func:`halsift.corpus.config.add_dataclass_arguments`)."""
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        from halsift.corpus.config import add_dataclass_arguments
+
+        add_dataclass_arguments(parser, cls, metavars, config_file=config_file, defaults=defaults)
+        add_describe_argument(parser, cls, detectors=detectors)
+
+    return add_arguments
+
+
+def parsed_config(cls: type, args: argparse.Namespace, check=None):
+    """``--config`` YAML overlaid with the flags given -> validated ``cls`` (then ``check(cfg)``); a bad value is a
+    one-line usage error naming its flag."""
+    from halsift.corpus.config import ConfigError, config_from_args, flag_message
+    from halsift.launch.cli import UsageError
+
+    try:
+        cfg = config_from_args(cls, args)
+        if check is not None:
+            check(cfg)
+    except (ConfigError, ValueError) as e:
+        raise UsageError(flag_message(str(e))) from None
+    return cfg
