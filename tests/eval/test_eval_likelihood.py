@@ -7,14 +7,13 @@ import json
 
 import pandas as pd
 import pytest
-import torch
 from PIL import Image
 
 from halsift.corpus.bench import read_bench
 from halsift.synth.world import generate_world
 from halsift.filtering.spec import load_detector
 from halsift.synth.tiny_vlm import build_tiny_vlm
-from halsift.filtering.vlm_likelihood import DESCRIBE_PROMPT
+from vlm_reference import reference_loglik
 from halsift.launch.cli import main
 
 
@@ -38,22 +37,6 @@ def run_out(world, vlm_path, tmp_path_factory):
                "--out", str(out)])
     assert rc == 0
     return out
-
-
-def _loglik(det, image, context: list[str], sentence: str) -> float:
-    """Mean log-prob of the sentence tokens: one unpadded sequence, no batching."""
-    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": DESCRIBE_PROMPT}]}]
-    head = det.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    pre = det.processor(text=[head], images=[image], return_tensors="pt", add_special_tokens=False)
-    ctx = det.tokenizer(" ".join(context), add_special_tokens=False)["input_ids"] if context else []
-    sent = det.tokenizer((" " if context else "") + sentence, add_special_tokens=False)["input_ids"]
-    ids = torch.cat([pre["input_ids"], torch.tensor([ctx + sent])], 1)
-    mm = torch.cat([pre["mm_token_type_ids"], torch.zeros((1, len(ctx) + len(sent)), dtype=torch.long)], 1)
-    with torch.no_grad():
-        lp = det.model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm,
-                       pixel_values=pre["pixel_values"], image_grid_thw=pre["image_grid_thw"]).logits[0].log_softmax(-1)
-    n = len(sent)
-    return float(lp[-n - 1:-1].gather(-1, ids[0, -n:].view(-1, 1)).mean())
 
 
 def test_metrics_keys_and_aggregation(run_out):
@@ -88,8 +71,8 @@ def test_rows_equal_an_independent_forward_pass(world, vlm_path, run_out):
         context = [caption[r.caption_id][i] for i in range(r.position)]
         own = Image.open(world / "bench" / path_of[r.image_id]).convert("RGB")
         rnd = Image.open(world / "bench" / path_of[t["random_image_id"]]).convert("RGB")
-        assert t["own"] == pytest.approx(_loglik(det, own, context, r.sentence), abs=1e-4)
-        assert t["random"] == pytest.approx(_loglik(det, rnd, context, r.sentence), abs=1e-4)
+        assert t["own"] == pytest.approx(reference_loglik(det, own, context, r.sentence), abs=1e-4)
+        assert t["random"] == pytest.approx(reference_loglik(det, rnd, context, r.sentence), abs=1e-4)
 
 
 def test_report_and_plot(run_out):

@@ -213,24 +213,15 @@ def test_spec_options_and_trust_remote_code_default(tiny_vlms, monkeypatch):
 
 
 def test_sentence_loglik_and_own_vs_random(tiny_vlms):
-    from halsift.filtering.vlm_likelihood import DESCRIBE_PROMPT, own_vs_random, sentence_logliks
+    from halsift.filtering.vlm_likelihood import own_vs_random, sentence_logliks
+    from vlm_reference import reference_loglik
 
     det = _det(tiny_vlms["qwen2-vl"])
     items = _items()
     got = sentence_logliks(det, items, batch_size=5)
-    it = items[1]  # independently: one unpadded sequence, summed log-probs of the sentence tokens
-    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": DESCRIBE_PROMPT}]}]
-    head = det.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    pre = det.processor(text=[head], images=[it.image], return_tensors="pt", add_special_tokens=False)
-    ctx = det.tokenizer(" ".join(it.context), add_special_tokens=False)["input_ids"]
-    sent = det.tokenizer(" " + it.sentence, add_special_tokens=False)["input_ids"]
-    ids = torch.cat([pre["input_ids"], torch.tensor([ctx + sent])], 1)
-    mm = torch.cat([pre["mm_token_type_ids"], torch.zeros((1, len(ctx) + len(sent)), dtype=torch.long)], 1)
-    with torch.no_grad():
-        lp = det.model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm,
-                       pixel_values=pre["pixel_values"], image_grid_thw=pre["image_grid_thw"]).logits[0].log_softmax(-1)
-    n = len(sent)
-    expected = float(lp[-n - 1:-1].gather(-1, ids[0, -n:].view(-1, 1)).mean())
+    it = items[1]  # independently: one unpadded sequence, mean log-prob of the sentence tokens
+    assert it.context
+    expected = reference_loglik(det, it.image, it.context, it.sentence)
     assert got[1] == pytest.approx(expected, abs=1e-4)
     res = own_vs_random(det, items, seed=0)
     assert res["likelihood/own/all"] == pytest.approx(sum(got) / len(got), abs=1e-4)
