@@ -93,6 +93,8 @@ def bare_rate(spec: str, data: Path, batch: int, device: str, repeats: int = 3) 
     det = load_detector(spec).to(device)
     parts, _ = plan_parts(str(data))
     batches = [b for part in parts for b in _batches(iter_caption_groups(part, "sentence", SkipCounter()), batch)]
+    from halsift.filtering.clip_detector import encode_text
+
     dtype = next(det.model.parameters()).dtype
     ready = []
     for b in batches:
@@ -107,7 +109,7 @@ def bare_rate(spec: str, data: Path, batch: int, device: str, repeats: int = 3) 
             t = time.perf_counter()
             for pix, tok in ready:
                 det.model.encode_image(pix)
-                det.model.encode_text(tok)
+                encode_text(det.model, tok)  # as the detector runs it (padding cut to the longest text)
             sync()
             best = min(best, time.perf_counter() - t)
     return sum(len(b) for b in batches) / best

@@ -157,6 +157,7 @@ def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.Pat
 
     from halsift.corpus.images import ImageDecodeError, load_image_file
     from halsift.corpus.retrieval import RetrievalFormatError
+    from halsift.filtering.clip_detector import encode_text
 
     rs = read_retrieval(retrieval_set)
     captions, t2i = rs.flat_captions()
@@ -176,7 +177,7 @@ def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.Pat
                 img_feats.append(model.encode_image(x).float().cpu())
             for lo in range(0, len(captions), batch_size):
                 toks = tokenizer(captions[lo:lo + batch_size]).to(device)
-                txt_feats.append(model.encode_text(toks).float().cpu())
+                txt_feats.append(encode_text(model, toks).float().cpu())
     finally:
         model.train(was_training)
     t2i = np.asarray(t2i, dtype=np.int64)

@@ -99,6 +99,39 @@ def _quiet_create(loading_checkpoint: bool):
         root.removeFilter(drop)
 
 
+def _trimmable_text(model) -> bool:
+    """Whether padding can be cut from a batch's tokens without changing the text embedding: open_clip's built-in
+    text tower (``CLIP``) with a causal mask, so no token attends to the padding after it, pooled at the end-of-text
+    (``argmax``/``eos``) or first token. Not SigLIP-style towers (no causal mask) nor ``last``-token pooling."""
+    return (getattr(model, "attn_mask", None) is not None and hasattr(model, "token_embedding")
+            and hasattr(model, "positional_embedding") and hasattr(model, "ln_final")
+            and getattr(model, "text_pool_type", None) in ("argmax", "eos", "first"))
+
+
+def encode_text(model, tokens):
+    """``model.encode_text(tokens)`` on only the positions the batch's longest text uses (pad id 0), when the tower
+    allows it (:func:`_trimmable_text`): the same embeddings up to float rounding (~1e-6, tested) for ~1/5 of the
+    text compute on captions' sentences (~15 of 77 tokens). Hand-written because open_clip's ``CLIP.encode_text`` always
+    adds all ``context_length`` positional embeddings; it follows that method step by step."""
+    import torch
+    from open_clip.transformer import text_global_pool
+
+    used = (tokens != 0).any(0).nonzero()
+    n = int(used.max()) + 1 if len(used) else 1
+    if not _trimmable_text(model) or n >= tokens.shape[1]:
+        return model.encode_text(tokens)
+    tokens = tokens[:, :n]
+    cast = model.transformer.get_cast_dtype()
+    x = model.token_embedding(tokens).to(cast) + model.positional_embedding[:n].to(cast)
+    x = model.ln_final(model.transformer(x, attn_mask=model.attn_mask[:n, :n]))
+    eos = getattr(model, "text_eos_id", None)
+    x = text_global_pool(x, tokens, model.text_pool_type, **({"eos_token_id": eos} if eos is not None else {}))
+    proj = model.text_projection
+    if proj is None:
+        return x
+    return proj(x) if isinstance(proj, torch.nn.Linear) else x @ proj
+
+
 class ClipDetector(Detector):
     """Score (image, sentence) by open_clip cosine similarity.
 
@@ -233,7 +266,7 @@ class ClipDetector(Detector):
             tok = prepared["tokens"].to(self.device, non_blocking=True)
             idx = prepared["rows"].to(self.device)
             img = torch.nn.functional.normalize(self.model.encode_image(pix).float(), dim=-1)
-            txt = torch.nn.functional.normalize(self.model.encode_text(tok).float(), dim=-1)
+            txt = torch.nn.functional.normalize(encode_text(self.model, tok).float(), dim=-1)
             cos = (img[idx] * txt).sum(-1)
         return cos.cpu()
 

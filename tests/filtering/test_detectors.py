@@ -150,6 +150,31 @@ def test_clip_encodes_each_image_once(tiny_clip, monkeypatch):
     assert calls == [3]
 
 
+def test_clip_text_runs_on_the_used_positions_only_with_identical_embeddings(tiny_clip, monkeypatch):
+    """Padding is cut to the batch's longest sentence (causal text tower, end-of-text pooling): the same embeddings
+    as open_clip's full 77-position pass up to float rounding; a tower without a causal mask gets the full pass."""
+    import torch
+
+    from halsift.filtering import clip_detector
+
+    m = tiny_clip.model
+    tok = tiny_clip.tokenizer(["A small red circle is in the top left corner.", "Two blue stars.", "x"])
+    seen = []
+    orig = m.transformer.forward
+    monkeypatch.setattr(m.transformer, "forward", lambda x, **kw: seen.append(x.shape[1]) or orig(x, **kw))
+    with torch.no_grad():
+        full = m.encode_text(tok)
+        cut = clip_detector.encode_text(m, tok)
+    used = int((tok != 0).any(0).nonzero().max()) + 1
+    assert seen == [77, used] and used < 20
+    torch.testing.assert_close(cut, full, rtol=0, atol=1e-5)
+    monkeypatch.setattr(m, "attn_mask", None)  # e.g. a SigLIP-style tower: every token attends to the padding
+    seen.clear()
+    with torch.no_grad():
+        clip_detector.encode_text(m, tok)
+    assert seen == [77]
+
+
 def test_clip_random_init_is_seeded_and_batch_independent(tiny_clip):
     items = _items()
     a = [r.score for r in tiny_clip.score_batch(items)]
