@@ -8,6 +8,7 @@ from typing import Literal
 
 from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
 from halsift.launch.describe import add_describe_argument
+from halsift.launch.score_engines import ScoreScaleConfig
 
 HELP = "score shards or a bench.jsonl with a detector spec (sharded over ranks, resumable)"
 
@@ -41,6 +42,7 @@ class ScoreConfig:
 
 
 CONFIG = ScoreConfig  # the settings (docs/config.md, --describe)
+MORE_CONFIGS = (ScoreScaleConfig,)  # its scale-out flags (launch/score_engines.py)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

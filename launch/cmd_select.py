@@ -8,6 +8,7 @@ from typing import Literal
 
 from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
 from halsift.launch.describe import add_describe_argument
+from halsift.launch.select_engines import SelectScaleConfig
 
 HELP = "select the top fraction / top-k / above-threshold units by score and write new shards"
 
@@ -61,6 +62,7 @@ class SelectConfig:
 
 
 CONFIG = SelectConfig  # the settings (docs/config.md, --describe)
+MORE_CONFIGS = (SelectScaleConfig,)  # its scale-out flags (launch/select_engines.py)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

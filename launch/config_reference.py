@@ -70,9 +70,11 @@ def command_configs() -> list[tuple[str, type]]:
 
     found = []
     for path, module in COMMANDS.items():
-        cls = getattr(importlib.import_module(module), "CONFIG", None)
+        mod = importlib.import_module(module)
+        cls = getattr(mod, "CONFIG", None)
         if cls is not None:
             found.append((" ".join(path), cls))
+        found += [(" ".join(path), extra) for extra in getattr(mod, "MORE_CONFIGS", ())]  # e.g. scale-out flags
     return found
 
 
@@ -100,7 +102,7 @@ def reference() -> str:
             "Each key is also a flag: `batch_size` is `--batch-size`; a switch `x` is `--x` / `--no-x`. "
             "`train clip` and `train detector` also read these keys from `--config YAML`.", ""]
     for name, cls in command_configs():
-        out += tables(cls, f"`halsift {name}`")
+        out += tables(cls, f"`halsift {name}`" + (f" ({cls.__name__})" if cls.__name__.endswith("ScaleConfig") else ""))
     out += ["## Detector specs", "", "```", describe_detectors().replace("# ", "").replace("#", ""), "```", ""]
     return "\n".join(out)
 

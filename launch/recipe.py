@@ -20,7 +20,7 @@ from pathlib import Path
 
 from halsift.corpus.shards import write_json_atomic
 from halsift.corpus.config import ConfigError, to_dict
-from halsift.launch.recipe_config import Recipe
+from halsift.launch.recipe_config import STAGE_INPUTS, STAGES, Recipe
 
 log = logging.getLogger("halsift.run")
 
@@ -177,10 +177,8 @@ def _check_exists(key: str, path: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ stages
-# the recipe sections each stage reads itself (what earlier stages produced comes in through the chain)
-STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "pretrain"), "detectors": ("detectors",),
-                "score": ("score", "eval.bench_split"), "select": ("select",), "finetune": ("finetune",),
-                "eval": ("eval", "evals"), "report": ("name",)}
+# recipe_config.STAGE_INPUTS: the recipe sections each stage reads itself (what earlier stages produced comes in
+# through the fingerprint chain); each stage is the function stage_<name> below.
 
 
 def _sha(obj) -> str:
@@ -539,8 +537,7 @@ def report_samples(r: Recipe, p: Paths):
                            bench_scores=bench, keep=r.eval.keep)
 
 
-STAGE_FUNCS = {"world": stage_world, "pretrain": stage_pretrain, "detectors": stage_detectors, "score": stage_score,
-               "select": stage_select, "finetune": stage_finetune, "eval": stage_eval, "report": stage_report}
+STAGE_FUNCS = {s: globals()[f"stage_{s}"] for s in STAGES}  # recipe_config.STAGE_INPUTS names them
 
 
 def run_recipe(r: Recipe, dry_run: bool = False, force: tuple[str, ...] = ()) -> Path:

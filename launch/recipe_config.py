@@ -14,7 +14,12 @@ from halsift.corpus.config import ConfigError, field, fields_of
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
 from halsift.training.clip_config import ClipTrainConfig
 
-STAGES = ("world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report")
+# The stages in run order, each with the recipe sections it reads (a change there re-runs it and every stage after
+# it). Adding a stage: one entry here and a ``stage_<name>(recipe, paths) -> dict`` function in launch/recipe.py.
+STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "pretrain"), "detectors": ("detectors",),
+                "score": ("score", "eval.bench_split"), "select": ("select",), "finetune": ("finetune",),
+                "eval": ("eval", "evals"), "report": ("name",)}
+STAGES = tuple(STAGE_INPUTS)
 TRAINED_KINDS = ("lora", "world_judge")
 EXTRA_EVALS = RECIPE_EVALS
 

@@ -5,27 +5,40 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
+
+from halsift.corpus.config import field
+
+
+_G = {"group": "scale-out (independent tasks, SLURM arrays, Ray)"}
+
+
+@dataclass
+class ScoreScaleConfig:
+    """``halsift score``'s scale-out settings (docs/config.md lists them with the command's)."""
+
+    num_tasks: int | None = field(None, help="run as one of N independent tasks sharing --out (default: "
+                                             "$SLURM_ARRAY_TASK_COUNT in an array job); the last task to finish "
+                                             "writes the complete manifest", cli={**_G, "metavar": "N"})
+    task_index: int | None = field(None, help="this task's index, 0..N-1 (default: $SLURM_ARRAY_TASK_ID - "
+                                              "$SLURM_ARRAY_TASK_MIN)", cli={**_G, "metavar": "I"})
+    claim_timeout: float | None = field(None, help="take over a part whose claim has had no heartbeat for S seconds "
+                                                   "(a dead node; default 600)", cli={**_G, "metavar": "S"})
+    engine: str = field("local", help="ray: score the parts on a Ray cluster, one actor per GPU, parts dealt as "
+                                      "actors free up (pip install 'halsift[ray]')",
+                        cli={**_G, "choices": ("local", "ray")})
+    address: str | None = field(None, help="--engine ray: the cluster to join, e.g. auto or ray://head:10001 "
+                                           "(default: a local one)", cli=_G)
+    workers: int | None = field(None, help="--engine ray: number of scoring actors (default: one per GPU of the "
+                                           "cluster, else per CPU)", cli=_G)
 
 
 def add_task_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("scale-out (independent tasks, SLURM arrays, Ray)")
-    g.add_argument("--num-tasks", type=int, default=None, metavar="N",
-                   help="run as one of N independent tasks sharing --out (default: $SLURM_ARRAY_TASK_COUNT in an "
-                        "array job); the last task to finish writes the complete manifest")
-    g.add_argument("--task-index", type=int, default=None, metavar="I",
-                   help="this task's index, 0..N-1 (default: $SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN)")
-    g.add_argument("--claim-timeout", type=float, default=None, metavar="S",
-                   help="take over a part whose claim has had no heartbeat for S seconds (a dead node; default 600)")
-    g.add_argument("--engine", choices=("local", "ray"), default="local",
-                   help="ray: score the parts on a Ray cluster, one actor per GPU, parts dealt as actors free up "
-                        "(pip install 'halsift[ray]')")
-    g.add_argument("--address", default=None,
-                   help="--engine ray: the cluster to join, e.g. auto or ray://head:10001 (default: a local one)")
-    g.add_argument("--workers", type=int, default=None,
-                   help="--engine ray: number of scoring actors (default: one per GPU of the cluster, else per CPU)")
+    from halsift.corpus.config import add_dataclass_arguments
     from halsift.launch.run_wandb import add_wandb_arguments
 
+    add_dataclass_arguments(p, ScoreScaleConfig, config_file=False, defaults=True)
     add_wandb_arguments(p)  # --wandb [MODE], --wandb-project: logged by summary() once the folder is complete
 
 

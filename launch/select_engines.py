@@ -4,21 +4,34 @@ resharding that resumes per shard and is shared by ``--num-tasks`` processes (or
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+
+from halsift.corpus.config import field
+
+
+_G = {"group": "at scale (out-of-core, resumable, parallel)"}
+
+
+@dataclass
+class SelectScaleConfig:
+    """``halsift select``'s at-scale settings (docs/config.md lists them with the command's)."""
+
+    resumable: bool = field(False, help="out-of-core keys (DuckDB) and one output shard per input shard, each "
+                                        "written once: a killed run reruns to the identical result (implied by the "
+                                        "flags below)", cli=_G)
+    keys_only: bool = field(False, help="write only kept.parquet (the kept key, sentence_index, score) and the "
+                                        "manifest: no shards", cli=_G)
+    num_tasks: int | None = field(None, help="reshard as one of N processes sharing --out (default: "
+                                             "$SLURM_ARRAY_TASK_COUNT in an array)", cli={**_G, "metavar": "N"})
+    task_index: int | None = field(None, help="this process's index, 0..N-1", cli={**_G, "metavar": "I"})
+    memory_limit: str | None = field(None, help="DuckDB's memory limit for the keys, e.g. 1GB (default)", cli=_G)
 
 
 def add_resumable_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("at scale (out-of-core, resumable, parallel)")
-    g.add_argument("--resumable", action="store_true",
-                   help="out-of-core keys (DuckDB) and one output shard per input shard, each written once: a "
-                        "killed run reruns to the identical result (implied by the flags below)")
-    g.add_argument("--keys-only", action="store_true",
-                   help="write only kept.parquet (the kept key, sentence_index, score) and the manifest: no shards")
-    g.add_argument("--num-tasks", type=int, default=None, metavar="N",
-                   help="reshard as one of N processes sharing --out (default: $SLURM_ARRAY_TASK_COUNT in an array)")
-    g.add_argument("--task-index", type=int, default=None, metavar="I", help="this process's index, 0..N-1")
-    g.add_argument("--memory-limit", default=None, help="DuckDB's memory limit for the keys, e.g. 1GB (default)")
+    from halsift.corpus.config import add_dataclass_arguments
     from halsift.launch.run_wandb import add_wandb_arguments
 
+    add_dataclass_arguments(p, SelectScaleConfig, config_file=False, defaults=True)
     add_wandb_arguments(p)  # --wandb [MODE], --wandb-project: one run per complete selection (run_wandb.log_select)
 
 
