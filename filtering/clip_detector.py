@@ -116,9 +116,11 @@ def encode_text(model, tokens):
     import torch
     from open_clip.transformer import text_global_pool
 
+    if not _trimmable_text(model) or getattr(tokens, "ndim", 0) != 2:
+        return model.encode_text(tokens)
     used = (tokens != 0).any(0).nonzero()
     n = int(used.max()) + 1 if len(used) else 1
-    if not _trimmable_text(model) or n >= tokens.shape[1]:
+    if n >= tokens.shape[1]:
         return model.encode_text(tokens)
     tokens = tokens[:, :n]
     cast = model.transformer.get_cast_dtype()

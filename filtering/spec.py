@@ -183,6 +183,121 @@ def _source_options(target: str) -> list[str] | None:
     return None
 
 
+# annotation text -> type, for the option types read from a detector's source (anything else is not checked)
+_TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "Sequence": list, "list": list,
+                          "Sequence[float]": list[float], "list[float]": list[float], "Sequence[str]": list[str],
+                          "list[str]": list[str]}
+
+
+def _option_type(annotation: str | None) -> Any:
+    """``"int | None"`` -> ``int | None``; an annotation outside :data:`_TYPES` -> ``Any``."""
+    if not annotation:
+        return Any
+    parts = [s.strip() for s in annotation.split("|")]
+    kinds = [_TYPES.get(s) for s in parts if s != "None"]
+    if not kinds or any(k is None for k in kinds):
+        return Any
+    tp = kinds[0]
+    for k in kinds[1:]:
+        tp = tp | k
+    return tp | None if "None" in parts else tp
+
+
+class _Named(str):
+    """A default given by a constant's name in the source: shown as the name (never validated: it is not a
+    user's value)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _source_signature(target: str) -> list[tuple[str, str | None, Any]] | None:
+    """``(name, annotation, default)`` of each ``__init__`` keyword of a lazily registered ``"module:Class"``, read
+    from its source without importing it; ``default`` is ``inspect.Parameter.empty`` for a required option and
+    ``None`` where it is not a literal. None when the class is not found there or takes ``**kwargs``."""
+    mod, cls = target.split(":")
+    found = importlib.util.find_spec(mod)
+    if found is None or not (found.origin or "").endswith(".py"):
+        return None
+    for node in ast.parse(Path(found.origin).read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+            if init is None or init.args.kwarg is not None:
+                return None
+            a = init.args
+            positional = [*a.posonlyargs, *a.args]
+            defaults = [inspect.Parameter.empty] * (len(positional) - len(a.defaults)) + list(a.defaults)
+            defaults += [inspect.Parameter.empty if d is None else d for d in a.kw_defaults]
+            out = []
+            for arg, d in zip([*positional, *a.kwonlyargs], defaults):
+                if arg.arg in ("self", "spec"):
+                    continue
+                if d is not inspect.Parameter.empty:
+                    try:
+                        d = ast.literal_eval(d)
+                    except ValueError:
+                        d = _Named(ast.unparse(d))  # a named constant (e.g. DEFAULT_MAX_PIXELS), shown by name
+                out.append((arg.arg, ast.unparse(arg.annotation) if arg.annotation else None, d))
+            return out
+    return None
+
+
+def _class_signature(cls: type) -> list[tuple[str, str | None, Any]]:
+    params = inspect.signature(cls.__init__).parameters
+    return [(n, p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", None),
+             p.default) for n, p in params.items()
+            if n not in ("self", "spec") and p.kind is not inspect.Parameter.VAR_KEYWORD]
+
+
+_CONFIGS: dict[tuple[str, str], type] = {}
+
+
+def family_config(family: str) -> type:
+    """The typed options of a detector family as a dataclass (``<Family>Options``): one field per ``__init__``
+    keyword, with its type and default, read from the class's source without importing it. A spec string is
+    shorthand for it; the dry run validates a spec's options through it (:func:`check_spec`) and ``--describe`` /
+    docs/config.md list it."""
+    import dataclasses
+
+    target = _REGISTRY[family]
+    key = (family, str(target))
+    if key in _CONFIGS:
+        return _CONFIGS[key]
+    sig = _source_signature(target) if isinstance(target, str) else None
+    if sig is None:
+        sig = _class_signature(_family_class(family, family))
+    required = [(n, _option_type(a)) for n, a, d in sig if d is inspect.Parameter.empty]
+    optional = [(n, _option_type(a), dataclasses.field(default=d, metadata={"help": ""}))
+                for n, a, d in sig if d is not inspect.Parameter.empty]
+    name = "".join(w.capitalize() for w in re.split(r"[^A-Za-z0-9]+", family)) + "Options"
+    _CONFIGS[key] = dataclasses.make_dataclass(name, [*required, *optional],
+                                               namespace={"__doc__": f"`{family}:` options"})
+    return _CONFIGS[key]
+
+
+def _check_types(family: str, opts: dict[str, Any], where: str) -> None:
+    """Each option's value against its type in :func:`family_config` (a text option may be given a number:
+    ``model=2017`` is the text ``"2017"``); a missing required option is an error too."""
+    import dataclasses
+    import typing
+
+    from halsift.corpus.config import ConfigError, from_dict
+
+    cfg = family_config(family)
+    hints = typing.get_type_hints(cfg)
+    values = {}
+    for k, v in opts.items():
+        texty = str in (typing.get_args(hints.get(k)) or (hints.get(k),))
+        values[k] = str(v) if texty and isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    missing = [f.name for f in dataclasses.fields(cfg) if f.default is dataclasses.MISSING and f.name not in values]
+    if missing:
+        raise SpecError(f"detector spec {where!r}: missing option {missing[0]!r} for family {family!r}")
+    try:
+        from_dict(cfg, values)
+    except ConfigError as e:
+        raise SpecError(f"detector spec {where!r}: {e}") from None
+
+
 def _family_options(family: str, where: str) -> list[str]:
     if family not in _REGISTRY:
         raise SpecError(f"detector spec {where!r}: unknown family {family!r}, expected one of {families()}")
@@ -210,9 +325,11 @@ def iter_specs(spec: str):
 
 def check_spec(spec: str) -> None:
     """Validate a short spec string without building the detector or importing heavy libraries: the family
-    exists and every option (ensemble members too) is one its class takes. Raises :class:`SpecError`."""
+    exists, every option (ensemble members too) is one its class takes, with a value of its type, and no required
+    option is missing. Raises :class:`SpecError`."""
     for where, family, opts in iter_specs(spec):
         _check_keys(family, opts, _family_options(family, where), where)
+        _check_types(family, opts, where)
 
 
 def _build(family: str, opts: dict[str, Any], where: str) -> Detector:

@@ -25,7 +25,12 @@ def _type(tp: typing.Any) -> str:
 
 
 def _default(f: dataclasses.Field) -> str:
-    val = yaml.safe_dump(to_dict(field_default(f)), default_flow_style=True, width=10_000).strip()
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        return "(required)"
+    d = field_default(f)
+    if isinstance(d, str) and type(d) is not str:  # a detector default given by a constant's name
+        return str(d)
+    val = yaml.safe_dump(to_dict(d), default_flow_style=True, width=10_000).strip()
     return val.removesuffix("...").strip()
 
 
@@ -79,7 +84,7 @@ def command_configs() -> list[tuple[str, type]]:
 
 
 def reference() -> str:
-    from halsift.launch.describe import describe_detectors
+    from halsift.filtering.spec import families, family_config
     from halsift.launch.recipe_config import Recipe
     from halsift.synth.world_judge_config import WorldJudgeSettings
     from halsift.training.detector_config import DetectorTrainConfig
@@ -103,7 +108,13 @@ def reference() -> str:
             "`train clip` and `train detector` also read these keys from `--config YAML`.", ""]
     for name, cls in command_configs():
         out += tables(cls, f"`halsift {name}`" + (f" ({cls.__name__})" if cls.__name__.endswith("ScaleConfig") else ""))
-    out += ["## Detector specs", "", "```", describe_detectors().replace("# ", "").replace("#", ""), "```", ""]
+    out += ["## Detector specs", "",
+            "`FAMILY[:key=value,...]` (values read as YAML: `seed=0` is an integer, `weights=[1,2]` a list; a text "
+            "option may be given a number) or a YAML file `{family: ..., key: value}`. Each family's options are "
+            "its class's `__init__` keywords, with their types and defaults (read from the source by "
+            "`filtering.spec.family_config`); the dry run checks every spec against them.", ""]
+    for name in families():
+        out += tables(family_config(name), f"`{name}:`")
     return "\n".join(out)
 
 

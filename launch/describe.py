@@ -7,12 +7,28 @@ import argparse
 
 
 def describe_detectors() -> str:
-    """Every registered detector family with its options (the keys a ``family:key=value,...`` spec takes)."""
-    from halsift.filtering.spec import _family_options, families  # the options the spec checker accepts
+    """Every registered detector family with its typed options (the keys a ``family:key=value,...`` spec takes)."""
+    import dataclasses
+
+    from halsift.filtering.spec import families, family_config
 
     lines = ["# detector specs: FAMILY[:key=value,...] or a YAML file {family: ..., key: value}; families and options:"]
-    lines += [f"#   {name}: {', '.join(_family_options(name, name)) or '(no options)'}" for name in families()]
+    for name in families():
+        opts = []
+        for f in dataclasses.fields(family_config(name)):
+            tp = _type_text(f.type)
+            opts.append(f"{f.name}: {tp} (required)" if f.default is dataclasses.MISSING
+                        else f"{f.name}: {tp} = {f.default!r}")
+        lines.append(f"#   {name}: {', '.join(opts) or '(no options)'}")
     return "\n".join(lines)
+
+
+def _type_text(tp) -> str:
+    import re
+
+    if isinstance(tp, type):
+        return tp.__name__
+    return re.sub(r"\b(?:typing\.)", "", str(tp)).replace("NoneType", "None")
 
 
 def describe_command(cls: type, detectors: bool = False) -> str:

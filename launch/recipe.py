@@ -226,11 +226,7 @@ def _changed(saved: dict, now: dict) -> str:
 def stage_world(r: Recipe, p: Paths) -> dict:
     from halsift.synth.world import generate_world
 
-    info = generate_world(p.stage("world"), images=r.world.images, seed=r.seed, image_size=r.world.image_size,
-                          bench_images=r.world.bench_images or None,
-                          retrieval_images=r.world.retrieval_images or None,
-                          pretrain_images=r.world.pretrain_images or None, overwrite=True,
-                          captioners=r.world.captioners, retrieval_style=r.world.retrieval_style)
+    info = generate_world(p.stage("world"), seed=r.seed, overwrite=True, **r.world.generator_kwargs())
     return {"world": info if isinstance(info, dict) else {}}
 
 

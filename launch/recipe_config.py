@@ -12,6 +12,7 @@ from typing import Any
 
 from halsift.corpus.config import ConfigError, field, fields_of
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
+from halsift.synth.world_config import WorldSettings
 from halsift.training.clip_config import ClipTrainConfig
 
 # The stages in run order, each with the recipe sections it reads (a change there re-runs it and every stage after
@@ -25,31 +26,15 @@ EXTRA_EVALS = RECIPE_EVALS
 
 
 @dataclass
-class WorldCfg:
+class WorldCfg(WorldSettings):
+    """The synthetic world the first stage generates (``halsift synth``'s settings; the seed is the recipe's)."""
+
     enabled: bool = field(True, help="generate the synthetic world into <run_dir>/world (data.* default to it)")
-    images: int = field(2000, help="corpus images to generate")
-    image_size: int = field(64, help="rendered image side in pixels")
-    bench_images: int = field(0, help="bench images, each captioned by every simulated captioner (0 = images/4)")
-    retrieval_images: int = field(0, help="held-out retrieval images, 5 captions each (0 = images/10)")
-    pretrain_images: int = field(0, help="pre-training pairs: web alt-text + a clean detailed caption (0 = images)")
-    captioners: list[str] = field(default_factory=list, help="simulated captioners that write the corpus (empty = "
-                                                             "all six; HalDec Table F's corpus is one captioner's)")
-    retrieval_style: str = field("captioners", help="captioners: 2-3 sentences by the captioners that do not write "
-                                                    "the corpus | human: short human-style captions over families "
-                                                    "of look-alike scenes")
 
     def validate(self) -> None:
+        super().validate()
         if self.images < 10:
-            raise ValueError(f"world.images: must be >= 10, got {self.images}")
-        for name in ("bench_images", "retrieval_images", "pretrain_images"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"world.{name}: must be >= 0 (0 = the default), got {getattr(self, name)}")
-        from halsift.synth.captioners import check_captioner_names
-        from halsift.synth.styles import RETRIEVAL_STYLES
-
-        if self.retrieval_style not in RETRIEVAL_STYLES:
-            raise ValueError(f"world.retrieval_style: expected one of {RETRIEVAL_STYLES}, got {self.retrieval_style!r}")
-        check_captioner_names(self.captioners, "world.captioners")
+            raise ValueError(f"images: must be >= 10 in a recipe, got {self.images}")
 
 
 @dataclass

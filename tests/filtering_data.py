@@ -87,3 +87,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def scored_corpus(out: Path, shards: int, per_shard: int, seed: int, spec: str = "random:seed=1") -> tuple[Path, Path]:
+    """A corpus (:func:`make_corpus`) and its score folder under ``out``: ``(corpus, scores)``."""
+    from halsift.filtering.runner import score
+
+    corpus = make_corpus(out / "corpus", shards=shards, per_shard=per_shard, seed=seed)
+    score(spec, corpus, out / "scores", batch_size=8, show_progress=False)
+    return corpus, out / "scores"

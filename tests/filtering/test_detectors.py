@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -62,6 +64,28 @@ def test_spec_errors_name_key_and_value(spec, needle):
     with pytest.raises(SpecError, match=None) as e:
         load_detector(spec)
     assert needle in str(e.value)
+
+
+def test_family_options_are_typed_and_checked_without_importing_the_detector():
+    import dataclasses
+    import subprocess
+    import sys
+
+    from halsift.filtering.spec import check_spec, family_config
+
+    fields = {f.name: f for f in dataclasses.fields(family_config("vlm"))}
+    assert fields["model"].default is dataclasses.MISSING and fields["n_references"].default == 8
+    assert fields["temperature"].type == (float | None) and fields["cot"].type is bool
+    check_spec("api:base_url=http://localhost:8000/v1,model=2017,timeout=5")  # a number for a text option is text
+    for spec, needle in [("clip:seed=1.5", "seed: expected an integer, got 1.5"),
+                         ("vlm:model=m,cot=maybe", "cot: expected true/false"),
+                         ("api:model=m", "missing option 'base_url' for family 'api'"),
+                         ("ensemble:members=[random:seed=1;clip:center=x]", "'clip:center=x': center: expected a number")]:
+        with pytest.raises(SpecError, match=re.escape(needle)):
+            check_spec(spec)
+    code = ("import sys; from halsift.filtering.spec import check_spec; check_spec('vlm:model=m,seed=1'); "
+            "print(sorted(m for m in ('torch', 'transformers', 'open_clip') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "[]"
 
 
 def test_yaml_spec(tmp_path):

@@ -10,18 +10,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from filtering_data import make_corpus
+from filtering_data import scored_corpus
 
-from halsift.filtering.runner import score
 from halsift.launch.cli import main
 
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory):
-    d = tmp_path_factory.mktemp("chk")
-    corpus = make_corpus(d / "corpus", shards=3, per_shard=5, seed=2)
-    score("random:seed=1", corpus, d / "scores", batch_size=8, show_progress=False)
-    return corpus, d / "scores"
+    return scored_corpus(tmp_path_factory.mktemp("chk"), shards=3, per_shard=5, seed=2)
 
 
 def _no_manifest(s):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from filtering_data import make_corpus
+from filtering_data import make_corpus, scored_corpus
 
 from halsift.corpus.shards import iter_samples
 from halsift.filtering.runner import score
@@ -29,10 +29,7 @@ SAME = ("kept_units", "samples_written", "source_samples_kept", "kept_units_per_
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory):
-    d = tmp_path_factory.mktemp("sel")
-    corpus = make_corpus(d / "corpus", shards=5, per_shard=6, seed=3)
-    score("random:seed=1", corpus, d / "scores", batch_size=8, show_progress=False)
-    return corpus, d / "scores"
+    return scored_corpus(tmp_path_factory.mktemp("sel"), shards=5, per_shard=6, seed=3)
 
 
 def _samples(folder) -> dict:

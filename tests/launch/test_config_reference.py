@@ -34,7 +34,8 @@ def test_reference_lists_every_setting():
     for key in ("finetune.grad_accum", "select.top_k", "select.variants.NAME.threshold", "world.captioners",
                 "detectors.NAME.options.lora_r", "detectors.NAME.options.pmi_references"):
         assert f"| `{key}` |" in text, key
-    assert "clip: arch, pretrained, checkpoint" in text
+    assert "### `clip:`" in text and "| `center` | `float` | `0.25` |" in text
+    assert "| `model` | `str` | `(required)` |" in text and "| `max_pixels` | `int` | `DEFAULT_MAX_PIXELS` |" in text
 
 
 def test_docs_link_the_reference():
@@ -60,13 +61,15 @@ def test_describe_prints_the_settings_and_detector_options(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "batch_size: 64  # items per detector call" in out and "decode_workers: 0" in out
-    assert "clip: arch, pretrained, checkpoint" in out and "ensemble: members, weights, norm" in out
+    assert "clip: arch: str = 'ViT-B-32', pretrained: str | None = None, checkpoint" in out
+    assert "ensemble: members: list = (), weights: list[float] | None = None, norm: str = 'none'" in out
+    assert "vlm: model: str (required), mode: str = 'logits'" in out
     with pytest.raises(SystemExit):
         main(["select", "--describe"])
     assert "top_k: null  # number of units to keep" in capsys.readouterr().out
     assert main(["run", "--describe"]) == 0
     out = capsys.readouterr().out
-    assert "  grad_accum: 1  # micro-batches per optimizer step" in out and "lora: path, merge" in out
+    assert "  grad_accum: 1  # micro-batches per optimizer step" in out and "lora: path: str (required), merge: bool = False" in out
 
 
 def test_command_errors_name_the_flag(tmp_path, capsys):

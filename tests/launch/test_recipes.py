@@ -77,6 +77,8 @@ def test_quickstart_yaml_opens_with_its_command():
     ("score.detectors.e=ensemble:members=[random:seed=1;vlm:model=m,mod=pmi]", "unknown option 'mod'"),
     ("score.detectors.c=clip:arch={arch},checkpoint=/nowhere/clip.safetensors", "checkpoint=/nowhere"),
     ("score.detectors.l=lora:/nowhere/adapter", "path=/nowhere/adapter"),
+    ("score.detectors.c=clip:arch={arch},center=high", "center: expected a number, got 'high'"),
+    ("score.detectors.e=ensemble:members=[random:seed=1;vlm:mode=pmi]", "missing option 'model' for family 'vlm'"),
     ("evals.ihalla.promts=3", "evals.ihalla.promts"), ("evals.ihalla.prompts=0", "evals.ihalla.prompts"),
     ("evals.vope.out=/tmp/x", "evals.vope.out"), ("evals.vigil.encoder=sam", "evals.vigil.encoder"),
     ("evals.vigil={synthetic: true, annotations: a.json}", "evals.vigil.synthetic"),

@@ -1,0 +1,50 @@
+"""What a synthetic world is made of: one set of settings for ``halsift synth``'s flags and a recipe's ``world``
+section (both pass them to :func:`halsift.synth.world.generate_world`). Imports nothing heavy, so recipe
+validation stays fast."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from halsift.corpus.config import field
+from halsift.synth.styles import RETRIEVAL_STYLES
+
+
+@dataclass
+class WorldSettings:
+    """The synthetic world's sizes and makers (a world is a function of these and the seed)."""
+
+    images: int = field(2000, help="corpus image-caption pairs")
+    image_size: int = field(64, help="image side in pixels (>= 32)")
+    bench_images: int | None = field(None, help="bench images, each captioned by all 6 captioners (default "
+                                                "max(24, images/4))")
+    t2i_prompts: int | None = field(None, help="t2i prompts, each drawn by all 3 generators (default "
+                                               "max(12, bench_images/2))")
+    retrieval_images: int | None = field(None, help="held-out retrieval images with 5 captions each (default "
+                                                    "max(20, images/10))")
+    pretrain_images: int | None = field(None, help="pre-training pairs: web alt-text + a clean detailed caption "
+                                                   "(default images)")
+    shard_size: int = field(256, help="samples per shard")
+    captioners: list[str] = field(default_factory=list, help="simulated captioners that write the corpus (default: "
+                                                             "all six; HalDec Table F's corpus is one captioner's)",
+                                  cli={"metavar": "NAME"})
+    retrieval_style: str = field("captioners", help="retrieval captions: 2-3 sentences by the captioners that do not "
+                                                    "write the corpus (default), or short human-style captions over "
+                                                    "families of look-alike scenes",
+                                 cli={"choices": RETRIEVAL_STYLES})
+
+    def validate(self) -> None:
+        from halsift.synth.captioners import check_captioner_names
+
+        for name, lo in (("images", 1), ("image_size", 32), ("shard_size", 1), ("bench_images", 0),
+                         ("t2i_prompts", 0), ("retrieval_images", 0), ("pretrain_images", 0)):
+            v = getattr(self, name)
+            if v is not None and v < lo:
+                raise ValueError(f"{name}: got {v}, expected an integer >= {lo}")
+        if self.retrieval_style not in RETRIEVAL_STYLES:
+            raise ValueError(f"retrieval_style: expected one of {RETRIEVAL_STYLES}, got {self.retrieval_style!r}")
+        check_captioner_names(self.captioners, "captioners")
+
+    def generator_kwargs(self) -> dict:
+        """These settings as :func:`~halsift.synth.world.generate_world` keyword arguments."""
+        return {f: getattr(self, f) for f in self.__dataclass_fields__ if f in WorldSettings.__dataclass_fields__}
