@@ -259,11 +259,12 @@ def family_config(family: str) -> type:
     docs/config.md list it."""
     import dataclasses
 
-    target = _REGISTRY[family]
-    key = (family, str(target))
+    target = _REGISTRY[family]  # "module:Class", or the class once it was imported
+    where = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
+    key = (family, where)
     if key in _CONFIGS:
         return _CONFIGS[key]
-    sig = _source_signature(target) if isinstance(target, str) else None
+    sig = _source_signature(where)  # the same reading whether or not the class was imported
     if sig is None:
         sig = _class_signature(_family_class(family, family))
     required = [(n, _option_type(a)) for n, a, d in sig if d is inspect.Parameter.empty]
