@@ -6,8 +6,9 @@ as it is, no merge step), and exits. Task ``i`` of ``n`` starts with its own sha
 any part no one holds (work stealing), so fast tasks absorb slow or dead ones and a rerun of any task finishes
 whatever is left.
 
-Claims (``_claims/<part>.<attempt>``) are created with ``O_CREAT | O_EXCL``: of two tasks reaching the same part
-exactly one wins attempt ``k``. The winner records host and pid and touches the file every ``stale_after / 10``
+Claims (``_claims/<part>.<attempt>``) are written whole and hard-linked into place (a link fails when the name
+exists, like ``O_CREAT | O_EXCL``): of two tasks reaching the same part exactly one wins attempt ``k``, and a claim
+always holds its task's host and pid. The winner touches the file every ``stale_after / 10``
 seconds. A claim is *stale* when its process is gone (same host, pid not alive: a SIGKILL is noticed at once) or
 its heartbeat is older than ``stale_after`` (another node died); a stale attempt ``k`` is taken over by creating
 attempt ``k + 1``, again exclusively. The part file itself is the completion marker: parts are written through a
@@ -162,12 +163,17 @@ class ClaimBoard:
         else:
             nxt = 0
         path = self.dir / f"{part}.{nxt}"
+        # written whole, then hard-linked into place: the link fails if the attempt exists (exclusive, like
+        # O_EXCL), and a claim never exists without its host and pid, even when the process dies right here
+        tmp = self.dir / f".{part}.{nxt}.{HOST}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"host": HOST, "pid": os.getpid(), "task": self.task, "attempt": nxt,
+                                   "time": time.time()}))
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.link(tmp, path)
         except FileExistsError:
             return None  # another task won this attempt
-        with os.fdopen(fd, "w") as f:
-            json.dump({"host": HOST, "pid": os.getpid(), "task": self.task, "attempt": nxt, "time": time.time()}, f)
+        finally:
+            tmp.unlink(missing_ok=True)
         self.taken_over += nxt > 0
         return Claim(path).heartbeat(max(0.5, self.stale_after / 10))
 

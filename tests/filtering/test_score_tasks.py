@@ -148,6 +148,29 @@ def test_live_claims_are_respected_and_stale_ones_taken_over(tmp_path):
         ClaimBoard(tmp_path, "c", stale_after=0)
 
 
+def test_a_claim_always_names_its_process_so_a_killed_claimer_is_noticed_at_once(tmp_path):
+    """A claim is written whole before it appears (no window in which a SIGKILL leaves an empty claim that only
+    times out after --claim-timeout); a temp file left by a process killed before linking blocks nothing."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    board = ClaimBoard(tmp_path, "a", stale_after=600)
+    (tmp_path / CLAIMS / ".part-x.parquet.0.somehost.1.tmp").write_text("")  # killed before its link
+    claim = board.try_claim("part-x.parquet")
+    assert claim is not None and claim.path.name == "part-x.parquet.0"
+    info = json.loads(claim.path.read_text())
+    assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
+    claim.release()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    claim.path.write_text(json.dumps({**info, "pid": int(dead.stdout)}))  # its claimer died (SIGKILL) just now
+    assert board.held(["part-x.parquet"]) == []
+    again = board.try_claim("part-x.parquet")
+    assert again.path.name == "part-x.parquet.1"
+    again.release()
+
+
 def test_cli_task_errors_exit_2(corpus, tmp_path, capsys):
     base = ["score", "--detector", "random:seed=0", "--data", str(corpus), "--out", str(tmp_path / "o")]
     assert main([*base, "--num-tasks", "2", "--task-index", "2"]) == 2
