@@ -169,18 +169,8 @@ def _class_options(cls: type) -> list[str]:
 def _source_options(target: str) -> list[str] | None:
     """The ``__init__`` keyword names of a lazily registered ``"module:Class"``, read from its source file without
     importing it (a detector module may import torch or transformers at the top); None when not found there."""
-    mod, cls = target.split(":")
-    found = importlib.util.find_spec(mod)
-    if found is None or not (found.origin or "").endswith(".py"):
-        return None
-    for node in ast.parse(Path(found.origin).read_text()).body:
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
-            if init is None or init.args.kwarg is not None:
-                return None
-            a = init.args
-            return [x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs] if x.arg not in ("self", "spec")]
-    return None
+    sig = _source_signature(target)
+    return None if sig is None else [name for name, _, _ in sig]
 
 
 # annotation text -> type, for the option types read from a detector's source (anything else is not checked)
