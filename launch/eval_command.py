@@ -41,7 +41,10 @@ def eval_command(name: str, metavars: Mapping[str, str] | None = None) -> tuple[
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         from halsift.corpus.config import add_dataclass_arguments
 
+        from halsift.launch.describe import add_describe_argument
+
         add_dataclass_arguments(parser, cls, metavars)  # list flags add up over repeats (`--scores A --scores B`)
+        add_describe_argument(parser, cls, detectors=name == "bench")
 
     def run(args: argparse.Namespace) -> int:
         from halsift.corpus.config import ConfigError, config_from_args, flag_message

@@ -31,10 +31,20 @@ def _command(name: str) -> argparse.ArgumentParser:
 def test_flags_are_the_config_fields_and_keep_the_old_names(name):
     flags = {o for a in _command(name)._actions for o in a.option_strings}
     fields = dataclasses.fields(EVALS[name].config)
-    want = {"-h", "--help", "--config"} | {"--" + f.name.replace("_", "-") for f in fields} | {
+    want = {"-h", "--help", "--config", "--describe"} | {"--" + f.name.replace("_", "-") for f in fields} | {
         "--no-" + f.name.replace("_", "-") for f in fields if f.type in (bool, "bool")}
     assert flags == want
     assert set(OLD_FLAGS[name].split()) <= flags
+
+
+def test_describe_prints_the_eval_settings(capsys):
+    from halsift.launch.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "vope", "--describe"])  # no --out needed, like --help
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "images: 100  # synthetic: images per task" in out and "vocab:" in out
 
 
 def test_list_flags_add_up_over_repeats():
