@@ -107,6 +107,23 @@ class ApiDetector(Detector):
 
     family = "api"
 
+    # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
+    OPTION_HELP = {
+        "base_url": "the OpenAI-compatible server, e.g. http://localhost:8000/v1",
+        "model": "the model name the server serves",
+        "api_key_env": "environment variable holding the API key (command line only, never from a spec file)",
+        "mode": "logprobs (expected value of the score from top_logprobs) | prompt (parse the reply)",
+        "concurrency": "requests in flight at once",
+        "max_retries": "retries of a 429/5xx/timeout/connection error, with exponential backoff",
+        "timeout": "seconds per request",
+        "backoff": "first retry delay in seconds (doubled each attempt, or the server's Retry-After; at most 60 s)",
+        "top_logprobs": "mode=logprobs: alternatives asked for per token",
+        "max_tokens": "reply length cap (default: enough for the prompt's answer)",
+        "cot": "the chain-of-thought prompt",
+        "context": "put the caption's preceding sentences before the target",
+        "per_caption": "mode=prompt: one request per caption asking for every sentence's score as a JSON list",
+    }
+
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", mode: str = "logprobs",
                  concurrency: int = 8, max_retries: int = 5, timeout: float = 60, backoff: float = 1.0,
                  top_logprobs: int = 20, max_tokens: int | None = None, cot: bool = False,

@@ -21,6 +21,12 @@ class RandomDetector(Detector):
     family = "random"
     needs_image = False
 
+    # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
+    OPTION_HELP = {
+        "seed": "scores are a hash of (key, sentence index, seed): the same for every run and batch",
+        "delay": "seconds to sleep per batch (interruption tests only)",
+    }
+
     def __init__(self, seed: int = 0, delay: float = 0.0) -> None:
         super().__init__()
         if not isinstance(seed, int) or isinstance(seed, bool):

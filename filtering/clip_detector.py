@@ -146,6 +146,19 @@ class ClipDetector(Detector):
 
     family = "clip"
 
+    # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
+    OPTION_HELP = {
+        "arch": "open_clip architecture (open_clip.list_models()), or halsift-tiny",
+        "pretrained": "open_clip pretrained tag (e.g. openai) or a local weights file",
+        "checkpoint": "fine-tuned weights (.safetensors, e.g. train clip's final/open_clip_model.safetensors)",
+        "seed": "seed of the random init when neither pretrained nor checkpoint is given",
+        "device": "cpu, cuda, cuda:1 ...",
+        "precision": "auto (bf16 + TF32 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16",
+        "map": "cosine -> score: linear (50 * (cos + 1)) | sigmoid (100 * sigmoid(logit_scale * (cos - center)))",
+        "center": "map=sigmoid: the cosine that scores 50",
+        "delay": "seconds to sleep per batch (interruption tests only)",
+    }
+
     def __init__(self, arch: str = "ViT-B-32", pretrained: str | None = None, checkpoint: str | None = None,
                  seed: int = 0, device: str = "cpu", precision: str = "auto", map: str = "linear",
                  center: float = 0.25, delay: float = 0.0) -> None:

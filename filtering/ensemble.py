@@ -56,6 +56,13 @@ class EnsembleDetector(Detector):
 
     family = "ensemble"
 
+    # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
+    OPTION_HELP = {
+        "members": "member detector specs (short specs separated by ';' or YAML entries)",
+        "weights": "one weight per member (default: equal)",
+        "norm": "none (weighted mean of scores) | rank | zscore (normalised over the whole scored set first)",
+    }
+
     def __init__(self, members: Sequence = (), weights: Sequence[float] | None = None, norm: str = "none") -> None:
         super().__init__()
         from halsift.filtering.spec import load_detector

@@ -225,6 +225,15 @@ class LoraDetector(Detector):
 
     family = "lora"
 
+    # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
+    OPTION_HELP = {
+        "path": "the adapter/ folder of a halsift train detector run (lora:DIR is short for lora:path=DIR)",
+        "merge": "merge the adapter into the base weights after loading (same scores, no LoRA overhead)",
+        "device": "cpu, cuda, cuda:1 ...",
+        "batch_size": "vlm kind: rows per forward call (default: the base detector's)",
+        "trust_remote_code": "let the base model's repository run its own code (off unless you turn it on)",
+    }
+
     def __init__(self, path: str, merge: bool = False, device: str = "cpu", batch_size: int | None = None,
                  trust_remote_code: bool = False) -> None:
         super().__init__()

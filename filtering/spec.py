@@ -170,7 +170,7 @@ def _source_options(target: str) -> list[str] | None:
     """The ``__init__`` keyword names of a lazily registered ``"module:Class"``, read from its source file without
     importing it (a detector module may import torch or transformers at the top); None when not found there."""
     sig = _source_signature(target)
-    return None if sig is None else [name for name, _, _ in sig]
+    return None if sig is None else [name for name, *_ in sig]
 
 
 # annotation text -> type, for the option types read from a detector's source (anything else is not checked)
@@ -201,10 +201,11 @@ class _Named(str):
         return str(self)
 
 
-def _source_signature(target: str) -> list[tuple[str, str | None, Any]] | None:
-    """``(name, annotation, default)`` of each ``__init__`` keyword of a lazily registered ``"module:Class"``, read
-    from its source without importing it; ``default`` is ``inspect.Parameter.empty`` for a required option and
-    ``None`` where it is not a literal. None when the class is not found there or takes ``**kwargs``."""
+def _source_signature(target: str) -> list[tuple[str, str | None, Any, str]] | None:
+    """``(name, annotation, default, help)`` of each ``__init__`` keyword of a lazily registered ``"module:Class"``,
+    read from its source without importing it; ``default`` is ``inspect.Parameter.empty`` for a required option and
+    a :class:`_Named` where it is a constant's name; ``help`` comes from the class's ``OPTION_HELP`` mapping. None
+    when the class is not found there or takes ``**kwargs``."""
     mod, cls = target.split(":")
     found = importlib.util.find_spec(mod)
     if found is None or not (found.origin or "").endswith(".py"):
@@ -214,6 +215,8 @@ def _source_signature(target: str) -> list[tuple[str, str | None, Any]] | None:
             init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
             if init is None or init.args.kwarg is not None:
                 return None
+            helps = next((ast.literal_eval(s.value) for s in node.body if isinstance(s, ast.Assign)
+                          and [getattr(x, "id", "") for x in s.targets] == ["OPTION_HELP"]), {})
             a = init.args
             positional = [*a.posonlyargs, *a.args]
             defaults = [inspect.Parameter.empty] * (len(positional) - len(a.defaults)) + list(a.defaults)
@@ -227,15 +230,17 @@ def _source_signature(target: str) -> list[tuple[str, str | None, Any]] | None:
                         d = ast.literal_eval(d)
                     except ValueError:
                         d = _Named(ast.unparse(d))  # a named constant (e.g. DEFAULT_MAX_PIXELS), shown by name
-                out.append((arg.arg, ast.unparse(arg.annotation) if arg.annotation else None, d))
+                out.append((arg.arg, ast.unparse(arg.annotation) if arg.annotation else None, d,
+                            helps.get(arg.arg, "")))
             return out
     return None
 
 
-def _class_signature(cls: type) -> list[tuple[str, str | None, Any]]:
+def _class_signature(cls: type) -> list[tuple[str, str | None, Any, str]]:
     params = inspect.signature(cls.__init__).parameters
+    helps = getattr(cls, "OPTION_HELP", {})
     return [(n, p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", None),
-             p.default) for n, p in params.items()
+             p.default, helps.get(n, "")) for n, p in params.items()
             if n not in ("self", "spec") and p.kind is not inspect.Parameter.VAR_KEYWORD]
 
 
@@ -257,12 +262,12 @@ def family_config(family: str) -> type:
     sig = _source_signature(where)  # the same reading whether or not the class was imported
     if sig is None:
         sig = _class_signature(_family_class(family, family))
-    required = [(n, _option_type(a)) for n, a, d in sig if d is inspect.Parameter.empty]
-    optional = [(n, _option_type(a), dataclasses.field(default=d, metadata={"help": ""}))
-                for n, a, d in sig if d is not inspect.Parameter.empty]
+    required = [(n, _option_type(a), dataclasses.field(metadata={"help": h}))
+                for n, a, d, h in sig if d is inspect.Parameter.empty]
+    optional = [(n, _option_type(a), dataclasses.field(default=d, metadata={"help": h}))
+                for n, a, d, h in sig if d is not inspect.Parameter.empty]
     name = "".join(w.capitalize() for w in re.split(r"[^A-Za-z0-9]+", family)) + "Options"
-    _CONFIGS[key] = dataclasses.make_dataclass(name, [*required, *optional],
-                                               namespace={"__doc__": f"`{family}:` options"})
+    _CONFIGS[key] = dataclasses.make_dataclass(name, [*required, *optional])
     return _CONFIGS[key]
 
 

@@ -145,6 +145,28 @@ class VlmDetector(PreparedDetector):
 
     family = "vlm"
 
+    # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
+    OPTION_HELP = {
+        "model": "a transformers image-text-to-text model: hub name or local folder",
+        "mode": "logits | yes_prob | prompt | pmi | localize (the module docstring explains each)",
+        "cot": "mode=prompt: the chain-of-thought prompt",
+        "self_ensemble": "mode=prompt: sample N replies (temperature 1.5, top_p 0.9) and average their scores",
+        "context": "put the caption's preceding sentences before the target (AlignBench Table D)",
+        "reuse_prefix": "encode each image's prompt prefix once and reuse its KV cache for every sentence",
+        "batch_size": "rows per forward/generate call",
+        "dtype": "auto | float32 | bfloat16 | float16",
+        "device": "auto (CUDA when there is one) | cpu | cuda | cuda:1 ...",
+        "device_map": "transformers device_map (e.g. auto) for models larger than one device",
+        "attn_implementation": "transformers attention implementation (e.g. sdpa, flash_attention_2)",
+        "trust_remote_code": "run the model repository's own code (off unless you turn it on)",
+        "max_new_tokens": "generation cap for mode=prompt/localize (default 32; 256 with cot; 128 for localize)",
+        "seed": "seed of the sampling in self_ensemble",
+        "references": "mode=pmi: a folder of images or WebDataset shards holding the reference images",
+        "n_references": "mode=pmi: how many reference images (the first decodable ones)",
+        "temperature": "mode=pmi: temperature of sigmoid(PMI / temperature)",
+        "max_pixels": "images with more pixels are downscaled (aspect kept) before the processor; 0 = no cap",
+    }
+
     def __init__(self, model: str, mode: str = "logits", cot: bool = False, self_ensemble: int = 0,
                  context: bool = False, reuse_prefix: bool = True, batch_size: int = 16, dtype: str = "auto",
                  device: str = "auto", device_map: str | None = None, attn_implementation: str | None = None,

@@ -66,6 +66,19 @@ def test_spec_errors_name_key_and_value(spec, needle):
     assert needle in str(e.value)
 
 
+def test_every_detector_option_has_one_line_of_help():
+    """Each family's OPTION_HELP names exactly its __init__ options (docs/config.md and --describe show it)."""
+    import dataclasses
+
+    from halsift.filtering.spec import _family_class, families, family_config
+
+    for family in families():
+        fields = dataclasses.fields(family_config(family))
+        assert all(f.metadata["help"] for f in fields), (family, [f.name for f in fields if not f.metadata["help"]])
+        cls = _family_class(family, family)
+        assert set(getattr(cls, "OPTION_HELP", {})) == {f.name for f in fields}, family
+
+
 def test_family_options_are_typed_and_checked_without_importing_the_detector():
     import dataclasses
     import subprocess
