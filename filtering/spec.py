@@ -25,6 +25,7 @@ Families are registered by name -> ``"module:Class"`` (imported lazily); a later
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -161,18 +162,6 @@ def format_spec(family: str, opts: dict[str, Any]) -> str:
     return family + (":" + ",".join(parts) if parts else "")
 
 
-def _class_options(cls: type) -> list[str]:
-    params = inspect.signature(cls.__init__).parameters
-    return [p for p in params if p not in ("self", "spec") and params[p].kind is not inspect.Parameter.VAR_KEYWORD]
-
-
-def _source_options(target: str) -> list[str] | None:
-    """The ``__init__`` keyword names of a lazily registered ``"module:Class"``, read from its source file without
-    importing it (a detector module may import torch or transformers at the top); None when not found there."""
-    sig = _source_signature(target)
-    return None if sig is None else [name for name, *_ in sig]
-
-
 # annotation text -> type, for the option types read from a detector's source (anything else is not checked)
 _TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "Sequence": list, "list": list,
                           "Sequence[float]": list[float], "list[float]": list[float], "Sequence[str]": list[str],
@@ -252,8 +241,6 @@ def family_config(family: str) -> type:
     keyword, with its type and default, read from the class's source without importing it. A spec string is
     shorthand for it; the dry run validates a spec's options through it (:func:`check_spec`) and ``--describe`` /
     docs/config.md list it."""
-    import dataclasses
-
     target = _REGISTRY[family]  # "module:Class", or the class once it was imported
     where = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
     key = (family, where)
@@ -274,7 +261,6 @@ def family_config(family: str) -> type:
 def _check_types(family: str, opts: dict[str, Any], where: str) -> None:
     """Each option's value against its type in :func:`family_config` (a text option may be given a number:
     ``model=2017`` is the text ``"2017"``); a missing required option is an error too."""
-    import dataclasses
     import typing
 
     from halsift.corpus.config import ConfigError, from_dict
@@ -297,9 +283,7 @@ def _check_types(family: str, opts: dict[str, Any], where: str) -> None:
 def _family_options(family: str, where: str) -> list[str]:
     if family not in _REGISTRY:
         raise SpecError(f"detector spec {where!r}: unknown family {family!r}, expected one of {families()}")
-    target = _REGISTRY[family]
-    allowed = _source_options(target) if isinstance(target, str) else None
-    return allowed if allowed is not None else _class_options(_family_class(family, where))
+    return [f.name for f in dataclasses.fields(family_config(family))]
 
 
 def _check_keys(family: str, opts: dict[str, Any], allowed: list[str], where: str) -> None:
@@ -330,7 +314,7 @@ def check_spec(spec: str) -> None:
 
 def _build(family: str, opts: dict[str, Any], where: str) -> Detector:
     cls = _family_class(family, where)
-    _check_keys(family, opts, _class_options(cls), where)
+    _check_keys(family, opts, _family_options(family, where), where)
     try:
         det = cls(**opts)
     except SpecError:
