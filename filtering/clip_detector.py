@@ -35,8 +35,6 @@ SCHEMAS = ("hf-hub:", "local-dir:")  # open_clip model names that carry their ow
 
 def _load_error(what: str, e: Exception) -> str:
     """One line for weights that could not be loaded: the name, open_clip's reason, and what to do."""
-    import os
-
     reason = (str(e).splitlines() or [type(e).__name__])[0][:240]
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
     return (f"{what}: weights could not be loaded ({reason})"
@@ -182,10 +180,10 @@ class ClipDetector(Detector):
         if checkpoint and not Path(checkpoint).exists():
             raise ValueError(f"checkpoint={checkpoint!r}: file does not exist")
         what = f"arch={arch!r}" if schema else f"pretrained={pretrained!r} of arch={arch!r}"
+        from safetensors import SafetensorError
+
         extra = {}
         if checkpoint and str(checkpoint).endswith(".safetensors"):
-            from safetensors import SafetensorError
-
             try:
                 extra = siglip_kwargs(checkpoint)  # a SigLIP fine-tune stores logit_bias: create it first
             except SafetensorError as e:
@@ -193,15 +191,13 @@ class ClipDetector(Detector):
         try:
             with torch.random.fork_rng(devices=[]), _quiet_create(bool(checkpoint)):
                 torch.manual_seed(int(seed))  # random init is the same in every process
-                model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained or None,
-                                                                             **extra)
+                model, _, preprocess = load_open_clip(arch, pretrained or None, **extra)
                 tokenizer = open_clip.get_tokenizer(arch)
-        except (RuntimeError, OSError, ValueError) as e:  # hub misses, missing files, a bad config
+        except (RuntimeError, OSError, ValueError, SafetensorError) as e:  # hub misses, missing/bad files, a bad config
             raise ValueError(_load_error(what, e)) from e
         if checkpoint:
             try:
                 if str(checkpoint).endswith(".safetensors"):
-                    from safetensors import SafetensorError
                     from safetensors.torch import load_file
 
                     try:
