@@ -10,18 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import re
 import typing
 
 import yaml
 
 from halsift.corpus.config import field_default, to_dict
-
-
-def _type(tp: typing.Any) -> str:
-    if typing.get_origin(tp) is None and hasattr(tp, "__name__"):
-        return tp.__name__
-    return re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", str(tp)).replace("NoneType", "None")  # no module paths
+from halsift.launch.describe import type_text
 
 
 def _default(f: dataclasses.Field) -> str:
@@ -55,7 +49,7 @@ def tables(cls: type, title: str, key_prefix: str = "", drop: tuple[str, ...] = 
         if dataclasses.is_dataclass(tp):
             nested.append((tp, f"`{key}`", f"{key}."))
             continue
-        rows.append(f"| `{key}` | `{_cell(_type(tp))}` | `{_cell(_default(f))}` | {_cell(f.metadata.get('help', ''))} |")
+        rows.append(f"| `{key}` | `{_cell(type_text(tp))}` | `{_cell(_default(f))}` | {_cell(f.metadata.get('help', ''))} |")
         entry = _entry_class(tp)
         if entry is not None:
             nested.append((entry, f"`{key}.NAME`", f"{key}.NAME."))

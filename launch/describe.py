@@ -16,19 +16,21 @@ def describe_detectors() -> str:
     for name in families():
         opts = []
         for f in dataclasses.fields(family_config(name)):
-            tp = _type_text(f.type)
+            tp = type_text(f.type)
             opts.append(f"{f.name}: {tp} (required)" if f.default is dataclasses.MISSING
                         else f"{f.name}: {tp} = {f.default!r}")
         lines.append(f"#   {name}: {', '.join(opts) or '(no options)'}")
     return "\n".join(lines)
 
 
-def _type_text(tp) -> str:
+def type_text(tp) -> str:
+    """A type as a reader writes it: ``int``, ``list[float] | None`` (no module paths)."""
     import re
+    import typing
 
-    if isinstance(tp, type):
+    if typing.get_origin(tp) is None and hasattr(tp, "__name__"):
         return tp.__name__
-    return re.sub(r"\b(?:typing\.)", "", str(tp)).replace("NoneType", "None")
+    return re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", str(tp)).replace("NoneType", "None")
 
 
 def describe_command(cls: type, detectors: bool = False) -> str:

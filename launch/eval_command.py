@@ -35,22 +35,17 @@ def run_eval(name: str, config):
 def eval_command(name: str, metavars: Mapping[str, str] | None = None) -> tuple[str, Callable, Callable]:
     """``(HELP, add_arguments, run)`` of the ``halsift eval NAME`` command module."""
     from halsift.eval.registry import EVALS
+    from halsift.launch.describe import config_arguments
 
     cls = EVALS[name].config
-
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        from halsift.corpus.config import add_dataclass_arguments
-
-        from halsift.launch.describe import add_describe_argument
-
-        add_dataclass_arguments(parser, cls, metavars)  # list flags add up over repeats (`--scores A --scores B`)
-        add_describe_argument(parser, cls, detectors=name == "bench")
+    # list flags add up over repeats (`--scores A --scores B`); bench's --describe lists the detector families too
+    add_arguments = config_arguments(cls, metavars, detectors=name == "bench")
 
     def run(args: argparse.Namespace) -> int:
         from halsift.corpus.config import ConfigError, config_from_args, flag_message
         from halsift.launch.cli import UsageError
 
-        try:
+        try:  # a setting the library refuses while running (e.g. a missing vocabulary) is named as its flag too
             result = run_eval(name, config_from_args(cls, args))
         except ConfigError as e:
             raise UsageError(flag_message(str(e))) from None

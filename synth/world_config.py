@@ -47,4 +47,4 @@ class WorldSettings:
 
     def generator_kwargs(self) -> dict:
         """These settings as :func:`~halsift.synth.world.generate_world` keyword arguments."""
-        return {f: getattr(self, f) for f in self.__dataclass_fields__ if f in WorldSettings.__dataclass_fields__}
+        return {f: getattr(self, f) for f in WorldSettings.__dataclass_fields__}
