@@ -340,11 +340,10 @@ def alignbench_rows(table, source: str = "<table>", image_template: str = "{imag
     recs = table.to_dict("records")
     where = [f"{source}: row {i + 1}" for i in range(len(recs))]
     idx, base = _sentence_indices(recs, where, source, index_base)
-    text_of = _text_of
     # whole captions: (model, image) -> sentences in index order (unless a sentence column exists)
     groups: dict[tuple[str, str], list[tuple[int, str]]] = {}
     for w, r, i in zip(where, recs, idx):
-        sent = text_of(r, "sentence" if has_sentence else "caption", w)
+        sent = _text_of(r, "sentence" if has_sentence else "caption", w)
         groups.setdefault((str(r["model"]).strip(), str(r["image_name"]).strip()), []).append((i, sent))
     whole = not has_sentence and whole_caption_column(groups)
     release = any(c in table.columns for c in ("image_path_in_repo", "image_url"))
@@ -356,10 +355,10 @@ def alignbench_rows(table, source: str = "<table>", image_template: str = "{imag
     missing_image, no_sentence, split_mismatch = tally.missing_image, tally.no_sentence, tally.split_mismatch
     img_root = Path(images_dir) if images_dir is not None else None
     for w, r, i in zip(where, recs, idx):
-        model = text_of(r, "model", w)
-        image_name = text_of(r, "image_name", w)
+        model = _text_of(r, "model", w)
+        image_name = _text_of(r, "image_name", w)
         if whole:
-            caption = text_of(r, "caption", w)
+            caption = _text_of(r, "caption", w)
             sents = sentence_texts(caption)
             if len(sents) != len(groups[(model, image_name)]):
                 split_mismatch.add((model, image_name))
@@ -368,8 +367,8 @@ def alignbench_rows(table, source: str = "<table>", image_template: str = "{imag
                 continue
             sentence = sents[i - base]
         else:
-            sentence = text_of(r, "sentence" if has_sentence else "caption", w)
-            caption = (text_of(r, "caption", w) if has_sentence
+            sentence = _text_of(r, "sentence" if has_sentence else "caption", w)
+            caption = (_text_of(r, "caption", w) if has_sentence
                        else " ".join(s for _, s in sorted(groups[(model, image_name)], key=lambda t: t[0])))
         if release:
             found = _find_image(r, roots)
