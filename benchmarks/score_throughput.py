@@ -26,15 +26,22 @@ from pathlib import Path
 from PIL import Image
 
 
-def make_corpus(out: Path, samples: int, per_shard: int, image_size: int, seed: int = 0) -> Path:
-    """JPEG noise images with 3 sentences each (decode cost like real photos)."""
+def make_corpus(out: Path, samples: int, per_shard: int, image_size: int, seed: int = 0,
+                images: str = "noise") -> Path:
+    """JPEGs with 3 sentences each: ``noise`` (uniform noise, the worst case for a JPEG decoder: every
+    coefficient is coded) or ``photo`` (smooth gradients plus mild noise, closer to real photos)."""
     import numpy as np
 
     from halsift.corpus.shards import Sample, ShardWriter
 
     rng = np.random.default_rng(seed)
     r = random.Random(seed)
-    base = rng.integers(0, 255, (image_size, image_size, 3), dtype=np.uint8)
+    if images == "noise":
+        base = rng.integers(0, 255, (image_size, image_size, 3), dtype=np.uint8)
+    else:
+        x = np.linspace(0, 1, image_size)
+        grad = np.stack([np.add.outer(x, x) * 110, np.outer(1 - x, x) * 255, np.outer(x, 1 - x) * 255], -1)
+        base = np.clip(grad + rng.normal(0, 6, grad.shape), 0, 255).astype(np.uint8)
     with ShardWriter(out, maxcount=per_shard) as w:
         for i in range(samples):
             arr = np.roll(base, i * 7, axis=1)
@@ -122,6 +129,10 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=None, help="samples (3 sentences each); default 96 cpu / 2000 cuda")
     p.add_argument("--per-shard", type=int, default=None)
     p.add_argument("--image-size", type=int, default=256)
+    p.add_argument("--images", choices=("noise", "photo"), default="noise",
+                   help="JPEG content: noise (worst-case decode) or photo-like gradients")
+    p.add_argument("--fast-decode", action="store_true",
+                   help="the clip detector's fast_decode=true (JPEGs decoded at a reduced DCT scale)")
     p.add_argument("--batch-sizes", default=None, help="comma list; default 8,32,96 cpu / 32,128,512 cuda")
     p.add_argument("--procs", default="1,2", help="process counts to compare")
     p.add_argument("--no-memory", action="store_true", help="skip the 1x vs 10x shards memory check")
@@ -133,13 +144,15 @@ def main(argv=None) -> int:
     samples = a.samples or (2000 if gpu else 96)
     per_shard = a.per_shard or max(1, samples // 8)
     batches = [int(x) for x in (a.batch_sizes or ("32,128,512" if gpu else "8,32,96")).split(",")]
-    spec = f"clip:arch={arch},seed=0"  # precision=auto: bf16 + TF32 on CUDA, fp32 on CPU
+    # precision=auto: bf16 + TF32 on CUDA, fp32 on CPU
+    spec = f"clip:arch={arch},seed=0" + (",fast_decode=true" if a.fast_decode else "")
     tmp = Path(tempfile.mkdtemp(prefix="halsift-bench-score-"))
-    data = make_corpus(tmp / "data", samples, per_shard, a.image_size)
+    data = make_corpus(tmp / "data", samples, per_shard, a.image_size, images=a.images)
     print(f"device={a.device} arch={arch} samples={samples} sentences={3 * samples} shards="
-          f"{len(list(data.glob('*.tar')))} image={a.image_size}px cpus={os.cpu_count()}")
+          f"{len(list(data.glob('*.tar')))} image={a.image_size}px {a.images} fast_decode={a.fast_decode} "
+          f"cpus={os.cpu_count()}")
     res: dict = {"device": a.device, "arch": arch, "samples": samples, "sentences": 3 * samples,
-                 "image_size": a.image_size, "runs": []}
+                 "image_size": a.image_size, "images": a.images, "fast_decode": a.fast_decode, "runs": []}
     bare = {b: bare_rate(spec, data, b, a.device) for b in batches}
     print(f"{'procs':>5} {'batch':>6} {'sent/s':>10} {'bare/s':>10} {'effic.':>7} {'data %':>7} {'model %':>8}"
           f" {'decode %':>9}")

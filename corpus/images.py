@@ -61,8 +61,13 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV
 
 
-def decode_image(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """Decode image bytes to an RGB image, or raise :class:`ImageDecodeError` naming ``key`` and the reason."""
+def decode_image(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXELS,
+                 draft: int | None = None) -> Image.Image:
+    """Decode image bytes to an RGB image, or raise :class:`ImageDecodeError` naming ``key`` and the reason.
+
+    ``draft``: a JPEG is decoded at the smallest DCT scale (1/2, 1/4 or 1/8) whose both sides stay >= ``draft``
+    (libjpeg's reduced-size decoding: less inverse-DCT and colour work, and a smaller image to resize). Pixels
+    differ slightly from a full decode followed by a resize; other formats decode in full."""
     if not data:
         raise ImageDecodeError(key, "zero-byte image", "empty")
     try:
@@ -83,6 +88,8 @@ def decode_image(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXEL
                                "bomb")
     if w == 0 or h == 0:
         raise ImageDecodeError(key, f"empty image size {w}x{h}", "corrupt")
+    if draft and img.format == "JPEG":
+        img.draft(None, (int(draft), int(draft)))  # sizes round up: both sides stay >= draft
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -99,7 +106,8 @@ def decode_image(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXEL
     return _to_rgb(img)
 
 
-def load_image_file(path: str | os.PathLike, key: str = "", max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+def load_image_file(path: str | os.PathLike, key: str = "", max_pixels: int = DEFAULT_MAX_PIXELS,
+                    draft: int | None = None) -> Image.Image:
     """:func:`decode_image` of a file (a bench or retrieval image); a missing path, a folder or a FIFO/device (whose
     read would block) is an :class:`ImageDecodeError` of kind ``missing_image`` naming the path."""
     path = Path(path)
@@ -110,7 +118,7 @@ def load_image_file(path: str | os.PathLike, key: str = "", max_pixels: int = DE
         data = path.read_bytes()
     except OSError as e:
         raise ImageDecodeError(key, f"cannot read {path} ({e})", "missing_image") from None
-    return decode_image(data, key, max_pixels)
+    return decode_image(data, key, max_pixels, draft)
 
 
 class SkipCounter:
@@ -171,11 +179,12 @@ class SkipCounter:
 
 
 def decode_sample(sample, skipped: SkipCounter, max_pixels: int = DEFAULT_MAX_PIXELS,
-                  need_caption: bool = True) -> Image.Image | None:
+                  need_caption: bool = True, draft: int | None = None) -> Image.Image | None:
     """Decode a :class:`~halsift.corpus.shards.Sample`'s image, or count why it is skipped and return None.
 
     Skips (with kind): no image member (``missing_image``), an empty/whitespace caption when
-    ``need_caption`` (``empty_caption``), and every :class:`ImageDecodeError` kind.
+    ``need_caption`` (``empty_caption``), and every :class:`ImageDecodeError` kind. ``draft``: see
+    :func:`decode_image`.
     """
     if not sample.image and not sample.ext:
         skipped.add(sample.key, "sample has no image member", "missing_image")
@@ -184,7 +193,7 @@ def decode_sample(sample, skipped: SkipCounter, max_pixels: int = DEFAULT_MAX_PI
         skipped.add(sample.key, "empty caption", "empty_caption")
         return None
     try:
-        return decode_image(sample.image, sample.key, max_pixels)
+        return decode_image(sample.image, sample.key, max_pixels, draft)
     except ImageDecodeError as e:
         skipped.add_error(e)
         return None

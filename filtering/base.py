@@ -102,6 +102,18 @@ def distinct_images(items: Sequence[Item]) -> tuple[list[Any], list[int]]:
     return images, index
 
 
+def preprocess_side(preprocess: Any) -> int | None:
+    """The smallest image side a torchvision ``Compose`` preprocessing needs: its leading ``Resize``'s size (an
+    int resizes the short side to it; ``(h, w)`` squashes). None when it starts otherwise (e.g. open_clip's
+    keep-ratio modes): such a detector's images are decoded in full."""
+    first = next(iter(getattr(preprocess, "transforms", ())), None)
+    if type(first).__name__ != "Resize" or getattr(first, "max_size", None):
+        return None
+    size = first.size
+    size = size if isinstance(size, int) else max(size) if len(size) else None
+    return int(size) if size else None
+
+
 class Detector:
     """Base class. Subclasses set ``family`` and implement :meth:`score_batch`.
 
@@ -114,6 +126,7 @@ class Detector:
     localizes: bool = False  # localization: results carry ``spans``
     set_level: bool = False  # set-level: scores depend on the whole set (``members`` + :meth:`combine_scores`)
     judge: "VlmJudge | None" = None  # vlm-judge: the loaded VLM it lends for QA and likelihoods
+    decode_size: int | None = None  # JPEGs may decode at a reduced scale down to this side (None: in full)
 
     def __init__(self, spec: str = "") -> None:
         self.spec = spec or self.family

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from halsift.filtering.base import Detector, Item, PreparedDetector, Result, distinct_images
+from halsift.filtering.base import (Detector, Item, PreparedDetector, Result, distinct_images,
+                                    preprocess_side)
 
 COS_SCALE = 10.0
 
@@ -232,10 +233,12 @@ class LoraDetector(Detector):
         "device": "cpu, cuda, cuda:1 ...",
         "batch_size": "vlm kind: rows per forward call (default: the base detector's)",
         "trust_remote_code": "let the base model's repository run its own code (off unless you turn it on)",
+        "fast_decode": "clip kind: decode JPEGs at 1/2-1/8 scale, never below the model's input side (pixels "
+                       "differ slightly from a full decode)",
     }
 
     def __init__(self, path: str, merge: bool = False, device: str = "cpu", batch_size: int | None = None,
-                 trust_remote_code: bool = False) -> None:
+                 trust_remote_code: bool = False, fast_decode: bool = False) -> None:
         super().__init__()
         from halsift.filtering.spec import load_detector
 
@@ -256,6 +259,7 @@ class LoraDetector(Detector):
                 raise FileNotFoundError(f"lora detector: {head_path} is missing (the clip head)")
             scorer = ClipLoraScorer(model.float(), load_head(head_path)).eval()
             self.inner: Detector = LoraClipDetector(scorer, base.preprocess, base.tokenizer)
+            self.decode_size = preprocess_side(base.preprocess) if fast_decode else None
         else:
             base.model = model.eval()
             if batch_size:

@@ -108,8 +108,10 @@ def _sample_items(sample, image, unit: str) -> list[Item]:
     return [Item(sample.key, i, t, texts[:i], image, image_id, {**base, **g}) for i, (t, g) in enumerate(zip(texts, gts))]
 
 
-def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: bool = True) -> Iterator[list[Item]]:
-    """Yield the items of one caption at a time; bad samples are counted in ``skipped`` and left out."""
+def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: bool = True,
+                        draft: int | None = None) -> Iterator[list[Item]]:
+    """Yield the items of one caption at a time; bad samples are counted in ``skipped`` and left out. ``draft``:
+    JPEGs decode at a reduced scale down to that side (a detector's ``decode_size``)."""
     if part.captions is not None:
         if unit != "sentence":
             raise ValueError("unit: a bench file is scored per sentence (its rows), not per caption")
@@ -122,7 +124,7 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
                 image = last[1]
             elif decode:
                 try:
-                    image = load_image_file(bench_dir / first.image, first.id)
+                    image = load_image_file(bench_dir / first.image, first.id, draft=draft)
                 except ImageDecodeError as e:
                     for r in rows:
                         skipped.add(r.id, f"image {first.image}: {e.reason}", e.kind)
@@ -139,7 +141,7 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
                 skipped.add(sample.key, "json member is not valid JSON", "corrupt")
                 continue
             if decode:
-                image = decode_sample(sample, skipped)
+                image = decode_sample(sample, skipped, draft=draft)
                 if image is None:
                     continue
             else:
@@ -258,7 +260,7 @@ def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_
     skipped = SkipCounter(max_examples=1000)
     rows = PartRows(detector)
     # Images are decoded even for detectors that ignore them, so every detector skips the same samples.
-    groups = Counted(iter_caption_groups(part, unit, skipped))
+    groups = Counted(iter_caption_groups(part, unit, skipped, draft=detector.decode_size))
 
     def prepared(batches):  # the detector's CPU half (preprocess, tokenize) runs in the reader thread too
         for b in batches:

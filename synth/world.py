@@ -60,15 +60,26 @@ def _write_png(path: Path, data: bytes) -> None:
     path.write_bytes(data)  # inside the temporary world folder: the whole folder is moved at the end
 
 
-def corpus_sample(seed: int, index: int, image_size: int, captioners: tuple[str, ...] = ()) -> Sample:
+def _window(sents: list[dict], lo: int, hi: int, rng: random.Random) -> list[dict]:
+    """``lo``-``hi`` consecutive sentences starting anywhere, renumbered from position 0 (a caption of its own)."""
+    k = min(len(sents), rng.randint(lo, hi))
+    start = rng.randrange(len(sents) - k + 1)
+    return [{**s, "position": i} for i, s in enumerate(sents[start:start + k])]
+
+
+def corpus_sample(seed: int, index: int, image_size: int, captioners: tuple[str, ...] = (),
+                  sentences: tuple[int, int] | None = None) -> Sample:
     """The ``index``-th corpus pair: one image, one caption by a captioner drawn from ``captioners`` (names of
-    :data:`~.captioners.PROFILES`; empty = all six)."""
+    :data:`~.captioners.PROFILES`; empty = all six); ``sentences=(lo, hi)`` cuts it to ``lo``-``hi`` consecutive
+    sentences starting anywhere (short captions; None: the whole caption)."""
     rng = _rng(seed, "corpus", index)
     scene = sample_scene(rng)
     img = _image(scene, image_size, rng)
     profiles = [PROFILE_BY_NAME[c] for c in captioners] or PROFILES
     prof = profiles[rng.randrange(len(profiles))]
     sents = caption(scene, prof, rng)
+    if sentences:
+        sents = _window(sents, *sentences, rng)
     key = f"c{index:07d}"
     meta = {"captioner": prof.name, "source": "i2t", "image_id": key, "domain": scene.domain,
             "sentences": sents, "scene": scene.to_json()}
@@ -156,9 +167,7 @@ def retrieval_item(seed: int, index: int, image_size: int, images_dir: Path, sty
     for _ in range(5):
         prof = rng.choice(profiles)
         sents = caption(scene, prof, rng, clean=True)
-        k = min(len(sents), rng.randint(2, 3))
-        start = rng.randrange(len(sents) - k + 1)
-        caps.append(_caption_text(sents[start:start + k]))
+        caps.append(_caption_text(_window(sents, 2, 3, rng)))
         writers.append(prof.name)
     return {"image": f"images/{name}", "captions": caps, "captioners": writers, "scene": scene.to_json()}
 
@@ -167,11 +176,13 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
                    bench_images: int | None = None, retrieval_images: int | None = None,
                    pretrain_images: int | None = None, t2i_prompts: int | None = None, shard_size: int = 256,
                    overwrite: bool = False, show_progress: bool = False,
-                   captioners: tuple[str, ...] | list[str] = (), retrieval_style: str = "captioners") -> dict:
+                   captioners: tuple[str, ...] | list[str] = (), retrieval_style: str = "captioners",
+                   corpus_sentences: tuple[int, int] | list[int] = ()) -> dict:
     """Write a synthetic world under ``out`` and return what ``world.json`` holds.
 
     ``images`` corpus pairs, captioned by ``captioners`` (profile names; empty = all six: HalDec Table F's corpus
-    is one captioner's output); retrieval captions in ``retrieval_style`` (:func:`retrieval_item`);
+    is one captioner's output), each cut to ``corpus_sentences`` = (lo, hi) consecutive sentences when given;
+    retrieval captions in ``retrieval_style`` (:func:`retrieval_item`);
     ``bench_images`` (default ``max(24, images // 4)``) bench images, each captioned by the six captioners;
     ``t2i_prompts`` (default ``max(12, bench_images // 2)``) prompts drawn by the three t2i generators; ``retrieval_images`` (default ``max(20, images // 10)``); ``pretrain_images`` (default
     ``images``) clean pairs. Raises ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
@@ -184,6 +195,9 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     captioners = tuple(captioners)
     check_captioner_names(captioners)
+    window = tuple(corpus_sentences) or None
+    if window and (len(window) != 2 or not 1 <= window[0] <= window[1]):
+        raise ValueError(f"corpus_sentences: expected [lo, hi] with 1 <= lo <= hi, got {list(window)}")
     if retrieval_style not in RETRIEVAL_STYLES:
         raise ValueError(f"retrieval_style: expected one of {RETRIEVAL_STYLES}, got {retrieval_style!r}")
     held_out = tuple(p.name for p in PROFILES if p.name not in captioners)
@@ -211,7 +225,7 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     bar = progress(total=total, desc="synth", unit="img", disable=not show_progress)
     try:
         n_rows = _write_parts(tmp, bar, seed, image_size, shard_size, images, captioners, bench_images,
-                              t2i_prompts, retrieval_images, retrieval_style, held_out, pretrain_images)
+                              t2i_prompts, retrieval_images, retrieval_style, held_out, pretrain_images, window)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -221,6 +235,7 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     world = {
         "seed": seed, "image_size": image_size, "version": 2,
         "corpus_captioners": list(captioners) or [p.name for p in PROFILES], "retrieval_style": retrieval_style,
+        **({"corpus_sentences": list(window)} if window else {}),
         "sizes": {"corpus": images, "bench_images": bench_images, "t2i_prompts": t2i_prompts,
                   "bench_rows": n_rows, "retrieval": retrieval_images, "pretrain": pretrain_images,
                   "shard_size": shard_size},
@@ -240,11 +255,12 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
 
 def _write_parts(tmp: Path, bar, seed: int, image_size: int, shard_size: int, images: int,
                  captioners: tuple[str, ...], bench_images: int, t2i_prompts: int, retrieval_images: int,
-                 retrieval_style: str, held_out: tuple[str, ...], pretrain_images: int) -> int:
+                 retrieval_style: str, held_out: tuple[str, ...], pretrain_images: int,
+                 window: tuple[int, int] | None = None) -> int:
     """Write corpus, bench, retrieval and pretrain under ``tmp`` (in this order: it fixes the output); bench rows."""
     with ShardWriter(tmp / "corpus", maxcount=shard_size) as w:
         for i in range(images):
-            w.write(corpus_sample(seed, i, image_size, captioners))
+            w.write(corpus_sample(seed, i, image_size, captioners, window))
             bar.update()
     rows: list[BenchRow] = []
     for i in range(bench_images):

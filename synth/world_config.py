@@ -28,6 +28,10 @@ class WorldSettings:
     captioners: list[str] = field(default_factory=list, help="simulated captioners that write the corpus (default: "
                                                              "all six; HalDec Table F's corpus is one captioner's)",
                                   cli={"metavar": "NAME"})
+    corpus_sentences: list[int] = field(default_factory=list, help="[lo, hi]: each corpus caption is lo-hi "
+                                        "consecutive sentences of the captioner's caption, starting anywhere (short "
+                                        "captions that fit CLIP's context); default: whole captions",
+                                        cli={"metavar": "N"})
     retrieval_style: str = field("captioners", help="retrieval captions: 2-3 sentences by the captioners that do not "
                                                     "write the corpus (default), or short human-style captions over "
                                                     "families of look-alike scenes",
@@ -44,6 +48,9 @@ class WorldSettings:
         if self.retrieval_style not in RETRIEVAL_STYLES:
             raise ValueError(f"retrieval_style: expected one of {RETRIEVAL_STYLES}, got {self.retrieval_style!r}")
         check_captioner_names(self.captioners, "captioners")
+        w = self.corpus_sentences
+        if w and (len(w) != 2 or not 1 <= w[0] <= w[1]):
+            raise ValueError(f"corpus_sentences: expected [lo, hi] with 1 <= lo <= hi, got {w}")
 
     def generator_kwargs(self) -> dict:
         """These settings as :func:`~halsift.synth.world.generate_world` keyword arguments."""

@@ -174,3 +174,20 @@ def test_load_image_file_names_a_missing_or_special_path(tmp_path):
     with pytest.raises(ImageDecodeError, match="not an image") as e:
         load_image_file(tmp_path / "text.png")
     assert e.value.kind == "not_image"
+
+
+def test_draft_decodes_a_jpeg_at_the_smallest_scale_that_keeps_the_side():
+    x = np.linspace(0, 255, 256)
+    arr = np.stack([np.add.outer(x[:192], x) / 2, np.tile(x, (192, 1)), np.full((192, 256), 90.0)], -1)
+    jpeg = _bytes(Image.fromarray(arr.astype(np.uint8), "RGB"), "JPEG", quality=90)
+    assert decode_image(jpeg, "k").size == (256, 192)
+    assert decode_image(jpeg, "k", draft=24).size == (32, 24)  # 1/8: both sides still >= 24
+    assert decode_image(jpeg, "k", draft=64).size == (128, 96)  # 1/4 would give a 48-pixel side
+    assert decode_image(jpeg, "k", draft=500).size == (256, 192)  # never upscales
+    small = np.asarray(decode_image(jpeg, "k", draft=64).resize((64, 48), Image.BICUBIC), dtype=float)
+    full = np.asarray(decode_image(jpeg, "k").resize((64, 48), Image.BICUBIC), dtype=float)
+    assert np.abs(small - full).mean() < 2.0  # the same picture after the model's resize
+    png = _bytes(Image.fromarray(arr.astype(np.uint8), "RGB"), "PNG")
+    assert decode_image(png, "k", draft=24).size == (256, 192)  # only JPEGs have reduced-scale decoding
+    sample = Sample("s", jpeg, "a caption.", ext="jpg")
+    assert decode_sample(sample, SkipCounter(), draft=64).size == (128, 96)

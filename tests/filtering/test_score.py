@@ -182,3 +182,55 @@ def test_decode_workers_write_the_same_parts(tmp_path, capsys):
     assert ma["skipped"]["total"] == mb["skipped"]["total"] >= 1 and ma["sentences"] == mb["sentences"]
     assert main(["score", "--detector", "random:seed=0", "--data", str(data), "--out", str(tmp_path / "c"),
                  "--decode-workers", "-1"]) == 2
+
+
+def _photo_corpus(out: Path, n: int = 12) -> Path:
+    """256x192 JPEGs (smooth gradients with a little noise, like photos), two sentences each."""
+    import io
+
+    from PIL import Image
+
+    from halsift.corpus.shards import Sample, ShardWriter
+
+    rng = np.random.default_rng(0)
+    x = np.linspace(0, 1, 256)
+    with ShardWriter(out, maxcount=6) as w:
+        for i in range(n):
+            c = rng.uniform(0, 255, 3)
+            arr = np.stack([np.add.outer(np.linspace(0, 1, 192), x) * c[k] / 2 for k in range(3)], -1)
+            arr = np.clip(arr + rng.normal(0, 8, arr.shape), 0, 255).astype(np.uint8)
+            buf = io.BytesIO()
+            Image.fromarray(arr).save(buf, "JPEG", quality=90)
+            sents = [{"text": t, "position": j, "label": "correct", "types": [], "spans": []}
+                     for j, t in enumerate([f"A gradient number {i}.", "It is mostly one colour."])]
+            w.write(Sample(f"p{i:03d}", buf.getvalue(), " ".join(s["text"] for s in sents), ext="jpg",
+                           meta={"captioner": "c", "source": "i2t", "sentences": sents}))
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_fast_decode_decodes_jpegs_near_the_model_input_size_with_near_equal_scores(tmp_path, workers):
+    from halsift.filtering.spec import load_detector
+
+    data = _photo_corpus(tmp_path / "c")
+    full = load_detector("clip:arch=halsift-tiny,seed=0")
+    fast = load_detector("clip:arch=halsift-tiny,seed=0,fast_decode=true")
+    assert (full.decode_size, fast.decode_size) == (None, 64)  # halsift-tiny's input side
+    sizes: dict[str, set] = {"full": set(), "fast": set()}
+    for name, det in (("full", full), ("fast", fast)):
+        inner = det.preprocess
+
+        def spy(im, inner=inner, seen=sizes[name]):
+            seen.add(im.size)
+            return inner(im)
+        det.preprocess = spy
+        score(det, data, tmp_path / name, batch_size=8, device="cpu", show_progress=False, workers=workers)
+    if workers == 0:  # forked workers record in their own copy of the set
+        assert sizes == {"full": {(256, 192)}, "fast": {(128, 96)}}  # 1/2 scale: 1/4 would cut below 64
+    a, b = _rows(tmp_path / "full"), _rows(tmp_path / "fast")
+    pd.testing.assert_frame_equal(a[["key", "sentence_index"]], b[["key", "sentence_index"]])
+    assert not np.array_equal(a["score"], b["score"])  # other pixels ...
+    np.testing.assert_allclose(a["score"], b["score"], atol=0.2)  # ... the same picture to the model
+    with pytest.raises(RunMismatch):  # a folder scored in full is not resumed with reduced-scale decoding
+        score("clip:arch=halsift-tiny,seed=0,fast_decode=true", data, tmp_path / "full", batch_size=8,
+              device="cpu", show_progress=False)

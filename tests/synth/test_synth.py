@@ -241,3 +241,24 @@ def test_corpus_captioners_option(tmp_path):
     with pytest.raises(ValueError, match="captioners: unknown 'bard-sim'"):
         generate_world(tmp_path / "x", images=10, captioners=["bard-sim"])
     assert main(["synth", "--out", str(tmp_path / "y"), "--images", "10", "--captioners", "bard-sim"]) == 2
+
+
+def test_corpus_sentences_cuts_each_corpus_caption_to_a_window(tmp_path):
+    kw = dict(images=40, seed=0, bench_images=2, t2i_prompts=1, retrieval_images=5, pretrain_images=3,
+              captioners=["share-sim"])
+    whole = {s.key: s for s in iter_samples(generate_world(tmp_path / "a", **kw) and tmp_path / "a" / "corpus")}
+    world = generate_world(tmp_path / "b", corpus_sentences=[2, 3], **kw)
+    assert world["corpus_sentences"] == [2, 3]
+    starts = set()
+    for s in iter_samples(tmp_path / "b" / "corpus"):
+        sents, full = s.meta["sentences"], whole[s.key].meta["sentences"]
+        assert 2 <= len(sents) <= 3 and [x["position"] for x in sents] == list(range(len(sents)))
+        assert s.caption == " ".join(x["text"] for x in sents)
+        pairs = [(x["text"], x["label"]) for x in full]  # consecutive sentences of the same caption, labels kept
+        at = [i for i in range(len(full)) if pairs[i:i + len(sents)] == [(x["text"], x["label"]) for x in sents]]
+        assert at
+        starts.add(at[0])
+    assert len(starts) > 3  # windows start anywhere, not only at the overview
+    bench = [(tmp_path / w / "bench" / "bench.jsonl").read_bytes() for w in ("a", "b")]
+    assert bench[0] == bench[1]  # only the corpus changes
+    assert main(["synth", "--out", str(tmp_path / "c"), "--images", "10", "--corpus-sentences", "3", "2"]) == 2
