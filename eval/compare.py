@@ -29,7 +29,9 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def _kept_precision(manifest: Mapping) -> float | None:
-    for key in ("precision", "kept_precision"):
+    """Share of correct sentences in what a selection kept (``sentence_precision``, whatever its unit; older
+    manifests: ``precision``)."""
+    for key in ("sentence_precision", "precision", "kept_precision"):
         v = manifest.get(key)
         if isinstance(v, (int, float)):
             return float(v)
@@ -45,9 +47,10 @@ def _input_precision(manifests: Mapping[str, Mapping]) -> float | None:
         for key in ("input_precision",):
             if isinstance(m.get(key), (int, float)):
                 return float(m[key])
-        prec = m.get("precision")
-        if isinstance(prec, Mapping) and isinstance(prec.get("input"), (int, float)):
-            return float(prec["input"])
+        for key in ("sentence_precision", "precision"):
+            prec = m.get(key)
+            if isinstance(prec, Mapping) and isinstance(prec.get("input"), (int, float)):
+                return float(prec["input"])
     return None
 
 

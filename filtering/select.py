@@ -340,10 +340,12 @@ class KeptCounts:
         self.got: defaultdict[str, Counter] = defaultdict(Counter)
         self.units: Counter = Counter()
         self.samples: Counter = Counter()
+        self.sentences = {"input": Counter(), "kept": Counter()}  # sentence labels whatever the unit
 
     def add_source(self, cap: str, labels: list) -> None:
         """One source sample read: its units' labels count for the input precision."""
         self.inp[cap].update(x for x in (labels if self.sentence_level else [_caption_label(labels)]) if x)
+        self.sentences["input"].update(x for x in labels if x)
 
     def add_kept(self, cap: str, labels: list, idxs: list[int]) -> None:
         """One source sample written with its kept sentences ``idxs`` (the whole caption when not sentence-level)."""
@@ -354,11 +356,14 @@ class KeptCounts:
             lab = _caption_label(labels)
             self.got[cap].update([lab] if lab else [])
             self.units[cap] += 1
+            idxs = range(len(labels))
+        self.sentences["kept"].update(labels[i] for i in idxs if labels[i])
         self.samples[cap] += 1
 
     def to_json(self) -> dict:
         return {"input": {c: dict(v) for c, v in self.inp.items()}, "kept": {c: dict(v) for c, v in self.got.items()},
-                "kept_units": dict(self.units), "kept_samples": dict(self.samples)}
+                "kept_units": dict(self.units), "kept_samples": dict(self.samples),
+                "sentences": {k: dict(v) for k, v in self.sentences.items()}}
 
     def merge_json(self, d: dict) -> None:
         for c, v in d["input"].items():
@@ -367,6 +372,8 @@ class KeptCounts:
             self.got[c].update(v)
         self.units.update(d["kept_units"])
         self.samples.update(d["kept_samples"])
+        for k, v in d.get("sentences", {}).items():
+            self.sentences[k].update(v)
 
     def manifest_fields(self) -> dict:
         total_in, total_kept = sum(self.inp.values(), Counter()), sum(self.got.values(), Counter())
@@ -377,7 +384,10 @@ class KeptCounts:
                               **{f"input/{c}": _precision(self.inp[c]) for c in caps},
                               **{f"kept/{c}": _precision(self.got[c]) for c in caps}},
                 "labelled_units": {"input": total_in["correct"] + total_in["incorrect"],
-                                   "kept": total_kept["correct"] + total_kept["incorrect"]}}
+                                   "kept": total_kept["correct"] + total_kept["incorrect"]},
+                # share of correct sentences in the kept text, whatever the unit (a whole caption's
+                # ``precision`` above counts it correct only when every sentence is)
+                "sentence_precision": {k: _precision(v) for k, v in self.sentences.items()}}
 
 
 def kept_by_key(kept: pa.Table) -> dict[str, list[int]]:

@@ -87,9 +87,11 @@ def test_run_index_html_holds_table_plots_bench_and_samples(tiny_run):
     assert all(t[2][0] == (100 if t[1] == "c" else 0) for t in sents if t[1] in ("c", "i"))
     kept_by_oracle = [t for t in sents if t[3] & 1]
     assert kept_by_oracle and all(t[1] == "c" for t in kept_by_oracle)
-    # kept bits are the selection's kept.parquet (prune: sentence units)
+    # kept bits are the selection's kept.parquet (whole captions: sentence_index -1 marks every sentence)
     kept = pq.read_table(tiny_run / "select" / "random" / "kept.parquet").to_pydict()
-    want = set(zip(kept["key"], kept["sentence_index"]))
+    whole = {k for k, i in zip(kept["key"], kept["sentence_index"]) if i == -1}
+    assert whole and len(whole) == len(kept["key"])  # the quickstart keeps whole captions
+    want = {(s["k"], i) for s in corpus if s["k"] in whole for i in range(len(s["t"]))}
     got = {(s["k"], i) for s in corpus for i, t in enumerate(s["t"]) if t[3] & 2}
     assert got == want
     # on the bench a filter keeps its detector's top eval.keep share

@@ -166,3 +166,21 @@ def test_per_captioner_quota_reads_captioners_from_shards_when_scores_lack_them(
     truth = _truth(data)
     want = {c: int(np.floor(0.3 * n + 0.5)) for c, n in truth["captioner"].value_counts().items()}
     assert m["kept_units_per_captioner"] == dict(sorted(want.items()))
+
+
+def test_whole_caption_selection_reports_the_share_of_correct_sentences_it_kept(world, tmp_path):
+    corpus, d = world
+    truth = _truth(corpus)
+    m = select(d / "oracle", corpus, tmp_path / "w", keep=0.8, unit="caption", agg="mean", show_progress=False)
+    kept = {s.key for s in iter_samples(tmp_path / "w")}
+    mine = truth[truth["key"].isin(kept)]
+    assert m["sentence_precision"]["kept"] == pytest.approx(_prec(mine["label"]), abs=1e-6)
+    assert m["sentence_precision"]["input"] == pytest.approx(_prec(truth["label"]), abs=1e-6)
+    whole = [s for s in iter_samples(tmp_path / "w")]  # caption-level precision: every sentence correct
+    full = sum(all(x["label"] == "correct" for x in s.meta["sentences"]) for s in whole)
+    wrong = sum(any(x["label"] == "incorrect" for x in s.meta["sentences"]) for s in whole)
+    assert m["precision"]["kept"] == pytest.approx(full / (full + wrong), abs=1e-6)
+    assert m["precision"]["kept"] < m["sentence_precision"]["kept"] < 1.0  # mean score keeps some wrong sentences
+    from halsift.eval.compare import _kept_precision
+
+    assert _kept_precision(m) == m["sentence_precision"]["kept"]  # what the report's "kept precision" states

@@ -223,12 +223,12 @@ def test_select_top_k_and_threshold_reach_select():
     r = load_recipe("quickstart", ["select.top_k=100", "select.variants={o@50: {filter: oracle, threshold: 50}, "
                                    "o@0.1: {filter: oracle, keep: 0.1}, o-sent: {filter: oracle, unit: sentence}}"])
     assert r.select.resolved("clip") == ("clip", {"keep": None, "top_k": 100, "threshold": None, "unit": "caption",
-                                                   "agg": "prune"})
+                                                   "agg": "mean"})
     assert r.select.resolved("o@50")[1] == {"keep": None, "top_k": None, "threshold": 50.0, "unit": "caption",
-                                            "agg": "prune"}
+                                            "agg": "mean"}
     assert r.select.resolved("o@0.1")[1]["keep"] == 0.1 and r.select.resolved("o@0.1")[1]["top_k"] is None
     assert r.select.resolved("o-sent") == ("oracle", {"keep": None, "top_k": 100, "threshold": None,
-                                                      "unit": "sentence", "agg": "prune"})
+                                                      "unit": "sentence", "agg": "mean"})
     plain = load_recipe("quickstart", [])
     assert plain.select.resolved("clip")[1] == {"keep": 0.2, "top_k": None, "threshold": None, "unit": "caption",
-                                               "agg": "prune"}
+                                               "agg": "mean"}
