@@ -92,11 +92,9 @@ def run(args: argparse.Namespace) -> int:
                    detector=args.detector, allow_partial=args.allow_partial)
     except SelectError as e:
         raise UsageError(str(e)) from e
-    k = m["keys"]
-    print(f"kept {m['kept_units']} of {m['candidates']} units ({m['samples_written']} samples written); "
-          f"precision {m['precision']['input']} -> {m['precision']['kept']}; keys only in shards "
-          f"{k['only_in_shards']}, only in scores {k['only_in_scores']}; {m['skipped']['total']} sample(s) "
-          f"skipped -> {args.out}")
+    from halsift.launch.select_engines import summary_line
+
+    print(f"{summary_line(m)} -> {args.out}")
     from halsift.launch.run_wandb import log_select
 
     log_select(args, m)  # --wandb

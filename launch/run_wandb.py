@@ -64,6 +64,8 @@ def select_metrics(manifest: dict) -> dict:
             "corrupt_shards": len(manifest.get("corrupt_shards", [])),
             "precision/input": manifest.get("precision", {}).get("input"),
             "precision/kept": manifest.get("precision", {}).get("kept"),
+            "sentence_precision/input": manifest.get("sentence_precision", {}).get("input"),
+            "sentence_precision/kept": manifest.get("sentence_precision", {}).get("kept"),
             "keys/only_in_shards": keys.get("only_in_shards"), "keys/only_in_scores": keys.get("only_in_scores"),
             "wall_time_s": wall, "candidates_per_s": round(cand / wall, 1) if wall else None}
 

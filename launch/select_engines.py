@@ -27,6 +27,18 @@ class SelectScaleConfig:
     memory_limit: str | None = field(None, help="DuckDB's memory limit for the keys, e.g. 1GB (default)", cli=_G)
 
 
+def summary_line(m: dict) -> str:
+    """One line on a select manifest: units kept, precision in -> kept (and of the sentences, for whole captions),
+    keys found on one side only, skipped samples."""
+    k, prec, sent = m["keys"], m["precision"], m.get("sentence_precision") or {}
+    sentences = (f" (sentences {sent.get('input')} -> {sent.get('kept')})"
+                 if sent and (sent.get("input"), sent.get("kept")) != (prec["input"], prec["kept"]) else "")
+    skipped = m.get("skipped", {}).get("total")
+    return (f"kept {m['kept_units']} of {m['candidates']} units ({m['samples_written']} samples written); "
+            f"precision {prec['input']} -> {prec['kept']}{sentences}; keys only in shards {k['only_in_shards']}, "
+            f"only in scores {k['only_in_scores']}" + (f"; {skipped} sample(s) skipped" if skipped is not None else ""))
+
+
 def add_resumable_arguments(p: argparse.ArgumentParser) -> None:
     from halsift.corpus.config import add_dataclass_arguments
     from halsift.launch.run_wandb import add_wandb_arguments
@@ -75,9 +87,6 @@ def run_resumable(args: argparse.Namespace) -> int | None:
         print(f"kept {m['kept_units']} of {m['candidates']} units (threshold {m['threshold_used']}) -> "
               f"{args.out}/kept.parquet", flush=True)
         return 0
-    k = m["keys"]
-    print(f"kept {m['kept_units']} of {m['candidates']} units ({m['samples_written']} samples written); "
-          f"precision {m['precision']['input']} -> {m['precision']['kept']}; keys only in shards "
-          f"{k['only_in_shards']}, only in scores {k['only_in_scores']} -> {args.out}", flush=True)
+    print(f"{summary_line(m)} -> {args.out}", flush=True)
     log_select(args, m)
     return 0

@@ -184,3 +184,14 @@ def test_whole_caption_selection_reports_the_share_of_correct_sentences_it_kept(
     from halsift.eval.compare import _kept_precision
 
     assert _kept_precision(m) == m["sentence_precision"]["kept"]  # what the report's "kept precision" states
+
+
+def test_select_cli_prints_sentence_precision_for_whole_captions_only(world, tmp_path, capsys):
+    corpus, d = world
+    base = ["select", "--scores", str(d / "oracle"), "--data", str(corpus), "--no-progress"]
+    assert main(base + ["--out", str(tmp_path / "w"), "--keep", "0.8", "--unit", "caption", "--agg", "mean"]) == 0
+    m = json.loads((tmp_path / "w" / "manifest.json").read_text())
+    sp = m["sentence_precision"]
+    assert f"(sentences {sp['input']} -> {sp['kept']})" in capsys.readouterr().out
+    assert main(base + ["--out", str(tmp_path / "s"), "--keep", "0.2"]) == 0
+    assert "(sentences" not in capsys.readouterr().out  # sentence units: the two precisions are one
