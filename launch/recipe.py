@@ -415,14 +415,42 @@ def _finetune_runs(r: Recipe, p: Paths) -> dict[str, list[Path]]:
 def stage_finetune(r: Recipe, p: Paths) -> dict:
     from halsift.training.clip_train import train
 
-    out = {}
+    todo = {}
     for name, runs in _finetune_runs(r, p).items():
         data = [p.corpus] if name == "unfiltered" else [str(p.stage("select") / name)]
         for run_dir, seed in zip(runs, r.finetune.seeds):
-            if (run_dir / "final" / "open_clip_model.safetensors").exists():
-                continue
-            out[f"{name}/seed{seed}"] = train(_train_cfg(r, r.finetune, data, run_dir, p.base, seed))
-    return {"runs": sorted(out)}
+            if not (run_dir / "final" / "open_clip_model.safetensors").exists():
+                todo[f"{name}/seed{seed}"] = _train_cfg(r, r.finetune, data, run_dir, p.base, seed)
+    jobs = _finetune_jobs(r, len(todo))
+    if jobs == 1:
+        done = {k: train(cfg) for k, cfg in todo.items()}
+    else:  # independent runs: one single-threaded process per core beats one run with every thread (tiny models)
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        print(f"[halsift run] finetune: {len(todo)} runs, {jobs} at a time (one thread each)", flush=True)
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {k: pool.submit(_train_single_threaded, cfg) for k, cfg in todo.items()}
+            done = {k: f.result() for k, f in futures.items()}
+    return {"runs": sorted(done)}
+
+
+def _finetune_jobs(r: Recipe, runs: int) -> int:
+    """Fine-tuning runs at once: ``finetune.jobs`` (0: the cores) on a CPU device outside a multi-process launch,
+    else 1."""
+    if runs < 2 or _device(r) != "cpu" or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return 1
+    return max(1, min(r.finetune.jobs or os.cpu_count() or 1, runs))
+
+
+def _train_single_threaded(cfg) -> dict:
+    """``train(cfg)`` in a worker process with one intra-op thread, so that concurrent runs share the cores."""
+    import torch
+
+    from halsift.training.clip_train import train
+
+    torch.set_num_threads(1)
+    return train(cfg)
 
 
 def _device(r: Recipe) -> str:

@@ -86,6 +86,13 @@ class FinetuneCfg(TrainCfg):
     seeds: list[int] = field(default_factory=lambda: [0], help="fine-tune each selection once per seed")
     no_tune: bool = field(True, help="also evaluate the base model without fine-tuning")
     unfiltered: bool = field(False, help="also fine-tune on the whole corpus (every sentence)")
+    jobs: int = field(0, help="fine-tuning runs at once on a CPU device, each in its own process with one thread "
+                              "(0: one per core; 1: one after another). On a GPU they always run one after another")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.jobs < 0:
+            raise ValueError(f"jobs: expected >= 0, got {self.jobs}")
 
 
 @dataclass

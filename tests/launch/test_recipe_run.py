@@ -80,6 +80,25 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     kept = json.loads((run / "select" / "random" / "manifest.json").read_text())["kept_units"]
     assert kept > before
 
+    # fine-tuning runs went one per core, each in its own single-threaded process; one after another in this
+    # process (finetune.jobs=1) they give the same weights
+    import os
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    if (os.cpu_count() or 1) > 1:
+        assert "finetune: 7 runs, 2 at a time (one thread each)" in out
+    weights = {n: load_file(run / "finetune" / n / "seed0" / "final" / "open_clip_model.safetensors")
+               for n in (*filters, "oracle@0.5")}
+    assert main(["run", "quickstart", f"run_dir={run}", *TINY, "select.keep=0.5", "finetune.jobs=1"]) == 0
+    assert "at a time" not in capsys.readouterr().out
+    for name, before_w in weights.items():
+        after = load_file(run / "finetune" / name / "seed0" / "final" / "open_clip_model.safetensors")
+        assert after.keys() == before_w.keys()
+        for k in after:
+            np.testing.assert_allclose(after[k], before_w[k], rtol=1e-4, atol=1e-5, err_msg=f"{name}: {k}")
+
 
 def test_siglip_pretrain_and_finetune_run_end_to_end(tmp_path):
     """``pretrain.loss=siglip finetune.loss=siglip``: the base and fine-tuned checkpoints store ``logit_bias``, and
