@@ -29,6 +29,7 @@ from .render import png_bytes, render
 from .scene import sample_scene
 from .styles import RETRIEVAL_STYLES, alt_text, human_caption, scene_family
 from .t2i import T2I_PROFILES, make_prompt, sample_prompt_scene, t2i_sample
+from .world_config import check_corpus_sentences
 
 PARTS = ("corpus", "bench", "retrieval", "pretrain", "world.json")
 SPLIT_P = (("train", 0.6), ("val", 0.1), ("test", 0.3))
@@ -195,9 +196,7 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     captioners = tuple(captioners)
     check_captioner_names(captioners)
-    window = tuple(corpus_sentences) or None
-    if window and (len(window) != 2 or not 1 <= window[0] <= window[1]):
-        raise ValueError(f"corpus_sentences: expected [lo, hi] with 1 <= lo <= hi, got {list(window)}")
+    window = check_corpus_sentences(corpus_sentences)
     if retrieval_style not in RETRIEVAL_STYLES:
         raise ValueError(f"retrieval_style: expected one of {RETRIEVAL_STYLES}, got {retrieval_style!r}")
     held_out = tuple(p.name for p in PROFILES if p.name not in captioners)

@@ -10,6 +10,14 @@ from halsift.corpus.config import field
 from halsift.synth.styles import RETRIEVAL_STYLES
 
 
+def check_corpus_sentences(window) -> tuple[int, int] | None:
+    """``corpus_sentences`` as ``(lo, hi)`` (None when empty: whole captions), or ValueError naming the key."""
+    w = tuple(window)
+    if w and (len(w) != 2 or not 1 <= w[0] <= w[1]):
+        raise ValueError(f"corpus_sentences: expected [lo, hi] with 1 <= lo <= hi, got {list(w)}")
+    return w or None
+
+
 @dataclass
 class WorldSettings:
     """The synthetic world's sizes and makers (a world is a function of these and the seed)."""
@@ -48,9 +56,7 @@ class WorldSettings:
         if self.retrieval_style not in RETRIEVAL_STYLES:
             raise ValueError(f"retrieval_style: expected one of {RETRIEVAL_STYLES}, got {self.retrieval_style!r}")
         check_captioner_names(self.captioners, "captioners")
-        w = self.corpus_sentences
-        if w and (len(w) != 2 or not 1 <= w[0] <= w[1]):
-            raise ValueError(f"corpus_sentences: expected [lo, hi] with 1 <= lo <= hi, got {w}")
+        check_corpus_sentences(self.corpus_sentences)
 
     def generator_kwargs(self) -> dict:
         """These settings as :func:`~halsift.synth.world.generate_world` keyword arguments."""
