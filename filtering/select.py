@@ -349,15 +349,15 @@ class KeptCounts:
 
     def add_kept(self, cap: str, labels: list, idxs: list[int]) -> None:
         """One source sample written with its kept sentences ``idxs`` (the whole caption when not sentence-level)."""
+        written = [labels[i] for i in idxs] if self.sentence_level else labels  # sentences of the written text
+        self.sentences["kept"].update(x for x in written if x)
         if self.sentence_level:
-            self.got[cap].update(labels[i] for i in idxs if labels[i])
+            self.got[cap].update(x for x in written if x)
             self.units[cap] += len(idxs)
         else:
             lab = _caption_label(labels)
             self.got[cap].update([lab] if lab else [])
             self.units[cap] += 1
-            idxs = range(len(labels))
-        self.sentences["kept"].update(labels[i] for i in idxs if labels[i])
         self.samples[cap] += 1
 
     def to_json(self) -> dict:
