@@ -23,6 +23,7 @@ from pathlib import Path
 
 from halsift.corpus.errors import InputError
 from halsift.corpus.atomic import atomic_file
+from halsift.corpus.tar_members import open_members
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 REQUIRED_META = ("key", "captioner", "source")
@@ -274,7 +275,7 @@ def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
     # (plain tars are whole 512-byte blocks; compressed ones are checked by their decompressor).
     damage = f"size {size} is not a whole number of 512-byte tar blocks" if size % 512 and not compressed else ""
     try:
-        tar = tarfile.open(path, "r|*")
+        members = open_members(path, compressed, size)
     except (tarfile.TarError, OSError) as e:
         raise ShardFormatError(f"{path}: not a readable tar ({e})") from e
     cur_key: str | None = None
@@ -296,10 +297,8 @@ def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
         return Sample(key=key, image=parts.get(ext, b""), caption=caption, meta=meta, ext=ext, shard=path.name)
 
     try:
-        for member in tar:
-            if not member.isfile():
-                continue
-            base = member.name.rsplit("/", 1)[-1]
+        for name, read in members:
+            base = name.rsplit("/", 1)[-1]
             if "." not in base:
                 continue
             key, ext = base.split(".", 1)
@@ -309,12 +308,11 @@ def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
                     yield build(cur_key, parts)
                     last_done, count = cur_key, count + 1
                 cur_key, parts = key, {}
-            f = tar.extractfile(member)
-            parts[ext] = f.read() if f is not None else b""
+            parts[ext] = read()
     except (tarfile.TarError, OSError, EOFError) as e:
         damage = str(e)
     finally:
-        tar.close()
+        members.close()
     expected = _expected_count(path)
     if damage:
         # The pending sample may be cut short: it is not yielded.
