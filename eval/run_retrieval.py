@@ -57,6 +57,7 @@ def run_retrieval(config: RetrievalEvalConfig) -> EvalResult:
     from halsift.corpus.shards import write_json_atomic
     from halsift.eval.retrieval import evaluate_retrieval, retrieval_set_name, write_clip_benchmark
     from halsift.filtering.clip_detector import SCHEMAS, load_open_clip, register_builtin_configs
+    from halsift.filtering.clip_tokenizer import get_tokenizer
 
     register_builtin_configs()
     if not config.model.startswith(SCHEMAS) and config.model not in open_clip.list_models():
@@ -66,7 +67,7 @@ def run_retrieval(config: RetrievalEvalConfig) -> EvalResult:
         model, _, preprocess = load_open_clip(config.model, config.pretrained or None, device=device)
     except SafetensorError as e:
         raise SafetensorError(f"pretrained: {e}") from None
-    tokenizer = open_clip.get_tokenizer(config.model)
+    tokenizer = get_tokenizer(config.model)
     with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=device != "cpu"):
         metrics = evaluate_retrieval(model, preprocess, tokenizer, config.data, device, config.batch_size)
     out = Path(config.out)

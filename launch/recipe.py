@@ -462,13 +462,13 @@ def _device(r: Recipe) -> str:
 
 
 def stage_eval(r: Recipe, p: Paths) -> dict:
-    import open_clip
     import torch
 
     from halsift.corpus.scores import read_scores_df
     from halsift.eval.bench_eval import evaluate_bench
     from halsift.eval.retrieval import evaluate_retrieval, ranks_key, write_ranks
     from halsift.filtering.clip_detector import load_open_clip
+    from halsift.filtering.clip_tokenizer import get_tokenizer
 
     out_dir = p.stage("eval")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -489,7 +489,7 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
     for name, weights in models.items():
         for i, w in enumerate(weights):
             model, _, preprocess = load_open_clip(r.model.arch, pretrained=w, device=device)
-            tokenizer = open_clip.get_tokenizer(r.model.arch)
+            tokenizer = get_tokenizer(r.model.arch)
             model.eval()
             res = {}
             for set_name, path in _retrieval_sets(r, p).items():

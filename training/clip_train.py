@@ -136,7 +136,7 @@ class ContrastiveTask(Task):
         return {}
 
     def build(self, accelerator):
-        import open_clip
+        from halsift.filtering.clip_tokenizer import get_tokenizer
 
         cfg = self.cfg
         pretrained = cfg.pretrained or None
@@ -146,7 +146,7 @@ class ContrastiveTask(Task):
         extra = {"init_logit_bias": -10.0} if cfg.loss == "siglip" else {}  # SigLIP's init (ignored if loaded)
         model, self.preprocess_train, self.preprocess_eval = load_model(cfg.model, pretrained, output_dict=True,
                                                                         **extra)
-        self.tokenizer = open_clip.get_tokenizer(cfg.model)
+        self.tokenizer = get_tokenizer(cfg.model)
         if cfg.lock_image:
             model.lock_image_tower(unlocked_groups=0, freeze_bn_stats=True)
         if cfg.lock_text:
