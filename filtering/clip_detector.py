@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from halsift.filtering.base import Detector, Item, Result, distinct_images, preprocess_side
+from halsift.filtering.clip_tokenizer import get_tokenizer
+from halsift.filtering.pixel_batch import PixelBatcher
 
 _CONFIG_DIR = Path(__file__).parent / "model_configs"
 _registered = False
@@ -194,7 +196,7 @@ class ClipDetector(Detector):
             with torch.random.fork_rng(devices=[]), _quiet_create(bool(checkpoint)):
                 torch.manual_seed(int(seed))  # random init is the same in every process
                 model, _, preprocess = load_open_clip(arch, pretrained or None, **extra)
-                tokenizer = open_clip.get_tokenizer(arch)
+                tokenizer = get_tokenizer(arch)
         except (RuntimeError, OSError, ValueError, SafetensorError) as e:  # hub misses, missing/bad files, a bad config
             raise ValueError(_load_error(what, e)) from e
         if checkpoint:
@@ -232,6 +234,7 @@ class ClipDetector(Detector):
                precision: str) -> None:
         self.model = model.eval()
         self.preprocess = preprocess
+        self.pixels = PixelBatcher(preprocess)
         self.tokenizer = tokenizer
         self.map = map
         self.center = float(center)
@@ -254,7 +257,8 @@ class ClipDetector(Detector):
         return self
 
     def prepare(self, items: Sequence[Item]) -> dict:
-        """Preprocessed images (each distinct image once), the row of each item's image, and the tokenized
+        """Preprocessed images (each distinct image once; 8-bit, normalized where the model runs: see
+        :class:`~halsift.filtering.pixel_batch.PixelBatcher`), the row of each item's image, and the tokenized
         sentences, on the CPU: what :meth:`cosines` feeds the model."""
         import torch
 
@@ -262,10 +266,11 @@ class ClipDetector(Detector):
             if it.image is None:
                 raise ValueError(f"clip detector: item {it.key}/{it.sentence_index} has no image")
         images, idx = distinct_images(items)  # bench rows of one image: distinct keys, one image
-        out = {"pixels": torch.stack([self.preprocess(im) for im in images]), "rows": torch.as_tensor(idx),
+        out = {"pixels": self.pixels(images), "rows": torch.as_tensor(idx),
                "tokens": self.tokenizer([it.sentence for it in items])}
-        if torch.cuda.is_available():  # page-locked: the copies to the GPU run asynchronously
-            out = {k: v.pin_memory() for k, v in out.items()}
+        if torch.device(self.device).type == "cuda" and torch.utils.data.get_worker_info() is None:
+            out = {k: v.pin_memory() for k, v in out.items()}  # page-locked: copies to the GPU run asynchronously
+        # (in an input worker the DataLoader pins them, in the model's process: CUDA cannot start in a fork)
         return out
 
     def cosines(self, items: Sequence[Item], prepared: dict | None = None):
@@ -276,7 +281,7 @@ class ClipDetector(Detector):
         prepared = prepared if prepared is not None else self.prepare(items)
         dtype = next(self.model.parameters()).dtype
         with torch.inference_mode():
-            pix = prepared["pixels"].to(self.device, dtype=dtype, non_blocking=True)
+            pix = self.pixels.finish(prepared["pixels"], self.device, dtype)
             tok = prepared["tokens"].to(self.device, non_blocking=True)
             idx = prepared["rows"].to(self.device)
             img = torch.nn.functional.normalize(self.model.encode_image(pix).float(), dim=-1)

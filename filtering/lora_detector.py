@@ -30,6 +30,7 @@ from torch import nn
 
 from halsift.filtering.base import (Detector, Item, PreparedDetector, Result, distinct_images,
                                     preprocess_side)
+from halsift.filtering.pixel_batch import PixelBatcher
 
 COS_SCALE = 10.0
 
@@ -83,6 +84,7 @@ class LoraClipDetector(PreparedDetector):
     def __init__(self, scorer: ClipLoraScorer, preprocess, tokenizer, spec: str = "lora:in-memory") -> None:
         super().__init__(spec)
         self.scorer, self.preprocess, self.tokenizer = scorer, preprocess, tokenizer
+        self.pixels = PixelBatcher(preprocess)
 
     def to(self, device: Any) -> "LoraClipDetector":
         self.scorer.to(device)
@@ -94,7 +96,7 @@ class LoraClipDetector(PreparedDetector):
             if it.image is None:
                 raise ValueError(f"lora clip detector: item {it.key}/{it.sentence_index} has no image")
         images, idx = distinct_images(items)  # one encode per image, whatever the rows' keys
-        return {"pixels": torch.stack([self.preprocess(im) for im in images]), "rows": torch.tensor(idx),
+        return {"pixels": self.pixels(images), "rows": torch.tensor(idx),
                 "tokens": self.tokenizer([it.sentence for it in items])}
 
     def score_prepared(self, items: Sequence[Any], prepared: dict) -> list[Result]:
@@ -103,7 +105,7 @@ class LoraClipDetector(PreparedDetector):
         try:
             dev = next(self.scorer.parameters()).device
             with torch.inference_mode():
-                logits = self.scorer(prepared["pixels"].to(dev), prepared["tokens"].to(dev), prepared["rows"].to(dev))
+                logits = self.scorer(self.pixels.finish(prepared["pixels"], dev), prepared["tokens"].to(dev), prepared["rows"].to(dev))
         finally:
             self.scorer.train(was)
         return [Result(float(s)) for s in (100 * logits.float().sigmoid()).cpu().tolist()]

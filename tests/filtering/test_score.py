@@ -217,13 +217,19 @@ def test_fast_decode_decodes_jpegs_near_the_model_input_size_with_near_equal_sco
     fast = load_detector("clip:arch=halsift-tiny,seed=0,fast_decode=true")
     assert (full.decode_size, fast.decode_size) == (None, 64)  # halsift-tiny's input side
     sizes: dict[str, set] = {"full": set(), "fast": set()}
-    for name, det in (("full", full), ("fast", fast)):
-        inner = det.preprocess
+    class Spy:  # the images the preprocessing receives
+        def __init__(self, inner, seen):
+            self.inner, self.seen = inner, seen
 
-        def spy(im, inner=inner, seen=sizes[name]):
-            seen.add(im.size)
-            return inner(im)
-        det.preprocess = spy
+        def __call__(self, images):
+            self.seen.update(im.size for im in images)
+            return self.inner(images)
+
+        def finish(self, *a, **kw):
+            return self.inner.finish(*a, **kw)
+
+    for name, det in (("full", full), ("fast", fast)):
+        det.pixels = Spy(det.pixels, sizes[name])
         score(det, data, tmp_path / name, batch_size=8, device="cpu", show_progress=False, workers=workers)
     if workers == 0:  # forked workers record in their own copy of the set
         assert sizes == {"full": {(256, 192)}, "fast": {(128, 96)}}  # 1/2 scale: 1/4 would cut below 64
