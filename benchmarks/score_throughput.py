@@ -55,10 +55,20 @@ def make_corpus(out: Path, samples: int, per_shard: int, image_size: int, seed: 
 
 
 def run_one(spec: str, data: Path, out: Path, batch: int, device: str, workers: int = 0) -> dict:
+    """Score in this process; the manifest plus ``cpu_ms_per_sentence``: CPU of this process (model, writing,
+    start-up) and of its decode workers, per sentence."""
+    import resource
+
     from halsift.filtering.runner import score
 
+    cpu = lambda who: sum(resource.getrusage(who)[:2])  # noqa: E731 - user + system seconds
+    main0, kids0 = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
     score(spec, data, out, batch_size=batch, device=device, show_progress=False, workers=workers)
-    return json.loads((out / "_manifest.json").read_text())
+    m = json.loads((out / "_manifest.json").read_text())
+    n = max(m.get("sentences_scored_this_run") or 1, 1)
+    m["cpu_ms_per_sentence"] = {"main": round(1e3 * (cpu(resource.RUSAGE_SELF) - main0) / n, 4),
+                                "workers": round(1e3 * (cpu(resource.RUSAGE_CHILDREN) - kids0) / n, 4)}
+    return m
 
 
 def run_torchrun(spec: str, data: Path, out: Path, batch: int, device: str, nproc: int) -> dict:
@@ -155,7 +165,7 @@ def main(argv=None) -> int:
                  "image_size": a.image_size, "images": a.images, "fast_decode": a.fast_decode, "runs": []}
     bare = {b: bare_rate(spec, data, b, a.device) for b in batches}
     print(f"{'procs':>5} {'batch':>6} {'sent/s':>10} {'bare/s':>10} {'effic.':>7} {'data %':>7} {'model %':>8}"
-          f" {'decode %':>9}")
+          f" {'decode %':>9}  CPU ms/sentence (main + workers)")
     for procs in [int(x) for x in a.procs.split(",")]:
         for b in batches:
             out = tmp / f"out-p{procs}-b{b}"
@@ -163,11 +173,13 @@ def main(argv=None) -> int:
                  run_torchrun(spec, data, out, b, a.device, procs))
             ts = m["time_share"]
             eff = m["sentences_per_s"] / bare[b]
+            cpu = m.get("cpu_ms_per_sentence")
             res["runs"].append({"procs": procs, "batch": b, "sentences_per_s": m["sentences_per_s"],
                                 "bare_sentences_per_s": round(bare[b], 2), "pipeline_efficiency": round(eff, 3),
-                                "time_share": ts})
+                                "time_share": ts, **({"cpu_ms_per_sentence": cpu} if cpu else {})})
             print(f"{procs:>5} {b:>6} {m['sentences_per_s']:>10.1f} {bare[b]:>10.1f} {eff:>7.2f} "
-                  f"{100 * ts['data']:>7.1f} {100 * ts['model']:>8.1f} {100 * ts.get('decode', 0):>9.1f}", flush=True)
+                  f"{100 * ts['data']:>7.1f} {100 * ts['model']:>8.1f} {100 * ts.get('decode', 0):>9.1f}"
+                  + (f"  {cpu['main']:.3f} + {cpu['workers']:.3f}" if cpu else ""), flush=True)
     one = {r["batch"]: r["sentences_per_s"] for r in res["runs"] if r["procs"] == 1}
     for r in res["runs"]:
         if r["procs"] > 1 and r["batch"] in one:

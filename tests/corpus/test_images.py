@@ -191,3 +191,74 @@ def test_draft_decodes_a_jpeg_at_the_smallest_scale_that_keeps_the_side():
     assert decode_image(png, "k", draft=24).size == (256, 192)  # only JPEGs have reduced-scale decoding
     sample = Sample("s", jpeg, "a caption.", ext="jpg")
     assert decode_sample(sample, SkipCounter(), draft=64).size == (128, 96)
+
+
+def _photo(h: int, w: int, seed: int = 0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    y, x = np.linspace(0, 1, h), np.linspace(0, 1, w)
+    grad = np.stack([np.add.outer(y, x) * 110, np.outer(1 - y, x) * 255, np.outer(y, 1 - x) * 255], -1)
+    return Image.fromarray(np.clip(grad + rng.normal(0, 10, grad.shape), 0, 255).astype(np.uint8))
+
+
+def _pillow_only(monkeypatch):
+    import halsift.corpus.images as images
+
+    monkeypatch.setattr(images, "_simplejpeg", None)
+
+
+@pytest.fixture
+def turbo_calls(monkeypatch):
+    import halsift.corpus.images as images
+
+    if images._simplejpeg is None:
+        pytest.skip("simplejpeg is not installed")
+    calls = []
+    real = images._simplejpeg
+
+    class Spy:
+        @staticmethod
+        def decode_jpeg(*a, **kw):
+            out = real.decode_jpeg(*a, **kw)
+            calls.append(out.shape)
+            return out
+
+    monkeypatch.setattr(images, "_simplejpeg", Spy)
+    return calls
+
+
+def test_libjpeg_turbo_path_gives_pillows_pixels(turbo_calls, monkeypatch):
+    blobs = []
+    for i, (h, w) in enumerate([(375, 500), (333, 517), (64, 64), (17, 23), (480, 640)]):
+        im = _photo(h, w, i)
+        blobs += [_bytes(im, "JPEG", quality=85), _bytes(im, "JPEG", quality=95, subsampling="4:4:4"),
+                  _bytes(im, "JPEG", progressive=True), _bytes(im.convert("L"), "JPEG")]
+    fast = [np.asarray(decode_image(b, "k", draft=d)) for b in blobs for d in (None, 64, 100)]
+    assert len(turbo_calls) == len(fast)  # every one of them took the libjpeg-turbo path
+    assert any(s[:2] == (94, 125) for s in turbo_calls)  # 500x375 at 1/4 scale for draft=64
+    _pillow_only(monkeypatch)
+    slow = [np.asarray(decode_image(b, "k", draft=d)) for b in blobs for d in (None, 64, 100)]
+    assert all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(fast, slow))
+
+
+def test_rotated_cmyk_and_damaged_jpegs_are_left_to_pillow(turbo_calls, monkeypatch):
+    im = _photo(40, 60)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees
+    rotated = _bytes(im, "JPEG", exif=exif)
+    cmyk = _bytes(im.convert("CMYK"), "JPEG")
+    whole = _bytes(im, "JPEG")
+    cut = whole[: len(whole) * 2 // 3]
+    out = decode_image(rotated, "k")
+    assert out.size == (40, 60) and turbo_calls == []
+    assert decode_image(cmyk, "k").mode == "RGB" and turbo_calls == []
+    upright = Image.Exif()
+    upright[0x0112] = 1
+    decode_image(_bytes(im, "JPEG", exif=upright), "k")
+    assert len(turbo_calls) == 1  # orientation 1: nothing to transpose
+    with pytest.raises(ImageDecodeError) as fast_err:
+        decode_image(cut, "k")
+    _pillow_only(monkeypatch)
+    with pytest.raises(ImageDecodeError) as slow_err:
+        decode_image(cut, "k")
+    assert (fast_err.value.kind, fast_err.value.reason) == (slow_err.value.kind, slow_err.value.reason)
+    assert np.array_equal(np.asarray(decode_image(rotated, "k")), np.asarray(out))

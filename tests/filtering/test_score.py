@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import UserDict
 from pathlib import Path
 
 import numpy as np
@@ -240,3 +241,28 @@ def test_fast_decode_decodes_jpegs_near_the_model_input_size_with_near_equal_sco
     with pytest.raises(RunMismatch):  # a folder scored in full is not resumed with reduced-scale decoding
         score("clip:arch=halsift-tiny,seed=0,fast_decode=true", data, tmp_path / "full", batch_size=8,
               device="cpu", show_progress=False)
+
+
+class Encoding(UserDict):  # a mapping type of its own, like transformers' BatchEncoding
+    pass
+
+
+def test_worker_tensors_travel_as_arrays_and_come_back_equal():
+    import pickle
+
+    import torch
+
+    from halsift.filtering.score_workers import _Array, _pack, _unpack
+
+    prepared = {"pixels": torch.arange(24, dtype=torch.uint8).view(2, 3, 4, 1), "rows": torch.tensor([0, 0, 1]),
+                "inputs": Encoding(ids=torch.ones(2, 5, dtype=torch.int64), mask=[torch.zeros(3)]),
+                "half": torch.ones(2, dtype=torch.bfloat16), "names": ("a", "b"), "n": 3}
+    packed = pickle.loads(pickle.dumps(_pack(prepared)))
+    assert isinstance(packed["pixels"], _Array) and isinstance(packed["inputs"]["ids"], _Array)
+    assert isinstance(packed["inputs"], Encoding) and isinstance(packed["inputs"]["mask"][0], _Array)
+    assert isinstance(packed["half"], torch.Tensor)  # numpy has no bfloat16: sent as a tensor
+    back = _unpack(packed)
+    for k in ("pixels", "rows", "half"):
+        assert torch.equal(back[k], prepared[k]) and back[k].dtype == prepared[k].dtype
+    assert torch.equal(back["inputs"]["ids"], prepared["inputs"]["ids"]) and isinstance(back["inputs"], Encoding)
+    assert (back["names"], back["n"]) == (("a", "b"), 3)
