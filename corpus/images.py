@@ -79,8 +79,12 @@ def _turbo_decode(data: bytes, img: Image.Image, draft: int | None) -> np.ndarra
     problem (strict mode): Pillow then decodes, and reports damage, as before."""
     if _simplejpeg is None or img.format != "JPEG" or img.mode not in ("RGB", "L"):
         return None
-    if "exif" in img.info and img.getexif().get(0x0112, 1) != 1:  # orientation: Pillow transposes
-        return None
+    if "exif" in img.info:
+        try:
+            if img.getexif().get(0x0112, 1) != 1:  # an orientation to apply: Pillow transposes
+                return None
+        except Exception:  # noqa: BLE001 - a broken EXIF block: Pillow's path keeps the pixels as before
+            return None
     w, h = img.size
     a = _draft_factor((w, h), int(draft)) if draft else 1
     out_w, out_h = -(-w // a), -(-h // a)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator, MutableMapping, Sequence
 from pathlib import Path
 
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from halsift.corpus.images import SkipCounter
@@ -30,7 +31,8 @@ from halsift.filtering.base import Detector
 from halsift.filtering.runner import Counted, Part, PartRows, _batches, item_rows, iter_caption_groups
 
 
-_NUMPY_DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
+_NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
+                 torch.uint8, torch.bool}  # what torch.Tensor.numpy() can share (not bfloat16)
 
 
 class _Array:
@@ -42,8 +44,6 @@ class _Array:
         self.array = array
 
     def tensor(self):
-        import torch
-
         return torch.from_numpy(self.array)
 
     def pin_memory(self, device=None):  # called by the DataLoader's pin-memory thread
@@ -62,11 +62,8 @@ def _map(x, leaf):
 
 
 def _pack(x):
-    import torch
-
     def leaf(v):
-        if isinstance(v, torch.Tensor) and v.device.type == "cpu" and str(v.dtype).removeprefix("torch.") in \
-                _NUMPY_DTYPES:
+        if isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.dtype in _NUMPY_DTYPES:
             return _Array(v.detach().numpy())
         return v
 
@@ -107,8 +104,6 @@ def score_parts_in_workers(detector: Detector, parts: Sequence[Part], out: Path,
                            workers: int, bar=None, rank: int = 0, world: int = 1,
                            fingerprints: dict | None = None) -> int:
     """Score ``parts`` into ``out`` with ``workers`` input processes; returns the number of sentences scored."""
-    import torch
-
     pin = torch.cuda.is_available()
     loader = DataLoader(_PartStream(detector, parts, unit, batch_size), batch_size=None, num_workers=workers,
                         collate_fn=_as_is, prefetch_factor=4, pin_memory=pin, persistent_workers=False)
