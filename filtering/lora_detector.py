@@ -105,7 +105,8 @@ class LoraClipDetector(PreparedDetector):
         try:
             dev = next(self.scorer.parameters()).device
             with torch.inference_mode():
-                logits = self.scorer(self.pixels.finish(prepared["pixels"], dev), prepared["tokens"].to(dev), prepared["rows"].to(dev))
+                pixels = self.pixels.finish(prepared["pixels"], dev)
+                logits = self.scorer(pixels, prepared["tokens"].to(dev), prepared["rows"].to(dev))
         finally:
             self.scorer.train(was)
         return [Result(float(s)) for s in (100 * logits.float().sigmoid()).cpu().tolist()]

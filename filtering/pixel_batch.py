@@ -42,6 +42,7 @@ class PixelBatcher:
         self.preprocess = preprocess
         split = _split(preprocess)
         self.head, self.normalize = split if split else (None, None)
+        self._stats: dict = {}  # device -> Normalize's (mean, std) as [C, 1, 1] float32 tensors, made once
 
     def __call__(self, images: Sequence[Any]):
         """``uint8 [N, H, W, 3]`` where the preprocessing splits and every image ends the same size, otherwise the
@@ -71,8 +72,10 @@ class PixelBatcher:
             return pixels.to(device, dtype=dtype, non_blocking=True)
         x = pixels.to(device, non_blocking=True).permute(0, 3, 1, 2)
         x = x.to(torch.float32, memory_format=torch.contiguous_format).div_(255)  # ToTensor's ops, in place
-        mean, std = (torch.as_tensor(v, dtype=torch.float32, device=x.device).view(-1, 1, 1)
-                     for v in (self.normalize.mean, self.normalize.std))
+        if x.device not in self._stats:  # not per batch: on a GPU each would be a small synchronous copy
+            self._stats[x.device] = tuple(torch.as_tensor(v, dtype=torch.float32, device=x.device).view(-1, 1, 1)
+                                          for v in (self.normalize.mean, self.normalize.std))
+        mean, std = self._stats[x.device]
         x.sub_(mean).div_(std)  # torchvision's normalize, batched
         return x if dtype is None else x.to(dtype)
 
