@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from filtering_data import free_port
 
 from halsift.corpus.scores import read_scores_df
 
@@ -24,7 +25,7 @@ def world4(tmp_path_factory):
 
 def _launch(*command: str, timeout: int = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    port = str(29500 + os.getpid() % 2000)
+    port = str(free_port())  # a fresh free port per launch: a fixed one can still be held by an earlier test
     return subprocess.run([sys.executable, "-m", "halsift.launch.cli", "launch", "--cpu", "2", "--master-port", port,
                            "--", *command], capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -32,7 +33,7 @@ def _launch(*command: str, timeout: int = 240) -> subprocess.CompletedProcess:
 def test_score_through_launch_runs_two_ranks_and_matches_one(world4, tmp_path):
     two = _launch("score", "--detector", "random:seed=3", "--data", str(world4 / "corpus"), "--out",
                   str(tmp_path / "two"), "--no-progress")
-    assert two.returncode == 0, two.stderr[-2000:]
+    assert two.returncode == 0, two.stderr[-8000:]
     manifest = json.loads((tmp_path / "two" / "_manifest.json").read_text())
     assert manifest["world_size"] == 2 and sorted(manifest["ranks"]) == [0, 1]
     from halsift.filtering.runner import score
@@ -48,7 +49,7 @@ def test_train_clip_through_launch_runs_ddp(world4, tmp_path):
     out = tmp_path / "clip"
     res = _launch("train", "clip", "--data", str(world4 / "pretrain"), "--out", str(out), "--model", "halsift-tiny",
                   "--steps", "2", "--batch-size", "8", "--workers", "0", "--wandb-mode", "disabled")
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 0, res.stderr[-8000:]
     info = json.loads((out / "run_info.json").read_text())
     assert info["world_size"] == 2
     assert (out / "final" / "open_clip_model.safetensors").exists()
