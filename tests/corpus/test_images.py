@@ -216,6 +216,8 @@ def turbo_calls(monkeypatch):
     real = images._simplejpeg
 
     class Spy:
+        decode_jpeg_header = staticmethod(real.decode_jpeg_header)
+
         @staticmethod
         def decode_jpeg(*a, **kw):
             out = real.decode_jpeg(*a, **kw)
@@ -262,3 +264,74 @@ def test_rotated_cmyk_and_damaged_jpegs_are_left_to_pillow(turbo_calls, monkeypa
         decode_image(cut, "k")
     assert (fast_err.value.kind, fast_err.value.reason) == (slow_err.value.kind, slow_err.value.reason)
     assert np.array_equal(np.asarray(decode_image(rotated, "k")), np.asarray(out))
+
+
+@pytest.fixture
+def pillow_opens(monkeypatch):
+    """The sizes of the images Pillow's ``Image.open`` parsed inside ``decode_image``."""
+    import halsift.corpus.images as images
+
+    opened, real = [], images.Image.open
+
+    def spy(*a, **kw):
+        im = real(*a, **kw)
+        opened.append(im.size)
+        return im
+
+    monkeypatch.setattr(images.Image, "open", spy)
+    return opened
+
+
+def _with_segment(jpeg: bytes, marker: int, payload: bytes) -> bytes:
+    """``jpeg`` with one more marker segment right after its start-of-image marker."""
+    return jpeg[:2] + bytes([0xFF, marker]) + (len(payload) + 2).to_bytes(2, "big") + payload + jpeg[2:]
+
+
+def test_plain_jpegs_skip_pillows_header_parse_and_decode_the_same(turbo_calls, pillow_opens, monkeypatch):
+    im = _photo(48, 72, 3)
+    plain = [_bytes(im, "JPEG"), _bytes(im.convert("L"), "JPEG"), _bytes(im, "JPEG", progressive=True),
+             _bytes(im, "JPEG", keep_rgb=True), _with_segment(_bytes(im, "JPEG"), 0xFE, b"a comment"),
+             _bytes(im, "JPEG")[:2] + b"\xff" + _bytes(im, "JPEG")[2:]]  # a fill byte before the first marker
+    fast = [np.asarray(decode_image(b, "k", draft=d)) for b in plain for d in (None, 24)]
+    assert pillow_opens == [] and len(turbo_calls) == len(fast)
+    _pillow_only(monkeypatch)
+    slow = [np.asarray(decode_image(b, "k", draft=d)) for b in plain for d in (None, 24)]
+    assert len(pillow_opens) == len(slow)
+    assert all(np.array_equal(a, b) for a, b in zip(fast, slow))
+
+
+@pytest.mark.filterwarnings("ignore:Image appears to be a malformed MPO file")
+def test_jpegs_that_need_pillows_judgement_are_opened_by_it(turbo_calls, pillow_opens, monkeypatch):
+    im = _photo(40, 60)
+    upright, rotated = Image.Exif(), Image.Exif()
+    upright[0x0112], rotated[0x0112] = 1, 6
+    whole = _bytes(im, "JPEG")
+    cases = {
+        "exif upright": _bytes(im, "JPEG", exif=upright),
+        "exif rotated": _bytes(im, "JPEG", exif=rotated),
+        "mpo index": _with_segment(whole, 0xE2, b"MPF\x00" + bytes(8)),
+        "cmyk": _bytes(im.convert("CMYK"), "JPEG"),
+        "a stray byte between segments": whole[:2] + b"\x00" + whole[2:],
+        "damaged": whole[: len(whole) * 2 // 3],
+        "over the pixel limit": whole,
+    }
+
+    def outcome(blob, limit):
+        before = len(pillow_opens)
+        try:
+            out = np.asarray(decode_image(blob, "k", max_pixels=limit))
+        except ImageDecodeError as e:
+            out = (e.kind, e.reason)
+        return out, len(pillow_opens) > before
+
+    limits = {name: 40 * 60 - 1 if name == "over the pixel limit" else 10**8 for name in cases}
+    fast = {name: outcome(blob, limits[name]) for name, blob in cases.items()}
+    # Pillow opened each (the stray byte: its open failed, so the spy saw nothing), the damaged file after libjpeg
+    assert [name for name, (_, opened) in fast.items() if not opened] == ["a stray byte between segments"]
+    assert fast["over the pixel limit"][0][0] == "bomb" and fast["damaged"][0][0] in ("truncated", "corrupt")
+    assert fast["a stray byte between segments"][0][0] in ("not_image", "corrupt")
+    _pillow_only(monkeypatch)
+    slow = {name: outcome(blob, limits[name]) for name, blob in cases.items()}
+    for name in cases:
+        a, b = fast[name][0], slow[name][0]
+        assert (np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b), name
