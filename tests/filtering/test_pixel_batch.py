@@ -80,3 +80,41 @@ def test_images_of_different_final_sizes_fall_back():
     short_side = T.Compose([T.Resize(8), T.ToTensor(), norm])
     with pytest.raises(RuntimeError):  # different sizes cannot stack, as with per-image preprocessing
         PixelBatcher(short_side)(images)
+
+
+class _Counting:
+    """A PIL-level step (its name says "convert", so the batcher accepts it) that counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, im):
+        self.calls += 1
+        return im.convert("RGB")
+
+
+def test_images_the_steps_leave_unchanged_skip_them_and_stay_equal():
+    norm = T.Normalize((0.5, 0.5, 0.5), (0.2, 0.2, 0.2))
+    count = _Counting()
+    type(count).__name__ = "_CountingConvert"
+    pre = T.Compose([T.Resize(16), T.CenterCrop(16), count, T.ToTensor(), norm])
+    b = PixelBatcher(pre)
+    assert b.head is not None
+    squares = _images([(16, 16)] * 5, seed=4)
+    out = b(squares)
+    assert count.calls == 1  # the probe of the (16x16, RGB) key, none of the five images
+    assert torch.equal(b.finish(out), torch.stack([pre(im) for im in squares]))
+    count.calls = 0
+    others = _images([(16, 20), (24, 24)], seed=5) + [squares[0].convert("L")]
+    out = b(others)
+    assert count.calls == 2 + 3  # the two RGB keys' probes (an L image needs none), then every image
+    assert torch.equal(b.finish(out), torch.stack([pre(im) for im in others]))
+
+
+def test_a_size_kept_by_resize_then_crop_is_not_taken_for_identity():
+    norm = T.Normalize((0.5, 0.5, 0.5), (0.2, 0.2, 0.2))
+    pre = T.Compose([T.Resize(20), T.CenterCrop(16), T.ToTensor(), norm])  # 16x16 -> 20x20 -> 16x16
+    images = _images([(16, 16)] * 3, seed=6)
+    b = PixelBatcher(pre)
+    assert torch.equal(b.finish(b(images)), torch.stack([pre(im) for im in images]))
+    assert b._identity == {((16, 16), "RGB"): False}
