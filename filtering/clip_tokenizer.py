@@ -18,6 +18,11 @@ from collections.abc import Sequence
 from typing import Any
 
 _MAX_CACHED_WORDS = 500_000  # a corpus's distinct words; the cache starts over beyond this
+# open_clip's word pattern without its special tokens (plain text holds no "<"), as it reads on ASCII text:
+# \p{L} is [a-z] once lower-cased, \p{N} is [0-9], \s is the space left by whitespace collapsing. Python's re
+# runs it in ~2 us per sentence where the regex module takes ~4.6.
+_OPEN_CLIP_WORDS = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+_ASCII_WORDS = r"""'s|'t|'re|'ve|'m|'ll|'d|[a-z]+|[0-9]|[^\sa-z0-9]+"""
 
 
 def _plain(text: str) -> bool:
@@ -31,8 +36,13 @@ class FastClipTokenizer:
     Attributes not defined here (``sot_token_id``, ``encoder``, ``decode`` ...) are the wrapped tokenizer's."""
 
     def __init__(self, slow: Any) -> None:
+        import re
+
         self.slow = slow
         self._words: dict[str, list[int]] = {}
+        pattern = getattr(getattr(slow, "pat", None), "pattern", "")
+        # an open_clip with another pattern: its own
+        self._ascii_split = re.compile(_ASCII_WORDS).findall if pattern.endswith("|" + _OPEN_CLIP_WORDS) else None
 
     def __getattr__(self, name: str) -> Any:
         if name == "slow":  # not set yet (while unpickling): no recursion
@@ -52,7 +62,7 @@ class FastClipTokenizer:
         if not _plain(text):
             return self.slow.encode(text)
         words, ids = self._words, []
-        for w in self.slow.pat.findall(" ".join(text.split()).lower()):
+        for w in (self._ascii_split or self.slow.pat.findall)(" ".join(text.split()).lower()):
             ids += words.get(w) or self._word_ids(w)
         return ids
 

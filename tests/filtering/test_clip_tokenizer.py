@@ -30,6 +30,7 @@ TRICKY = [
 def test_same_ids_as_open_clip_on_world_captions_and_tricky_text(pair):
     slow, fast = pair
     assert isinstance(fast, FastClipTokenizer)
+    assert fast._ascii_split is not None  # plain text is split by the re pattern, not the regex module's
     rng = random.Random(0)
     texts = [s["text"] for i in range(150)
              for s in caption(sample_scene(rng), PROFILES[i % len(PROFILES)], rng)]
