@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from halsift.corpus.fingerprint import file_fingerprint, path_fingerprint, spec_fingerprint
@@ -392,6 +393,7 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
     scored_now, t_scoring = 0, 0.0
     if todo:
         detector.to(device or state.device)
+        pa.array([])  # pyarrow imports pandas on its first array (~0.2 s): start-up work, not the first part's write
         ts = time.perf_counter()
         bar = progress(desc=f"score rank {rank}", unit="sent", disable=not show_progress)
         from halsift.filtering.score_workers import score_parts_in_workers, supports_workers
