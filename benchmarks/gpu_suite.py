@@ -9,7 +9,8 @@ Runs, each in its own process:
    per caption): the seeds' generate-then-parse protocol (score prompt, 6 tokens; CoT, 96 tokens) vs ``logits``
    with and without image-prefix reuse, and the fraction of the bf16 peak reached.
 2. ``score_throughput.py`` with the ViT-B/32 CLIP scorer (random weights, bf16 by default on CUDA) on JPEG shards
-   written by the benchmark: sentences/s per batch size, pipeline efficiency (runner / bare model), time shares.
+   written by the benchmark, 8 decode workers: sentences/s per batch size, pipeline efficiency (runner / bare
+   model), time shares.
 3. ``train_throughput.py``: ``halsift train clip`` vs ``open_clip_train`` on the same shards, ViT-B/32, batch
    256, bf16: samples/s, peak memory and MFU.
 
@@ -34,14 +35,16 @@ FULL = {
     "judge": ["judge_throughput.py", "--arch", "qwen2-vl-2b-config", "--device", "cuda", "--image-size", "448",
               "--captions", "64", "--batch-size", "64", "--sentences", "1", "4", "8", "--prompt-captions", "16"],
     "score": ["score_throughput.py", "--device", "cuda", "--arch", "ViT-B-32", "--samples", "4000",
-              "--image-size", "512", "--batch-sizes", "128,512,1024", "--procs", "1", "--no-memory"],
+              "--image-size", "512", "--batch-sizes", "128,512,1024", "--procs", "1", "--no-memory",
+              "--decode-workers", "8"],  # 16 host cores per GPU: the model's process keeps one, and more
     "train": ["train_throughput.py", "--model", "ViT-B-32", "--batch-size", "256", "--steps", "60",
               "--precision", "bf16", "--workers", "6"],
 }
 SMOKE = {
     "judge": ["judge_throughput.py", "--size", "tiny", "--captions", "2", "--sentences", "1", "3", "--repeats", "1",
               "--cot-tokens", "8", "--threads", "1"],
-    "score": ["score_throughput.py", "--samples", "24", "--batch-sizes", "16", "--procs", "1", "--no-memory"],
+    "score": ["score_throughput.py", "--samples", "24", "--batch-sizes", "16", "--procs", "1", "--no-memory",
+              "--decode-workers", "1"],
     "train": ["train_throughput.py", "--steps", "8", "--warmup-steps", "2", "--batch-size", "16"],
 }
 

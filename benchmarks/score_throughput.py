@@ -55,19 +55,20 @@ def make_corpus(out: Path, samples: int, per_shard: int, image_size: int, seed: 
 
 
 def run_one(spec: str, data: Path, out: Path, batch: int, device: str, workers: int = 0) -> dict:
-    """Score in this process; the manifest plus ``cpu_ms_per_sentence``: CPU of this process (model, writing,
-    start-up) and of its decode workers, per sentence."""
-    import resource
-
-    from halsift.filtering.runner import score
-
-    cpu = lambda who: sum(resource.getrusage(who)[:2])  # noqa: E731 - user + system seconds
-    main0, kids0 = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
-    score(spec, data, out, batch_size=batch, device=device, show_progress=False, workers=workers)
+    """Score in a fresh process, as ``halsift score`` would (not in this one, whose heap still holds the bare
+    measurement's batches for the workers to fork); the manifest plus ``cpu_ms_per_sentence``: CPU of that
+    process (model, writing, start-up) and of its decode workers, per sentence."""
+    code = ("import json,resource,open_clip;from halsift.filtering.runner import score;"
+            "cpu=lambda: [sum(resource.getrusage(w)[:2]) for w in (resource.RUSAGE_SELF,resource.RUSAGE_CHILDREN)];"
+            f"c0=cpu();score({spec!r},{str(data)!r},{str(out)!r},batch_size={batch},"
+            f"device={device!r},show_progress=False,workers={workers});"
+            "print(json.dumps([b-a for a,b in zip(c0,cpu())]))")  # after the imports, as in one process
+    res = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                         env={**os.environ, "HALSIFT_QUIET": "1"})
+    main_s, kids_s = json.loads(res.stdout.strip().splitlines()[-1])
     m = json.loads((out / "_manifest.json").read_text())
     n = max(m.get("sentences_scored_this_run") or 1, 1)
-    m["cpu_ms_per_sentence"] = {"main": round(1e3 * (cpu(resource.RUSAGE_SELF) - main0) / n, 4),
-                                "workers": round(1e3 * (cpu(resource.RUSAGE_CHILDREN) - kids0) / n, 4)}
+    m["cpu_ms_per_sentence"] = {"main": round(1e3 * main_s / n, 4), "workers": round(1e3 * kids_s / n, 4)}
     return m
 
 

@@ -28,7 +28,8 @@ class ScoreConfig:
     device: str | None = field(None, help="cpu, cuda, cuda:1 ... (default: the process's accelerate device)")
     no_progress: bool = field(False, help="no progress bar")
     decode_workers: int = field(0, help="read, decode and preprocess in N processes per rank (detectors with a CPU "
-                                        "half, e.g. clip); 0: one read-ahead thread (default)",
+                                        "half, e.g. clip); 0: one read-ahead thread (default). Use the cores per "
+                                        "rank minus one: the model's process needs a core of its own",
                                 cli={"metavar": "N"})
 
     def validate(self) -> None:
