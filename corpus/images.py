@@ -75,7 +75,7 @@ def _draft_factor(size: tuple[int, int], draft: int) -> int:
 def _plain_jpeg_size(data: bytes, max_pixels: int) -> tuple[int, int] | None:
     """(width, height) of a JPEG that :func:`_turbo_pixels` may decode without Pillow parsing its header first
     (~40 us of Python per image): it starts as Pillow requires, libjpeg reads its header, it is greyscale or 3-channel,
-    it holds no Exif block (an orientation needs Pillow) nor MPO index (Pillow opens those as MPO), and it is within
+    it holds no Exif or XMP block (an orientation needs Pillow) nor MPO index (Pillow opens those as MPO), and it is within
     both size limits. None for anything else: Pillow opens it and judges it as before."""
     if _simplejpeg is None or data[:3] != b"\xff\xd8\xff":
         return None
@@ -90,8 +90,8 @@ def _plain_jpeg_size(data: bytes, max_pixels: int) -> tuple[int, int] | None:
 
 
 def _plain_segments(data: bytes) -> bool:
-    """Whether the marker segments before the first scan hold no Exif block and no MPO index, walked by length
-    (a few segments: ~1 us, where searching the whole file cost ~10). Anything unexpected on the way is False."""
+    """Whether the marker segments before the first scan hold no APP1 block (Exif, XMP) and no MPO index, walked
+    by length (a few segments: ~1 us, where searching the whole file cost ~10). Anything unexpected is False."""
     i, n = 2, len(data)
     while i + 4 <= n:
         if data[i] != 0xFF:
@@ -102,7 +102,7 @@ def _plain_segments(data: bytes) -> bool:
             continue
         if marker == 0xDA:  # start of scan: the header is over
             return True
-        if marker == 0xE1 and data[i + 4:i + 10] == b"Exif\x00\x00":
+        if marker == 0xE1:  # Exif or XMP: either may hold an orientation Pillow applies
             return False
         if marker == 0xE2 and data[i + 4:i + 8] == b"MPF\x00":
             return False
@@ -111,10 +111,11 @@ def _plain_segments(data: bytes) -> bool:
 
 
 def _turbo_eligible(img: Image.Image) -> bool:
-    """Whether a JPEG Pillow opened may take :func:`_turbo_pixels`: RGB/greyscale, no EXIF rotation to apply."""
+    """Whether a JPEG Pillow opened may take :func:`_turbo_pixels`: RGB/greyscale, no rotation to apply (Pillow reads
+    the orientation from the Exif block, or else from XMP's ``tiff:Orientation``)."""
     if _simplejpeg is None or img.format != "JPEG" or img.mode not in ("RGB", "L"):
         return False
-    if "exif" in img.info:
+    if "exif" in img.info or "xmp" in img.info:
         try:
             return img.getexif().get(0x0112, 1) == 1  # an orientation to apply: Pillow transposes
         except Exception:  # noqa: BLE001 - a broken EXIF block: Pillow's path keeps the pixels as before

@@ -309,6 +309,8 @@ def test_jpegs_that_need_pillows_judgement_are_opened_by_it(turbo_calls, pillow_
     cases = {
         "exif upright": _bytes(im, "JPEG", exif=upright),
         "exif rotated": _bytes(im, "JPEG", exif=rotated),
+        "xmp rotated": _with_segment(whole, 0xE1, b"http://ns.adobe.com/xap/1.0/\x00<x:xmpmeta><rdf:Description "
+                                                  b'tiff:Orientation="6"/></x:xmpmeta>'),
         "mpo index": _with_segment(whole, 0xE2, b"MPF\x00" + bytes(8)),
         "cmyk": _bytes(im.convert("CMYK"), "JPEG"),
         "a stray byte between segments": whole[:2] + b"\x00" + whole[2:],
@@ -329,6 +331,7 @@ def test_jpegs_that_need_pillows_judgement_are_opened_by_it(turbo_calls, pillow_
     # Pillow opened each (the stray byte: its open failed, so the spy saw nothing), the damaged file after libjpeg
     assert [name for name, (_, opened) in fast.items() if not opened] == ["a stray byte between segments"]
     assert fast["over the pixel limit"][0][0] == "bomb" and fast["damaged"][0][0] in ("truncated", "corrupt")
+    assert fast["xmp rotated"][0].shape == fast["exif rotated"][0].shape == (60, 40, 3)  # both turned upright
     assert fast["a stray byte between segments"][0][0] in ("not_image", "corrupt")
     _pillow_only(monkeypatch)
     slow = {name: outcome(blob, limits[name]) for name, blob in cases.items()}
