@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from halsift.filtering.base import Detector, Item, Result, distinct_images, preprocess_side
+from halsift.filtering.base import Detector, Item, Result, preprocess_side
 from halsift.filtering.clip_tokenizer import get_tokenizer
-from halsift.filtering.pixel_batch import PixelBatcher
+from halsift.filtering.pixel_batch import PixelBatcher, image_text_inputs
 
 _CONFIG_DIR = Path(__file__).parent / "model_configs"
 _registered = False
@@ -260,18 +260,7 @@ class ClipDetector(Detector):
         """Preprocessed images (each distinct image once; 8-bit, normalized where the model runs: see
         :class:`~halsift.filtering.pixel_batch.PixelBatcher`), the row of each item's image, and the tokenized
         sentences, on the CPU: what :meth:`cosines` feeds the model."""
-        import torch
-
-        for it in items:
-            if it.image is None:
-                raise ValueError(f"clip detector: item {it.key}/{it.sentence_index} has no image")
-        images, idx = distinct_images(items)  # bench rows of one image: distinct keys, one image
-        out = {"pixels": self.pixels(images), "rows": torch.as_tensor(idx),
-               "tokens": self.tokenizer([it.sentence for it in items])}
-        if torch.device(self.device).type == "cuda" and torch.utils.data.get_worker_info() is None:
-            out = {k: v.pin_memory() for k, v in out.items()}  # page-locked: copies to the GPU run asynchronously
-        # (in an input worker the DataLoader pins them, in the model's process: CUDA cannot start in a fork)
-        return out
+        return image_text_inputs(items, self.pixels, self.tokenizer, "clip detector", self.device)
 
     def cosines(self, items: Sequence[Item], prepared: dict | None = None):
         """Cosine similarity per item (a float32 CPU tensor); each distinct image (``image_id`` or else ``key``, and

@@ -28,9 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from halsift.filtering.base import (Detector, Item, PreparedDetector, Result, distinct_images,
-                                    preprocess_side)
-from halsift.filtering.pixel_batch import PixelBatcher
+from halsift.filtering.base import Detector, Item, PreparedDetector, Result, preprocess_side
+from halsift.filtering.pixel_batch import PixelBatcher, image_text_inputs
 
 COS_SCALE = 10.0
 
@@ -92,12 +91,8 @@ class LoraClipDetector(PreparedDetector):
 
     def prepare(self, items: Sequence[Item]) -> dict:
         """The CPU half: each distinct image preprocessed once, each item's image row, the tokenized sentences."""
-        for it in items:
-            if it.image is None:
-                raise ValueError(f"lora clip detector: item {it.key}/{it.sentence_index} has no image")
-        images, idx = distinct_images(items)  # one encode per image, whatever the rows' keys
-        return {"pixels": self.pixels(images), "rows": torch.tensor(idx),
-                "tokens": self.tokenizer([it.sentence for it in items])}
+        return image_text_inputs(items, self.pixels, self.tokenizer, "lora clip detector",
+                                 next(self.scorer.parameters()).device)
 
     def score_prepared(self, items: Sequence[Any], prepared: dict) -> list[Result]:
         was = self.scorer.training

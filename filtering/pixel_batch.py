@@ -103,4 +103,24 @@ class PixelBatcher:
         return x if dtype is None else x.to(dtype)
 
 
-__all__ = ["PixelBatcher"]
+def image_text_inputs(items: Sequence[Any], batcher: PixelBatcher, tokenizer: Callable, who: str,
+                      device: Any = "cpu") -> dict:
+    """The CPU half of a CLIP-style scorer: ``{"pixels"`` (each distinct image once, see :class:`PixelBatcher`),
+    ``"rows"`` (each item's image row), ``"tokens"}`` (the items' sentences). Raises ``ValueError`` naming ``who``
+    and the item when one has no image. Pinned when the model is on CUDA and this is not an input worker (there
+    the DataLoader pins them in the model's process: CUDA cannot start in a forked worker)."""
+    import torch
+
+    from halsift.filtering.base import distinct_images
+
+    for it in items:
+        if it.image is None:
+            raise ValueError(f"{who}: item {it.key}/{it.sentence_index} has no image")
+    images, idx = distinct_images(items)  # bench rows of one image: distinct keys, one image
+    out = {"pixels": batcher(images), "rows": torch.as_tensor(idx), "tokens": tokenizer([it.sentence for it in items])}
+    if torch.device(device).type == "cuda" and torch.utils.data.get_worker_info() is None:
+        out = {k: v.pin_memory() for k, v in out.items()}  # page-locked: copies to the GPU run asynchronously
+    return out
+
+
+__all__ = ["PixelBatcher", "image_text_inputs"]

@@ -18,6 +18,7 @@ import sys
 import time
 
 import pytest
+from filtering_data import free_port
 
 
 HOST = socket.gethostname().split(".")[0]
@@ -47,16 +48,10 @@ WHY_PAIR = WHY or f"no partition `pair` of two usable slurmds on this host ({HOS
 pytestmark = pytest.mark.skipif(LOCAL is None and len(PAIR) < 2, reason=WHY_LOCAL)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(tmp_path, name: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled"}
     return subprocess.run([sys.executable, "-m", "halsift.launch.cli", "launch", "--slurm", "--time", "00:10:00",
-                           "--job-name", f"halsift-test-{name}", "--master-port", str(_free_port()),
+                           "--job-name", f"halsift-test-{name}", "--master-port", str(free_port()),
                            "--script", str(tmp_path / f"{name}.sbatch"), "--output", str(tmp_path / f"{name}-%j.log"),
                            "--submit", *args], capture_output=True, text=True, timeout=330, env=env, cwd=tmp_path)
 
