@@ -118,3 +118,14 @@ def test_a_size_kept_by_resize_then_crop_is_not_taken_for_identity():
     b = PixelBatcher(pre)
     assert torch.equal(b.finish(b(images)), torch.stack([pre(im) for im in images]))
     assert b._identity == {((16, 16), "RGB"): False}
+
+
+def test_an_item_without_an_image_is_refused_naming_the_detector_and_item(det):
+    from halsift.filtering.pixel_batch import image_text_inputs
+
+    items = [Item("k0", 0, "A red car.", [], _images([(20, 20)])[0], "", {}), Item("k1", 2, "A cat.", [], None, "", {})]
+    with pytest.raises(ValueError, match=r"clip detector: item k1/2 has no image"):
+        det.prepare(items)
+    out = image_text_inputs(items[:1] * 2, det.pixels, det.tokenizer, "x")
+    assert out["pixels"].shape[0] == 1 and out["rows"].tolist() == [0, 0] and out["tokens"].shape[0] == 2
+    assert not out["pixels"].is_pinned()  # on the CPU nothing is pinned
