@@ -147,13 +147,27 @@ def decode_image(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXEL
     ``draft``: a JPEG is decoded at the smallest DCT scale (1/2, 1/4 or 1/8) whose both sides stay >= ``draft``
     (libjpeg's reduced-size decoding: less inverse-DCT and colour work, and a smaller image to resize). Pixels
     differ slightly from a full decode followed by a resize; other formats decode in full."""
+    out = _decode(data, key, max_pixels, draft)
+    return Image.fromarray(out, "RGB") if isinstance(out, np.ndarray) else out
+
+
+def decode_pixels(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXELS,
+                  draft: int | None = None) -> np.ndarray:
+    """:func:`decode_image`'s pixels as a ``uint8 [H, W, 3]`` RGB array, the same errors; where libjpeg-turbo
+    decodes, no PIL image is built (for a consumer that batches arrays: ~20 µs per image less)."""
+    out = _decode(data, key, max_pixels, draft)
+    return out if isinstance(out, np.ndarray) else np.asarray(out)
+
+
+def _decode(data: bytes, key: str, max_pixels: int, draft: int | None) -> np.ndarray | Image.Image:
+    """:func:`decode_image`'s work: libjpeg-turbo's RGB array, or else Pillow's RGB image."""
     if not data:
         raise ImageDecodeError(key, "zero-byte image", "empty")
     size = _plain_jpeg_size(data, max_pixels)
     if size is not None:
         pixels = _turbo_pixels(data, size, draft)
         if pixels is not None:
-            return Image.fromarray(pixels, "RGB")
+            return pixels
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -174,7 +188,7 @@ def decode_image(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXEL
         raise ImageDecodeError(key, f"empty image size {w}x{h}", "corrupt")
     pixels = _turbo_pixels(data, img.size, draft) if size is None and _turbo_eligible(img) else None
     if pixels is not None:
-        return Image.fromarray(pixels, "RGB")
+        return pixels
     if draft and img.format == "JPEG":
         img.draft(None, (int(draft), int(draft)))  # sizes round up: both sides stay >= draft
     try:
@@ -266,12 +280,13 @@ class SkipCounter:
 
 
 def decode_sample(sample, skipped: SkipCounter, max_pixels: int = DEFAULT_MAX_PIXELS,
-                  need_caption: bool = True, draft: int | None = None) -> Image.Image | None:
+                  need_caption: bool = True, draft: int | None = None,
+                  arrays: bool = False) -> Image.Image | np.ndarray | None:
     """Decode a :class:`~halsift.corpus.shards.Sample`'s image, or count why it is skipped and return None.
 
     Skips (with kind): no image member (``missing_image``), an empty/whitespace caption when
     ``need_caption`` (``empty_caption``), and every :class:`ImageDecodeError` kind. ``draft``: see
-    :func:`decode_image`.
+    :func:`decode_image`. ``arrays``: the pixels as :func:`decode_pixels` returns them.
     """
     if not sample.image and not sample.ext:
         skipped.add(sample.key, "sample has no image member", "missing_image")
@@ -280,7 +295,7 @@ def decode_sample(sample, skipped: SkipCounter, max_pixels: int = DEFAULT_MAX_PI
         skipped.add(sample.key, "empty caption", "empty_caption")
         return None
     try:
-        return decode_image(sample.image, sample.key, max_pixels, draft)
+        return (decode_pixels if arrays else decode_image)(sample.image, sample.key, max_pixels, draft)
     except ImageDecodeError as e:
         skipped.add_error(e)
         return None

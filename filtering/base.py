@@ -127,6 +127,7 @@ class Detector:
     set_level: bool = False  # set-level: scores depend on the whole set (``members`` + :meth:`combine_scores`)
     judge: "VlmJudge | None" = None  # vlm-judge: the loaded VLM it lends for QA and likelihoods
     decode_size: int | None = None  # JPEGs may decode at a reduced scale down to this side (None: in full)
+    image_arrays: bool = False  # items' images may come as uint8 [H, W, 3] RGB arrays instead of PIL images
 
     def __init__(self, spec: str = "") -> None:
         self.spec = spec or self.family

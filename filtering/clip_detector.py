@@ -145,6 +145,7 @@ class ClipDetector(Detector):
     """
 
     family = "clip"
+    image_arrays = True  # PixelBatcher takes decoded arrays as they are
 
     # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
     OPTION_HELP = {

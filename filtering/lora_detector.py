@@ -79,6 +79,7 @@ class LoraClipDetector(PreparedDetector):
     """Scores with a :class:`ClipLoraScorer`: ``100 * sigmoid(head([cos, img*txt]))``."""
 
     family = "lora"
+    image_arrays = True  # PixelBatcher takes decoded arrays as they are
 
     def __init__(self, scorer: ClipLoraScorer, preprocess, tokenizer, spec: str = "lora:in-memory") -> None:
         super().__init__(spec)
@@ -258,6 +259,7 @@ class LoraDetector(Detector):
             scorer = ClipLoraScorer(model.float(), load_head(head_path)).eval()
             self.inner: Detector = LoraClipDetector(scorer, base.preprocess, base.tokenizer)
             self.decode_size = preprocess_side(base.preprocess) if fast_decode else None
+            self.image_arrays = True  # PixelBatcher takes decoded arrays as they are
         else:
             base.model = model.eval()
             if batch_size:

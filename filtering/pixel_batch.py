@@ -35,6 +35,14 @@ def _split(preprocess: Any) -> tuple[list[Callable], Any] | None:
     return head, steps[-1]
 
 
+def _pil(im: Any) -> Any:
+    """A PIL image of ``im``: an RGB ``uint8 [H, W, 3]`` array converted, anything else as it is."""
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(im, "RGB") if isinstance(im, np.ndarray) else im
+
+
 class PixelBatcher:
     """``batcher(images)`` -> a batch tensor for :meth:`finish`; built from a detector's ``preprocess``."""
 
@@ -45,46 +53,52 @@ class PixelBatcher:
         self._stats: dict = {}  # device -> Normalize's (mean, std) as [C, 1, 1] float32 tensors, made once
         self._identity: dict = {}  # (size, mode) -> whether the PIL steps leave such an image as it is
 
-    def _is_identity(self, im: Any) -> bool:
-        """Whether :attr:`head` returns an image of ``im``'s size and mode unchanged (e.g. a 64 px square JPEG
+    def _is_identity(self, key: tuple) -> bool:
+        """Whether :attr:`head` returns an image of ``key``'s (size, mode) unchanged (e.g. a 64 px square JPEG
         decoded at 1/4 scale for ``Resize(64) -> CenterCrop(64)``): each step keeps the size (a same-size
         ``Resize`` or ``CenterCrop`` returns the pixels as they are) and the mode stays RGB, checked once per
         (size, mode) on a random probe image, whose pixels must come back equal."""
         import numpy as np
         from PIL import Image
 
-        key = (im.size, im.mode)
         if key not in self._identity:
-            same = im.mode == "RGB"
+            size, mode = key
+            same = mode == "RGB"
             if same:
-                probe = np.random.default_rng(0).integers(0, 256, (im.size[1], im.size[0], 3), dtype=np.uint8)
+                probe = np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
                 out = Image.fromarray(probe, "RGB")
                 for step in self.head:
                     out = step(out)
-                    same = same and getattr(out, "size", None) == im.size and getattr(out, "mode", None) == "RGB"
+                    same = same and getattr(out, "size", None) == size and getattr(out, "mode", None) == "RGB"
                 same = same and np.array_equal(np.asarray(out), probe)
             self._identity[key] = same
         return self._identity[key]
 
     def __call__(self, images: Sequence[Any]):
         """``uint8 [N, H, W, 3]`` where the preprocessing splits and every image ends the same size, otherwise the
-        per-image preprocessing stacked (``float [N, C, H, W]``)."""
+        per-image preprocessing stacked (``float [N, C, H, W]``). Images are PIL images or ``uint8 [H, W, 3]`` RGB
+        arrays (:func:`~halsift.corpus.images.decode_pixels`)."""
         import numpy as np
         import torch
 
         if self.head is not None:
             arrays = []
             for im in images:
-                if not self._is_identity(im):  # skips ~25 us of PIL copies per image where nothing changes
-                    for step in self.head:
-                        im = step(im)
+                is_array = isinstance(im, np.ndarray)
+                key = ((im.shape[1], im.shape[0]), "RGB") if is_array else (im.size, im.mode)
+                if self._is_identity(key):  # skips ~25 us of PIL copies per image where nothing changes
+                    arrays.append(im if is_array else np.asarray(im))
+                    continue
+                im = _pil(im)
+                for step in self.head:
+                    im = step(im)
                 if getattr(im, "mode", None) != "RGB":
                     break
                 arrays.append(np.asarray(im))
             else:
                 if arrays and all(a.shape == arrays[0].shape for a in arrays):
                     return torch.from_numpy(np.stack(arrays))
-        return torch.stack([self.preprocess(im) for im in images])
+        return torch.stack([self.preprocess(_pil(im)) for im in images])
 
     def finish(self, pixels, device: Any = "cpu", dtype=None):
         """The model's input on ``device`` in ``dtype``: a ``uint8`` batch is copied as bytes, then converted and

@@ -110,9 +110,10 @@ def _sample_items(sample, image, unit: str) -> list[Item]:
 
 
 def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: bool = True,
-                        draft: int | None = None) -> Iterator[list[Item]]:
+                        draft: int | None = None, arrays: bool = False) -> Iterator[list[Item]]:
     """Yield the items of one caption at a time; bad samples are counted in ``skipped`` and left out. ``draft``:
-    JPEGs decode at a reduced scale down to that side (a detector's ``decode_size``)."""
+    JPEGs decode at a reduced scale down to that side (a detector's ``decode_size``). ``arrays``: shard images
+    come as ``uint8 [H, W, 3]`` arrays (for a detector whose ``image_arrays`` says it takes them)."""
     if part.captions is not None:
         if unit != "sentence":
             raise ValueError("unit: a bench file is scored per sentence (its rows), not per caption")
@@ -142,7 +143,7 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
                 skipped.add(sample.key, "json member is not valid JSON", "corrupt")
                 continue
             if decode:
-                image = decode_sample(sample, skipped, draft=draft)
+                image = decode_sample(sample, skipped, draft=draft, arrays=arrays)
                 if image is None:
                     continue
             else:
@@ -261,7 +262,8 @@ def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_
     skipped = SkipCounter(max_examples=1000)
     rows = PartRows(detector)
     # Images are decoded even for detectors that ignore them, so every detector skips the same samples.
-    groups = Counted(iter_caption_groups(part, unit, skipped, draft=detector.decode_size))
+    groups = Counted(iter_caption_groups(part, unit, skipped, draft=detector.decode_size,
+                                         arrays=detector.image_arrays))
 
     def prepared(batches):  # the detector's CPU half (preprocess, tokenize) runs in the reader thread too
         for b in batches:

@@ -93,7 +93,8 @@ class _PartStream(IterableDataset):
         for part in mine:
             t0 = time.perf_counter()
             skipped = SkipCounter(max_examples=1000)
-            groups = Counted(iter_caption_groups(part, self.unit, skipped, draft=self.detector.decode_size))
+            groups = Counted(iter_caption_groups(part, self.unit, skipped, draft=self.detector.decode_size,
+                                                 arrays=self.detector.image_arrays))
             for batch in _batches(groups, self.batch_size):
                 yield {"part": part.name, "rows": item_rows(batch), "prepared": _pack(self.detector.prepare(batch))}
             yield {"part": part.name, "end": True, "samples": groups.count, "skipped": skipped.to_json(),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_image, decode_sample
+from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_image, decode_pixels, decode_sample
 from halsift.corpus.shards import Sample
 
 
@@ -338,3 +338,28 @@ def test_jpegs_that_need_pillows_judgement_are_opened_by_it(turbo_calls, pillow_
     for name in cases:
         a, b = fast[name][0], slow[name][0]
         assert (np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b), name
+
+
+def test_decode_pixels_is_decode_images_pixels_with_the_same_errors():
+    im = _photo(48, 72, 5)
+    rotated = Image.Exif()
+    rotated[0x0112] = 6
+    rgba = Image.fromarray(np.random.default_rng(1).integers(0, 256, (9, 11, 4), dtype=np.uint8), "RGBA")
+    blobs = [_bytes(im, "JPEG"), _bytes(im.convert("L"), "JPEG"), _bytes(im, "JPEG", exif=rotated),
+             _bytes(rgba, "PNG"), _bytes(im, "WEBP")]
+    for blob in blobs:
+        for draft in (None, 24):
+            got = decode_pixels(blob, "k", draft=draft)
+            assert got.dtype == np.uint8 and got.ndim == 3 and got.shape[2] == 3
+            assert np.array_equal(got, np.asarray(decode_image(blob, "k", draft=draft)))
+    whole = _bytes(im, "JPEG")
+    for bad in (b"", b"not an image", whole[: len(whole) // 2]):
+        errors = []
+        for fn in (decode_image, decode_pixels):
+            with pytest.raises(ImageDecodeError) as e:
+                fn(bad, "k")
+            errors.append((e.value.kind, e.value.reason))
+        assert errors[0] == errors[1]
+    sample = Sample("s", whole, "A caption.", ext="jpg")
+    assert isinstance(decode_sample(sample, SkipCounter(), arrays=True), np.ndarray)
+    assert isinstance(decode_sample(sample, SkipCounter()), Image.Image)

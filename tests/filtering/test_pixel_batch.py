@@ -129,3 +129,13 @@ def test_an_item_without_an_image_is_refused_naming_the_detector_and_item(det):
     out = image_text_inputs(items[:1] * 2, det.pixels, det.tokenizer, "x")
     assert out["pixels"].shape[0] == 1 and out["rows"].tolist() == [0, 0] and out["tokens"].shape[0] == 2
     assert not out["pixels"].is_pinned()  # on the CPU nothing is pinned
+
+
+def test_arrays_and_pil_images_batch_the_same(det):
+    images = _images([(64, 64), (80, 100), (64, 64), (33, 70)], seed=7)
+    mixed = [np.asarray(im) if i % 2 == 0 else im for i, im in enumerate(images)]
+    got = det.pixels(mixed)
+    assert torch.equal(got, det.pixels(images))
+    assert torch.equal(det.pixels.finish(got), torch.stack([det.preprocess(im) for im in images]))
+    no_split = PixelBatcher(T.Compose([T.Resize(8), T.CenterCrop(8), T.ToTensor()]))  # per-image path: PIL again
+    assert torch.equal(no_split([np.asarray(im) for im in images]), no_split(images))

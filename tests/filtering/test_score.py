@@ -222,8 +222,8 @@ def test_fast_decode_decodes_jpegs_near_the_model_input_size_with_near_equal_sco
         def __init__(self, inner, seen):
             self.inner, self.seen = inner, seen
 
-        def __call__(self, images):
-            self.seen.update(im.size for im in images)
+        def __call__(self, images):  # shard JPEGs come as arrays: the clip scorer takes image_arrays
+            self.seen.update((type(im).__name__, (im.shape[1], im.shape[0])) for im in images)
             return self.inner(images)
 
         def finish(self, *a, **kw):
@@ -233,7 +233,8 @@ def test_fast_decode_decodes_jpegs_near_the_model_input_size_with_near_equal_sco
         det.pixels = Spy(det.pixels, sizes[name])
         score(det, data, tmp_path / name, batch_size=8, device="cpu", show_progress=False, workers=workers)
     if workers == 0:  # forked workers record in their own copy of the set
-        assert sizes == {"full": {(256, 192)}, "fast": {(128, 96)}}  # 1/2 scale: 1/4 would cut below 64
+        # 1/2 scale: 1/4 would cut below 64
+        assert sizes == {"full": {("ndarray", (256, 192))}, "fast": {("ndarray", (128, 96))}}
     a, b = _rows(tmp_path / "full"), _rows(tmp_path / "fast")
     pd.testing.assert_frame_equal(a[["key", "sentence_index"]], b[["key", "sentence_index"]])
     assert not np.array_equal(a["score"], b["score"])  # other pixels ...
@@ -241,6 +242,20 @@ def test_fast_decode_decodes_jpegs_near_the_model_input_size_with_near_equal_sco
     with pytest.raises(RunMismatch):  # a folder scored in full is not resumed with reduced-scale decoding
         score("clip:arch=halsift-tiny,seed=0,fast_decode=true", data, tmp_path / "full", batch_size=8,
               device="cpu", show_progress=False)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_images_as_arrays_or_pil_images_give_the_same_scores(tmp_path, workers):
+    from halsift.filtering.spec import load_detector
+
+    data = _photo_corpus(tmp_path / "c")
+    spec = "clip:arch=halsift-tiny,seed=0,fast_decode=true"
+    arrays, pil = load_detector(spec), load_detector(spec)
+    pil.image_arrays = False  # the PIL images every other detector gets
+    assert arrays.image_arrays
+    for name, det in (("arrays", arrays), ("pil", pil)):
+        score(det, data, tmp_path / name, batch_size=8, device="cpu", show_progress=False, workers=workers)
+    pd.testing.assert_frame_equal(_rows(tmp_path / "arrays"), _rows(tmp_path / "pil"))
 
 
 class Encoding(UserDict):  # a mapping type of its own, like transformers' BatchEncoding
