@@ -39,7 +39,7 @@ class Item:
     sentence_index: int  # position of the sentence in its caption; CAPTION_INDEX for a whole caption
     sentence: str
     context: list[str] = field(default_factory=list)  # the caption's sentences before this one
-    image: Any = None  # a PIL image (RGB), or None for text-only detectors
+    image: Any = None  # a PIL image (RGB); a uint8 [H, W, 3] RGB array for ``image_arrays`` detectors; None: text-only
     image_id: str = ""  # items with the same image_id share one image (:func:`image_group`; else the key decides)
     meta: dict = field(default_factory=dict)  # captioner, source, ground truth ("label", "types", "spans")
 
