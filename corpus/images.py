@@ -74,9 +74,9 @@ def _draft_factor(size: tuple[int, int], draft: int) -> int:
 
 def _plain_jpeg_size(data: bytes, max_pixels: int) -> tuple[int, int] | None:
     """(width, height) of a JPEG that :func:`_turbo_pixels` may decode without Pillow parsing its header first
-    (~40 us of Python per image): it starts as Pillow requires, libjpeg reads its header, it is greyscale or 3-channel,
-    it holds no Exif or XMP block (an orientation needs Pillow) nor MPO index (Pillow opens those as MPO), and it is within
-    both size limits. None for anything else: Pillow opens it and judges it as before."""
+    (~40 us of Python per image): it starts as Pillow requires, libjpeg reads its header, it is greyscale or
+    3-channel, it holds no Exif or XMP block (an orientation needs Pillow) nor MPO index (Pillow opens those as
+    MPO), and it is within both size limits. None for anything else: Pillow opens it and judges it as before."""
     if _simplejpeg is None or data[:3] != b"\xff\xd8\xff":
         return None
     try:
@@ -129,7 +129,7 @@ def _turbo_pixels(data: bytes, size: tuple[int, int], draft: int | None) -> np.n
     less CPU. None when libjpeg reports any problem (strict mode): Pillow then decodes, and reports damage, as
     before."""
     w, h = size
-    a = _draft_factor((w, h), int(draft)) if draft else 1
+    a = _draft_factor(size, int(draft)) if draft else 1
     out_w, out_h = -(-w // a), -(-h // a)
     # libjpeg-turbo picks the most reduced scale that keeps these sides: 1/a, as Pillow's draft does
     kw = {"min_width": out_w, "min_height": out_h} if a > 1 else {}

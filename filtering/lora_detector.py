@@ -259,7 +259,6 @@ class LoraDetector(Detector):
             scorer = ClipLoraScorer(model.float(), load_head(head_path)).eval()
             self.inner: Detector = LoraClipDetector(scorer, base.preprocess, base.tokenizer)
             self.decode_size = preprocess_side(base.preprocess) if fast_decode else None
-            self.image_arrays = True  # PixelBatcher takes decoded arrays as they are
         else:
             base.model = model.eval()
             if batch_size:
@@ -274,6 +273,10 @@ class LoraDetector(Detector):
     @property
     def localizes(self) -> bool:  # type: ignore[override]
         return self.inner.localizes
+
+    @property
+    def image_arrays(self) -> bool:  # type: ignore[override]
+        return self.inner.image_arrays
 
     @property
     def judge(self):  # type: ignore[override]

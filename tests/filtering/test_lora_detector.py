@@ -51,6 +51,7 @@ def test_adapter_loads_by_spec_and_merging_keeps_scores(clip_adapter):
     items = _items(bench)
     plain = load_detector(f"lora:{adapter}")
     assert plain.spec == f"lora:path={adapter}"
+    assert plain.image_arrays and plain.inner.image_arrays  # the clip kind batches decoded arrays
     a = np.array([r.score for r in plain.score_batch(items)])
     b = np.array([r.score for r in load_detector(f"lora:{adapter},merge=true").score_batch(items)])
     c = np.array([r.score for r in load_detector(f"lora:{adapter / 'merged'}").score_batch(items)])
