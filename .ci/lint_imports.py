@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         stage(args.src, Path(tmp))
         env = {**os.environ, "PYTHONPATH": tmp}
-        return subprocess.call(["lint-imports", "--no-cache", "--no-logo", "--config", str(REPO / ".importlinter")],
+        return subprocess.call(["lint-imports", "--no-cache", "--no-logo", str(REPO / ".importlinter")],
                                cwd=tmp, env=env)
 
 

@@ -24,7 +24,7 @@ __all__ = ["load_detector", "score_pairs", "select"]
 def load_detector(spec: Any, device: str | None = None):
     """A detector from a spec string (``clip:arch=ViT-B-32,pretrained=openai``, ``random:seed=0``, ``vlm:...``),
     a YAML file or a dict; moved to ``device`` when given."""
-    from halsift.filtering.spec import load_detector as _load
+    from halsift.filtering.detectors.spec import load_detector as _load
 
     det = _load(spec)
     return det.to(device) if device else det
@@ -62,7 +62,7 @@ def score_pairs(images: Sequence[Any], captions: Sequence[str], detector: Any = 
     import pandas as pd
 
     from halsift.corpus.sentences import sentence_texts
-    from halsift.filtering.base import CAPTION_INDEX, Item
+    from halsift.filtering.detectors.base import CAPTION_INDEX, Item
 
     if len(images) != len(captions):
         raise ValueError(f"images and captions differ in length ({len(images)} vs {len(captions)})")
@@ -94,7 +94,7 @@ def select(scores, *, keep: float | None = None, top_k: int | None = None, thres
     ``halsift select`` breaks them."""
     import pyarrow as pa
 
-    from halsift.filtering.select import select_keys
+    from halsift.filtering.selection.select import select_keys
 
     t = pa.table({"key": scores["pair"].astype(str).tolist(), "sentence_index": scores["sentence_index"].tolist(),
                   "score": scores["score"].astype(float).tolist()})

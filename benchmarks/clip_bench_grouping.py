@@ -27,8 +27,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from halsift.corpus.bench import read_bench
     from halsift.synth.world import generate_world
-    from halsift.filtering.clip_detector import ClipDetector
-    from halsift.filtering.runner import score_bench
+    from halsift.filtering.detectors.clip import ClipDetector
+    from halsift.filtering.scoring.runner import score_bench
 
     class PerRow(ClipDetector):
         """The old grouping: no image identity beyond the row id, so each row encodes its image."""

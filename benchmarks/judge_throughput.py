@@ -75,7 +75,7 @@ def make_items(captions: int, sentences: int, image_size: int, seed: int = 0):
     import numpy as np
     from PIL import Image
 
-    from halsift.filtering.base import Item
+    from halsift.filtering.detectors.base import Item
 
     rng = np.random.default_rng(seed)
     r = random.Random(seed)
@@ -122,7 +122,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     import torch
 
-    from halsift.filtering.vlm_detector import VlmDetector
+    from halsift.filtering.detectors.vlm import VlmDetector
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     if args.threads:

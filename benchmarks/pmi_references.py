@@ -31,7 +31,7 @@ def _test_bench(bench: Path) -> Path:
 def _caption_items(bench: Path, captions: int) -> list:
     """Scoring items of the first ``captions`` captions of ``bench``, as the scoring runner reads them."""
     from halsift.corpus.images import SkipCounter
-    from halsift.filtering.runner import iter_caption_groups, plan_parts
+    from halsift.filtering.scoring.runner import iter_caption_groups, plan_parts
 
     parts, _ = plan_parts(str(bench))
     groups = (g for part in parts for g in iter_caption_groups(part, "sentence", SkipCounter()))
@@ -40,10 +40,10 @@ def _caption_items(bench: Path, captions: int) -> list:
 
 def _bench_scores(spec: str, test: Path):
     """(labels, scores) of a detector on the test bench, rows in the bench's order (labelled rows only)."""
-    from halsift.eval.bench_eval import bench_frame, join_scores
-    from halsift.eval.detection import labelled
-    from halsift.filtering.runner import score_bench
-    from halsift.filtering.spec import load_detector
+    from halsift.eval.runs.bench_eval import bench_frame, join_scores
+    from halsift.eval.metrics.detection import labelled
+    from halsift.filtering.scoring.runner import score_bench
+    from halsift.filtering.detectors.spec import load_detector
 
     det = load_detector(spec)
     df, _, _ = join_scores(bench_frame(test), score_bench(det, test, show_progress=False), det.name)
@@ -55,9 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     import numpy as np
     import torch
 
-    from halsift.eval.detection import auroc
-    from halsift.filtering.ensemble import combine
-    from halsift.filtering.spec import load_detector
+    from halsift.eval.metrics.detection import auroc
+    from halsift.filtering.detectors.ensemble import combine
+    from halsift.filtering.detectors.spec import load_detector
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", default="runs/quickstart")

@@ -38,7 +38,7 @@ def startup_cpu(spec: str) -> float:
     building the detector."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cpu0 = _children_cpu()
-    subprocess.run([sys.executable, "-c", "import halsift.filtering.runner\nfrom halsift.filtering.spec import "
+    subprocess.run([sys.executable, "-c", "import halsift.filtering.scoring.runner\nfrom halsift.filtering.detectors.spec import "
                     f"load_detector\nload_detector({spec!r})"], env=env, check=True)
     return _children_cpu() - cpu0
 

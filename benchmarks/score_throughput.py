@@ -58,7 +58,7 @@ def run_one(spec: str, data: Path, out: Path, batch: int, device: str, workers: 
     """Score in a fresh process, as ``halsift score`` would (not in this one, whose heap still holds the bare
     measurement's batches for the workers to fork); the manifest plus ``cpu_ms_per_sentence``: CPU of that
     process (model, writing, start-up) and of its decode workers, per sentence."""
-    code = ("import json,resource,open_clip;from halsift.filtering.runner import score;"
+    code = ("import json,resource,open_clip;from halsift.filtering.scoring.runner import score;"
             "cpu=lambda: [sum(resource.getrusage(w)[:2]) for w in (resource.RUSAGE_SELF,resource.RUSAGE_CHILDREN)];"
             f"c0=cpu();score({spec!r},{str(data)!r},{str(out)!r},batch_size={batch},"
             f"device={device!r},show_progress=False,workers={workers});"
@@ -89,7 +89,7 @@ def run_torchrun(spec: str, data: Path, out: Path, batch: int, device: str, npro
 
 
 def peak_rss_mb(spec: str, data: Path, out: Path, batch: int, device: str) -> float:
-    code = ("import resource,sys;from halsift.filtering.runner import score;"
+    code = ("import resource,sys;from halsift.filtering.scoring.runner import score;"
             f"score({spec!r},{str(data)!r},{str(out)!r},batch_size={batch},device={device!r},show_progress=False);"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     res = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
@@ -105,13 +105,13 @@ def bare_rate(spec: str, data: Path, batch: int, device: str, repeats: int = 3) 
     import torch
 
     from halsift.corpus.images import SkipCounter
-    from halsift.filtering.runner import _batches, iter_caption_groups, plan_parts
-    from halsift.filtering.spec import load_detector
+    from halsift.filtering.scoring.runner import _batches, iter_caption_groups, plan_parts
+    from halsift.filtering.detectors.spec import load_detector
 
     det = load_detector(spec).to(device)
     parts, _ = plan_parts(str(data))
     batches = [b for part in parts for b in _batches(iter_caption_groups(part, "sentence", SkipCounter()), batch)]
-    from halsift.filtering.clip_detector import encode_text
+    from halsift.filtering.detectors.clip import encode_text
 
     dtype = next(det.model.parameters()).dtype
     ready = []

@@ -5,11 +5,11 @@
     python benchmarks/select_scale.py --engine arrow                  # the in-memory select_keys, to compare
 
 Generates the score folder with its ``_manifest.json`` (not timed), then times, in a fresh process, the folder
-check every select runs first (:func:`halsift.filtering.score_check.check_score_folder`: manifest, footers,
+check every select runs first (:func:`halsift.filtering.selection.score_folder.check_score_folder`: manifest, footers,
 detectors) and the selection plus writing ``kept.parquet``, and prints wall times and that process's peak RSS
-(target: 100M rows under 2 GB). ``duckdb`` is :func:`halsift.filtering.select_ooc.top_keys` (what ``select
+(target: 100M rows under 2 GB). ``duckdb`` is :func:`halsift.filtering.selection.out_of_core.top_keys` (what ``select
 --resumable`` / ``--keys-only`` run; memory limit ``--memory-limit``); ``arrow`` is
-:func:`halsift.filtering.select.select_keys`, which holds the score columns in memory.
+:func:`halsift.filtering.selection.select.select_keys`, which holds the score columns in memory.
 """
 
 from __future__ import annotations
@@ -63,18 +63,18 @@ def write_manifest(out: Path) -> None:
 
 def measure(scores: Path, keep: float, unit: str, agg: str, engine: str, memory_limit: str) -> None:
     from halsift.corpus.scores import write_part_atomic
-    from halsift.filtering.score_check import check_score_folder
+    from halsift.filtering.selection.score_folder import check_score_folder
 
     t0 = time.perf_counter()
     folder = check_score_folder(scores)
     t_check = time.perf_counter() - t0
     if engine == "duckdb":
-        from halsift.filtering.select_ooc import top_keys
+        from halsift.filtering.selection.out_of_core import top_keys
 
         info = top_keys(scores, scores.parent / f"kept-{unit}", keep=keep, unit=unit, agg=agg,
                         memory_limit=memory_limit)
     else:
-        from halsift.filtering.select import select_keys
+        from halsift.filtering.selection.select import select_keys
 
         kept, info = select_keys(scores, keep=keep, unit=unit, agg=agg)
         write_part_atomic(kept, scores.parent / f"kept-{unit}.parquet")

@@ -30,10 +30,10 @@ def test_auroc(spec: str, bench: Path, shuffled: bool = False) -> tuple[float, f
     pooled one; the seeds report the per-generator mean); ``shuffled``: each test image replaced by another test
     image (a fixed derangement of the distinct images)."""
     from halsift.corpus.bench import read_bench, with_shuffled_images, write_bench
-    from halsift.eval.bench_eval import bench_frame, join_scores
-    from halsift.eval.detection import auroc, labelled
-    from halsift.filtering.runner import score_bench
-    from halsift.filtering.spec import load_detector
+    from halsift.eval.runs.bench_eval import bench_frame, join_scores
+    from halsift.eval.metrics.detection import auroc, labelled
+    from halsift.filtering.scoring.runner import score_bench
+    from halsift.filtering.detectors.spec import load_detector
 
     rows = [r for r in read_bench(bench) if r.split == "test"]
     test = bench.with_name("bench_test.jsonl")

@@ -1,6 +1,6 @@
 """Every evaluation by name: its settings class and its library function ``run_<name>(config) -> EvalResult``.
 
-Adding an evaluation: write ``eval/run_<name>.py`` (a ``<Name>EvalConfig`` dataclass declared with
+Adding an evaluation: write ``eval/runs/<name>.py`` (a ``<Name>EvalConfig`` dataclass declared with
 :func:`halsift.corpus.config.field`, and ``run_<name>``) and add it here; ``halsift eval <name>`` takes its flags
 from the config class (``launch/cmd_eval_<name>.py``), and an eval listed in :data:`RECIPE_EVALS` is also a typed
 section of a recipe's ``evals:``. The modules import nothing heavy at import time, so recipe validation stays fast.
@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from halsift.eval.run_bench import BenchEvalConfig, run_bench
-from halsift.eval.run_ihalla import IhallaEvalConfig, run_ihalla
-from halsift.eval.run_retrieval import RetrievalEvalConfig, run_retrieval
-from halsift.eval.run_vigil import VigilEvalConfig, run_vigil
-from halsift.eval.run_vope import VopeEvalConfig, run_vope
+from halsift.eval.runs.bench import BenchEvalConfig, run_bench
+from halsift.eval.runs.ihalla import IhallaEvalConfig, run_ihalla
+from halsift.eval.runs.retrieval import RetrievalEvalConfig, run_retrieval
+from halsift.eval.runs.vigil import VigilEvalConfig, run_vigil
+from halsift.eval.runs.vope import VopeEvalConfig, run_vope
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from halsift.launch.cli import UsageError
 
     config_from_args(SelectConfig, args)  # the checks of SelectConfig.validate, errors naming the flag
-    from halsift.filtering.select import SelectError, select
+    from halsift.filtering.selection.select import SelectError, select
     from halsift.launch.select_engines import run_resumable
 
     code = run_resumable(args)  # --resumable / --keys-only / --num-tasks; None: the in-memory select below
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         print("json fields missing in the data, defaults written: "
               + ", ".join(f"{f}={m['meta_defaults']['values'][f]!r} ({n} source samples)" for f, n in filled.items()))
     if args.html:
-        from halsift.eval.html_report import write_select_html
+        from halsift.eval.report.html import write_select_html
 
         print(f"wrote {write_select_html(args.out, args.scores, args.data, m)}")
     return 0

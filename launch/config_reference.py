@@ -78,7 +78,7 @@ def command_configs() -> list[tuple[str, type]]:
 
 
 def reference() -> str:
-    from halsift.filtering.spec import families, family_config
+    from halsift.filtering.detectors.spec import families, family_config
     from halsift.launch.recipe_config import Recipe
     from halsift.synth.world_judge_config import WorldJudgeSettings
     from halsift.training.detector_config import DetectorTrainConfig
@@ -106,7 +106,7 @@ def reference() -> str:
             "`FAMILY[:key=value,...]` (values read as YAML: `seed=0` is an integer, `weights=[1,2]` a list; a text "
             "option may be given a number) or a YAML file `{family: ..., key: value}`. Each family's options are "
             "its class's `__init__` keywords, with their types and defaults (read from the source by "
-            "`filtering.spec.family_config`); the dry run checks every spec against them.", ""]
+            "`filtering.detectors.spec.family_config`); the dry run checks every spec against them.", ""]
     for name in families():
         out += tables(family_config(name), f"`{name}:`")
     return "\n".join(out)

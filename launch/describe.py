@@ -10,7 +10,7 @@ def describe_detectors() -> str:
     """Every registered detector family with its typed options (the keys a ``family:key=value,...`` spec takes)."""
     import dataclasses
 
-    from halsift.filtering.spec import families, family_config
+    from halsift.filtering.detectors.spec import families, family_config
 
     lines = ["# detector specs: FAMILY[:key=value,...] or a YAML file {family: ..., key: value}; families and options:"]
     for name in families():

@@ -120,7 +120,7 @@ def trained_configs(r: Recipe, p: Paths) -> dict:
 
 def check(r: Recipe) -> Paths:
     """Validate everything that can be checked without loading models (the dry run)."""
-    from halsift.filtering.spec import check_spec
+    from halsift.filtering.detectors.spec import check_spec
     from halsift.training.clip_config import check_model_name
 
     p = resolve_paths(r)
@@ -158,7 +158,7 @@ _FILE_OPTIONS = {"clip": ("checkpoint",), "lora": ("path",)}
 
 
 def _check_spec_files(key: str, spec: str, run: Path) -> None:
-    from halsift.filtering.spec import iter_specs
+    from halsift.filtering.detectors.spec import iter_specs
 
     for _, family, opts in iter_specs(spec):
         for opt in _FILE_OPTIONS.get(family, ()):
@@ -314,8 +314,8 @@ def _scores_dir(p: Paths, name: str, what: str) -> Path:
 def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
     """Score the corpus and the bench with every detector; under ``halsift launch`` on every rank (``ranks``: see
     :mod:`halsift.launch.recipe_ranks`), each scoring its share of the parts; the ensembles on rank 0."""
-    from halsift.filtering.runner import score, score_bench
-    from halsift.filtering.spec import load_detector
+    from halsift.filtering.scoring.runner import score, score_bench
+    from halsift.filtering.detectors.spec import load_detector
     from halsift.launch.recipe_ranks import main_process_first
 
     info = {}
@@ -351,10 +351,10 @@ def _log_stage(r: Recipe, p: Paths, stage: str, folders: dict[str, Path]) -> Non
 
 
 def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
-    """Mean of member scores (:func:`halsift.filtering.ensemble.combine`, equal weights, no normalisation) per
+    """Mean of member scores (:func:`halsift.filtering.detectors.ensemble.combine`, equal weights, no normalisation) per
     (key, sentence_index) all members scored, written as a score folder (seeds' Table 6 ensembles)."""
     from halsift.corpus.scores import read_scores_df, scores_table, write_part_atomic
-    from halsift.filtering.ensemble import combine
+    from halsift.filtering.detectors.ensemble import combine
 
     merged = None
     for i, d in enumerate(member_dirs):
@@ -385,8 +385,8 @@ def _filters(r: Recipe) -> list[str]:
 
 
 def stage_select(r: Recipe, p: Paths) -> dict:
-    from halsift.filtering.select import select
-    from halsift.filtering.select_scale import reuse_or_clear
+    from halsift.filtering.selection.select import select
+    from halsift.filtering.selection.resumable import reuse_or_clear
 
     info = {}
     for name in _filters(r):
@@ -465,10 +465,10 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
     import torch
 
     from halsift.corpus.scores import read_scores_df
-    from halsift.eval.bench_eval import evaluate_bench
-    from halsift.eval.retrieval import evaluate_retrieval, ranks_key, write_ranks
-    from halsift.filtering.clip_detector import load_open_clip
-    from halsift.filtering.clip_tokenizer import get_tokenizer
+    from halsift.eval.runs.bench_eval import evaluate_bench
+    from halsift.eval.metrics.retrieval import evaluate_retrieval, ranks_key, write_ranks
+    from halsift.filtering.detectors.clip import load_open_clip
+    from halsift.filtering.detectors.clip_tokenizer import get_tokenizer
 
     out_dir = p.stage("eval")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -524,8 +524,8 @@ def run_extra_evals(r: Recipe, out_dir: Path) -> dict:
 
 
 def stage_report(r: Recipe, p: Paths) -> dict:
-    from halsift.eval.compare import compare_filters_report
-    from halsift.eval.retrieval import read_ranks
+    from halsift.eval.report.compare import compare_filters_report
+    from halsift.eval.metrics.retrieval import read_ranks
 
     rfile = p.stage("eval") / "retrieval.json"
     retrieval = json.loads(rfile.read_text()) if rfile.exists() else {}
@@ -548,8 +548,8 @@ def stage_report(r: Recipe, p: Paths) -> dict:
 
 def report_samples(r: Recipe, p: Paths):
     """The report's sample browser: corpus and bench captions with every detector's sentence scores and what each
-    filter's selection kept (:func:`halsift.eval.html_report.collect_samples`)."""
-    from halsift.eval.html_report import collect_samples
+    filter's selection kept (:func:`halsift.eval.report.html.collect_samples`)."""
+    from halsift.eval.report.html import collect_samples
 
     scored = [n for n in _scored(r) if (p.stage("score") / n).exists()]
     corpus = {n: _scores_dir(p, n, "corpus") for n in scored if _scores_dir(p, n, "corpus").exists()}

@@ -44,9 +44,9 @@ def add_task_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_tasks(args: argparse.Namespace) -> int | None:
     """Run the task / Ray form of ``score`` when asked for; ``None`` when the ordinary run applies."""
-    from halsift.filtering.base import DetectorError
-    from halsift.filtering.runner import MANIFEST, RunMismatch
-    from halsift.filtering.tasks import STALE_AFTER_S, TaskError, score_task, task_from_env
+    from halsift.filtering.detectors.base import DetectorError
+    from halsift.filtering.scoring.runner import MANIFEST, RunMismatch
+    from halsift.filtering.scoring.tasks import STALE_AFTER_S, TaskError, score_task, task_from_env
     from halsift.launch.cli import UsageError
 
     stale = STALE_AFTER_S if args.claim_timeout is None else args.claim_timeout
@@ -59,7 +59,7 @@ def run_tasks(args: argparse.Namespace) -> int | None:
                                  "--claim-timeout")
             if args.workers is not None and args.workers < 1:
                 raise UsageError(f"--workers: expected >= 1, got {args.workers}")
-            from halsift.filtering.ray_engine import score_ray
+            from halsift.filtering.scoring.ray_engine import score_ray
 
             m = score_ray(args.detector, args.data, args.out, unit=args.unit, batch_size=args.batch_size,
                           device=args.device, address=args.address, workers=args.workers,

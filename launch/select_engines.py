@@ -49,10 +49,10 @@ def add_resumable_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_resumable(args: argparse.Namespace) -> int | None:
     """Run the resumable select when asked for; ``None`` when the ordinary one applies."""
-    from halsift.filtering.select import SelectError
-    from halsift.filtering.select_ooc import MEMORY_LIMIT
-    from halsift.filtering.select_scale import select_resumable
-    from halsift.filtering.tasks import TaskError, task_from_env
+    from halsift.filtering.selection.select import SelectError
+    from halsift.filtering.selection.out_of_core import MEMORY_LIMIT
+    from halsift.filtering.selection.resumable import select_resumable
+    from halsift.filtering.scoring.tasks import TaskError, task_from_env
     from halsift.launch.cli import UsageError
 
     try:

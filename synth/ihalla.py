@@ -19,8 +19,8 @@ import pandas as pd
 from .scene import (BACKGROUNDS, CELLS, COLOURS, DIRECTIONS, NUMBER_WORDS, PATTERNS, SHAPES,
                                   SIGN_WORDS, Scene, background_words, relation)
 from .t2i import T2I_PROFILES, T2IProfile, make_prompt, sample_prompt_scene, t2i_sample
-from halsift.eval.ihalla import LETTERS, NONE_CHOICE, PromptQA, QAItem
-from halsift.eval.run_ihalla import IhallaAnswers, answer_with
+from halsift.eval.metrics.ihalla import LETTERS, NONE_CHOICE, PromptQA, QAItem
+from halsift.eval.runs.ihalla import IhallaAnswers, answer_with
 
 COI_OF = {"colour": "color", "count": "counting", "exists": "existence", "facing": "posture", "where": "relation",
           "relation": "relation", "size": "size", "shape": "shape", "sign_text": "existence",
@@ -229,8 +229,8 @@ def synthetic_ihalla(n_prompts: int = 40, seed: int = 0,
 
 
 def synthetic_answers(cfg) -> IhallaAnswers:
-    """The synthetic I-HallA benchmark of ``cfg`` (an :class:`~halsift.eval.run_ihalla.IhallaEvalConfig` with
-    ``synthetic``) answered by the scene oracle or ``cfg.answerer``, as :func:`~halsift.eval.run_ihalla.run_ihalla`
+    """The synthetic I-HallA benchmark of ``cfg`` (an :class:`~halsift.eval.runs.ihalla.IhallaEvalConfig` with
+    ``synthetic``) answered by the scene oracle or ``cfg.answerer``, as :func:`~halsift.eval.runs.ihalla.run_ihalla`
     reads it."""
     data = synthetic_ihalla(cfg.prompts, cfg.seed)
     answers, who = answer_with(cfg, data.qa_sets, data.images, SceneOracle())

@@ -76,7 +76,7 @@ ARCHS = ("qwen2-vl", "llava", "idefics3", "gemma3")
 
 
 def _corpus(extra_text: Sequence[str] = ()) -> list[str]:
-    from halsift.filtering import vlm_prompts as P
+    from halsift.filtering.detectors import vlm_prompts as P
 
     lines = [P.SCORE_PROMPT, P.COT_PROMPT, P.LOCALIZE_PROMPT, P.YES_NO_PROMPT, P.CONTEXT_TEMPLATE,
              'USER: ASSISTANT: {"score": 85} {"score": 100} Score: 42/100 "output": "**[red]**"']
@@ -291,7 +291,7 @@ def load_hf_vision(tower, sd: dict) -> None:
 
 def load_open_clip_visual(weights: str | os.PathLike, arch: str = "halsift-tiny"):
     """``(visual, preprocess)`` of an open_clip ``arch`` model with local ``weights`` (no download)."""
-    from halsift.filtering.clip_detector import load_open_clip
+    from halsift.filtering.detectors.clip import load_open_clip
 
     model, _, preprocess = load_open_clip(arch, pretrained=str(weights))
     return model.visual.eval(), preprocess

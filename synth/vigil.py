@@ -10,8 +10,8 @@ import random
 import numpy as np
 from PIL import Image, ImageDraw
 
-from halsift.eval.vigil import ColourSegmenter, ColourShapeEncoder, VigilRecord
-from halsift.eval.run_vigil import VigilInputs
+from halsift.eval.metrics.vigil import ColourSegmenter, ColourShapeEncoder, VigilRecord
+from halsift.eval.runs.vigil import VigilInputs
 
 CATEGORIES = {"clothing": ("shirt", "dress", "jacket"), "furniture": ("chair", "sofa", "table"),
               "cosmetics": ("lipstick", "bottle", "jar"), "electronics": ("phone", "laptop", "speaker"),
@@ -131,7 +131,7 @@ def synthetic_vigil(per_category: int = 30, seed: int = 0) -> list[VigilRecord]:
 
 
 def synthetic_inputs(cfg) -> VigilInputs:
-    """The synthetic composites of ``cfg`` (a :class:`~halsift.eval.run_vigil.VigilEvalConfig` with
+    """The synthetic composites of ``cfg`` (a :class:`~halsift.eval.runs.vigil.VigilEvalConfig` with
     ``synthetic``) with the stages they are drawn for: this world's vocabulary, the colour segmenter and the
     colour/shape encoder."""
     return VigilInputs(synthetic_vigil(cfg.per_category, cfg.seed), VOCABULARY, ColourSegmenter(),

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from .scene import SHAPES, Scene, sample_scene
 from .ihalla import SynthImage
-from halsift.eval.vope import ObjectVocabulary, VopeRecord, evaluate_response
-from halsift.eval.run_vope import VopeRecords
+from halsift.eval.metrics.vope import ObjectVocabulary, VopeRecord, evaluate_response
+from halsift.eval.runs.vope import VopeRecords
 
 SYNONYMS = {"circle": ["disc", "disk", "ring"], "square": ["block"], "triangle": [], "star": [],
             "diamond": ["rhombus", "lozenge"], "hexagon": [], "sign": ["signboard", "placard"],
@@ -151,8 +151,8 @@ def designed_rates(profile: ResponderProfile, task: str) -> dict[str, float]:
 
 def synthetic_records(cfg) -> VopeRecords:
     """Every simulated responder on ``cfg.images`` synthetic scenes per task (``cfg``: a
-    :class:`~halsift.eval.run_vope.VopeEvalConfig` with ``synthetic``), with the designed rates, as
-    :func:`~halsift.eval.run_vope.run_vope` reads them."""
+    :class:`~halsift.eval.runs.vope.VopeEvalConfig` with ``synthetic``), with the designed rates, as
+    :func:`~halsift.eval.runs.vope.run_vope` reads them."""
     records, _ = run_synthetic(cfg.images, cfg.seed)
     designed = {(p.name, t): designed_rates(p, t) for p in PROFILES for t in TASKS}
     return VopeRecords(records, f"synthetic world (seed {cfg.seed}, {cfg.images} images per task, simulated "

@@ -14,7 +14,7 @@
    :func:`write_judge_bench`), early-stopped on the bench ``val`` split; ``judge/adapter`` answers Yes/No.
 4. ``references/``: the world's first ``pmi_references`` pretrain images. The returned detector is the z-score
    ensemble of the yes/no judge and the pre-trained captioner's image PMI (``vlm`` ``mode=pmi``,
-   :func:`halsift.filtering.vlm_likelihood.image_pmi`): how much likelier the captioner finds the sentence under
+   :func:`halsift.filtering.detectors.vlm_likelihood.image_pmi`): how much likelier the captioner finds the sentence under
    its own image than under the references. ``pmi_references=0`` returns the yes/no judge alone.
 
 Why the ensemble: the yes/no judge learns the captioners' textual tells but not the image. Scoring the test split
@@ -138,7 +138,7 @@ def write_judge_bench(world: Path, out: Path, seed: int, extra_images: int, imag
 
 def write_references(shards: Path, out: Path, n: int) -> None:
     """The first ``n`` decodable images of ``shards`` as PNG files in ``out`` (the PMI reference images)."""
-    from halsift.filtering.vlm_likelihood import reference_images
+    from halsift.filtering.detectors.vlm_likelihood import reference_images
 
     out.mkdir(parents=True, exist_ok=True)
     for k, img in enumerate(reference_images(str(shards), n)):

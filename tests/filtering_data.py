@@ -91,7 +91,7 @@ def free_port() -> int:
 
 def scored_corpus(out: Path, shards: int, per_shard: int, seed: int, spec: str = "random:seed=1") -> tuple[Path, Path]:
     """A corpus (:func:`make_corpus`) and its score folder under ``out``: ``(corpus, scores)``."""
-    from halsift.filtering.runner import score
+    from halsift.filtering.scoring.runner import score
 
     corpus = make_corpus(out / "corpus", shards=shards, per_shard=per_shard, seed=seed)
     score(spec, corpus, out / "scores", batch_size=8, show_progress=False)

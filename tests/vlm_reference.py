@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from halsift.filtering.vlm_likelihood import DESCRIBE_PROMPT
+from halsift.filtering.detectors.vlm_likelihood import DESCRIBE_PROMPT
 
 
 def reference_loglik(det, image, context: list[str], sentence: str) -> float:

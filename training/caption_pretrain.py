@@ -2,7 +2,7 @@
 :mod:`halsift.training.engine`.
 
 Each sample is the chat turn ``[image, "Describe this image in detail."]`` followed by its caption (the prompt of
-:mod:`halsift.filtering.vlm_likelihood`, so ``vlm`` ``mode=pmi`` reads the captioner as it was trained); the loss is
+:mod:`halsift.filtering.detectors.vlm_likelihood`, so ``vlm`` ``mode=pmi`` reads the captioner as it was trained); the loss is
 the next-token cross-entropy on the caption tokens only. Step ``s``'s batch is the ``s``-th draw of a generator
 seeded with ``seed``, so a resumed run sees the batches a straight run would. The trained model and its processor
 are saved (``save_pretrained``) to ``save_to``; ``out`` is the engine's run folder.
@@ -74,7 +74,7 @@ class CaptionTask(Task):
     def build(self, accelerator):
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
-        from halsift.filtering.vlm_judge import VlmJudge
+        from halsift.filtering.detectors.vlm_judge import VlmJudge
 
         cfg = self.cfg
         self.processor = AutoProcessor.from_pretrained(cfg.model)
@@ -107,7 +107,7 @@ class CaptionTask(Task):
 
     def batches(self, start: int):
         """Per step, ``batch_size`` pair indices drawn with replacement (the draws of earlier steps replayed)."""
-        from halsift.filtering.vlm_likelihood import describe_features
+        from halsift.filtering.detectors.vlm_likelihood import describe_features
 
         gen = torch.Generator().manual_seed(self.cfg.seed)
         tok = self.processor.tokenizer

@@ -54,11 +54,11 @@ def param_groups(model: torch.nn.Module, wd: float) -> list[dict]:
 
 
 def load_model(arch: str, pretrained: str | None = None, device="cpu", **kw):
-    """:func:`halsift.filtering.clip_detector.load_open_clip` (SigLIP fine-tunes with a stored ``logit_bias``
+    """:func:`halsift.filtering.detectors.clip.load_open_clip` (SigLIP fine-tunes with a stored ``logit_bias``
     load too); a damaged safetensors file is an error naming it as ``pretrained``."""
     from safetensors import SafetensorError
 
-    from halsift.filtering.clip_detector import load_open_clip
+    from halsift.filtering.detectors.clip import load_open_clip
 
     try:
         return load_open_clip(arch, pretrained, device=device, **kw)
@@ -74,10 +74,10 @@ def detection_metrics(model, preprocess, tokenizer, bench: str, work_dir: Path) 
     """
     from accelerate import PartialState
 
-    from halsift.eval.bench_eval import bench_frame, join_scores
-    from halsift.eval.detection import auroc_by_generator
-    from halsift.filtering.clip_detector import ClipDetector
-    from halsift.filtering.runner import score_bench
+    from halsift.eval.runs.bench_eval import bench_frame, join_scores
+    from halsift.eval.metrics.detection import auroc_by_generator
+    from halsift.filtering.detectors.clip import ClipDetector
+    from halsift.filtering.scoring.runner import score_bench
 
     state = PartialState()
     was_training = model.training
@@ -136,7 +136,7 @@ class ContrastiveTask(Task):
         return {}
 
     def build(self, accelerator):
-        from halsift.filtering.clip_tokenizer import get_tokenizer
+        from halsift.filtering.detectors.clip_tokenizer import get_tokenizer
 
         cfg = self.cfg
         pretrained = cfg.pretrained or None
@@ -198,7 +198,7 @@ class ContrastiveTask(Task):
 
     def evaluate(self, model, step: int) -> tuple[dict, bool]:
         """Retrieval (main process) and bench detection (all processes share the scoring), logged together."""
-        from halsift.eval.retrieval import evaluate_retrieval, retrieval_set_name, write_clip_benchmark
+        from halsift.eval.metrics.retrieval import evaluate_retrieval, retrieval_set_name, write_clip_benchmark
 
         cfg, acc, out = self.cfg, self.accelerator, self.out
         unwrapped = acc.unwrap_model(model)

@@ -9,6 +9,7 @@ family of the ``base`` spec. Validation lives in :meth:`DetectorTrainConfig.vali
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from halsift.corpus.config import field as _f
 
@@ -103,3 +104,15 @@ class DetectorTrainConfig:
 
 
 __all__ = ["BALANCE", "CLIP_TARGETS", "KINDS", "VLM_TARGETS", "DetectorTrainConfig"]
+
+
+def absolute_spec(spec: str, keys=("checkpoint", "model", "pretrained")) -> str:
+    """The base spec with its local paths made absolute (so ``detector.yaml`` works from any directory)."""
+    from halsift.filtering.detectors.spec import format_spec, parse_spec
+
+    family, opts = parse_spec(spec)
+    for k in keys:
+        v = opts.get(k)
+        if isinstance(v, str) and v and os.path.exists(v):
+            opts[k] = os.path.abspath(v)
+    return format_spec(family, opts)

@@ -34,7 +34,7 @@ import torch
 from halsift.corpus.bench import BenchFormatError
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.shards import write_json_atomic
-from halsift.filtering.base import Item
+from halsift.filtering.detectors.base import Item
 from halsift.training.detector_config import DetectorTrainConfig
 from halsift.training.engine import Task, cosine_with_warmup, run
 
@@ -151,18 +151,6 @@ def build_task(cfg: DetectorTrainConfig):
     return VlmTask(cfg)
 
 
-def absolute_spec(spec: str, keys=("checkpoint", "model", "pretrained")) -> str:
-    """The base spec with its local paths made absolute (so ``detector.yaml`` works from any directory)."""
-    from halsift.filtering.spec import format_spec, parse_spec
-
-    family, opts = parse_spec(spec)
-    for k in keys:
-        v = opts.get(k)
-        if isinstance(v, str) and v and os.path.exists(v):
-            opts[k] = os.path.abspath(v)
-    return format_spec(family, opts)
-
-
 def _export(task, out: Path, name: str, meta: dict) -> Path:
     """Write the adapter folder ``out/name`` atomically (temp folder + rename)."""
     import yaml
@@ -187,7 +175,7 @@ def val_auroc(detector, items: list[Item], labels: np.ndarray, batch_size: int, 
     import pandas as pd
     from accelerate.utils import gather_object
 
-    from halsift.eval.detection import MetricError, auroc, auroc_by_generator
+    from halsift.eval.metrics.detection import MetricError, auroc, auroc_by_generator
 
     mine = list(range(rank, len(items), world))
     scores: list[tuple[int, float]] = []
@@ -353,5 +341,5 @@ def train_detector(cfg: DetectorTrainConfig) -> dict:
     return run(DetectorTask(cfg))
 
 
-__all__ = ["DetectorTask", "EXPORT_FORMAT", "StepBatches", "absolute_spec", "bench_examples", "row_items",
+__all__ = ["DetectorTask", "EXPORT_FORMAT", "StepBatches", "bench_examples", "row_items",
            "train_detector", "val_auroc"]

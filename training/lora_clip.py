@@ -4,7 +4,7 @@ open_clip's residual blocks hold an ``nn.MultiheadAttention`` (``attn``; its ``o
 ``forward``, so LoRA on ``out_proj`` alone would be silently ignored) and the MLP linears ``c_fc`` / ``c_proj``.
 peft (>= 0.13) adapts ``nn.MultiheadAttention`` as one module, covering ``in_proj`` and ``out_proj`` together, so
 the default targets are ``attn``, ``c_fc`` and ``c_proj`` in both towers. The head and the scoring live in
-:mod:`halsift.filtering.lora_detector` (training and scoring share them).
+:mod:`halsift.filtering.detectors.lora` (training and scoring share them).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from halsift.filtering.base import Item
-from halsift.filtering.lora_detector import ClipHead, ClipLoraScorer, LoraClipDetector, load_head, save_head
+from halsift.filtering.detectors.base import Item
+from halsift.filtering.detectors.lora import ClipHead, ClipLoraScorer, LoraClipDetector, load_head, save_head
 from halsift.training.detector_config import CLIP_TARGETS, DetectorTrainConfig
 
 
@@ -65,9 +65,9 @@ class ClipTask:
     kind = "clip"
 
     def __init__(self, cfg: DetectorTrainConfig) -> None:
-        from halsift.filtering.clip_detector import ClipDetector
-        from halsift.filtering.spec import load_detector
-        from halsift.training.detector_train import absolute_spec
+        from halsift.filtering.detectors.clip import ClipDetector
+        from halsift.filtering.detectors.spec import load_detector
+        from halsift.training.detector_config import absolute_spec
 
         base = load_detector(absolute_spec(cfg.base))
         if not isinstance(base, ClipDetector):
@@ -113,7 +113,7 @@ class ClipTask:
         """``merged/``: the adapter merged into the base (``open_clip_model.safetensors``) + head, no peft needed."""
         import yaml
 
-        from halsift.filtering.spec import format_spec, parse_spec
+        from halsift.filtering.detectors.spec import format_spec, parse_spec
         from halsift.training.engine import save_state_dict_safetensors
 
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """LoRA (peft) on a transformers VLM judge: the ``vlm`` kind of ``train detector``.
 
 Train and score agree by construction: the inputs are built by the base
-:class:`~halsift.filtering.vlm_detector.VlmDetector` itself (its chat template, prompt, prefill and continuation
+:class:`~halsift.filtering.detectors.vlm.VlmDetector` itself (its chat template, prompt, prefill and continuation
 tokens, via ``prefix_inputs`` / ``continuation_ids`` and its judge's ``full_batch``), and the training target is the
 detector's own score read from the same next-token distribution with the same token sets:
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from halsift.filtering.base import Item
+from halsift.filtering.detectors.base import Item
 from halsift.training.detector_config import VLM_TARGETS, DetectorTrainConfig
 
 _EPS = 1e-4
@@ -89,9 +89,9 @@ class VlmTask:
     def __init__(self, cfg: DetectorTrainConfig) -> None:
         from peft import LoraConfig, get_peft_model
 
-        from halsift.filtering.spec import format_spec, load_detector, parse_spec
-        from halsift.filtering.vlm_detector import VlmDetector
-        from halsift.training.detector_train import absolute_spec
+        from halsift.filtering.detectors.spec import format_spec, load_detector, parse_spec
+        from halsift.filtering.detectors.vlm import VlmDetector
+        from halsift.training.detector_config import absolute_spec
 
         family, opts = parse_spec(absolute_spec(cfg.base))
         if family != "vlm":
@@ -156,7 +156,7 @@ class VlmTask:
 
         import yaml
 
-        from halsift.filtering.spec import format_spec, parse_spec
+        from halsift.filtering.detectors.spec import format_spec, parse_spec
 
         folder.mkdir(parents=True, exist_ok=True)
         merged = copy.deepcopy(self.peft).merge_and_unload()

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from halsift.eval.agreement import AgreementError, bench_agreement, fleiss_kappa
+from halsift.eval.metrics.agreement import AgreementError, bench_agreement, fleiss_kappa
 
 # 10 subjects, 14 raters, 5 categories (Wikipedia, "Fleiss' kappa", worked example)
 WIKI = [[0, 0, 0, 0, 14], [0, 2, 6, 4, 2], [0, 0, 3, 5, 6], [0, 3, 9, 2, 0], [2, 2, 8, 1, 1],

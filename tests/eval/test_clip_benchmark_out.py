@@ -11,7 +11,7 @@ import pytest
 from filtering_data import png
 
 from halsift.corpus.retrieval import write_retrieval
-from halsift.eval.retrieval import clip_benchmark_result
+from halsift.eval.metrics.retrieval import clip_benchmark_result
 from halsift.launch.cli import main
 
 

@@ -10,8 +10,8 @@ from PIL import Image
 from scipy.stats import spearmanr
 
 from halsift.launch.recipe_config import Recipe
-from halsift.eval.compare import bootstrap_delta, compare_filters_report
-from halsift.eval.retrieval import (NO_CAPTION_RANK, ranks_key, read_ranks, recall_at_k, recall_from_ranks,
+from halsift.eval.report.compare import bootstrap_delta, compare_filters_report
+from halsift.eval.metrics.retrieval import (NO_CAPTION_RANK, ranks_key, read_ranks, recall_at_k, recall_from_ranks,
                                     retrieval_ranks, write_ranks)
 
 SET = "synthetic"
@@ -209,7 +209,7 @@ def test_evaluate_retrieval_returns_ranks(tmp_path):
     import torch
 
     from halsift.corpus.retrieval import write_retrieval
-    from halsift.eval.retrieval import evaluate_retrieval
+    from halsift.eval.metrics.retrieval import evaluate_retrieval
 
     colors = [(255, 0, 0), (0, 255, 0), (0, 0, 255)]
     rows = []

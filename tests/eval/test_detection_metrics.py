@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from halsift.eval.bootstrap import bootstrap_auroc, weighted_auroc_batch
-from halsift.eval.detection import (MetricError, auroc, auroc_by_generator, ensemble_gain, ensemble_scores,
+from halsift.eval.metrics.bootstrap import bootstrap_auroc, weighted_auroc_batch
+from halsift.eval.metrics.detection import (MetricError, auroc, auroc_by_generator, ensemble_gain, ensemble_scores,
                                     failure_rate, generator_table, mean_score_by_type, precision_at_keep,
                                     score_by_position, self_preference)
 

@@ -14,8 +14,8 @@ from sklearn.metrics import roc_auc_score
 
 from halsift.corpus.bench import TYPES, read_bench, write_bench
 from halsift.corpus.scores import scores_table, write_part_atomic
-from halsift.eval.bench_eval import evaluate_bench
-from halsift.eval.detection import MetricError
+from halsift.eval.runs.bench_eval import evaluate_bench
+from halsift.eval.metrics.detection import MetricError
 from halsift.launch.cli import main
 
 HAVE_SYNTH = importlib.util.find_spec("halsift.synth.world") is not None
@@ -235,11 +235,11 @@ def test_cli_scores_dirs(tmp_path):
 
 
 def test_cli_detector_calls_runner(tmp_path, monkeypatch):
-    """`--detector SPEC` loads the spec and scores the bench through filtering.runner.score_bench."""
+    """`--detector SPEC` loads the spec and scores the bench through filtering.scoring.runner.score_bench."""
     import sys
     import types
 
-    import halsift.filtering.spec as spec_mod
+    import halsift.filtering.detectors.spec as spec_mod
 
     path = make_bench(tmp_path / "bench.jsonl", images=8)
     df = bench_df(path)
@@ -257,7 +257,7 @@ def test_cli_detector_calls_runner(tmp_path, monkeypatch):
         return Path(out_dir)
 
     monkeypatch.setattr(spec_mod, "load_detector", lambda s: Fake())
-    monkeypatch.setitem(sys.modules, "halsift.filtering.runner", types.SimpleNamespace(score_bench=score_bench))
+    monkeypatch.setitem(sys.modules, "halsift.filtering.scoring.runner", types.SimpleNamespace(score_bench=score_bench))
     out = tmp_path / "out"
     assert main(["eval", "bench", "--bench", str(path), "--detector", "oracle", "--out", str(out),
                  "--n-boot", "50", "--no-plots"]) == 0
@@ -267,11 +267,11 @@ def test_cli_detector_calls_runner(tmp_path, monkeypatch):
 
 def test_bench_and_recipe_ensembles_use_the_ensemble_detectors_combine(tmp_path):
     """One ensemble implementation: the bench's ``A+B`` rows and the recipe's ensemble score folder hold
-    :func:`halsift.filtering.ensemble.combine` (equal weights, norm none) of the members' scores, on the rows every
+    :func:`halsift.filtering.detectors.ensemble.combine` (equal weights, norm none) of the members' scores, on the rows every
     member scored; with two members that is exactly the float32 mean the recipe always wrote."""
     from halsift.corpus.scores import read_scores_df
-    from halsift.eval.detection import ensemble_scores
-    from halsift.filtering.ensemble import combine
+    from halsift.eval.metrics.detection import ensemble_scores
+    from halsift.filtering.detectors.ensemble import combine
     from halsift.launch.recipe import write_ensemble
 
     rng = np.random.default_rng(3)

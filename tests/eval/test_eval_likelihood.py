@@ -11,7 +11,7 @@ from PIL import Image
 
 from halsift.corpus.bench import read_bench
 from halsift.synth.world import generate_world
-from halsift.filtering.spec import load_detector
+from halsift.filtering.detectors.spec import load_detector
 from halsift.synth.tiny_vlm import build_tiny_vlm
 from vlm_reference import reference_loglik
 from halsift.launch.cli import main

@@ -32,7 +32,7 @@ def tiny_recipe(run: Path, wandb_mode: str = "disabled"):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
     """A run folder as `halsift run` leaves it, minus the CLIP fine-tuning (its retrieval.json is made up)."""
-    from halsift.eval.bench_eval import evaluate_bench
+    from halsift.eval.runs.bench_eval import evaluate_bench
     from halsift.corpus.scores import read_scores_df
 
     run = tmp_path_factory.mktemp("run")
@@ -101,7 +101,7 @@ def test_run_index_html_holds_table_plots_bench_and_samples(tiny_run):
 
 
 def test_without_a_selection_a_filter_keeps_its_detectors_top_share(tiny_run):
-    from halsift.eval.html_report import collect_samples
+    from halsift.eval.report.html import collect_samples
 
     s = collect_samples(list(DETECTORS), corpus=tiny_run / "world" / "corpus", keep=0.5, max_samples=30,
                         corpus_scores={n: tiny_run / "score" / n / "corpus" for n in DETECTORS})
@@ -264,7 +264,7 @@ def test_two_thousand_image_page_stays_responsive(tmp_path):
     """A page with 2,000 images x 5 sentences x 8 detectors: load time and one filter change, measured and printed."""
     import numpy as np
 
-    from halsift.eval.html_report import SampleSet, render_html
+    from halsift.eval.report.html import SampleSet, render_html
 
     rng = np.random.default_rng(0)
     dets = [f"det{i}" for i in range(8)]

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from halsift.eval.ihalla import (ChoiceVlmAnswerer, PromptQA, QAFormatError, QAItem, answer_all, correlations,
+from halsift.eval.metrics.ihalla import (ChoiceVlmAnswerer, PromptQA, QAFormatError, QAItem, answer_all, correlations,
                                  ihalla_metrics, ihalla_scores, load_predictions, load_qa, parse_letter)
 from halsift.launch.cli import main
 
@@ -57,7 +57,7 @@ def test_parse_letter_and_vlm_adapter():
 
 def test_parse_matches_official_reader_on_real_replies():
     """Replies as GPT-4o and open VLMs write them; the official code reads the 'Answer:' line's first character."""
-    from halsift.eval.ihalla import official_letter
+    from halsift.eval.metrics.ihalla import official_letter
 
     same = {"b": "B", "B": "B", "c)": "C", "d. a cat": "D", "Answer: e": "E", "Sure.\nAnswer: A\nBecause...": "A",
             "E) None of the above": "E", "A": "A"}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from halsift.eval.localization import localization_metrics, parse_marked, set_iou, span_iou, unwrap_output
+from halsift.eval.metrics.localization import localization_metrics, parse_marked, set_iou, span_iou, unwrap_output
 
 
 def test_parse_seed_example_and_json_block():

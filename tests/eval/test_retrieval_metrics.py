@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from halsift.eval.retrieval import recall_at_k
+from halsift.eval.metrics.retrieval import recall_at_k
 
 
 def brute_force(img, txt, t2i, ks):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from halsift.eval.vigil import (ColourSegmenter, ColourShapeEncoder, VigilConfig, VigilFormatError, analyze, decide,
+from halsift.eval.metrics.vigil import (ColourSegmenter, ColourShapeEncoder, VigilConfig, VigilFormatError, analyze, decide,
                                 label_matrix, loco_search, multilabel_f1, read_vigil, VigilRecord)
 from halsift.launch.cli import main
 
@@ -131,7 +131,7 @@ def _annotation_files(tmp_path) -> Path:
 def test_real_annotations_use_the_given_vocabulary_not_the_synthetic_worlds(tmp_path):
     """Real annotations: object names come from the user's vocabulary (or the prompt's words), never the synthetic
     world's product list; the library function is what the command runs."""
-    from halsift.eval.run_vigil import VigilEvalConfig, run_vigil
+    from halsift.eval.runs.vigil import VigilEvalConfig, run_vigil
 
     ann = _annotation_files(tmp_path)
     res = run_vigil(VigilEvalConfig(annotations=str(ann), out=str(tmp_path / "words")))
@@ -168,7 +168,7 @@ def test_library_needs_the_synthetic_data_passed_in(tmp_path):
     """The library never reaches into halsift.synth: a synthetic config without data is a clear error, and the
     synthetic world's inputs give the command's numbers."""
     from halsift.corpus.config import ConfigError
-    from halsift.eval.run_vigil import VigilEvalConfig, run_vigil
+    from halsift.eval.runs.vigil import VigilEvalConfig, run_vigil
     from halsift.synth.vigil import synthetic_inputs
 
     cfg = VigilEvalConfig(synthetic=True, per_category=3, out=str(tmp_path / "lib"))

@@ -9,7 +9,7 @@ import math
 import pytest
 from PIL import Image
 
-from halsift.eval.vope import (ObjectVocabulary, chair_i, classify, parse_yes_no, vope_metrics, vope_rates)
+from halsift.eval.metrics.vope import (ObjectVocabulary, chair_i, classify, parse_yes_no, vope_metrics, vope_rates)
 from halsift.launch.cli import main
 
 

@@ -13,10 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from PIL import Image
 
-from halsift.filtering.api_detector import ApiDetector, score_from_logprobs
-from halsift.filtering.base import DetectorError, Item
-from halsift.filtering.spec import SpecError, load_detector
-from halsift.filtering.vlm_prompts import SCORE_PROMPT
+from halsift.filtering.detectors.api import ApiDetector, score_from_logprobs
+from halsift.filtering.detectors.base import DetectorError, Item
+from halsift.filtering.detectors.spec import SpecError, load_detector
+from halsift.filtering.detectors.vlm_prompts import SCORE_PROMPT
 
 
 def _lp(p: float) -> float:
@@ -211,7 +211,7 @@ def test_loopback_server_backed_by_tiny_vlm(serve, tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from halsift.synth.tiny_vlm import build_tiny_vlm
-    from halsift.filtering.vlm_detector import VlmDetector
+    from halsift.filtering.detectors.vlm import VlmDetector
 
     judge = VlmDetector(str(build_tiny_vlm("llava", tmp_path / "llava", init_std=0.5)), dtype="float32", device="cpu")
     tok = judge.tokenizer

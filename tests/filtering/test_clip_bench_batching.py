@@ -11,9 +11,9 @@ from PIL import Image
 from halsift.corpus.bench import read_bench
 from halsift.corpus.images import SkipCounter
 from halsift.synth.world import generate_world
-from halsift.filtering.base import Item
-from halsift.filtering.clip_detector import ClipDetector
-from halsift.filtering.runner import iter_caption_groups, plan_parts, score_bench
+from halsift.filtering.detectors.base import Item
+from halsift.filtering.detectors.clip import ClipDetector
+from halsift.filtering.scoring.runner import iter_caption_groups, plan_parts, score_bench
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from halsift.filtering.clip_detector import ClipDetector, register_builtin_configs
+from halsift.filtering.detectors.clip import ClipDetector, register_builtin_configs
 from halsift.launch.cli import main
 
 

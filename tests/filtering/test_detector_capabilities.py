@@ -13,8 +13,8 @@ import yaml
 from filtering_data import make_bench, make_corpus
 from PIL import Image
 
-from halsift.filtering.base import LOCALIZATION, SET_LEVEL, VLM_JUDGE, Item, MissingCapability
-from halsift.filtering.spec import load_detector
+from halsift.filtering.detectors.base import LOCALIZATION, SET_LEVEL, VLM_JUDGE, Item, MissingCapability
+from halsift.filtering.detectors.spec import load_detector
 from halsift.launch.cli import main
 
 pytest.importorskip("peft")
@@ -90,7 +90,7 @@ def _merged_judge(vlm_path, adapter):
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from halsift.filtering.vlm_judge import VlmJudge
+    from halsift.filtering.detectors.vlm_judge import VlmJudge
 
     model = AutoModelForImageTextToText.from_pretrained(str(vlm_path), dtype=torch.float32)
     merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
@@ -98,8 +98,8 @@ def _merged_judge(vlm_path, adapter):
 
 
 def test_lora_vlm_lends_its_tuned_judge_for_likelihood_and_ihalla(vlm_path, vlm_adapter, tmp_path):
-    from halsift.eval.ihalla import answer_all, vlm_answerer
-    from halsift.filtering.vlm_likelihood import sentence_logliks
+    from halsift.eval.metrics.ihalla import answer_all, vlm_answerer
+    from halsift.filtering.detectors.vlm_likelihood import sentence_logliks
     from halsift.synth.ihalla import synthetic_ihalla
 
     lora = load_detector(f"lora:{vlm_adapter}")
@@ -126,7 +126,7 @@ def test_lora_vlm_lends_its_tuned_judge_for_likelihood_and_ihalla(vlm_path, vlm_
 def test_bench_rows_of_one_image_encode_it_once(vlm_adapter, tmp_path):
     """Bench rows have distinct keys but rows of one image share one processor pass (one prefix encode)."""
     from halsift.corpus.bench import read_bench
-    from halsift.filtering.runner import score_bench
+    from halsift.filtering.scoring.runner import score_bench
 
     bench = make_bench(tmp_path / "bench", captions=4)
     rows = read_bench(bench)
@@ -144,7 +144,7 @@ def test_decode_workers_give_the_same_scores(vlm_path, vlm_adapter, tmp_path, ki
     scores as the in-process path."""
     import pyarrow.parquet as pq
 
-    from halsift.filtering.score_workers import supports_workers
+    from halsift.filtering.scoring.workers import supports_workers
 
     refs = tmp_path / "refs"
     refs.mkdir()
@@ -166,8 +166,8 @@ def test_decode_workers_give_the_same_scores(vlm_path, vlm_adapter, tmp_path, ki
 
 def test_set_level_detectors_are_refused_where_parts_are_scored_alone(tmp_path, monkeypatch):
     """Tasks and Ray actors score parts independently: a set-level detector would be normalised per part."""
-    from halsift.filtering import ray_engine
-    from halsift.filtering.tasks import TaskError, score_task
+    from halsift.filtering.scoring import ray_engine
+    from halsift.filtering.scoring.tasks import TaskError, score_task
 
     data = make_corpus(tmp_path / "data", shards=1, per_shard=2)
     spec = "ensemble:members=[random:seed=1,random:seed=2],norm=zscore"

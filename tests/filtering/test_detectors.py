@@ -9,11 +9,11 @@ import pytest
 from PIL import Image
 from scipy.stats import rankdata
 
-from halsift.filtering.base import Item
-from halsift.filtering.baselines import OracleDetector, RandomDetector, hash_uniform
-from halsift.filtering.base import DetectorError
-from halsift.filtering.ensemble import combine, normalise
-from halsift.filtering.spec import SpecError, load_detector, parse_spec
+from halsift.filtering.detectors.base import Item
+from halsift.filtering.detectors.baselines import OracleDetector, RandomDetector, hash_uniform
+from halsift.filtering.detectors.base import DetectorError
+from halsift.filtering.detectors.ensemble import combine, normalise
+from halsift.filtering.detectors.spec import SpecError, load_detector, parse_spec
 
 
 def _items(n_images=3, per=3, labels=("correct", "incorrect", "unknown")):
@@ -70,7 +70,7 @@ def test_every_detector_option_has_one_line_of_help():
     """Each family's OPTION_HELP names exactly its __init__ options (docs/config.md and --describe show it)."""
     import dataclasses
 
-    from halsift.filtering.spec import _family_class, families, family_config
+    from halsift.filtering.detectors.spec import _family_class, families, family_config
 
     for family in families():
         fields = dataclasses.fields(family_config(family))
@@ -84,7 +84,7 @@ def test_family_options_are_typed_and_checked_without_importing_the_detector():
     import subprocess
     import sys
 
-    from halsift.filtering.spec import check_spec, family_config
+    from halsift.filtering.detectors.spec import check_spec, family_config
 
     fields = {f.name: f for f in dataclasses.fields(family_config("vlm"))}
     assert fields["model"].default is dataclasses.MISSING and fields["n_references"].default == 8
@@ -96,7 +96,7 @@ def test_family_options_are_typed_and_checked_without_importing_the_detector():
                          ("ensemble:members=[random:seed=1;clip:center=x]", "'clip:center=x': center: expected a number")]:
         with pytest.raises(SpecError, match=re.escape(needle)):
             check_spec(spec)
-    code = ("import sys; from halsift.filtering.spec import check_spec; check_spec('vlm:model=m,seed=1'); "
+    code = ("import sys; from halsift.filtering.detectors.spec import check_spec; check_spec('vlm:model=m,seed=1'); "
             "print(sorted(m for m in ('torch', 'transformers', 'open_clip') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "[]"
 
@@ -192,7 +192,7 @@ def test_clip_text_runs_on_the_used_positions_only_with_identical_embeddings(tin
     as open_clip's full 77-position pass up to float rounding; a tower without a causal mask gets the full pass."""
     import torch
 
-    from halsift.filtering import clip_detector
+    from halsift.filtering.detectors import clip as clip_detector
 
     m = tiny_clip.model
     tok = tiny_clip.tokenizer(["A small red circle is in the top left corner.", "Two blue stars.", "x"])
@@ -246,7 +246,7 @@ def test_clip_checkpoint_and_from_model(tiny_clip, tmp_path):
     import open_clip
     from safetensors.torch import save_file
 
-    from halsift.filtering.clip_detector import ClipDetector
+    from halsift.filtering.detectors.clip import ClipDetector
 
     path = tmp_path / "m.safetensors"
     save_file({k: v.contiguous() for k, v in tiny_clip.model.state_dict().items()}, str(path))
@@ -277,7 +277,7 @@ def test_siglip_checkpoint_loads_through_every_loader(tmp_path):
     import open_clip
     import torch
 
-    from halsift.filtering.clip_detector import load_open_clip, register_builtin_configs
+    from halsift.filtering.detectors.clip import load_open_clip, register_builtin_configs
     from halsift.training.clip_train import load_model, save_state_dict_safetensors
 
     register_builtin_configs()
@@ -293,7 +293,7 @@ def test_siglip_checkpoint_loads_through_every_loader(tmp_path):
 def test_clip_prepare_then_score_prepared_equals_score_batch(tiny_clip, tmp_path):
     """The runner runs ``prepare`` (preprocessing, tokenization) in its read-ahead thread and ``score_prepared`` on
     the model: the same scores as ``score_batch``."""
-    from halsift.filtering.base import Detector
+    from halsift.filtering.detectors.base import Detector
 
     items = _items(n_images=3, per=4)
     direct = [r.score for r in tiny_clip.score_batch(items)]

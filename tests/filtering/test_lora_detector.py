@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from halsift.filtering.spec import SpecError, load_detector, parse_spec
+from halsift.filtering.detectors.spec import SpecError, load_detector, parse_spec
 from lora_data import small_bench
 
 
@@ -157,7 +157,7 @@ def test_bench_rows_sharing_an_image_encode_it_once(clip_adapter, tmp_path):
     """Bench rows have distinct keys (row ids) but rows of one image share one decoded image: the LoRA clip
     detector encodes each image once per batch, and scores as when every row is scored alone."""
     from halsift.corpus.bench import read_bench
-    from halsift.filtering.runner import score_bench
+    from halsift.filtering.scoring.runner import score_bench
 
     adapter, bench = clip_adapter
     det = load_detector(f"lora:{adapter}")

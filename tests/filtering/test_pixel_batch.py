@@ -6,9 +6,9 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from halsift.filtering.base import Item
-from halsift.filtering.clip_detector import ClipDetector, encode_text
-from halsift.filtering.pixel_batch import PixelBatcher
+from halsift.filtering.detectors.base import Item
+from halsift.filtering.detectors.clip import ClipDetector, encode_text
+from halsift.filtering.detectors.pixel_batch import PixelBatcher
 
 
 def _images(sizes, mode="RGB", seed=0):
@@ -121,7 +121,7 @@ def test_a_size_kept_by_resize_then_crop_is_not_taken_for_identity():
 
 
 def test_an_item_without_an_image_is_refused_naming_the_detector_and_item(det):
-    from halsift.filtering.pixel_batch import image_text_inputs
+    from halsift.filtering.detectors.pixel_batch import image_text_inputs
 
     items = [Item("k0", 0, "A red car.", [], _images([(20, 20)])[0], "", {}), Item("k1", 2, "A cat.", [], None, "", {})]
     with pytest.raises(ValueError, match=r"clip detector: item k1/2 has no image"):

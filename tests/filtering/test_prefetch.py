@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from halsift.filtering.prefetch import Prefetcher
+from halsift.filtering.scoring.prefetch import Prefetcher
 
 
 def test_order_and_content_kept():

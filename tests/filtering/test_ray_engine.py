@@ -15,8 +15,8 @@ from filtering_data import make_corpus
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
 
 from halsift.corpus.scores import read_scores_df  # noqa: E402
-from halsift.filtering.ray_engine import score_ray  # noqa: E402
-from halsift.filtering.runner import score  # noqa: E402
+from halsift.filtering.scoring.ray_engine import score_ray  # noqa: E402
+from halsift.filtering.scoring.runner import score  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from filtering_data import free_port, make_bench, make_corpus, reshard
 from scipy.stats import rankdata
 
 from halsift.corpus.scores import read_scores_df
-from halsift.filtering.runner import RunMismatch, score, score_bench
+from halsift.filtering.scoring.runner import RunMismatch, score, score_bench
 from halsift.launch.cli import main
 
 ENV = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
@@ -164,7 +164,7 @@ def test_decode_workers_write_the_same_parts(tmp_path, capsys):
 
     import pyarrow.parquet as pq
 
-    from halsift.filtering.runner import part_stats
+    from halsift.filtering.scoring.runner import part_stats
 
     data = make_corpus(tmp_path / "data", shards=4, per_shard=3, corrupt={"s0_00004": "image"})
     for out, extra in ((tmp_path / "a", []), (tmp_path / "b", ["--decode-workers", "2"])):
@@ -211,7 +211,7 @@ def _photo_corpus(out: Path, n: int = 12) -> Path:
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_fast_decode_decodes_jpegs_near_the_model_input_size_with_near_equal_scores(tmp_path, workers):
-    from halsift.filtering.spec import load_detector
+    from halsift.filtering.detectors.spec import load_detector
 
     data = _photo_corpus(tmp_path / "c")
     full = load_detector("clip:arch=halsift-tiny,seed=0")
@@ -246,7 +246,7 @@ def test_fast_decode_decodes_jpegs_near_the_model_input_size_with_near_equal_sco
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_images_as_arrays_or_pil_images_give_the_same_scores(tmp_path, workers):
-    from halsift.filtering.spec import load_detector
+    from halsift.filtering.detectors.spec import load_detector
 
     data = _photo_corpus(tmp_path / "c")
     spec = "clip:arch=halsift-tiny,seed=0,fast_decode=true"
@@ -267,7 +267,7 @@ def test_worker_tensors_travel_as_arrays_and_come_back_equal():
 
     import torch
 
-    from halsift.filtering.score_workers import _Array, _pack, _unpack
+    from halsift.filtering.scoring.workers import _Array, _pack, _unpack
 
     prepared = {"pixels": torch.arange(24, dtype=torch.uint8).view(2, 3, 4, 1), "rows": torch.tensor([0, 0, 1]),
                 "inputs": Encoding(ids=torch.ones(2, 5, dtype=torch.int64), mask=[torch.zeros(3)]),

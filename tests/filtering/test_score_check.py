@@ -96,8 +96,8 @@ def test_in_memory_and_resumable_select_give_the_same_error(scored, tmp_path, ca
 
 
 def test_resumable_select_of_one_detector_in_a_mixed_folder_equals_in_memory(scored, tmp_path):
-    from halsift.filtering.select import select
-    from halsift.filtering.select_scale import select_resumable
+    from halsift.filtering.selection.select import select
+    from halsift.filtering.selection.resumable import select_resumable
 
     corpus, scores = scored
     mixed = tmp_path / "scores"

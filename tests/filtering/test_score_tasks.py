@@ -16,8 +16,8 @@ import pytest
 from filtering_data import make_corpus
 
 from halsift.corpus.scores import read_scores_df
-from halsift.filtering.runner import score
-from halsift.filtering.tasks import CLAIMS, ClaimBoard, TaskError, score_task, task_from_env, task_order
+from halsift.filtering.scoring.runner import score
+from halsift.filtering.scoring.tasks import CLAIMS, ClaimBoard, TaskError, score_task, task_from_env, task_order
 from halsift.launch.cli import main
 
 ENV = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
@@ -188,7 +188,7 @@ def test_cli_task_errors_exit_2(corpus, tmp_path, capsys):
 def test_dist_timeout_from_environment():
     from datetime import timedelta
 
-    from halsift.filtering.tasks import dist_timeout_kwargs
+    from halsift.filtering.scoring.tasks import dist_timeout_kwargs
 
     assert dist_timeout_kwargs({}) == {}
     assert dist_timeout_kwargs({"HALSIFT_DIST_TIMEOUT": "7200"}) == {"timeout": timedelta(seconds=7200)}

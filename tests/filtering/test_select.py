@@ -12,9 +12,9 @@ from filtering_data import make_corpus
 
 from halsift.corpus.scores import read_scores_df
 from halsift.corpus.shards import iter_samples, read_sizes
-from halsift.filtering.baselines import hash_uniform
-from halsift.filtering.runner import score
-from halsift.filtering.select import SelectError, read_kept, select, select_keys
+from halsift.filtering.detectors.baselines import hash_uniform
+from halsift.filtering.scoring.runner import score
+from halsift.filtering.selection.select import SelectError, read_kept, select, select_keys
 from halsift.launch.cli import main
 
 
@@ -181,7 +181,7 @@ def test_whole_caption_selection_reports_the_share_of_correct_sentences_it_kept(
     wrong = sum(any(x["label"] == "incorrect" for x in s.meta["sentences"]) for s in whole)
     assert m["precision"]["kept"] == pytest.approx(full / (full + wrong), abs=1e-6)
     assert m["precision"]["kept"] < m["sentence_precision"]["kept"] < 1.0  # mean score keeps some wrong sentences
-    from halsift.eval.compare import _kept_precision
+    from halsift.eval.report.compare import _kept_precision
 
     assert _kept_precision(m) == m["sentence_precision"]["kept"]  # what the report's "kept precision" states
 

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from halsift.corpus.scores import write_part_atomic
-from halsift.filtering.select import SelectError, select_keys
-from halsift.filtering.select_ooc import kept_for_part, supported, top_keys
+from halsift.filtering.selection.select import SelectError, select_keys
+from halsift.filtering.selection.out_of_core import kept_for_part, supported, top_keys
 
 
 def _scores(folder, parts=5, captions=40, decimals=0, seed=0, caption_level=False):

@@ -17,9 +17,9 @@ import pytest
 from filtering_data import make_corpus, scored_corpus
 
 from halsift.corpus.shards import iter_samples
-from halsift.filtering.runner import score
-from halsift.filtering.select import select
-from halsift.filtering.select_scale import STATE, select_resumable
+from halsift.filtering.scoring.runner import score
+from halsift.filtering.selection.select import select
+from halsift.filtering.selection.resumable import STATE, select_resumable
 from halsift.launch.cli import main
 
 ENV = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
@@ -129,7 +129,7 @@ def test_resumable_errors_exit_2(scored, tmp_path, capsys):
 
 
 def test_pipeline_select_step_reuses_complete_and_clears_killed(scored, tmp_path):
-    from halsift.filtering.select_scale import reuse_or_clear
+    from halsift.filtering.selection.resumable import reuse_or_clear
 
     corpus, scores = scored
     dest = tmp_path / "sel"

@@ -9,9 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from halsift.eval.ihalla import LETTERS, answer_all, mc_prompt, parse_letter, vlm_answerer
+from halsift.eval.metrics.ihalla import LETTERS, answer_all, mc_prompt, parse_letter, vlm_answerer
 from halsift.synth.ihalla import synthetic_ihalla
-from halsift.filtering.spec import load_detector
+from halsift.filtering.detectors.spec import load_detector
 from halsift.synth.tiny_vlm import build_tiny_vlm
 from halsift.launch.cli import main
 

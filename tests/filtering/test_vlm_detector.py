@@ -9,8 +9,8 @@ pytest.importorskip("transformers")
 
 from PIL import Image  # noqa: E402
 
-from halsift.filtering.base import Item  # noqa: E402
-from halsift.filtering.vlm_prompts import parse_score  # noqa: E402
+from halsift.filtering.detectors.base import Item  # noqa: E402
+from halsift.filtering.detectors.vlm_prompts import parse_score  # noqa: E402
 
 ARCHS = ["qwen2-vl", "llava", "idefics3", "gemma3"]
 
@@ -36,7 +36,7 @@ def _items(n_captions: int = 3) -> list[Item]:
 
 
 def _det(path, **kw):
-    from halsift.filtering.vlm_detector import VlmDetector
+    from halsift.filtering.detectors.vlm import VlmDetector
 
     return VlmDetector(model=str(path), dtype="float32", device="cpu", **kw)
 
@@ -186,7 +186,7 @@ def test_context_option_uses_table_d_text(tiny_vlms):
 def test_spec_options_and_trust_remote_code_default(tiny_vlms, monkeypatch):
     import transformers
 
-    from halsift.filtering.spec import SpecError, load_detector
+    from halsift.filtering.detectors.spec import SpecError, load_detector
 
     seen = []
     orig = transformers.AutoModelForImageTextToText.from_pretrained.__func__
@@ -213,7 +213,7 @@ def test_spec_options_and_trust_remote_code_default(tiny_vlms, monkeypatch):
 
 
 def test_sentence_loglik_and_own_vs_random(tiny_vlms):
-    from halsift.filtering.vlm_likelihood import own_vs_random, sentence_logliks
+    from halsift.filtering.detectors.vlm_likelihood import own_vs_random, sentence_logliks
     from vlm_reference import reference_loglik
 
     det = _det(tiny_vlms["qwen2-vl"])
@@ -236,8 +236,8 @@ def test_pmi_mode_scores_image_pmi_against_references(tiny_vlms, tmp_path, arch)
     gives 50."""
     import math
 
-    from halsift.filtering.spec import load_detector
-    from halsift.filtering.vlm_likelihood import sentence_logliks
+    from halsift.filtering.detectors.spec import load_detector
+    from halsift.filtering.detectors.vlm_likelihood import sentence_logliks
 
     items = _items()
     ref = Image.new("RGB", (70, 60), (10, 30, 220))
@@ -265,7 +265,7 @@ def test_pmi_mode_scores_image_pmi_against_references(tiny_vlms, tmp_path, arch)
 def test_token_logprobs_one_pass_per_caption_equals_one_pass_per_sentence(tiny_vlms):
     """Sentences of a caption are read off one sequence; bench-style items (a distinct key per row, two captions
     of one image, shuffled order, a caption split across calls) get what scoring each alone gives."""
-    from halsift.filtering.vlm_likelihood import _chains, describe_prefix, token_logprobs
+    from halsift.filtering.detectors.vlm_likelihood import _chains, describe_prefix, token_logprobs
 
     det = _det(tiny_vlms["llava"])
     img = Image.new("RGB", (60, 60), (200, 30, 30))
@@ -282,8 +282,8 @@ def test_token_logprobs_one_pass_per_caption_equals_one_pass_per_sentence(tiny_v
 
 
 def test_pmi_references_from_shards_and_errors(tiny_vlms, synth_world, tmp_path):
-    from halsift.filtering.spec import SpecError, load_detector
-    from halsift.filtering.vlm_likelihood import reference_images
+    from halsift.filtering.detectors.spec import SpecError, load_detector
+    from halsift.filtering.detectors.vlm_likelihood import reference_images
 
     imgs = reference_images(str(synth_world / "pretrain"), 3)
     assert len(imgs) == 3 and all(im.mode == "RGB" for im in imgs)
@@ -304,7 +304,7 @@ def test_pmi_references_from_shards_and_errors(tiny_vlms, synth_world, tmp_path)
 
 
 def test_from_model_wraps_in_memory_model(tiny_vlms):
-    from halsift.filtering.vlm_detector import VlmDetector
+    from halsift.filtering.detectors.vlm import VlmDetector
 
     loaded = _det(tiny_vlms["llava"], mode="yes_prob")
     wrapped = VlmDetector.from_model(loaded.model, loaded.processor, mode="yes_prob", reuse_prefix=False)
@@ -330,7 +330,7 @@ def test_encoded_reference_prefix_gives_the_uncached_log_probs(tiny_vlms, arch):
     """PMI references are encoded once (:class:`EncodedPrefix`) and every caption reuses their KV cache: the
     per-token log-probabilities equal a full pass per caption, for captions of different lengths in one batch
     (right padding), in batches of 1 and 4, and the stored cache stays the prefix after use."""
-    from halsift.filtering.vlm_likelihood import EncodedPrefix, cached_token_logprobs, describe_prefix, token_logprobs
+    from halsift.filtering.detectors.vlm_likelihood import EncodedPrefix, cached_token_logprobs, describe_prefix, token_logprobs
 
     det = _det(tiny_vlms[arch])
     items = _items(3)
@@ -346,7 +346,7 @@ def test_encoded_reference_prefix_gives_the_uncached_log_probs(tiny_vlms, arch):
 
 
 def test_caption_chunks_never_split_a_caption_that_fits():
-    from halsift.filtering.vlm_detector import caption_chunks
+    from halsift.filtering.detectors.vlm import caption_chunks
 
     img = [Image.new("RGB", (8, 8)) for _ in range(4)]
     sizes = [3, 2, 5, 1]  # sentences per caption
@@ -359,7 +359,7 @@ def test_caption_chunks_never_split_a_caption_that_fits():
 
 
 def test_max_pixels_caps_the_image_the_processor_sees(tiny_vlms):
-    from halsift.filtering.vlm_detector import cap_pixels
+    from halsift.filtering.detectors.vlm import cap_pixels
 
     big = Image.new("RGB", (1024, 768))
     small = cap_pixels(big, 512 * 28 * 28)

@@ -36,7 +36,7 @@ def test_score_through_launch_runs_two_ranks_and_matches_one(world4, tmp_path):
     assert two.returncode == 0, two.stderr[-8000:]
     manifest = json.loads((tmp_path / "two" / "_manifest.json").read_text())
     assert manifest["world_size"] == 2 and sorted(manifest["ranks"]) == [0, 1]
-    from halsift.filtering.runner import score
+    from halsift.filtering.scoring.runner import score
 
     score("random:seed=3", world4 / "corpus", tmp_path / "one", show_progress=False)
     cols = ["key", "sentence_index", "score"]

@@ -31,7 +31,7 @@ def test_the_layer_contracts_hold():
 
 
 @pytest.mark.parametrize("folder, line, broken", [
-    ("corpus", "from halsift.filtering import spec", "halsift.corpus.bad -> halsift.filtering.spec"),
+    ("corpus", "from halsift.filtering.detectors import spec", "halsift.corpus.bad -> halsift.filtering.detectors.spec"),
     ("eval", "def f():\n    from halsift.synth import world", "halsift.eval.bad -> halsift.synth.world"),
     ("recipes", "import halsift.corpus.bench", "halsift.recipes.bad -> halsift.corpus.bench"),
 ])

@@ -45,7 +45,7 @@ def test_rerun_after_shards_replaced_at_same_paths_rescores(tmp_path):
 
 
 def test_rerun_after_detector_checkpoint_changed_rescores(tmp_path):
-    from halsift.filtering.clip_detector import ClipDetector
+    from halsift.filtering.detectors.clip import ClipDetector
     from halsift.training.clip_train import save_state_dict_safetensors
 
     data = make_corpus(tmp_path / "c", shards=2, per_shard=3)
@@ -618,7 +618,7 @@ def test_second_run_into_a_busy_out_folder_is_refused(tmp_path, capsys):
 def test_clip_checkpoint_loads_without_the_random_init_warning_and_garbage_is_one_line(tmp_path, caplog, capsys):
     import logging
 
-    from halsift.filtering.clip_detector import ClipDetector
+    from halsift.filtering.detectors.clip import ClipDetector
     from halsift.training.clip_train import save_state_dict_safetensors
 
     ckpt = tmp_path / "model.safetensors"

@@ -20,7 +20,7 @@ import pytest
 from test_slurm_real import LOCAL, WHY_LOCAL, _wait_for
 
 from halsift.corpus.scores import read_scores_df
-from halsift.filtering.runner import score
+from halsift.filtering.scoring.runner import score
 
 pytestmark = pytest.mark.skipif(LOCAL is None, reason=WHY_LOCAL)
 SPEC = "random:seed=3,delay=0.3"

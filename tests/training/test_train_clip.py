@@ -82,7 +82,7 @@ def test_train_writes_checkpoints_metrics_and_loads_back(tiny, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from halsift.eval.retrieval import evaluate_retrieval
+    from halsift.eval.metrics.retrieval import evaluate_retrieval
 
     out = tmp_path / "run"
     assert main(_args(tiny, out, "--steps", "4", "--checkpoint-every", "2", "--eval-every", "2", "--log-every",

@@ -48,7 +48,7 @@ def _lines(out: Path) -> list[dict]:
 def test_clip_cli_train_score_shards_and_eval_bench(data, tmp_path):
     from halsift.corpus.scores import read_scores_df
     from halsift.corpus.shards import iter_samples
-    from halsift.filtering.runner import score
+    from halsift.filtering.scoring.runner import score
 
     out = tmp_path / "run"
     rc = main(["train", "detector", "--base", CLIP, "--bench", str(data["bench"]), "--out", str(out),
@@ -79,8 +79,8 @@ def test_clip_cli_train_score_shards_and_eval_bench(data, tmp_path):
 
 def test_vlm_judge_target_equals_its_score_and_loads(data, tiny_llava, tmp_path):
     """sigmoid(training logit) * 100 == the detector's score on the same rows, for yes_prob and logits."""
-    from halsift.filtering.runner import score
-    from halsift.filtering.spec import load_detector
+    from halsift.filtering.scoring.runner import score
+    from halsift.filtering.detectors.spec import load_detector
     from halsift.corpus.scores import read_scores_df
     from halsift.training.detector_train import bench_examples, row_items, train_detector, with_image
     from halsift.training.lora_vlm import VlmTask, judge_scores
@@ -211,8 +211,8 @@ def test_world_judge_is_deterministic_and_cached(synth_world, tmp_path):
     from safetensors.torch import load_file
 
     from halsift.corpus.bench import read_bench, write_bench
-    from halsift.filtering.runner import score_bench
-    from halsift.filtering.spec import load_detector
+    from halsift.filtering.scoring.runner import score_bench
+    from halsift.filtering.detectors.spec import load_detector
     from halsift.synth.world_judge import WorldJudgeSettings, build_world_judge, world_judge_spec
 
     tiny = WorldJudgeSettings(pretrain_steps=2, pretrain_batch=4, judge_steps=2, judge_batch=4, eval_every=2,
@@ -343,10 +343,10 @@ def test_world_judge_reaches_target_auroc(tmp_path):
 def _test_auroc(spec: str, bench: Path, tmp: Path, shuffled: bool = False) -> float:
     """Pooled test-split AUROC; ``shuffled``: each test image replaced by another (a fixed derangement)."""
     from halsift.corpus.bench import read_bench, with_shuffled_images, write_bench
-    from halsift.eval.bench_eval import bench_frame, join_scores
-    from halsift.eval.detection import auroc, labelled
-    from halsift.filtering.runner import score_bench
-    from halsift.filtering.spec import load_detector
+    from halsift.eval.runs.bench_eval import bench_frame, join_scores
+    from halsift.eval.metrics.detection import auroc, labelled
+    from halsift.filtering.scoring.runner import score_bench
+    from halsift.filtering.detectors.spec import load_detector
 
     test = bench.with_name("bench_test_shuffled.jsonl" if shuffled else "bench_test.jsonl")
     rows = [r for r in read_bench(bench) if r.split == "test"]

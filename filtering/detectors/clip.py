@@ -1,0 +1,304 @@
+"""``clip`` detector: cosine similarity of an open_clip image and sentence embedding, mapped to 0–100.
+
+Score maps (option ``map``):
+
+* ``linear`` (default): ``score = 50 * (cos + 1)``, clamped to [0, 100]. Monotone in the cosine, so ranking
+  metrics (AUROC, top-k selection) equal those of raw CLIPScore; absolute values bunch near 55–70 because CLIP
+  cosines of matching pairs are small.
+* ``sigmoid``: ``score = 100 * sigmoid(logit_scale * (cos - center))`` with the model's own learned logit
+  scale (≈100 for trained CLIP) and ``center`` (default 0.25): spreads typical cosines over the full range.
+
+Each distinct image in a batch (same ``image_id``, or ``key`` when it is empty, and the same image object) is
+encoded once; all of its sentences are scored against that embedding.
+``arch=halsift-tiny`` is a built-in 2-layer config (no download) for tests and CPU smoke runs. ``arch`` may also
+be open_clip's ``hf-hub:org/repo`` (config and weights from the Hugging Face cache; with ``HF_HUB_OFFLINE=1`` only
+what is cached) or ``local-dir:/path`` (a folder with ``open_clip_config.json`` and the weights). Weights that
+cannot be found or loaded are a ``ValueError`` naming the tag or path (one line at the CLI, exit 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from halsift.filtering.detectors.base import Detector, Item, Result, preprocess_side
+from halsift.filtering.detectors.clip_tokenizer import get_tokenizer
+from halsift.filtering.detectors.pixel_batch import PixelBatcher, image_text_inputs
+
+_CONFIG_DIR = Path(__file__).parent / "model_configs"
+_registered = False
+SCHEMAS = ("hf-hub:", "local-dir:")  # open_clip model names that carry their own config and weights
+
+
+def _load_error(what: str, e: Exception) -> str:
+    """One line for weights that could not be loaded: the name, open_clip's reason, and what to do."""
+    reason = (str(e).splitlines() or [type(e).__name__])[0][:240]
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+    return (f"{what}: weights could not be loaded ({reason})"
+            + ("; HF_HUB_OFFLINE is set, so they must already be in the Hugging Face cache" if offline else "")
+            + "; download them once, or give checkpoint=PATH to a local file")
+
+
+def register_builtin_configs() -> None:
+    """Add halsift's tiny open_clip configs (``halsift-tiny``) to open_clip's registry, once."""
+    global _registered
+    if not _registered:
+        import open_clip
+
+        open_clip.add_model_config(_CONFIG_DIR)
+        _registered = True
+
+
+def load_open_clip(arch: str, pretrained: str | None = None, device="cpu", **kw):
+    """``open_clip.create_model_and_transforms`` with halsift's configs registered, for every stage that loads an
+    open_clip model (the detector, training, evaluation, the world judge's vision tower): one behaviour for all.
+
+    ``pretrained`` is an open_clip tag or a weights file. A ``.safetensors`` file that stores ``logit_bias`` (a
+    SigLIP-loss fine-tune of an arch without one) gets the parameter created before loading
+    (``init_logit_bias``, overwritten by the stored value), so such checkpoints load everywhere."""
+    import open_clip
+
+    register_builtin_configs()
+    if pretrained and str(pretrained).endswith(".safetensors") and os.path.isfile(pretrained):
+        kw = {**siglip_kwargs(pretrained), **kw}
+    return open_clip.create_model_and_transforms(arch, pretrained=pretrained, device=device, **kw)
+
+
+def siglip_kwargs(weights: str | os.PathLike) -> dict:
+    """``{"init_logit_bias": -10.0}`` when the safetensors file ``weights`` stores a ``logit_bias``, else ``{}``."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            return {"init_logit_bias": -10.0} if "logit_bias" in f.keys() else {}
+    except SafetensorError as e:
+        raise SafetensorError(f"{weights}: not a valid safetensors file ({e})") from None
+
+
+@contextlib.contextmanager
+def _quiet_create(loading_checkpoint: bool):
+    """While open_clip builds the model: drop its error log of a failed download (we raise one line of our own)
+    and, when a checkpoint is loaded right after, its "No pretrained weights loaded" warning."""
+
+    class _Drop(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.levelno >= logging.ERROR:
+                return False
+            return not (loading_checkpoint and "No pretrained weights loaded" in record.getMessage())
+
+    root, drop = logging.getLogger(), _Drop()
+    root.addFilter(drop)
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)
+
+
+def _trimmable_text(model) -> bool:
+    """Whether padding can be cut from a batch's tokens without changing the text embedding: open_clip's built-in
+    text tower (``CLIP``) with a causal mask, so no token attends to the padding after it, pooled at the end-of-text
+    (``argmax``/``eos``) or first token. Not SigLIP-style towers (no causal mask) nor ``last``-token pooling."""
+    return (getattr(model, "attn_mask", None) is not None and hasattr(model, "token_embedding")
+            and hasattr(model, "positional_embedding") and hasattr(model, "ln_final")
+            and getattr(model, "text_pool_type", None) in ("argmax", "eos", "first"))
+
+
+def encode_text(model, tokens):
+    """``model.encode_text(tokens)`` on only the positions the batch's longest text uses (pad id 0), when the tower
+    allows it (:func:`_trimmable_text`): the same embeddings up to float rounding (~1e-6, tested) for ~1/5 of the
+    text compute on captions' sentences (~15 of 77 tokens). Hand-written because open_clip's ``CLIP.encode_text`` always
+    adds all ``context_length`` positional embeddings; it follows that method step by step."""
+    import torch
+    from open_clip.transformer import text_global_pool
+
+    if not _trimmable_text(model) or getattr(tokens, "ndim", 0) != 2:
+        return model.encode_text(tokens)
+    used = (tokens != 0).any(0).nonzero()
+    n = int(used.max()) + 1 if len(used) else 1
+    if n >= tokens.shape[1]:
+        return model.encode_text(tokens)
+    tokens = tokens[:, :n]
+    cast = model.transformer.get_cast_dtype()
+    x = model.token_embedding(tokens).to(cast) + model.positional_embedding[:n].to(cast)
+    x = model.ln_final(model.transformer(x, attn_mask=model.attn_mask[:n, :n]))
+    eos = getattr(model, "text_eos_id", None)
+    x = text_global_pool(x, tokens, model.text_pool_type, **({"eos_token_id": eos} if eos is not None else {}))
+    proj = model.text_projection
+    if proj is None:
+        return x
+    return proj(x) if isinstance(proj, torch.nn.Linear) else x @ proj
+
+
+class ClipDetector(Detector):
+    """Score (image, sentence) by open_clip cosine similarity.
+
+    Options: ``arch`` (open_clip model name), ``pretrained`` (open_clip tag), ``checkpoint`` (local
+    ``.safetensors`` or an open_clip checkpoint), neither = random init seeded by ``seed``; ``device``,
+    ``precision`` (auto|fp32|bf16|fp16; ``auto``, the default: bf16 with TF32 matmuls on CUDA, fp32 elsewhere),
+    ``map`` (linear|sigmoid), ``center`` (sigmoid map), ``fast_decode`` (JPEGs decoded at a reduced DCT scale
+    that keeps the model's input side), ``delay`` (seconds to sleep per batch; for interruption tests only).
+    """
+
+    family = "clip"
+    image_arrays = True  # PixelBatcher takes decoded arrays as they are
+
+    # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
+    OPTION_HELP = {
+        "arch": "open_clip architecture (open_clip.list_models()), or halsift-tiny",
+        "pretrained": "open_clip pretrained tag (e.g. openai) or a local weights file",
+        "checkpoint": "fine-tuned weights (.safetensors, e.g. train clip's final/open_clip_model.safetensors)",
+        "seed": "seed of the random init when neither pretrained nor checkpoint is given",
+        "device": "cpu, cuda, cuda:1 ...",
+        "precision": "auto (bf16 + TF32 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16",
+        "map": "cosine -> score: linear (50 * (cos + 1)) | sigmoid (100 * sigmoid(logit_scale * (cos - center)))",
+        "center": "map=sigmoid: the cosine that scores 50",
+        "delay": "seconds to sleep per batch (interruption tests only)",
+        "fast_decode": "decode JPEGs at 1/2-1/8 scale, never below the model's input side (faster on large "
+                       "photos; pixels differ slightly from a full decode)",
+    }
+
+    def __init__(self, arch: str = "ViT-B-32", pretrained: str | None = None, checkpoint: str | None = None,
+                 seed: int = 0, device: str = "cpu", precision: str = "auto", map: str = "linear",
+                 center: float = 0.25, delay: float = 0.0, fast_decode: bool = False) -> None:
+        super().__init__()
+        if map not in ("linear", "sigmoid"):
+            raise ValueError(f"map={map!r}: expected 'linear' or 'sigmoid'")
+        if pretrained and checkpoint:
+            raise ValueError("give pretrained= or checkpoint=, not both")
+        if precision not in ("auto", "fp32", "bf16", "fp16"):
+            raise ValueError(f"precision={precision!r}: expected auto, fp32, bf16 or fp16")
+        import open_clip
+        import torch
+
+        register_builtin_configs()
+        schema = arch.startswith(SCHEMAS)
+        if not schema and arch not in open_clip.list_models():
+            raise ValueError(f"arch={arch!r}: not an open_clip architecture (see open_clip.list_models()) nor an "
+                             "hf-hub:org/repo or local-dir:PATH name")
+        if schema and pretrained:
+            raise ValueError(f"pretrained={pretrained!r}: not used with arch={arch!r} (its weights come with it)")
+        if checkpoint and not Path(checkpoint).exists():
+            raise ValueError(f"checkpoint={checkpoint!r}: file does not exist")
+        what = f"arch={arch!r}" if schema else f"pretrained={pretrained!r} of arch={arch!r}"
+        from safetensors import SafetensorError
+
+        extra = {}
+        if checkpoint and str(checkpoint).endswith(".safetensors"):
+            try:
+                extra = siglip_kwargs(checkpoint)  # a SigLIP fine-tune stores logit_bias: create it first
+            except SafetensorError as e:
+                raise ValueError(f"checkpoint={checkpoint!r}: {e}") from None
+        try:
+            with torch.random.fork_rng(devices=[]), _quiet_create(bool(checkpoint)):
+                torch.manual_seed(int(seed))  # random init is the same in every process
+                model, _, preprocess = load_open_clip(arch, pretrained or None, **extra)
+                tokenizer = get_tokenizer(arch)
+        except (RuntimeError, OSError, ValueError, SafetensorError) as e:  # hub misses, missing/bad files, a bad config
+            raise ValueError(_load_error(what, e)) from e
+        if checkpoint:
+            try:
+                if str(checkpoint).endswith(".safetensors"):
+                    from safetensors.torch import load_file
+
+                    try:
+                        state = load_file(checkpoint)
+                    except SafetensorError as e:
+                        raise ValueError(f"checkpoint={checkpoint!r}: not a valid safetensors file ({e})") from None
+                    state = {k.removeprefix("module."): v for k, v in state.items()}
+                    model.load_state_dict(state)
+                else:
+                    open_clip.load_checkpoint(model, checkpoint, weights_only=True)
+            except RuntimeError as e:  # state dict of another architecture
+                raise ValueError(f"checkpoint={checkpoint!r}: does not fit arch {arch!r} "
+                                 f"({str(e).splitlines()[0][:200]})") from None
+        self._setup(model, preprocess, tokenizer, map=map, center=center, delay=delay,
+                    precision=precision)
+        self.decode_size = preprocess_side(preprocess) if fast_decode else None
+        self.to(device)
+
+    @classmethod
+    def from_model(cls, model: Any, preprocess: Any, tokenizer: Any, *, map: str = "linear",
+                   center: float = 0.25, name: str = "clip:in-memory") -> "ClipDetector":
+        """Wrap an in-memory open_clip model (e.g. during training) as a detector."""
+        self = cls.__new__(cls)
+        Detector.__init__(self, name)
+        self._setup(model, preprocess, tokenizer, map=map, center=center, delay=0.0, precision="fp32")
+        self.device = next(model.parameters()).device
+        return self
+
+    def _setup(self, model, preprocess, tokenizer, *, map: str, center: float, delay: float,
+               precision: str) -> None:
+        self.model = model.eval()
+        self.preprocess = preprocess
+        self.pixels = PixelBatcher(preprocess)
+        self.tokenizer = tokenizer
+        self.map = map
+        self.center = float(center)
+        self.delay = float(delay)
+        self.precision = precision
+        self.device = "cpu"
+
+    def to(self, device: Any) -> "ClipDetector":
+        import torch
+
+        precision = self.precision
+        if precision == "auto":  # scoring only ranks cosines: bf16 keeps the order on GPUs, at half the bytes
+            precision = "bf16" if torch.device(device).type == "cuda" else "fp32"
+            if torch.device(device).type == "cuda":
+                torch.backends.cuda.matmul.allow_tf32 = True
+                torch.backends.cudnn.allow_tf32 = True
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        self.model.to(device=device, dtype=dtype)
+        self.device = device
+        return self
+
+    def prepare(self, items: Sequence[Item]) -> dict:
+        """Preprocessed images (each distinct image once; 8-bit, normalized where the model runs: see
+        :class:`~halsift.filtering.detectors.pixel_batch.PixelBatcher`), the row of each item's image, and the tokenized
+        sentences, on the CPU: what :meth:`cosines` feeds the model."""
+        return image_text_inputs(items, self.pixels, self.tokenizer, "clip detector", self.device)
+
+    def cosines(self, items: Sequence[Item], prepared: dict | None = None):
+        """Cosine similarity per item (a float32 CPU tensor); each distinct image (``image_id`` or else ``key``, and
+        the image object) is encoded once."""
+        import torch
+
+        prepared = prepared if prepared is not None else self.prepare(items)
+        dtype = next(self.model.parameters()).dtype
+        with torch.inference_mode():
+            pix = self.pixels.finish(prepared["pixels"], self.device, dtype)
+            tok = prepared["tokens"].to(self.device, non_blocking=True)
+            idx = prepared["rows"].to(self.device)
+            img = torch.nn.functional.normalize(self.model.encode_image(pix).float(), dim=-1)
+            txt = torch.nn.functional.normalize(encode_text(self.model, tok).float(), dim=-1)
+            cos = (img[idx] * txt).sum(-1)
+        return cos.cpu()
+
+    def score_batch(self, items: Sequence[Item]) -> list[Result]:
+        return self.score_prepared(items, None)
+
+    def score_prepared(self, items: Sequence[Item], prepared: dict | None) -> list[Result]:
+        if not items:
+            return []
+        cos = self.cosines(items, prepared)
+        if self.map == "linear":
+            scores = ((cos + 1) * 50).clamp(0, 100)
+        else:
+            scale = float(self.model.logit_scale.exp().item()) if hasattr(self.model, "logit_scale") else 100.0
+            scores = 100 * (scale * (cos - self.center)).sigmoid()
+        if self.delay:
+            time.sleep(self.delay)
+        return [Result(float(s)) for s in scores.tolist()]
+
+
+def cosine_to_score(cos: float) -> float:
+    """The default (linear) map, for documentation and tests: ``clamp(50 * (cos + 1), 0, 100)``."""
+    return min(100.0, max(0.0, 50.0 * (cos + 1.0)))
+
+
+__all__ = ["ClipDetector", "cosine_to_score", "register_builtin_configs"]

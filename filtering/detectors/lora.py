@@ -1,0 +1,301 @@
+"""``lora`` detector: a ``clip`` or ``vlm`` base detector with a peft LoRA adapter trained by ``halsift train detector``.
+
+Spec: ``lora:DIR`` (short for ``lora:path=DIR``), where ``DIR`` is the ``adapter/`` folder of a run::
+
+    detector.yaml               kind (clip|vlm), base (the base detector spec), mode (vlm), step, val_auroc
+    adapter_config.json         peft LoraConfig
+    adapter_model.safetensors   the LoRA weights
+    head.safetensors            clip only: the binary head on [cosine, image*text]
+    merged/                     optional: the adapter merged into the base weights (detector.yaml says adapter: false)
+
+``merge=true`` merges the adapter into the base weights after loading (same scores, no LoRA overhead). Relative
+paths (``./...``) in the base spec are relative to ``DIR``. A missing or corrupt file raises an error naming it.
+
+``clip`` kind: score = ``100 * sigmoid(head([cos, img*txt]))``; the head starts as ``COS_SCALE * cos`` (its MLP
+branch's output layer is zero-initialised), so an untrained head ranks exactly like its base.
+``vlm`` kind: the base :class:`~halsift.filtering.detectors.vlm.VlmDetector` scores with the LoRA-adapted model,
+and the detector lends that judge (capability ``vlm-judge``: I-HallA answers, ``eval bench --likelihood``).
+Both kinds have a CPU half (``prepare``) for ``score --decode-workers``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from halsift.filtering.detectors.base import Detector, Item, PreparedDetector, Result, preprocess_side
+from halsift.filtering.detectors.pixel_batch import PixelBatcher, image_text_inputs
+
+COS_SCALE = 10.0
+
+
+class ClipHead(nn.Module):
+    """``[cos, img*txt] -> logit``: a linear term (init ``COS_SCALE * cos``) plus a zero-initialised MLP."""
+
+    def __init__(self, dim: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.dim, self.hidden = int(dim), int(hidden)
+        self.linear = nn.Linear(dim + 1, 1)
+        with torch.no_grad():
+            self.linear.weight.zero_()
+            self.linear.weight[0, 0] = COS_SCALE
+            self.linear.bias.zero_()
+        self.mlp = None
+        if hidden:
+            self.mlp = nn.Sequential(nn.Linear(dim + 1, hidden), nn.GELU(), nn.Linear(hidden, 1))
+            nn.init.zeros_(self.mlp[-1].weight)
+            nn.init.zeros_(self.mlp[-1].bias)
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        out = self.linear(feats)
+        if self.mlp is not None:
+            out = out + self.mlp(feats)
+        return out.squeeze(-1)
+
+
+class ClipLoraScorer(nn.Module):
+    """An open_clip model (LoRA layers injected by peft) and a :class:`ClipHead`; ``forward`` returns logits."""
+
+    def __init__(self, clip: nn.Module, head: ClipHead) -> None:
+        super().__init__()
+        self.clip = clip
+        self.head = head
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor, image_index: torch.Tensor) -> torch.Tensor:
+        """Logits for ``len(tokens)`` sentences; sentence ``i`` is paired with ``images[image_index[i]]``."""
+        img = nn.functional.normalize(self.clip.encode_image(images).float(), dim=-1)[image_index]
+        txt = nn.functional.normalize(self.clip.encode_text(tokens).float(), dim=-1)
+        prod = img * txt
+        return self.head(torch.cat([prod.sum(-1, keepdim=True), prod], -1))
+
+
+
+class LoraClipDetector(PreparedDetector):
+    """Scores with a :class:`ClipLoraScorer`: ``100 * sigmoid(head([cos, img*txt]))``."""
+
+    family = "lora"
+    image_arrays = True  # PixelBatcher takes decoded arrays as they are
+
+    def __init__(self, scorer: ClipLoraScorer, preprocess, tokenizer, spec: str = "lora:in-memory") -> None:
+        super().__init__(spec)
+        self.scorer, self.preprocess, self.tokenizer = scorer, preprocess, tokenizer
+        self.pixels = PixelBatcher(preprocess)
+
+    def to(self, device: Any) -> "LoraClipDetector":
+        self.scorer.to(device)
+        return self
+
+    def prepare(self, items: Sequence[Item]) -> dict:
+        """The CPU half: each distinct image preprocessed once, each item's image row, the tokenized sentences."""
+        return image_text_inputs(items, self.pixels, self.tokenizer, "lora clip detector",
+                                 next(self.scorer.parameters()).device)
+
+    def score_prepared(self, items: Sequence[Any], prepared: dict) -> list[Result]:
+        was = self.scorer.training
+        self.scorer.eval()
+        try:
+            dev = next(self.scorer.parameters()).device
+            with torch.inference_mode():
+                pixels = self.pixels.finish(prepared["pixels"], dev)
+                logits = self.scorer(pixels, prepared["tokens"].to(dev), prepared["rows"].to(dev))
+        finally:
+            self.scorer.train(was)
+        return [Result(float(s)) for s in (100 * logits.float().sigmoid()).cpu().tolist()]
+
+
+def save_head(head: ClipHead, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, str(path),
+              metadata={"dim": str(head.dim), "hidden": str(head.hidden)})
+
+
+def load_head(path: Path) -> ClipHead:
+    """Rebuild a :class:`ClipHead` from ``head.safetensors``; a corrupt file raises ValueError naming it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}
+        head = ClipHead(int(meta["dim"]), int(meta["hidden"]))
+        head.load_state_dict(state)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # safetensors raises its own error types on truncated/garbled files
+        raise ValueError(f"{path}: not a valid clip head safetensors file ({type(e).__name__}: {e})") from None
+    return head
+
+
+# ---------------------------------------------------------------------------------------------- loading
+FORMAT = "halsift-lora-detector/1"
+KINDS = ("clip", "vlm")
+
+
+def read_description(folder: Path) -> dict:
+    """``detector.yaml`` of an adapter folder, checked; errors name the file and the field."""
+    import yaml
+
+    from halsift.corpus.safe_yaml import safe_load_yaml, short_repr
+
+    path = folder / "detector.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"lora detector: {path} is missing (expected the adapter/ folder written by "
+                                "`halsift train detector`)")
+    try:
+        desc = safe_load_yaml(path.read_text())  # alias expansion capped
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(desc, dict):
+        raise ValueError(f"{path}: expected a mapping with kind, base and adapter fields")
+    if desc.get("kind") not in KINDS:
+        raise ValueError(f"{path}: field 'kind' must be one of {KINDS}, got {short_repr(desc.get('kind'))}")
+    if not isinstance(desc.get("base"), str) or not desc["base"]:
+        raise ValueError(f"{path}: field 'base' must be a detector spec string (e.g. clip:arch=...)")
+    return desc
+
+
+def _resolve_base(spec: str, folder: Path, trust_remote_code: bool = False) -> str:
+    """Options of the base spec that are ``./relative`` paths are taken relative to the adapter folder.
+
+    A folder being loaded never raises privileges: its ``trust_remote_code`` is dropped (with a warning), and the
+    base gets it only from the user's own ``lora:...,trust_remote_code=true``."""
+    from halsift.filtering.detectors.spec import format_spec, parse_spec
+
+    family, opts = parse_spec(spec)
+    for k, v in opts.items():
+        if isinstance(v, str) and v.startswith("./"):
+            opts[k] = str((folder / v).resolve())
+    if opts.pop("trust_remote_code", None) and not trust_remote_code:
+        warnings.warn(f"{folder / 'detector.yaml'}: its base asks for trust_remote_code; ignored (code in a folder "
+                      "being loaded never runs unless you pass lora:path=...,trust_remote_code=true)", stacklevel=3)
+    if trust_remote_code:
+        opts["trust_remote_code"] = True
+    return format_spec(family, opts)
+
+
+def apply_adapter(model: nn.Module, folder: Path, merge: bool = False) -> nn.Module:
+    """Inject the peft LoRA adapter of ``folder`` into ``model`` (in place); returns the model to score with
+    (the merged, unwrapped model with ``merge``). Missing or corrupt files raise errors naming them."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    cfg_path, w_path = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    for p in (cfg_path, w_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"lora detector: {p} is missing (an adapter folder holds adapter_config.json "
+                                    "and adapter_model.safetensors)")
+    try:
+        config = LoraConfig.from_pretrained(str(folder))
+    except Exception as e:  # json errors, unknown fields, wrong peft type
+        raise ValueError(f"{cfg_path}: not a valid peft LoRA config ({type(e).__name__}: {e})") from None
+    try:
+        state = load_file(str(w_path))
+    except Exception as e:  # SafetensorError on truncated / garbled files
+        raise ValueError(f"{w_path}: not a valid safetensors file ({type(e).__name__}: {e})") from None
+    try:
+        peft_model = get_peft_model(model, config)
+    except ValueError as e:
+        raise ValueError(f"{cfg_path}: its target modules do not fit the base model ({e})") from None
+    expected = set(get_peft_model_state_dict(peft_model))
+    if set(state) != expected:
+        miss, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+        raise ValueError(f"{w_path}: does not match the base model and {cfg_path.name} "
+                         f"(missing {miss[:2]}, unexpected {extra[:2]})")
+    set_peft_model_state_dict(peft_model, state)
+    for p in peft_model.parameters():
+        p.requires_grad_(False)
+    if merge:
+        return peft_model.merge_and_unload()
+    return peft_model.base_model.model
+
+
+class LoraDetector(Detector):
+    """A base ``clip``/``vlm`` detector plus the LoRA adapter (and clip head) in ``path`` (see module docstring).
+
+    Options: ``path`` (the adapter folder), ``merge`` (merge the adapter into the base weights after loading),
+    ``device``, ``batch_size`` (vlm: rows per forward pass; default the base spec's), ``trust_remote_code`` (off;
+    only this option, never the folder's ``detector.yaml``, lets a vlm base run code shipped with its weights).
+    """
+
+    family = "lora"
+
+    # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
+    OPTION_HELP = {
+        "path": "the adapter/ folder of a halsift train detector run (lora:DIR is short for lora:path=DIR)",
+        "merge": "merge the adapter into the base weights after loading (same scores, no LoRA overhead)",
+        "device": "cpu, cuda, cuda:1 ...",
+        "batch_size": "vlm kind: rows per forward call (default: the base detector's)",
+        "trust_remote_code": "let the base model's repository run its own code (off unless you turn it on)",
+        "fast_decode": "clip kind: decode JPEGs at 1/2-1/8 scale, never below the model's input side (pixels "
+                       "differ slightly from a full decode)",
+    }
+
+    def __init__(self, path: str, merge: bool = False, device: str = "cpu", batch_size: int | None = None,
+                 trust_remote_code: bool = False, fast_decode: bool = False) -> None:
+        super().__init__()
+        from halsift.filtering.detectors.spec import load_detector
+
+        folder = Path(str(path)).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"lora detector: adapter folder {folder} does not exist")
+        desc = read_description(folder)
+        self.kind = desc["kind"]
+        self.description = desc
+        base = load_detector(_resolve_base(desc["base"], folder, bool(trust_remote_code)))
+        if base.family != self.kind:
+            raise ValueError(f"{folder / 'detector.yaml'}: kind {self.kind!r} but base {desc['base']!r} is a "
+                             f"{base.family!r} detector")
+        model = apply_adapter(base.model, folder, merge) if desc.get("adapter", True) else base.model
+        if self.kind == "clip":
+            head_path = folder / str(desc.get("head") or "head.safetensors")
+            if not head_path.is_file():
+                raise FileNotFoundError(f"lora detector: {head_path} is missing (the clip head)")
+            scorer = ClipLoraScorer(model.float(), load_head(head_path)).eval()
+            self.inner: Detector = LoraClipDetector(scorer, base.preprocess, base.tokenizer)
+            self.decode_size = preprocess_side(base.preprocess) if fast_decode else None
+        else:
+            base.model = model.eval()
+            if batch_size:
+                base.batch_size = int(batch_size)
+            self.inner = base
+        self.to(device)
+
+    @property
+    def needs_image(self) -> bool:  # type: ignore[override]
+        return self.inner.needs_image
+
+    @property
+    def localizes(self) -> bool:  # type: ignore[override]
+        return self.inner.localizes
+
+    @property
+    def image_arrays(self) -> bool:  # type: ignore[override]
+        return self.inner.image_arrays
+
+    @property
+    def judge(self):  # type: ignore[override]
+        """A ``vlm`` kind lends its base's (LoRA-adapted) judge: I-HallA and likelihoods use the tuned model."""
+        return self.inner.judge
+
+    def to(self, device: Any) -> "LoraDetector":
+        self.inner.to(device)
+        return self
+
+    def score_batch(self, items: Sequence[Item]) -> list[Result]:
+        return self.inner.score_batch(items)
+
+    def prepare(self, items: Sequence[Item]) -> Any:
+        return self.inner.prepare(items)
+
+    def score_prepared(self, items: Sequence[Any], prepared: Any) -> list[Result]:
+        return self.inner.score_prepared(items, prepared)
+
+
+__all__ = ["COS_SCALE", "ClipHead", "ClipLoraScorer", "LoraClipDetector", "LoraDetector", "apply_adapter",
+           "load_head", "read_description", "save_head"]

@@ -1,0 +1,376 @@
+"""Detector specs: a short string or a YAML file naming a detector family and its options.
+
+Short form ``family[:key=value,key=value,...]``, e.g.::
+
+    clip:arch=ViT-B-32,pretrained=openai
+    clip:arch=halsift-tiny,checkpoint=/runs/clip/model.safetensors
+    random:seed=0
+    oracle
+    ensemble:members=[clip:arch=halsift-tiny,random:seed=1],weights=[0.7,0.3],norm=rank
+    lora:/runs/det/adapter                       (= lora:path=/runs/det/adapter; `halsift train detector` output)
+
+Values are read as YAML scalars/lists (``seed=0`` is an int, ``weights=[1,2]`` a list). Inside ``members=[...]``
+the member specs are separated by ``;`` or by commas (a piece whose text before its first ``=`` holds a ``:``,
+or that has no ``=`` at all, starts a new member). A YAML file holds the same fields::
+
+    family: ensemble
+    members: ["clip:arch=halsift-tiny", {family: random, seed: 1}]
+    weights: [0.7, 0.3]
+    norm: zscore
+
+Families are registered by name -> ``"module:Class"`` (imported lazily); a later issue adds its own with
+:func:`register_family`. Each class's ``__init__`` keyword arguments are its options: unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from halsift.corpus.errors import InputError
+from halsift.filtering.detectors.base import Detector
+from halsift.corpus.safe_yaml import safe_load_yaml, short_repr
+
+
+class SpecError(InputError):
+    """A detector spec is malformed; the message names the spec, key and value, and what was expected."""
+
+
+_REGISTRY: dict[str, str | type] = {
+    "clip": "halsift.filtering.detectors.clip:ClipDetector",
+    "random": "halsift.filtering.detectors.baselines:RandomDetector",
+    "oracle": "halsift.filtering.detectors.baselines:OracleDetector",
+    "ensemble": "halsift.filtering.detectors.ensemble:EnsembleDetector",
+    "vlm": "halsift.filtering.detectors.vlm:VlmDetector",
+    "api": "halsift.filtering.detectors.api:ApiDetector",
+    "lora": "halsift.filtering.detectors.lora:LoraDetector",
+}
+# families whose first option may be given without its key: ``lora:DIR`` == ``lora:path=DIR``
+_POSITIONAL = {"lora": "path"}
+
+
+def register_family(name: str, target: str | type) -> None:
+    """Register detector family ``name`` as a class or a lazy ``"module:Class"`` path."""
+    _REGISTRY[name] = target
+
+
+def families() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def _family_class(name: str, spec: str) -> type:
+    if name not in _REGISTRY:
+        raise SpecError(f"detector spec {spec!r}: unknown family {name!r}, expected one of {families()}")
+    target = _REGISTRY[name]
+    if isinstance(target, str):
+        mod, cls = target.split(":")
+        target = getattr(importlib.import_module(mod), cls)
+        _REGISTRY[name] = target
+    return target
+
+
+def _split_top(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside brackets."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+            if depth < 0:
+                raise SpecError(f"unbalanced brackets in {text!r}")
+        if ch == sep and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth != 0:
+        raise SpecError(f"unbalanced brackets in {text!r}")
+    out.append("".join(cur))
+    return out
+
+
+def _split_members(text: str) -> list[str]:
+    """``[a:x=1,y=2,b,c:z=3]`` -> ``["a:x=1,y=2", "b", "c:z=3"]`` (``;`` also separates)."""
+    inner = text.strip()
+    if not (inner.startswith("[") and inner.endswith("]")):
+        raise SpecError(f"members={text!r}: expected a bracketed list like [clip:arch=ViT-B-32,random:seed=0]")
+    members: list[str] = []
+    for chunk in _split_top(inner[1:-1], ";"):
+        for piece in _split_top(chunk, ","):
+            piece = piece.strip()
+            if not piece:
+                continue
+            head = piece.split("=", 1)[0]
+            if members and "=" in piece and ":" not in head:
+                members[-1] += "," + piece
+            else:
+                members.append(piece)
+    return members
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """Parse a short spec string into ``(family, options)``."""
+    spec = spec.strip()
+    if not spec:
+        raise SpecError("detector spec is empty; expected e.g. 'clip:arch=ViT-B-32,pretrained=openai'")
+    family, _, rest = spec.partition(":")
+    family = family.strip()
+    opts: dict[str, Any] = {}
+    pieces = _split_top(rest) if rest.strip() else []
+    if family in _POSITIONAL and pieces and "=" not in pieces[0]:
+        opts[_POSITIONAL[family]] = pieces.pop(0).strip()
+    for piece in pieces:
+        if not piece.strip():
+            continue
+        if "=" not in piece:
+            raise SpecError(f"detector spec {spec!r}: option {piece!r} is not key=value")
+        k, v = (s.strip() for s in piece.split("=", 1))
+        if k in opts:
+            raise SpecError(f"detector spec {spec!r}: option {k!r} given twice")
+        if k == "members":
+            opts[k] = _split_members(v)
+        else:
+            try:
+                opts[k] = yaml.safe_load(v) if v else ""
+            except yaml.YAMLError as e:
+                raise SpecError(f"detector spec {spec!r}: option {k}={v!r} is not a valid value ({e})") from e
+    return family, opts
+
+
+def format_spec(family: str, opts: dict[str, Any]) -> str:
+    """Canonical spec string (options sorted, ``None`` dropped), used to compare runs."""
+    parts = []
+    for k in sorted(opts):
+        v = opts[k]
+        if v is None:
+            continue
+        if isinstance(v, (list, tuple)):
+            v = "[" + ",".join(str(x) for x in v) + "]"
+        elif isinstance(v, bool):
+            v = str(v).lower()
+        parts.append(f"{k}={v}")
+    return family + (":" + ",".join(parts) if parts else "")
+
+
+# annotation text -> type, for the option types read from a detector's source (anything else is not checked)
+_TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "Sequence": list, "list": list,
+                          "Sequence[float]": list[float], "list[float]": list[float], "Sequence[str]": list[str],
+                          "list[str]": list[str]}
+
+
+def _option_type(annotation: str | None) -> Any:
+    """``"int | None"`` -> ``int | None``; an annotation outside :data:`_TYPES` -> ``Any``."""
+    if not annotation:
+        return Any
+    parts = [s.strip() for s in annotation.split("|")]
+    kinds = [_TYPES.get(s) for s in parts if s != "None"]
+    if not kinds or any(k is None for k in kinds):
+        return Any
+    tp = kinds[0]
+    for k in kinds[1:]:
+        tp = tp | k
+    return tp | None if "None" in parts else tp
+
+
+class _Named(str):
+    """A default given by a constant's name in the source: shown as the name (never validated: it is not a
+    user's value)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _source_signature(target: str) -> list[tuple[str, str | None, Any, str]] | None:
+    """``(name, annotation, default, help)`` of each ``__init__`` keyword of a lazily registered ``"module:Class"``,
+    read from its source without importing it; ``default`` is ``inspect.Parameter.empty`` for a required option and
+    a :class:`_Named` where it is a constant's name; ``help`` comes from the class's ``OPTION_HELP`` mapping. None
+    when the class is not found there or takes ``**kwargs``."""
+    mod, cls = target.split(":")
+    found = importlib.util.find_spec(mod)
+    if found is None or not (found.origin or "").endswith(".py"):
+        return None
+    for node in ast.parse(Path(found.origin).read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+            if init is None or init.args.kwarg is not None:
+                return None
+            helps = next((ast.literal_eval(s.value) for s in node.body if isinstance(s, ast.Assign)
+                          and [getattr(x, "id", "") for x in s.targets] == ["OPTION_HELP"]), {})
+            a = init.args
+            positional = [*a.posonlyargs, *a.args]
+            defaults = [inspect.Parameter.empty] * (len(positional) - len(a.defaults)) + list(a.defaults)
+            defaults += [inspect.Parameter.empty if d is None else d for d in a.kw_defaults]
+            out = []
+            for arg, d in zip([*positional, *a.kwonlyargs], defaults):
+                if arg.arg in ("self", "spec"):
+                    continue
+                if d is not inspect.Parameter.empty:
+                    try:
+                        d = ast.literal_eval(d)
+                    except ValueError:
+                        d = _Named(ast.unparse(d))  # a named constant (e.g. DEFAULT_MAX_PIXELS), shown by name
+                out.append((arg.arg, ast.unparse(arg.annotation) if arg.annotation else None, d,
+                            helps.get(arg.arg, "")))
+            return out
+    return None
+
+
+def _class_signature(cls: type) -> list[tuple[str, str | None, Any, str]]:
+    params = inspect.signature(cls.__init__).parameters
+    helps = getattr(cls, "OPTION_HELP", {})
+    return [(n, p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", None),
+             p.default, helps.get(n, "")) for n, p in params.items()
+            if n not in ("self", "spec") and p.kind is not inspect.Parameter.VAR_KEYWORD]
+
+
+_CONFIGS: dict[tuple[str, str], type] = {}
+
+
+def family_config(family: str) -> type:
+    """The typed options of a detector family as a dataclass (``<Family>Options``): one field per ``__init__``
+    keyword, with its type and default, read from the class's source without importing it. A spec string is
+    shorthand for it; the dry run validates a spec's options through it (:func:`check_spec`) and ``--describe`` /
+    docs/config.md list it."""
+    target = _REGISTRY[family]  # "module:Class", or the class once it was imported
+    where = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
+    key = (family, where)
+    if key in _CONFIGS:
+        return _CONFIGS[key]
+    sig = _source_signature(where)  # the same reading whether or not the class was imported
+    if sig is None:
+        sig = _class_signature(_family_class(family, family))
+    required = [(n, _option_type(a), dataclasses.field(metadata={"help": h}))
+                for n, a, d, h in sig if d is inspect.Parameter.empty]
+    optional = [(n, _option_type(a), dataclasses.field(default=d, metadata={"help": h}))
+                for n, a, d, h in sig if d is not inspect.Parameter.empty]
+    name = "".join(w.capitalize() for w in re.split(r"[^A-Za-z0-9]+", family)) + "Options"
+    _CONFIGS[key] = dataclasses.make_dataclass(name, [*required, *optional])
+    return _CONFIGS[key]
+
+
+def _check_types(family: str, opts: dict[str, Any], where: str) -> None:
+    """Each option's value against its type in :func:`family_config` (a text option may be given a number:
+    ``model=2017`` is the text ``"2017"``); a missing required option is an error too."""
+    import typing
+
+    from halsift.corpus.config import ConfigError, from_dict
+
+    cfg = family_config(family)
+    hints = typing.get_type_hints(cfg)
+    values = {}
+    for k, v in opts.items():
+        texty = str in (typing.get_args(hints.get(k)) or (hints.get(k),))
+        values[k] = str(v) if texty and isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    missing = [f.name for f in dataclasses.fields(cfg) if f.default is dataclasses.MISSING and f.name not in values]
+    if missing:
+        raise SpecError(f"detector spec {where!r}: missing option {missing[0]!r} for family {family!r}")
+    try:
+        from_dict(cfg, values)
+    except ConfigError as e:
+        raise SpecError(f"detector spec {where!r}: {e}") from None
+
+
+def _family_options(family: str, where: str) -> list[str]:
+    if family not in _REGISTRY:
+        raise SpecError(f"detector spec {where!r}: unknown family {family!r}, expected one of {families()}")
+    return [f.name for f in dataclasses.fields(family_config(family))]
+
+
+def _check_keys(family: str, opts: dict[str, Any], allowed: list[str], where: str) -> None:
+    bad = [k for k in opts if k not in allowed]
+    if bad:
+        raise SpecError(f"detector spec {where!r}: unknown option {bad[0]!r} for family {family!r}; "
+                        f"expected one of {allowed}")
+
+
+def iter_specs(spec: str):
+    """``(spec, family, options)`` of a short spec string and, depth first, of every short-form ensemble member
+    (members given as YAML files are not opened)."""
+    family, opts = parse_spec(spec)
+    yield spec, family, opts
+    for member in opts.get("members") or []:
+        if isinstance(member, str) and not member.endswith((".yaml", ".yml")):
+            yield from iter_specs(member)
+
+
+def check_spec(spec: str) -> None:
+    """Validate a short spec string without building the detector or importing heavy libraries: the family
+    exists, every option (ensemble members too) is one its class takes, with a value of its type, and no required
+    option is missing. Raises :class:`SpecError`."""
+    for where, family, opts in iter_specs(spec):
+        _check_keys(family, opts, _family_options(family, where), where)
+        _check_types(family, opts, where)
+
+
+def _build(family: str, opts: dict[str, Any], where: str) -> Detector:
+    cls = _family_class(family, where)
+    _check_keys(family, opts, _family_options(family, where), where)
+    try:
+        det = cls(**opts)
+    except SpecError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise SpecError(f"detector spec {where!r}: {e}") from e
+    canon = dict(opts)
+    if "members" in canon and hasattr(det, "members"):  # members by their canonical specs, ';'-separated
+        canon["members"] = "[" + ";".join(m.spec for m in det.members) + "]"
+    det.spec = format_spec(family, canon)
+    return det
+
+
+def _refuse_key_env(data: Any, path: Path) -> None:
+    """A spec file may not choose which environment variable the ``api`` detector sends as its key (a shared file
+    could send any secret to its own ``base_url``); only the user's command line or ``OPENAI_API_KEY`` may."""
+    if isinstance(data, dict):
+        env = data.get("api_key_env")
+        if env not in (None, "OPENAI_API_KEY"):
+            raise SpecError(f"detector spec {path}: api_key_env={env!r} is refused in a spec file; give it on the "
+                            "command line (--detector api:...,api_key_env=NAME) or use OPENAI_API_KEY")
+        values = list(data.values())
+    elif isinstance(data, list):
+        values = data
+    elif isinstance(data, str):  # a member given as a spec string
+        values = [{"api_key_env": m.strip()} for m in re.findall(r"api_key_env=([^,;\]]*)", data)]
+    else:
+        return
+    for v in values:
+        _refuse_key_env(v, path)
+
+
+def load_detector(spec: str | os.PathLike | dict | Detector) -> Detector:
+    """Build a detector from a spec string, a YAML file path, a dict with ``family``, or return a detector as is."""
+    if isinstance(spec, Detector):
+        return spec
+    if isinstance(spec, dict):
+        opts = dict(spec)
+        family = opts.pop("family", None) or opts.pop("detector", None)
+        if not isinstance(family, str):
+            raise SpecError(f"detector spec {short_repr(spec)}: field 'family' is missing (expected e.g. 'clip')")
+        return _build(family, opts, short_repr(spec))
+    text = os.fspath(spec)
+    if text.endswith((".yaml", ".yml")) or (os.path.isfile(text) and ":" not in Path(text).name):
+        path = Path(text)
+        if not path.exists():
+            raise FileNotFoundError(f"detector spec: {path} does not exist")
+        try:
+            data = safe_load_yaml(path.read_text())  # alias expansion capped
+        except yaml.YAMLError as e:
+            raise SpecError(f"detector spec {path}: not valid YAML ({e})") from e
+        if not isinstance(data, dict):
+            raise SpecError(f"detector spec {path}: expected a mapping with 'family' and options")
+        if "family" not in data and "detector" not in data:
+            raise SpecError(f"detector spec {path}: field 'family' is missing (expected one of {families()})")
+        _refuse_key_env(data, path)
+        return load_detector(data)
+    family, opts = parse_spec(text)
+    return _build(family, opts, text)

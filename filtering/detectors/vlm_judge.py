@@ -1,0 +1,314 @@
+"""``VlmJudge``: one loaded transformers VLM and its processor, lent to everything that reads a VLM's next-token
+distribution: the ``vlm`` detector's modes (:mod:`halsift.filtering.detectors.vlm`), its LoRA training collator
+(:mod:`halsift.training.lora_vlm`), PMI and likelihoods (:mod:`halsift.filtering.detectors.vlm_likelihood`) and the I-HallA
+multiple-choice answerer (:func:`halsift.eval.metrics.ihalla.vlm_answerer`). A detector lends it through the ``vlm-judge``
+capability (:meth:`halsift.filtering.detectors.base.Detector.vlm_judge`); a ``lora:`` adapter on a ``vlm`` base forwards
+its judge, so a LoRA-tuned judge answers I-HallA and ``eval bench --likelihood`` too.
+
+It owns: loading (``AutoModelForImageTextToText`` + ``AutoProcessor``, ``trust_remote_code`` off unless asked),
+the device, the ``max_pixels`` cap (:func:`cap_pixels`), chat prompts (``[image, text]`` user turns, a template
+split at a placeholder), the processor features of a prompt (on CPU: what a detector's ``prepare`` step builds
+in worker processes), left-padded full-sequence batches (:meth:`VlmJudge.full_batch`) and **KV-prefix reuse**:
+:meth:`VlmJudge.encode_prefix` runs prefixes (image + prompt) once with a cache (:class:`EncodedPrefix`) and
+:meth:`VlmJudge.continue_prefix` runs many continuations on it. Continuations are padded in the middle (pads
+between prefix and continuation are masked, real tokens get explicit position ids ``prefix_len + j``, so every row
+ends at the last column) or on the right; Qwen2-VL's M-RoPE offsets (``rope_deltas``) are gathered per row and
+passed as 3-D position ids.
+
+Free-form use: :meth:`VlmJudge.letter_logprobs` / :meth:`VlmJudge.choice_logprobs` give the next-token
+log-probabilities of the answer letters after a multiple-choice prompt (one forward pass; a letter counts every
+token that decodes to it up to whitespace, e.g. ``"A"`` and ``" A"``), :meth:`VlmJudge.generate_text` a greedy
+reply.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from halsift.filtering.detectors import vlm_prompts as P
+from halsift.filtering.detectors.base import Detector, DetectorError
+
+DEFAULT_MAX_PIXELS = 512 * 28 * 28
+DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+
+
+def cap_pixels(image, max_pixels: int):
+    """``image`` downscaled (aspect kept, bicubic) so that width x height <= ``max_pixels``; as is when it fits or
+    ``max_pixels`` is 0. Visual tokens grow with pixels in dynamic-resolution VLMs (Qwen2-VL: one per 28x28 px)."""
+    if not max_pixels or image is None or image.width * image.height <= max_pixels:
+        return image
+    from PIL import Image
+
+    f = (max_pixels / (image.width * image.height)) ** 0.5
+    return image.resize((max(1, int(image.width * f)), max(1, int(image.height * f))), Image.BICUBIC)
+
+
+def chat_text(processor, prompt: str, prefill: str = "") -> str:
+    """One ``[image, prompt]`` user turn in the processor's chat template, the generation prompt and ``prefill``."""
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    return processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) + prefill
+
+
+def text_features(processor, text: str, image) -> dict:
+    """Processor features (``input_ids``, pixel tensors ...) of ``text`` (holding the image placeholder) and
+    ``image``, on CPU; no special tokens are added (the chat template has them)."""
+    return dict(processor(text=[text], images=[image], return_tensors="pt", add_special_tokens=False))
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    table = {"auto": "auto", "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ValueError(f"dtype={dtype!r}: expected one of {sorted(table)}")
+    return table[dtype]
+
+
+class EncodedPrefix:
+    """Prefixes (a batch of processor features: image + prompt) run through the model once: their KV cache, their
+    common length, the log-probabilities of the token after each, and their M-RoPE offsets (Qwen2-VL; else
+    ``None``). :meth:`VlmJudge.continue_prefix` reuses the cache instead of re-encoding the images and prompts."""
+
+    def __init__(self, judge: "VlmJudge | Detector", prefix: dict) -> None:
+        import torch
+
+        judge = as_judge(judge)
+        feats = judge.on_device(prefix)
+        with torch.inference_mode():
+            out = judge.model(**feats, use_cache=True, logits_to_keep=1)
+        self.cache = out.past_key_values
+        self.next_logprobs = out.logits[:, -1].float().log_softmax(-1)  # [prefixes, vocab]
+        self.first = self.next_logprobs[0]  # the first (or only) prefix's
+        self.length = int(feats["input_ids"].shape[1])
+        deltas = getattr(getattr(judge.model, "model", None), "rope_deltas", None)
+        self.rope_deltas = None if deltas is None else deltas.reshape(-1)[:len(feats["input_ids"])].clone()
+
+
+class VlmJudge:
+    """A loaded VLM + processor (see the module docstring). ``model`` and ``device`` may be reassigned (a LoRA
+    wrapper, a training loop's device); the tokenizer tables stay valid."""
+
+    def __init__(self, model: Any, processor: Any, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+        if not isinstance(max_pixels, int) or max_pixels < 0:
+            raise ValueError(f"max_pixels={max_pixels!r}: expected an integer >= 0 (0: no cap)")
+        self.model, self.processor, self.max_pixels = model.eval(), processor, int(max_pixels)
+        self.device = next(model.parameters()).device
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.tokenizer.eos_token_id or 0
+        self.max_new_tokens = 32  # generate_text's default reply length (a vlm detector sets its own)
+        self._vocab: list[str] | None = None
+        self._letters: dict[tuple, dict[str, list[int]]] = {}
+
+    @classmethod
+    def load(cls, model: str, *, dtype: str = "auto", device: str = "auto", device_map: str | None = None,
+             attn_implementation: str | None = None, trust_remote_code: bool = False,
+             max_pixels: int = DEFAULT_MAX_PIXELS) -> "VlmJudge":
+        """Load ``model`` (a local path or hub name); ``device`` auto|cpu|cuda|cuda:N (ignored with
+        ``device_map``). A model that cannot be loaded raises ValueError naming it."""
+        import torch
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        kw: dict[str, Any] = {"dtype": _torch_dtype(dtype), "trust_remote_code": bool(trust_remote_code)}
+        if device_map:
+            kw["device_map"] = device_map
+        if attn_implementation:
+            kw["attn_implementation"] = attn_implementation
+        try:
+            processor = AutoProcessor.from_pretrained(model, trust_remote_code=bool(trust_remote_code))
+            net = AutoModelForImageTextToText.from_pretrained(model, **kw)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"model={model!r}: cannot load a vision-language model and processor ({e})") from e
+        judge = cls(net, processor, max_pixels)
+        if device_map is None:
+            judge.to("cuda" if device == "auto" and torch.cuda.is_available() else
+                     "cpu" if device == "auto" else device)
+        return judge
+
+    # ------------------------------------------------------------------------------------------ model
+    def to(self, device: Any) -> "VlmJudge":
+        if getattr(self.model, "hf_device_map", None):  # placed by device_map: moving it would undo that
+            return self
+        self.model.to(device)
+        self.device = next(self.model.parameters()).device
+        return self
+
+    @property
+    def sliding_window(self) -> bool:
+        """Whether the language model has sliding-window layers (Gemma 3): they count cache slots, so pads inside
+        the window would shift it, and continuations after a cached prefix are right-padded instead."""
+        tc = getattr(self.model.config, "text_config", self.model.config)
+        return any("sliding" in str(t) for t in (getattr(tc, "layer_types", None) or [])) or \
+            bool(getattr(tc, "use_sliding_window", False))
+
+    def on_device(self, feats: dict) -> dict:
+        """``feats`` on the model's device, floating tensors in its dtype."""
+        return {k: v.to(self.device) if not v.is_floating_point() else v.to(self.device, self.model.dtype)
+                for k, v in feats.items()}
+
+    # ------------------------------------------------------------------------------------------ vocabulary
+    def vocab_strings(self) -> list[str]:
+        """The decoded text of every token id (computed once)."""
+        if self._vocab is None:
+            self._vocab = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
+        return self._vocab
+
+    def ids_where(self, pred: Callable[[str], bool]) -> list[int]:
+        """Token ids whose decoded text, stripped of whitespace, satisfies ``pred``."""
+        return [i for i, s in enumerate(self.vocab_strings()) if pred(s.strip())]
+
+    def letter_ids(self, letters: Sequence[str]) -> dict[str, list[int]]:
+        """Token ids that count for each answer letter: every token whose decoded text, stripped of whitespace,
+        is exactly the letter (case-sensitive): ``"A"``, ``" A"``, ``"\\nA"``; not ``"a"``, ``"A)"`` or ``"AB"``."""
+        key = tuple(letters)
+        if key not in self._letters:
+            ids: dict[str, list[int]] = {l: [] for l in key}
+            for i, t in enumerate(self.vocab_strings()):
+                if t.strip() in ids:
+                    ids[t.strip()].append(i)
+            empty = [l for l in key if not ids[l]]
+            if empty:
+                raise ValueError(f"letters {empty}: no token of the vocabulary spells them")
+            self._letters[key] = ids
+        return self._letters[key]
+
+    # ------------------------------------------------------------------------------------------ inputs
+    def fit_image(self, image):
+        """The image as the processor sees it: :func:`cap_pixels` to ``max_pixels``."""
+        return cap_pixels(image, self.max_pixels)
+
+    def split_prompt(self, prompt: str, placeholder: str) -> tuple[str, str]:
+        """The chat-templated ``prompt`` split at ``placeholder`` (which it holds once): (head, tail)."""
+        text = chat_text(self.processor, prompt)
+        if text.count(placeholder) != 1:
+            raise ValueError("the processor's chat template does not keep the user text verbatim")
+        head, tail = text.split(placeholder)
+        return head, tail
+
+    def features(self, text: str, image) -> dict:
+        """:func:`text_features` of ``text`` with ``image`` capped to ``max_pixels``, on CPU."""
+        if image is None:
+            raise DetectorError("vlm judge: an item has no image")
+        return text_features(self.processor, text, self.fit_image(image))
+
+    def _text_keys(self, feats: dict) -> list[str]:
+        return [k for k in ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids") if k in feats]
+
+    def full_batch(self, prefixes: list[dict], conts: list[list[int]]) -> dict:
+        """Left-padded full sequences (prefix + continuation) with their image tensors, one row per item, on the
+        model's device (floating tensors in its dtype)."""
+        import torch
+
+        seqs = [torch.cat([p["input_ids"][0], torch.tensor(c, dtype=torch.long)]) for p, c in zip(prefixes, conts)]
+        n = max(len(s) for s in seqs)
+        batch = {"input_ids": torch.full((len(seqs), n), self.pad_id, dtype=torch.long),
+                 "attention_mask": torch.zeros((len(seqs), n), dtype=torch.long)}
+        aligned = [k for k in self._text_keys(prefixes[0]) if k not in ("input_ids", "attention_mask")]
+        for k in aligned:  # per-token type ids (images vs text): the continuation is text (0)
+            batch[k] = torch.zeros((len(seqs), n), dtype=torch.long)
+        for r, (s, p) in enumerate(zip(seqs, prefixes)):
+            batch["input_ids"][r, n - len(s):] = s
+            batch["attention_mask"][r, n - len(s):] = 1
+            for k in aligned:
+                batch[k][r, n - len(s):n - len(s) + p["input_ids"].shape[1]] = p[k][0]
+        for k in prefixes[0]:
+            if k not in self._text_keys(prefixes[0]):
+                batch[k] = torch.cat([p[k] for p in prefixes], 0)
+        return self.on_device(batch)
+
+    # ------------------------------------------------------------------------------------------ KV-prefix reuse
+    def encode_prefix(self, prefix: dict) -> EncodedPrefix:
+        """Run ``prefix`` (features of one or more prefixes of one length and image shape) once, with a cache."""
+        return EncodedPrefix(self, prefix)
+
+    def continue_prefix(self, prefix: EncodedPrefix, slots: Sequence[int], conts: Sequence[Sequence[int]], *,
+                        mid_pad: bool, logits_to_keep: Any = 0, keep_prefix: bool = False):
+        """Logits of continuation ``conts[r]`` after prefix ``slots[r]`` of ``prefix``, all rows in one forward
+        pass. ``mid_pad``: pads between prefix and continuation (every row ends at the last column); else on the
+        right. ``logits_to_keep`` as in transformers (0: every position). ``keep_prefix``: the cache is copied, so
+        ``prefix`` can be continued again (else it is consumed)."""
+        import torch
+
+        cache = copy.deepcopy(prefix.cache) if keep_prefix else prefix.cache  # a forward appends to its cache
+        idx = torch.tensor(list(slots), dtype=torch.long, device=self.device)
+        cache.reorder_cache(idx)
+        plen, lens = prefix.length, [len(c) for c in conts]
+        n = max(lens)
+        ids = torch.full((len(conts), n), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(conts), plen + n), dtype=torch.long)
+        mask[:, :plen] = 1
+        pos = torch.arange(plen, plen + n).repeat(len(conts), 1)  # pads after a right-padded row continue on
+        for r, c in enumerate(conts):
+            m = n - lens[r] if mid_pad else 0
+            ids[r, m:m + lens[r]] = torch.tensor(list(c), dtype=torch.long)
+            mask[r, plen + m:plen + m + lens[r]] = 1
+            pos[r, :m] = plen
+            pos[r, m:m + lens[r]] = torch.arange(plen, plen + lens[r])
+        pos = pos.to(self.device)
+        if prefix.rope_deltas is not None:  # M-RoPE: text positions continue from the image's rope offset
+            pos = (pos + prefix.rope_deltas.to(self.device)[idx].view(-1, 1)).unsqueeze(0).expand(3, -1, -1)
+        with torch.inference_mode():
+            return self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=pos,
+                              past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep).logits
+
+    # ------------------------------------------------------------------------------------------ free-form use
+    def chat_inputs(self, image, prompt: str, prefill: str = "") -> dict:
+        """Features of one chat turn (``[image, prompt]`` as the user, generation prompt + ``prefill``), on the
+        model's device."""
+        if image is None:
+            raise DetectorError("vlm judge: no image given")
+        return self.on_device(self.features(chat_text(self.processor, prompt, prefill), image))
+
+    def letter_logprobs(self, image, prompt: str, letters: Sequence[str] = P.CHOICE_LETTERS,
+                        prefill: str = "") -> dict[str, float]:
+        """Log-probability of each answer letter as the next token, in one forward pass.
+
+        The user turn is ``[image, prompt]`` in the model's chat template; the assistant turn is prefilled with
+        ``prefill`` (default empty: the reply starts at the letter). A letter's probability sums its tokens
+        (:meth:`letter_ids`: ``"A"`` and ``" A"`` ...) under the full next-token softmax, so the values are not
+        renormalised over the letters.
+        """
+        import torch
+
+        ids = self.letter_ids(letters)
+        feats = self.chat_inputs(image, prompt, prefill)
+        with torch.inference_mode():
+            logits = self.model(**feats, use_cache=False, logits_to_keep=1).logits[0, -1].float()
+        logp = logits.log_softmax(-1)
+        return {l: float(torch.logsumexp(logp[ids[l]], 0)) for l in letters}
+
+    def choice_logprobs(self, image, question: str, choices: Sequence[str]) -> dict[str, float]:
+        """Multiple-choice VQA: log-probabilities of the letters A.. (one per choice) after
+        :func:`~halsift.filtering.detectors.vlm_prompts.choice_prompt` (see :meth:`letter_logprobs`)."""
+        return self.letter_logprobs(image, P.choice_prompt(question, tuple(choices)),
+                                    P.CHOICE_LETTERS[:len(choices)])
+
+    def generate_text(self, image, prompt: str, max_new_tokens: int | None = None) -> str:
+        """Greedy reply to ``[image, prompt]`` (special tokens stripped); ``max_new_tokens`` defaults to
+        :attr:`max_new_tokens`."""
+        import torch
+
+        feats = self.chat_inputs(image, prompt)
+        with torch.inference_mode():
+            out = self.model.generate(**feats, max_new_tokens=int(max_new_tokens or self.max_new_tokens),
+                                      do_sample=False, temperature=None, top_p=None, top_k=None,
+                                      pad_token_id=self.pad_id)
+        return self.tokenizer.decode(out[0, feats["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def as_judge(obj: "VlmJudge | Detector", purpose: str = "") -> VlmJudge:
+    """``obj`` itself when it is a :class:`VlmJudge`, else the judge a detector lends (capability ``vlm-judge``;
+    :class:`~halsift.filtering.detectors.base.MissingCapability` naming the detector when it has none)."""
+    if isinstance(obj, VlmJudge):
+        return obj
+    if isinstance(obj, Detector):
+        return obj.vlm_judge(purpose)
+    raise TypeError(f"expected a VlmJudge or a detector, got {type(obj).__name__}")
+
+
+__all__ = ["DEFAULT_MAX_PIXELS", "EncodedPrefix", "VlmJudge", "as_judge", "cap_pixels", "chat_text",
+           "text_features"]

@@ -1,0 +1,492 @@
+"""The sharded, resumable scoring runner behind ``halsift score`` and ``eval bench``.
+
+Work is split into *parts*: one per input shard (or per chunk of a ``bench.jsonl``). Parts are dealt
+round-robin to the processes of an accelerate ``PartialState`` (``torchrun``/``accelerate launch``, any number
+of nodes; gloo on CPU), so no two ranks score the same shard. Each finished part is one parquet file written
+atomically (:mod:`halsift.corpus.scores`) whose schema metadata carries its own counts (samples, sentences,
+skipped samples with reasons, parse failures, timings) and what it was made from: the fingerprint of its input
+(shard size, mtime and sampled hash; for a bench, the bench file's) and of the detector (spec plus the content of
+the checkpoints/adapters it names; :mod:`halsift.corpus.fingerprint`). A rerun reuses a finished part only if
+both still match and rescores it otherwise; ``_manifest.json`` records detector spec, unit and input paths, and a
+rerun with a different spec, unit or paths raises :class:`RunMismatch`.
+
+Memory: one part's rows and one batch of decoded images at a time, whatever the number of shards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from halsift.corpus.fingerprint import file_fingerprint, path_fingerprint, spec_fingerprint
+from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_sample, load_image_file
+from halsift.corpus.progress import progress
+from halsift.corpus.scores import part_name, scores_table, write_part_atomic
+from halsift.corpus.sentences import sentence_texts
+from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, write_json_atomic
+from halsift.filtering.detectors.base import CAPTION_INDEX, Detector, Item
+from halsift.filtering.scoring.prefetch import Prefetcher
+from halsift.filtering.detectors.spec import load_detector
+
+UNITS = ("sentence", "caption")
+MANIFEST = "_manifest.json"
+_META_KEY = b"halsift"
+BENCH_CHUNK = 512  # captions per part when scoring a bench file
+
+
+class RunMismatch(ValueError):
+    """An output folder already holds scores from a different detector spec, unit or inputs."""
+
+
+@dataclass
+class Part:
+    name: str  # parquet file name
+    source: str  # shard path, or "bench.jsonl#i"
+    captions: list | None = None  # bench: list of row groups (one per caption)
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+def _is_bench(data) -> bool:
+    return isinstance(data, (str, os.PathLike)) and os.fspath(data).endswith(".jsonl")
+
+
+def plan_parts(data) -> tuple[list[Part], dict]:
+    """Split the input into parts; returns ``(parts, inputs)`` where ``inputs`` identifies the data."""
+    if _is_bench(data):
+        from halsift.corpus.bench import read_bench
+
+        path = Path(data).resolve()
+        groups: dict[str, list] = {}
+        for row in read_bench(path):
+            groups.setdefault(row.caption_id, []).append(row)
+        caps = [sorted(g, key=lambda r: r.position) for g in groups.values()]
+        # Captions of one image next to each other (in first-appearance order), so that they share one decoded
+        # image and land in the same batches: detectors encode each distinct image once per batch.
+        first = {img: i for i, img in enumerate(dict.fromkeys(c[0].image for c in caps))}
+        caps.sort(key=lambda c: first[c[0].image])
+        parts = [Part(part_name(0, f"bench-{i // BENCH_CHUNK:05d}"), f"{path}#{i // BENCH_CHUNK}",
+                      caps[i:i + BENCH_CHUNK]) for i in range(0, len(caps), BENCH_CHUNK)]
+        return parts, {"kind": "bench", "paths": [str(path)]}
+    shards = expand_shards(data)
+    names = [part_name(0, s.name) for s in shards]
+    if len(set(names)) != len(names):
+        raise ValueError(f"data: shard basenames repeat across folders in {data!r}; score each folder separately")
+    parts = [Part(n, str(s)) for n, s in zip(names, shards)]
+    return parts, {"kind": "shards", "paths": [str(s.resolve()) for s in shards]}
+
+
+def _caption_label(labels: Sequence) -> str | None:
+    if not labels or any(lab is None for lab in labels):
+        return None
+    if "incorrect" in labels:
+        return "incorrect"
+    return "correct" if all(lab == "correct" for lab in labels) else "unknown"
+
+
+def _sample_items(sample, image, unit: str) -> list[Item]:
+    meta = sample.meta
+    sents = meta.get("sentences")
+    if isinstance(sents, list) and sents and all(isinstance(s, dict) and "text" in s for s in sents):
+        texts = [str(s["text"]) for s in sents]
+        gts = [{k: s[k] for k in ("label", "types", "spans") if k in s} for s in sents]
+    else:
+        texts, gts = sentence_texts(sample.caption), None
+        gts = [{} for _ in texts]
+    base = {"captioner": sample.captioner, "source": sample.source}
+    image_id = str(meta.get("image_id", sample.key))
+    if unit == "caption":
+        label = _caption_label([g.get("label") for g in gts])
+        m = {**base, **({"label": label} if label else {})}
+        return [Item(sample.key, CAPTION_INDEX, sample.caption, [], image, image_id, m)]
+    return [Item(sample.key, i, t, texts[:i], image, image_id, {**base, **g}) for i, (t, g) in enumerate(zip(texts, gts))]
+
+
+def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: bool = True,
+                        draft: int | None = None, arrays: bool = False) -> Iterator[list[Item]]:
+    """Yield the items of one caption at a time; bad samples are counted in ``skipped`` and left out. ``draft``:
+    JPEGs decode at a reduced scale down to that side (a detector's ``decode_size``). ``arrays``: shard images
+    come as ``uint8 [H, W, 3]`` arrays (for a detector whose ``image_arrays`` says it takes them)."""
+    if part.captions is not None:
+        if unit != "sentence":
+            raise ValueError("unit: a bench file is scored per sentence (its rows), not per caption")
+        bench_dir = Path(part.source.rsplit("#", 1)[0]).parent
+        last: tuple[str, object] | None = None  # (image path, decoded image): consecutive captions share it
+        for rows in part.captions:
+            first = rows[0]
+            image = None
+            if decode and last is not None and last[0] == first.image:
+                image = last[1]
+            elif decode:
+                try:
+                    image = load_image_file(bench_dir / first.image, first.id, draft=draft)
+                except ImageDecodeError as e:
+                    for r in rows:
+                        skipped.add(r.id, f"image {first.image}: {e.reason}", e.kind)
+                    continue
+                last = (first.image, image)
+            texts = [r.sentence for r in rows]
+            yield [Item(r.id, r.position, r.sentence, texts[:i], image, r.image_id,
+                        {"captioner": r.generator, "source": r.generator_type, "label": r.label,
+                         "types": r.types, "spans": r.spans}) for i, r in enumerate(rows)]
+        return
+    try:
+        for sample in iter_shard(part.source):
+            if sample.meta.get("_bad_json"):
+                skipped.add(sample.key, "json member is not valid JSON", "corrupt")
+                continue
+            if decode:
+                image = decode_sample(sample, skipped, draft=draft, arrays=arrays)
+                if image is None:
+                    continue
+            else:
+                image = None
+                if not sample.caption.strip():
+                    skipped.add(sample.key, "empty caption", "empty_caption")
+                    continue
+            items = _sample_items(sample, image, unit)
+            if not items:
+                skipped.add(sample.key, "caption has no sentences", "empty_caption")
+                continue
+            yield items
+    except ShardFormatError as e:
+        skipped.add(Path(part.source).name, str(e), "corrupt_shard", n=e.lost or 1)
+
+
+def _batches(groups: Iterator[list[Item]], batch_size: int) -> Iterator[list[Item]]:
+    """Pack whole captions into batches of at most ``batch_size`` items (a longer caption is one batch)."""
+    batch: list[Item] = []
+    for g in groups:
+        if batch and len(batch) + len(g) > batch_size:
+            yield batch
+            batch = []
+        batch.extend(g)
+    if batch:
+        yield batch
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+def source_fingerprint(part: Part) -> dict:
+    """What a part was made from: its shard's fingerprint, or the bench file's plus the chunk number."""
+    if part.captions is not None:
+        path, chunk = part.source.rsplit("#", 1)
+        return {"bench": path_fingerprint(path), "chunk": int(chunk)}
+    return file_fingerprint(part.source)
+
+
+def part_fingerprints(parts: Sequence[Part], detector_fp: str) -> dict[str, dict]:
+    """Part name -> what its scores must have been made from: its :func:`source_fingerprint` and the detector's
+    ``detector_fp`` (:func:`~halsift.corpus.fingerprint.spec_fingerprint`), as ``score_part`` records them."""
+    return {p.name: {"source_fp": source_fingerprint(p), "detector_fp": detector_fp} for p in parts}
+
+
+def reusable(path: Path, source_fp: dict, detector_fp: str) -> bool:
+    """A finished part may be reused only if it was scored from the same input by the same detector."""
+    if not path.exists():
+        return False
+    try:
+        stats = part_stats(path)
+    except (OSError, ValueError):  # pyarrow.ArrowInvalid is a ValueError: a damaged part is rescored
+        return False
+    return stats.get("source_fp") == source_fp and stats.get("detector_fp") == detector_fp
+
+
+class Counted:
+    """Iterate ``it`` and count its items (a part's caption groups: its samples)."""
+
+    def __init__(self, it) -> None:
+        self.it, self.count = iter(it), 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        x = next(self.it)
+        self.count += 1
+        return x
+
+
+class PartRows:
+    """The scored rows of one part, accumulated batch by batch, then written as one parquet part whose schema
+    metadata carries the part's stats (what :func:`part_stats` reads)."""
+
+    def __init__(self, detector: Detector) -> None:
+        self.detector = detector
+        self.cols: dict[str, list] = {"key": [], "sentence_index": [], "score": [], "parsed": [], "captioner": []}
+        self.spans: list = []
+        self.t_model = 0.0
+
+    def add(self, rows: Sequence[tuple[str, int, str]], results: Sequence) -> None:
+        """``rows``: (key, sentence_index, captioner) of each scored item, in order; ``results`` the detector's."""
+        if len(results) != len(rows):
+            raise RuntimeError(f"detector {self.detector.name} returned {len(results)} results for {len(rows)} items")
+        for (key, index, captioner), r in zip(rows, results):
+            self.cols["key"].append(key)
+            self.cols["sentence_index"].append(index)
+            self.cols["score"].append(min(100.0, max(0.0, float(r.score))))
+            self.cols["parsed"].append(bool(r.parsed))
+            self.cols["captioner"].append(captioner)
+            self.spans.append(r.spans or [])
+
+    def write(self, out_path: Path, part: Part, rank: int, world: int, samples: int, skipped: dict, wall: float,
+              decode_s: float, fingerprints: dict | None) -> dict:
+        """Write the part atomically with its stats in the metadata; returns the stats. ``wall``: seconds from
+        the part's start; ``decode_s``: the input pipeline's busy time for it; ``skipped``: a SkipCounter's JSON."""
+        c = self.cols
+        extra = {"captioner": c["captioner"], **({"spans": self.spans} if self.detector.localizes else {})}
+        table = scores_table(c["key"], c["sentence_index"], c["score"], c["parsed"], self.detector.name, extra)
+        stats = {"part": part.name, "source": part.source, "rank": rank, "world_size": world, "samples": samples,
+                 "sentences": len(c["key"]), "parse_failures": c["parsed"].count(False), "skipped": skipped,
+                 "time_model_s": round(self.t_model, 4), "time_data_s": round(wall - self.t_model, 4),
+                 "time_decode_s": round(decode_s, 4), "wall_s": round(wall, 4), **(fingerprints or {})}
+        write_part_atomic(table.replace_schema_metadata({_META_KEY: json.dumps(stats).encode()}), out_path)
+        return stats
+
+
+def item_rows(batch: Sequence[Item]) -> list[tuple[str, int, str]]:
+    """What a part records of each scored item besides its result: (key, sentence_index, captioner)."""
+    return [(it.key, it.sentence_index, it.meta.get("captioner", "")) for it in batch]
+
+
+def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_size: int, bar=None,
+               rank: int = 0, world: int = 1, fingerprints: dict | None = None) -> dict:
+    """Score one part and write it atomically; returns its stats (also stored in the parquet metadata)."""
+    t0 = time.perf_counter()
+    skipped = SkipCounter(max_examples=1000)
+    rows = PartRows(detector)
+    # Images are decoded even for detectors that ignore them, so every detector skips the same samples.
+    groups = Counted(iter_caption_groups(part, unit, skipped, draft=detector.decode_size,
+                                         arrays=detector.image_arrays))
+
+    def prepared(batches):  # the detector's CPU half (preprocess, tokenize) runs in the reader thread too
+        for b in batches:
+            yield b, detector.prepare(b)
+
+    # tar reading, decoding and preprocessing run one batch ahead of the model, in a thread
+    reader = Prefetcher(prepared(_batches(groups, batch_size)), depth=2)
+    for batch, prep in reader:
+        tm = time.perf_counter()
+        results = detector.score_batch(batch) if prep is None else detector.score_prepared(batch, prep)
+        rows.t_model += time.perf_counter() - tm
+        rows.add(item_rows(batch), results)
+        if bar is not None:
+            bar.update(len(batch))
+    return rows.write(out_path, part, rank, world, groups.count, skipped.to_json(), time.perf_counter() - t0,
+                      reader.busy_s, fingerprints)
+
+
+def part_stats(path: Path) -> dict:
+    """The stats a finished part carries in its parquet metadata."""
+    meta = pq.read_schema(path).metadata or {}
+    return json.loads(meta.get(_META_KEY, b"{}"))
+
+
+def _check_or_start(out: Path, ident: dict, state) -> None:
+    """Refuse to mix runs; write the 'running' manifest on rank 0."""
+    path = out / MANIFEST
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise RunMismatch(f"{path}: not valid JSON ({e}); remove the folder or choose another --out") from e
+        for k in ("detector", "unit", "inputs"):
+            if old.get(k) != ident[k]:
+                raise RunMismatch(f"{out}: holds scores with a different {k} ({json.dumps(old.get(k))[:200]} vs "
+                                  f"{json.dumps(ident[k])[:200]}); use a new --out folder")
+    elif any(out.glob("part-*.parquet")):
+        raise RunMismatch(f"{out}: holds score parts but no {MANIFEST}; use a new --out folder")
+    state.wait_for_everyone()
+    if state.is_main_process:  # "running" until every part is checked or rescored: select refuses it meanwhile
+        write_json_atomic(path, {**ident, "status": "running"})
+    state.wait_for_everyone()
+
+
+def _finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, scored_now: int,
+                     resumed: int, world: int, t_scoring: float | None = None) -> dict:
+    """Aggregate the parts' own stats into ``_manifest.json`` (rank 0, after all parts exist)."""
+    stats = [part_stats(out / p.name) for p in parts]
+    skipped = SkipCounter(max_examples=10_000)
+    for s in stats:
+        skipped.merge(SkipCounter.from_json(s["skipped"]))
+    sentences = sum(s["sentences"] for s in stats)
+    t_model = sum(s["time_model_s"] for s in stats)
+    t_data = sum(s["time_data_s"] for s in stats)
+    manifest = {
+        **ident, "status": "complete", "parts": len(parts), "part_files": [p.name for p in parts],
+        "parts_resumed": resumed,
+        "world_size": world, "ranks": sorted({s["rank"] for s in stats}),
+        "part_world_sizes": sorted({s["world_size"] for s in stats}),
+        "samples": sum(s["samples"] for s in stats), "sentences": sentences,
+        "parse_failures": sum(s["parse_failures"] for s in stats),
+        "skipped": skipped.to_json(), "wall_time_s": round(wall, 3),
+        "sentences_scored_this_run": scored_now,
+        "scoring_time_s": round(t_scoring if t_scoring is not None else wall, 3),
+        # throughput of this invocation's scoring loop (model loading excluded), all ranks together
+        "sentences_per_s": round(scored_now / (t_scoring or wall), 2) if (t_scoring or wall) > 0 else None,
+        # of the scoring loop's wall time: in the detector (its forward, plus its preprocessing and tokenization
+        # when it has no prepare step) vs waiting for input and writing; "decode" is the reader thread's busy
+        # time (tar, image decoding, the detector's prepare step), which overlaps the model
+        "time_share": {"model": round(t_model / max(t_model + t_data, 1e-9), 4),
+                       "data": round(t_data / max(t_model + t_data, 1e-9), 4),
+                       "decode": round(sum(s.get("time_decode_s", 0.0) for s in stats)
+                                       / max(t_model + t_data, 1e-9), 4)},
+    }
+    write_json_atomic(out / MANIFEST, manifest)
+    return manifest
+
+
+def _state(device: str | None):
+    """The launch's accelerate state. CPU (gloo) unless a CUDA device is asked for or present: without
+    ``cpu=True`` accelerate does not join a CPU-only torchrun group and every rank would think it is alone."""
+    import torch
+    from accelerate import PartialState
+
+    cpu = device == "cpu" or (device is None and (not torch.cuda.is_available() or bool(os.environ.get(
+        "HALSIFT_FORCE_CPU"))))
+    from halsift.filtering.scoring.tasks import dist_timeout_kwargs
+
+    return PartialState(cpu=cpu, **dist_timeout_kwargs())  # HALSIFT_DIST_TIMEOUT: barrier timeout in seconds
+
+
+def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sentence", batch_size: int = 64,
+          device: str | None = None, show_progress: bool = True, workers: int = 0) -> Path:
+    """Score ``data`` (a shard spec or a ``bench.jsonl``) with a detector into ``out_dir``; returns ``out_dir``.
+
+    Runs on every process of the current accelerate/torchrun launch (each scores its round-robin share of
+    the parts); finished parts are skipped, so rerunning the same call resumes. ``device`` defaults to the
+    process's accelerate device ("cpu" forces CPU). ``workers`` > 0: reading, decoding and the detector's
+    ``prepare`` step run in that many processes per rank (:mod:`halsift.filtering.scoring.workers`) for detectors
+    that have one; else in one read-ahead thread.
+    """
+    if workers < 0:
+        raise ValueError(f"workers={workers}: expected >= 0")
+    if unit not in UNITS:
+        raise ValueError(f"unit={unit!r}: expected one of {UNITS}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size}: expected >= 1")
+    if _is_bench(data) and unit != "sentence":
+        raise ValueError(f"unit={unit!r}: a bench file is scored per sentence (its rows); use unit='sentence'")
+    t0 = time.perf_counter()
+    detector = load_detector(spec_or_detector)
+    state = _state(device)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    parts, inputs = plan_parts(data)
+    ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
+    _check_or_start(out, ident, state)
+
+    if detector.set_level:
+        return _score_set_level(detector, data, out, ident, parts, unit, batch_size, device, show_progress, state,
+                                t0)
+
+    rank, world = state.process_index, state.num_processes
+    mine = parts[rank::world]
+    det_fp = spec_fingerprint(detector.spec)
+    fps = part_fingerprints(mine, det_fp)
+    todo = [p for p in mine if not reusable(out / p.name, fps[p.name]["source_fp"], det_fp)]
+    resumed = int(_reduce(state, len(mine) - len(todo), "sum"))
+    scored_now, t_scoring = 0, 0.0
+    if todo:
+        detector.to(device or state.device)
+        pa.array([])  # pyarrow imports pandas on its first array (~0.2 s): start-up work, not the first part's write
+        ts = time.perf_counter()
+        bar = progress(desc=f"score rank {rank}", unit="sent", disable=not show_progress)
+        from halsift.filtering.scoring.workers import score_parts_in_workers, supports_workers
+
+        if workers and supports_workers(detector):
+            scored_now = score_parts_in_workers(detector, todo, out, unit, batch_size, workers, bar, rank, world, fps)
+        else:
+            for p in todo:
+                scored_now += score_part(detector, p, out / p.name, unit, batch_size, bar, rank, world,
+                                         fps[p.name])["sentences"]
+        bar.close()
+        t_scoring = time.perf_counter() - ts
+    scored_now = int(_reduce(state, scored_now, "sum"))
+    t_scoring = _reduce(state, t_scoring, "max")
+    state.wait_for_everyone()
+    if state.is_main_process:
+        missing = [p.name for p in parts if not (out / p.name).exists()]
+        if missing:
+            raise RuntimeError(f"{out}: parts {missing[:5]} were not written; rerun the same command to finish")
+        _finish_manifest(out, {**ident, "detector_fp": det_fp}, parts, time.perf_counter() - t0, scored_now, resumed,
+                         world, t_scoring)
+    state.wait_for_everyone()
+    return out
+
+
+def _reduce(state, value: float, op: str) -> float:
+    """Sum or max of a number over all processes."""
+    if state.num_processes == 1:
+        return value
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(value)], dtype=torch.float64,
+                     device=state.device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _score_set_level(det: Detector, data, out: Path, ident: dict, parts: list[Part], unit: str, batch_size: int,
+                     device, show_progress: bool, state, t0: float) -> Path:
+    """A ``set-level`` detector (an ensemble with set normalisation): score every member over the whole input,
+    then combine once (rank 0, :meth:`Detector.combine_scores`)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    member_dirs = []
+    for i, m in enumerate(det.members):
+        d = out / "_members" / f"{i}"
+        score(m, data, d, unit=unit, batch_size=batch_size, device=device, show_progress=show_progress)
+        member_dirs.append(d)
+    if state.is_main_process:
+        tables = []
+        for d in member_dirs:
+            ts = []
+            for p in parts:
+                t = pq.read_table(d / p.name, columns=["key", "sentence_index", "score", "parsed", "captioner"])
+                ts.append(t.append_column("_part", pa.array([p.name] * len(t))))
+            t = pa.concat_tables(ts)
+            tables.append(t.take(pc.sort_indices(t, [("key", "ascending"), ("sentence_index", "ascending")])))
+        ref = tables[0]
+        for d, t in zip(member_dirs[1:], tables[1:]):
+            if not (t["key"].equals(ref["key"]) and t["sentence_index"].equals(ref["sentence_index"])):
+                raise RuntimeError(f"ensemble members scored different rows ({member_dirs[0]} vs {d})")
+        scores = det.combine_scores(np.stack([t["score"].to_numpy() for t in tables]))
+        parsed = np.logical_and.reduce([t["parsed"].to_numpy(zero_copy_only=False) for t in tables])
+        names = ref["_part"].to_numpy(zero_copy_only=False)
+        for p in parts:
+            sel = np.flatnonzero(names == p.name)
+            sub = ref.take(pa.array(sel))
+            table = scores_table(sub["key"].to_pylist(), sub["sentence_index"].to_pylist(), scores[sel].tolist(),
+                                 parsed[sel].tolist(), det.name, {"captioner": sub["captioner"].to_pylist()})
+            stats = {**part_stats(member_dirs[0] / p.name), "parse_failures": int((~parsed[sel]).sum()),
+                     "detector_fp": spec_fingerprint(det.spec)}
+            write_part_atomic(table.replace_schema_metadata({_META_KEY: json.dumps(stats).encode()}), out / p.name)
+        _finish_manifest(out, ident, parts, time.perf_counter() - t0, len(ref), 0, state.num_processes)
+    state.wait_for_everyone()
+    return out
+
+
+def score_bench(detector, bench_path: str | os.PathLike, out_dir: str | os.PathLike | None = None,
+                batch_size: int = 64, device: str | None = None, show_progress: bool = True):
+    """Score every row of a bench file; returns a DataFrame with ``key`` (row id), ``sentence_index``
+    (position), ``score``, ``parsed``, ``detector`` (and ``spans`` when the detector localizes)."""
+    from halsift.corpus.scores import read_scores_df
+
+    if out_dir is None:
+        if _state(device).num_processes > 1:
+            raise ValueError("score_bench: pass out_dir when running on several processes (they must share it)")
+        with tempfile.TemporaryDirectory(prefix="halsift-bench-") as tmp:
+            score(detector, bench_path, tmp, batch_size=batch_size, device=device, show_progress=show_progress)
+            return read_scores_df(tmp)
+    score(detector, bench_path, out_dir, batch_size=batch_size, device=device, show_progress=show_progress)
+    return read_scores_df(out_dir)

@@ -1,0 +1,258 @@
+"""Selection at scale: out-of-core keys, a key list without resharding, and resharding that resumes per shard.
+
+``select_resumable`` runs in three steps, each leaving a marker only once its output is complete, so that a run
+killed anywhere reruns to the identical result (and N processes can share the work, like score tasks):
+
+1. **keys** -- :func:`halsift.filtering.selection.out_of_core.top_keys` writes ``kept.parquet`` (the key list: usable as it
+   is, e.g. as a DataComp-style subset file, with ``keys_only``) and the kept units grouped by score part;
+   marker ``_select/keys.json``. One process computes it (a claim); the others wait for the marker.
+2. **reshard** -- one output shard per input shard, ``NNNNNN.tar`` numbered like the input's position in the
+   sorted shard list (an input shard that keeps nothing has none), written from that shard's kept units only;
+   marker ``_select/shards/NNNNNN.json`` with its counts. Shards are claimed like score parts
+   (:class:`halsift.filtering.scoring.tasks.ClaimBoard`), so a dead process's shard is redone by the next one to look.
+3. **manifest** -- whoever finds every marker merges them into ``manifest.json`` (``status: complete``) and
+   ``sizes.json``: the same fields as :func:`halsift.filtering.selection.select.select`'s manifest.
+
+Memory: DuckDB's limit for the keys; then one input shard's kept units and one sample at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from halsift.corpus.progress import progress
+from halsift.corpus.scores import part_name
+from halsift.corpus.shards import (META_DEFAULTS, ShardFormatError, ShardWriter, expand_shards, iter_shard,
+                                   write_json_atomic)
+from halsift.filtering.selection.score_folder import check_score_folder
+from halsift.filtering.selection.select import KeptCounts, SelectError, _labels, kept_by_key, unit_outputs
+from halsift.filtering.selection.out_of_core import MEMORY_LIMIT, supported, top_keys, kept_for_part
+from halsift.filtering.scoring.tasks import HOST, STALE_AFTER_S, ClaimBoard, task_order
+
+STATE = "_select"
+EXAMPLES = 20
+
+
+def _filter(scores_dir, shards: list[Path], args: dict, keys_only: bool) -> dict:
+    """The manifest's ``filter`` (the fields of :func:`select.select`'s, plus ``keys_only``)."""
+    return {"scores": str(Path(scores_dir).resolve()), "data": [str(p.resolve()) for p in shards], **args,
+            "agg": args["agg"] if args["unit"] == "caption" else None, "per_captioner": False,
+            "random_baseline": False, "keys_only": keys_only}
+
+
+def _start(out: Path, filt: dict) -> None:
+    """Refuse a folder holding another selection; record this one's arguments (first process only)."""
+    state = out / STATE / "filter.json"
+    if state.exists():
+        old = json.loads(state.read_text())
+        diff = [k for k in filt if k != "scores_status" and old.get(k) != filt[k]]
+        if diff:
+            raise SelectError(f"out: {out} holds a selection with a different {diff[0]} ({old.get(diff[0])!r} vs "
+                              f"{filt[diff[0]]!r}); choose a new folder")
+        return
+    if out.exists() and (any(out.glob("*.tar")) or (out / "manifest.json").exists()):
+        raise SelectError(f"out: {out} already holds shards or a manifest; choose a new folder")
+    (out / STATE / "shards").mkdir(parents=True, exist_ok=True)
+    write_json_atomic(state, filt)  # first: a task starting meanwhile must find it before it finds the manifest
+    write_json_atomic(out / "manifest.json", {"status": "running", "filter": filt})
+
+
+def _keys(out: Path, board: ClaimBoard, scores_dir, args: dict, memory_limit: str, poll: float = 1.0) -> dict:
+    """Step 1: the kept key list, computed by one process; the others wait for its marker."""
+    marker = out / STATE / "keys.json"
+    while not marker.exists():
+        claim = board.try_claim("keys")
+        if claim is None:
+            time.sleep(poll)  # another process is computing it; its claim goes stale if it dies
+            continue
+        try:
+            if not marker.exists():
+                info = top_keys(scores_dir, out, memory_limit=memory_limit, **args)
+                write_json_atomic(marker, info)
+        finally:
+            board.finish("keys", claim)
+    return json.loads(marker.read_text())
+
+
+def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str, agg: str,
+                defaults: dict | None = None) -> dict:
+    """Step 2 for one input shard: write its kept units to ``out/<index>.tar``; returns its counts. A source
+    sample whose outputs the writer rejects is skipped and counted (never the rest of the shard)."""
+    defaults = {**META_DEFAULTS, **(defaults or {})}
+    bad_samples: list[str] = []
+    part = part_name(0, shard.name)
+    kept = kept_for_part(out, part)
+    want = kept_by_key(kept)
+    score_part = scores_dir / part
+    score_keys = set(pq.read_table(score_part, columns=["key"])["key"].to_pylist()) if score_part.exists() else set()
+    counts = KeptCounts(unit == "sentence" or agg == "prune")
+    shard_keys, bad_index, corrupt = [], [], []
+    work = out / f".{index:06d}.work"
+    shutil.rmtree(work, ignore_errors=True)  # what a killed attempt left
+    with ShardWriter(work, maxcount=2**62, start_index=index) as writer:
+        try:
+            for s in iter_shard(shard):
+                shard_keys.append(s.key)
+                texts, labels, gts = _labels(s.meta, s.caption)
+                counts.add_source(s.captioner, labels)
+                if s.key not in want:
+                    continue
+                idxs = sorted(want[s.key])
+                if counts.sentence_level and any(not 0 <= i < len(texts) for i in idxs):
+                    bad_index.append(s.key)
+                    idxs = [i for i in idxs if 0 <= i < len(texts)]
+                    if not idxs:
+                        continue
+                outs = unit_outputs(s, idxs, unit, agg, texts, gts, defaults)
+                try:
+                    for smp in outs:
+                        writer.validate(smp)
+                except ShardFormatError as e:
+                    bad_samples.append(f"{s.key}: {e}")
+                    continue
+                for smp in outs:
+                    writer.write(smp)
+                counts.add_kept(s.captioner, labels, idxs)
+        except ShardFormatError as e:
+            corrupt.append(f"{shard.name}: {e}")
+    sizes = json.loads((work / "sizes.json").read_text()) if (work / "sizes.json").exists() else {}
+    for name in sizes:  # 0 or 1 shard, named after the input's index
+        os.replace(work / f"{name[:-4]}_stats.json", out / f"{name[:-4]}_stats.json")
+        os.replace(work / name, out / name)
+    shutil.rmtree(work, ignore_errors=True)
+    here = set(shard_keys)
+    only_shard = [k for k in shard_keys if k not in score_keys]
+    only_scores = sorted(score_keys - here)
+    return {"shard": str(shard), "part": part, "sizes": sizes, "samples_written": sum(sizes.values()),
+            **counts.to_json(), "shard_keys": len(shard_keys),
+            "score_keys": len(score_keys), "only_in_shards": len(only_shard), "only_in_scores": len(only_scores),
+            "only_in_shards_examples": only_shard[:EXAMPLES], "only_in_scores_examples": only_scores[:EXAMPLES],
+            "bad_index": bad_index[:EXAMPLES], "bad_index_count": len(bad_index), "corrupt": corrupt,
+            "bad_samples": bad_samples[:EXAMPLES], "bad_samples_count": len(bad_samples)}
+
+
+def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, keep: float | None = None,
+                     top_k: int | None = None, threshold: float | None = None, unit: str = "sentence",
+                     agg: str = "min", seed: int = 0, keys_only: bool = False, num_tasks: int = 1,
+                     task_index: int = 0, memory_limit: str = MEMORY_LIMIT,
+                     stale_after: float = STALE_AFTER_S, show_progress: bool = True,
+                     allow_partial: bool = False, meta_defaults: dict | None = None,
+                     detector: str | None = None) -> dict:
+    """Select out-of-core and reshard per input shard (see the module docstring); returns this run's stats, with
+    ``manifest`` when the selection is complete after it. Rerun the same call to resume."""
+    t0 = time.time()
+    why = supported(unit, agg)
+    if why:
+        raise SelectError(f"--resumable: not for {why}; run select without it")
+    scores_dir = Path(scores_dir)
+    if not scores_dir.is_dir():
+        raise FileNotFoundError(f"scores: {scores_dir} is not a folder")
+    folder = check_score_folder(scores_dir, detector, allow_partial)  # the in-memory select's check
+    shards = expand_shards(data)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    args = dict(keep=keep, top_k=top_k, threshold=threshold, unit=unit, agg=agg, seed=seed)
+    filt = {**_filter(scores_dir, shards, args, keys_only), "detector": folder.detector,
+            "allow_partial": allow_partial, "scores_status": folder.status}
+    _start(out, filt)
+    board = ClaimBoard(out / STATE, f"select-{task_index}@{HOST}:{os.getpid()}", stale_after)
+    info = _keys(out, board, scores_dir, {**args, "detector": detector if folder.other_detectors else None},
+                 memory_limit)
+    run = {"task_index": task_index, "num_tasks": num_tasks, "shards_written": 0, "shards_done_before": 0,
+           "samples_written": 0}
+    marks = out / STATE / "shards"
+    bar = progress(desc=f"select task {task_index}/{num_tasks}", unit="shard", total=len(shards),
+                   disable=keys_only or not show_progress)
+    if not keys_only:
+        for i in task_order(range(len(shards)), num_tasks, task_index):
+            marker = marks / f"{i:06d}.json"
+            if marker.exists():
+                run["shards_done_before"] += 1
+                bar.update(1)
+                continue
+            claim = board.try_claim(f"shard-{i:06d}")
+            if claim is None:
+                continue
+            try:
+                if not marker.exists():
+                    stats = reshard_one(i, shards[i], out, scores_dir, unit, agg, meta_defaults)
+                    write_json_atomic(marker, stats)
+                    run["shards_written"] += 1
+                    run["samples_written"] += stats["samples_written"]
+                    bar.update(1)
+                    bar.set_postfix(samples_written=run["samples_written"])
+            finally:
+                board.finish(f"shard-{i:06d}", claim)
+    bar.close()
+    missing = [] if keys_only else [i for i in range(len(shards)) if not (marks / f"{i:06d}.json").exists()]
+    run["shards_missing"] = len(missing)
+    if not missing:
+        run["manifest"] = _finish(out, filt, info, shards, scores_dir, keys_only, t0)
+    return run
+
+
+def _finish(out: Path, filt: dict, info: dict, shards: list[Path], scores_dir: Path, keys_only: bool,
+            t0: float) -> dict:
+    """Step 3: merge the shards' counts into ``manifest.json`` and ``sizes.json``."""
+    manifest = {"status": "complete", "engine": "resumable", "filter": filt, **info}
+    if keys_only:
+        manifest.update(kept_units=info["selected"], samples_written=0)
+        write_json_atomic(out / "manifest.json", manifest)
+        return manifest
+    stats = [json.loads((out / STATE / "shards" / f"{i:06d}.json").read_text()) for i in range(len(shards))]
+    counts = KeptCounts(filt["unit"] == "sentence" or filt["agg"] == "prune")
+    sizes: dict[str, int] = {}
+    for s in stats:
+        counts.merge_json(s)
+        sizes.update(s["sizes"])
+    # score parts with no input shard: all their keys are only in the scores
+    covered = {s["part"] for s in stats}
+    orphan = [p for p in sorted(scores_dir.glob("*.parquet")) if p.name not in covered and not p.name.startswith(".")]
+    orphan_keys = sorted({k for p in orphan for k in pq.read_table(p, columns=["key"])["key"].to_pylist()})
+    write_json_atomic(out / "sizes.json", dict(sorted(sizes.items())))
+    manifest.update({
+        "score_parts_without_shard": [p.name for p in orphan][:EXAMPLES],
+        "samples_written": sum(sizes.values()), **counts.manifest_fields(),
+        "keys": {"shards": sum(s["shard_keys"] for s in stats),
+                 "scores": sum(s["score_keys"] for s in stats) + len(orphan_keys),
+                 "only_in_shards": sum(s["only_in_shards"] for s in stats),
+                 "only_in_scores": sum(s["only_in_scores"] for s in stats) + len(orphan_keys),
+                 "only_in_shards_examples": [k for s in stats for k in s["only_in_shards_examples"]][:EXAMPLES],
+                 "only_in_scores_examples": ([k for s in stats for k in s["only_in_scores_examples"]]
+                                             + orphan_keys)[:EXAMPLES]},
+        "sentence_index_out_of_range": {"count": sum(s["bad_index_count"] for s in stats),
+                                        "examples": [k for s in stats for k in s["bad_index"]][:EXAMPLES]},
+        "corrupt_shards": [c for s in stats for c in s["corrupt"]],
+        "skipped_samples": {"count": sum(s.get("bad_samples_count", 0) for s in stats),
+                            "examples": [k for s in stats for k in s.get("bad_samples", [])][:EXAMPLES]},
+        "wall_time_s": round(time.time() - t0, 3),
+    })
+    write_json_atomic(out / "manifest.json", manifest)
+    return manifest
+
+
+def reuse_or_clear(dest: str | os.PathLike, scores_dir, *, keep=None, top_k=None, threshold=None,
+                   unit: str = "sentence", agg: str = "min", per_captioner: bool = False, seed: int = 0) -> dict | None:
+    """For a pipeline's select step: the manifest of ``dest`` when it holds a complete selection made with these
+    arguments; otherwise remove whatever ``dest`` holds (a select killed mid-way, or other arguments) and return
+    ``None``, so the step runs again from scratch -- select is deterministic, so to the identical result."""
+    dest = Path(dest)
+    path = dest / "manifest.json"
+    try:
+        m = json.loads(path.read_text()) if path.exists() else None
+    except json.JSONDecodeError:
+        m = None
+    if m is not None and m.get("status", "complete") == "complete":
+        f = m.get("filter", {})
+        want = {"scores": str(Path(scores_dir).resolve()), "keep": keep, "top_k": top_k, "threshold": threshold,
+                "unit": unit, "agg": agg if unit == "caption" else None, "per_captioner": per_captioner, "seed": seed}
+        if all(f.get(k) == v for k, v in want.items()):
+            return m
+    shutil.rmtree(dest, ignore_errors=True)
+    return None

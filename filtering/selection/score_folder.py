@@ -1,0 +1,198 @@
+"""The one check of a score folder before selection, shared by the in-memory and the out-of-core (resumable) select.
+
+:func:`check_score_folder` reads only the folder's ``_manifest.json`` and each part's parquet footer (schema and
+column statistics; a part's ``detector`` / ``sentence_index`` columns are read only when its footer has no
+statistics), so it costs the same for 10 thousand or 100 million rows. It raises :class:`SelectError` (one line,
+naming the folder or the part) when
+
+- the manifest is missing, not JSON, or does not say ``complete`` (a killed ``halsift score``, or score tasks
+  still running: their claims are counted), unless ``allow_partial``;
+- a part the manifest lists is missing, or a part is there that it does not list (a foreign part);
+- a part is not readable parquet or lacks a score column;
+- the parts hold more than one detector, or another detector than the manifest's (without ``detector``), or no part
+  holds the chosen ``detector``;
+- a sentence index is below -1.
+
+What needs every row (a (key, sentence_index) row repeated) is checked by the in-memory path only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from halsift.corpus.errors import InputError
+from halsift.filtering.detectors.base import CAPTION_INDEX
+
+SCORE_MANIFEST = "_manifest.json"  # written by halsift.filtering.scoring.runner
+CLAIMS = "_claims"  # halsift.filtering.scoring.tasks.CLAIMS: live score tasks' claims
+REQUIRED = ("key", "sentence_index", "score", "detector")
+
+
+class SelectError(InputError):
+    """Bad selection arguments or inputs (names the argument and what was expected)."""
+
+
+@dataclass
+class ScoreFolder:
+    """A checked score folder (or single parquet file)."""
+
+    path: Path
+    parts: list[Path]
+    manifest: dict
+    status: str | None
+    detector: str | None  # the chosen one, else the manifest's, else the one the parts hold
+    other_detectors: bool = False  # some parts also hold rows of detectors other than the chosen one
+
+    def info(self, allow_partial: bool) -> dict:
+        """The ``source`` fields a selection's manifest records."""
+        return {"parts": [str(p) for p in self.parts], "manifest_status": self.status,
+                "allow_partial": allow_partial, "detector": self.detector}
+
+
+def _read_manifest(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        m = json.loads(path.read_text())
+    except (ValueError, OSError) as e:
+        raise SelectError(f"scores: {path} is not readable JSON ({e})") from None
+    if not isinstance(m, dict):
+        raise SelectError(f"scores: {path} is not a JSON object")
+    return m
+
+
+def _unfinished_claims(folder: Path) -> int:
+    """How many parts score tasks have claimed but not written yet."""
+    claims = folder / CLAIMS
+    if not claims.is_dir():
+        return 0
+    parts = {p.name.rsplit(".", 1)[0] for p in claims.iterdir() if p.name.rsplit(".", 1)[-1].isdigit()}
+    return sum(not (folder / p).exists() for p in parts)
+
+
+def _status(folder: Path, manifest: dict | None, path: Path, allow_partial: bool) -> str | None:
+    status = None if manifest is None else manifest.get("status", "complete" if manifest.get("complete") else None)
+    if status == "complete" or allow_partial:
+        return status
+    where = folder / SCORE_MANIFEST if path.is_dir() else path
+    if manifest is None:
+        what = "is missing (parts made elsewhere, or a `halsift score` killed before its first part)"
+    else:
+        claimed = _unfinished_claims(folder)
+        what = f"says status {status!r}" + (f" (score tasks still hold {claimed} unwritten part(s))" if claimed else
+                                             " (a killed or unfinished `halsift score`)")
+    raise SelectError(f"scores: {where}: the score manifest {what}; rerun or finish the score command, or pass "
+                      "--allow-partial to select from the parts that exist")
+
+
+def _column_values(meta: pq.FileMetaData, column: str) -> tuple[object, object] | None:
+    """(min, max) of ``column`` over the part from its footer statistics; ``None`` when some row group has none."""
+    idx = meta.schema.names.index(column)
+    lo = hi = None
+    for rg in range(meta.num_row_groups):
+        st = meta.row_group(rg).column(idx).statistics
+        if meta.row_group(rg).num_rows == 0:
+            continue
+        if st is None or not st.has_min_max:
+            return None
+        lo = st.min if lo is None else min(lo, st.min)
+        hi = st.max if hi is None else max(hi, st.max)
+    return lo, hi
+
+
+def part_detectors(p: Path, meta: pq.FileMetaData) -> list[str]:
+    """The detectors one part holds (footer statistics when one; else the column, read dictionary-encoded)."""
+    if meta.num_rows == 0:
+        return []
+    mm = _column_values(meta, "detector")
+    if mm is not None and mm[0] == mm[1]:
+        return [mm[0].decode() if isinstance(mm[0], bytes) else str(mm[0])]
+    col = pq.read_table(p, columns=["detector"], read_dictionary=["detector"])["detector"]
+    return sorted(pc.unique(col.cast(pa.string())).to_pylist())
+
+
+def _min_sentence_index(p: Path, meta: pq.FileMetaData) -> int | None:
+    if meta.num_rows == 0:
+        return None
+    mm = _column_values(meta, "sentence_index")
+    if mm is not None:
+        return int(mm[0])
+    return pc.min(pq.read_table(p, columns=["sentence_index"])["sentence_index"]).as_py()
+
+
+def _footer(p: Path) -> pq.FileMetaData:
+    try:
+        meta = pq.ParquetFile(p).metadata
+    except (pa.ArrowInvalid, OSError) as e:
+        raise SelectError(f"scores: {p} is not a readable parquet file ({e}); rescore it (delete it and rerun the "
+                          "score command)") from None
+    missing = [c for c in REQUIRED if c not in meta.schema.names]
+    if missing:
+        raise SelectError(f"scores: {p} lacks column(s) {missing}; expected {list(REQUIRED)}")
+    return meta
+
+
+def _listed(folder: Path, parts: list[Path], manifest: dict | None) -> None:
+    listed = (manifest or {}).get("part_files")
+    if listed is None:
+        return
+    extra = [p for p in parts if p.name not in listed]
+    if extra:
+        raise SelectError(f"scores: {extra[0]} is not a part that {SCORE_MANIFEST} lists (a foreign part?); "
+                          "remove it or score again into a new folder")
+    gone = [name for name in listed if not (folder / name).is_file()]
+    if gone:
+        raise SelectError(f"scores: {folder / gone[0]} is listed in {SCORE_MANIFEST} but missing ({len(gone)} "
+                          "listed part(s) missing); rerun the score command to score it again")
+
+
+def check_score_folder(scores: str | os.PathLike, detector: str | None = None,
+                       allow_partial: bool = False) -> ScoreFolder:
+    """Check a score folder (or one parquet file) for selection (see the module docstring); raises
+    :class:`SelectError` naming the folder or part, or :class:`FileNotFoundError` when ``scores`` does not exist."""
+    path = Path(scores)
+    if path.is_dir():
+        folder = path
+        parts = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
+    elif path.is_file():
+        folder, parts = path.parent, [path]
+    else:
+        raise FileNotFoundError(f"scores: {path} does not exist")
+    manifest = _read_manifest(folder / SCORE_MANIFEST) if path.is_dir() else None
+    if parts or manifest is not None:  # a folder with neither is no score folder: say so below
+        status = _status(folder, manifest, path, allow_partial)
+    if path.is_dir():
+        _listed(folder, parts, manifest)
+    if not parts:
+        raise SelectError(f"scores: {path} holds no .parquet parts")
+    expected = detector or (manifest or {}).get("detector_name")
+    seen: dict[str, Path] = {}
+    other, chosen_found = False, False
+    for p in parts:
+        meta = _footer(p)
+        dets = part_detectors(p, meta)
+        if detector is not None:
+            chosen_found |= detector in dets
+            other |= any(d != detector for d in dets)
+        elif expected is not None and any(d != expected for d in dets):
+            raise SelectError(f"scores: {p} holds scores of detector {[d for d in dets if d != expected][0]!r} but "
+                              f"the folder is {expected!r} (a foreign part?); remove it, or choose one with --detector")
+        for d in dets:
+            seen.setdefault(d, p)
+        if detector is None and len(seen) > 1:
+            (a, pa_), (b, pb) = list(seen.items())[:2]
+            raise SelectError(f"scores: {pb} holds detector {b!r} but {pa_} holds {a!r}; a score folder holds one "
+                              "detector (choose one with --detector)")
+        low = _min_sentence_index(p, meta)
+        if low is not None and low < CAPTION_INDEX:
+            raise SelectError(f"scores: {p} has sentence_index {low} (expected -1 for a caption or >= 0)")
+    if detector is not None and not chosen_found:
+        raise SelectError(f"--detector {detector}: no rows of that detector in {path} (it holds {sorted(seen)})")
+    return ScoreFolder(path, parts, manifest or {}, status, expected or next(iter(seen), None), other)
