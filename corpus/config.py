@@ -24,13 +24,14 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 
 from halsift.corpus.errors import InputError
 from halsift.corpus.safe_yaml import MAX_YAML_NODES, clip_text, safe_load_yaml, short_repr  # noqa: F401 (re-exported)
 
+WandbMode = Literal["offline", "online", "disabled"]  # every wandb mode setting (commands, recipes, training)
 T = TypeVar("T")
 
 
@@ -338,6 +339,8 @@ def _add_flag(target, f: dataclasses.Field, tp: Any, cli: Mapping[str, Any], met
     kw: dict[str, Any] = {"help": help_, "default": default if defaults else argparse.SUPPRESS}
     if cli.get("metavar") or metavar:
         kw["metavar"] = cli.get("metavar") or metavar
+    if "const" in cli:  # a flag whose value may be left out: `--wandb` is `--wandb offline`
+        kw.update(nargs="?", const=cli["const"])
     if cli.get("positional"):
         names = [f.name]
     else:
@@ -357,7 +360,9 @@ def _add_flag(target, f: dataclasses.Field, tp: Any, cli: Mapping[str, Any], met
             kw["action"] = "extend"
     tp, choices = _flag_type(tp)
     choices = list(cli["choices"]) if cli.get("choices") else choices
-    target.add_argument(*names, type=tp, nargs=nargs, choices=choices, **kw)
+    if nargs is not None:
+        kw["nargs"] = nargs
+    target.add_argument(*names, type=tp, choices=choices, **kw)
 
 
 def config_from_args(cls: type[T], args) -> T:

@@ -8,6 +8,7 @@ from typing import Literal
 
 from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
 from halsift.launch.describe import add_describe_argument
+from halsift.launch.run_wandb import WandbFlags
 from halsift.launch.score_engines import ScoreScaleConfig
 
 HELP = "score shards or a bench.jsonl with a detector spec (sharded over ranks, resumable)"
@@ -43,14 +44,14 @@ class ScoreConfig:
 
 
 CONFIG = ScoreConfig  # the settings (docs/config.md, --describe)
-MORE_CONFIGS = (ScoreScaleConfig,)  # its scale-out flags (launch/score_engines.py)
+MORE_CONFIGS = (ScoreScaleConfig, WandbFlags)  # its scale-out (launch/score_engines.py) and logging flags
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from halsift.launch.score_engines import add_task_arguments
 
     add_dataclass_arguments(p, ScoreConfig, config_file=False, defaults=True)
-    add_describe_argument(p, ScoreConfig, detectors=True)
+    add_describe_argument(p, ScoreConfig, detectors=True, more=MORE_CONFIGS)
     add_task_arguments(p)
 
 

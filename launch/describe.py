@@ -33,27 +33,34 @@ def type_text(tp) -> str:
     return re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", str(tp)).replace("NoneType", "None")
 
 
-def describe_command(cls: type, detectors: bool = False) -> str:
-    """``cls``'s fields as YAML (default and help of each), then the detector families when ``detectors``."""
+def describe_command(cls: type, detectors: bool = False, more: tuple[type, ...] = ()) -> str:
+    """``cls``'s fields as YAML (default and help of each), then those of ``more`` (the command's other settings
+    classes, e.g. its scale-out and logging flags), then the detector families when ``detectors``."""
     from halsift.corpus.config import describe
 
-    text = describe(cls)
+    parts = [describe(cls)]
+    for extra in more:
+        doc = " ".join((extra.__doc__ or extra.__name__).split())
+        parts += [f"# {doc}", describe(extra)]
+    text = "\n".join(parts)
     return f"{text}\n{describe_detectors()}" if detectors else text
 
 
 class _Describe(argparse.Action):
-    def __init__(self, option_strings, dest, cls: type, detectors: bool, **kw):
+    def __init__(self, option_strings, dest, cls: type, detectors: bool, more: tuple[type, ...] = (), **kw):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
-        self.cls, self.detectors = cls, detectors
+        self.cls, self.detectors, self.more = cls, detectors, more
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(describe_command(self.cls, self.detectors))
+        print(describe_command(self.cls, self.detectors, self.more))
         parser.exit(0)
 
 
-def add_describe_argument(parser: argparse.ArgumentParser, cls: type, detectors: bool = False) -> None:
-    """``--describe``: print ``cls``'s settings (and the detector families' options) and exit, like ``--help``."""
-    parser.add_argument("--describe", action=_Describe, cls=cls, detectors=detectors,
+def add_describe_argument(parser: argparse.ArgumentParser, cls: type, detectors: bool = False,
+                          more: tuple[type, ...] = ()) -> None:
+    """``--describe``: print the settings of ``cls`` and ``more`` (and the detector families' options) and exit,
+    like ``--help``."""
+    parser.add_argument("--describe", action=_Describe, cls=cls, detectors=detectors, more=more,
                         help="print every setting with its default and meaning" +
                              (", and every detector family's options" if detectors else "") + ", then exit")
 

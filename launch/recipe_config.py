@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from halsift.corpus.config import ConfigError, field, fields_of
+from halsift.corpus.config import ConfigError, WandbMode, field, fields_of
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
 from halsift.synth.world_config import WorldSettings
 from halsift.training.clip_config import ClipTrainConfig
@@ -256,12 +256,8 @@ class EvalsCfg:
 
 @dataclass
 class WandbCfg:
-    mode: str = field("offline", help="offline | online | disabled")
+    mode: WandbMode = field("offline", help="offline | online | disabled")
     project: str = field("halsift", help="wandb project")
-
-    def validate(self) -> None:
-        if self.mode not in ("offline", "online", "disabled"):
-            raise ValueError(f"wandb.mode: expected offline, online or disabled, got {self.mode!r}")
 
 
 @dataclass

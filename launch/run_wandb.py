@@ -17,17 +17,30 @@ unless the recipe's ``wandb.mode`` is ``disabled``.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-MODES = ("offline", "online")
+from halsift.corpus.config import field
+
+_G = {"group": "logging"}
+
+
+@dataclass
+class WandbFlags:
+    """``halsift score`` / ``select``'s wandb logging (off unless ``--wandb`` is given)."""
+
+    wandb: Literal["offline", "online"] | None = field(
+        None, help="log this run's throughput, skipped counts and (select) kept fraction to wandb: offline (the "
+                   "value when the flag is given alone; `wandb sync` later) or online",
+        cli={**_G, "const": "offline", "metavar": "MODE"})
+    wandb_project: str = field("halsift", help="wandb project", cli=_G)
 
 
 def add_wandb_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("logging")
-    g.add_argument("--wandb", nargs="?", const="offline", default=None, choices=MODES, metavar="MODE",
-                   help="log this run's throughput, skipped counts and (select) kept fraction to wandb: offline "
-                        "(default when given; `wandb sync` later) or online")
-    g.add_argument("--wandb-project", default="halsift", help="wandb project (default: halsift)")
+    from halsift.corpus.config import add_dataclass_arguments
+
+    add_dataclass_arguments(p, WandbFlags, config_file=False, defaults=True)
 
 
 def score_metrics(manifest: dict, out: Path) -> tuple[list[dict], dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from halsift.corpus.config import WandbMode
 from halsift.corpus.config import field as _f
 
 
@@ -52,7 +53,7 @@ class ClipTrainConfig:
                                  "then: no host sync on the other steps)")
     wandb_project: str = _f("halsift", help="wandb project")
     wandb_run: str = _f("", help="wandb run name ('' = the run folder's name)")
-    wandb_mode: str = _f("offline", help="wandb mode: offline | online | disabled")
+    wandb_mode: WandbMode = _f("offline", help="wandb mode: offline | online | disabled")
     seed: int = _f(0, help="seed for init, shard order and sample shuffling")
     resume: bool = _f(False, help="continue from the newest complete checkpoint in out/checkpoints")
 
@@ -70,8 +71,6 @@ class ClipTrainConfig:
             raise ValueError(f"loss: expected clip or siglip, got {self.loss!r}")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision: expected auto, bf16 or fp32, got {self.precision!r}")
-        if self.wandb_mode not in ("offline", "online", "disabled"):
-            raise ValueError(f"wandb_mode: expected offline, online or disabled, got {self.wandb_mode!r}")
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")

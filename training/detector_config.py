@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from halsift.corpus.config import WandbMode
 from halsift.corpus.config import field as _f
 
 KINDS = ("auto", "clip", "vlm")
@@ -61,7 +62,7 @@ class DetectorTrainConfig:
     log_every: int = _f(10, help="write a metrics.jsonl line every N steps")
     wandb_project: str = _f("halsift", help="wandb project")
     wandb_run: str = _f("", help="wandb run name ('' = the run folder's name)")
-    wandb_mode: str = _f("offline", help="wandb mode: offline | online | disabled")
+    wandb_mode: WandbMode = _f("offline", help="wandb mode: offline | online | disabled")
     seed: int = _f(0, help="seed for LoRA/head init and batch order")
     resume: bool = _f(False, help="continue from the newest complete checkpoint in out/checkpoints")
 
@@ -76,8 +77,6 @@ class DetectorTrainConfig:
             raise ValueError(f"balance: expected one of {BALANCE}, got {self.balance!r}")
         if self.mode not in ("", "yes_prob", "logits"):
             raise ValueError(f"mode: expected yes_prob or logits (or '' for the base spec's), got {self.mode!r}")
-        if self.wandb_mode not in ("offline", "online", "disabled"):
-            raise ValueError(f"wandb_mode: expected offline, online or disabled, got {self.wandb_mode!r}")
         if self.train_split == self.val_split:
             raise ValueError(f"val_split: must differ from train_split ({self.train_split!r})")
         for name in ("steps", "batch_size", "lora_r", "eval_every", "eval_batch_size", "log_every"):
