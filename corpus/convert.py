@@ -3,7 +3,8 @@
 * :func:`table_to_shards`: a parquet / JSONL / CSV table with an image column (a path, raw bytes, or the
   Hugging Face ``Image`` struct ``{bytes, path}``) and a caption column; parquet is streamed by record batch.
 * :func:`hf_to_shards`: a Hugging Face ``datasets`` folder written by ``save_to_disk`` (its Arrow stream files,
-  read with pyarrow, so the ``datasets`` package is not needed), one split or a ``DatasetDict``.
+  read with pyarrow, so the ``datasets`` package is not needed), one split or a ``DatasetDict`` (all splits, or
+  those named); each sample's json records its ``split``.
 * :func:`folder_to_shards`: an image folder with sidecar captions (``<name>.txt``, optional ``<name>.json``).
 * :func:`webdataset_to_shards`: any WebDataset shards webdataset can open: local tars, brace patterns,
   ``pipe:`` commands and fsspec/``s3://`` URLs (through ``webdataset.gopen``) -- img2dataset output included.
@@ -21,6 +22,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from halsift.corpus.errors import InputError
 from halsift.corpus.shards import IMAGE_EXTS, META_DEFAULTS, Sample, ShardFormatError, ShardWriter
@@ -142,11 +144,20 @@ def _table_batches(path: Path, batch_rows: int = 1024) -> Iterator[list[dict]]:
         yield b.to_pylist()
 
 
-def _rows_to_shards(batches: Iterable[list[dict]], what: str, w: _Writer,
+class _Rows(NamedTuple):
+    """A batch of table rows; ``meta`` is added to each sample's json (the row's own columns win), and default
+    keys are ``key_prefix`` + the row's number among the rows with that prefix."""
+
+    rows: list[dict]
+    meta: dict = {}
+    key_prefix: str = ""
+
+
+def _rows_to_shards(batches: Iterable[_Rows], what: str, w: _Writer,
                     image_col: str, caption_col: str, key_col: str | None, image_root: Path) -> None:
     first = True
-    n = 0
-    for rows in batches:
+    numbers: Counter = Counter()
+    for rows, extra, prefix in batches:
         for r in rows:
             if first:
                 for col in [image_col, caption_col] + ([key_col] if key_col else []):
@@ -154,8 +165,8 @@ def _rows_to_shards(batches: Iterable[list[dict]], what: str, w: _Writer,
                         raise ConvertError(f"{what}: no column {col!r} (columns: {', '.join(map(str, r))}); "
                                            "name it with --image-col / --caption-col / --key-col")
                 first = False
-            key = str(r[key_col]) if key_col else f"{n:09d}"
-            n += 1
+            key = str(r[key_col]) if key_col else f"{prefix}{numbers[prefix]:09d}"
+            numbers[prefix] += 1
             img, name = r[image_col], ""
             if isinstance(img, dict):  # the Hugging Face Image feature: {"bytes": ..., "path": ...}
                 img, name = img.get("bytes") or img.get("path"), img.get("path") or ""
@@ -172,8 +183,8 @@ def _rows_to_shards(batches: Iterable[list[dict]], what: str, w: _Writer,
                 continue
             cap = r[caption_col]
             cap = " ".join(map(str, cap)) if isinstance(cap, list) else ("" if cap is None else str(cap))
-            meta = {k: _jsonable(v) for k, v in r.items() if k not in (image_col, caption_col)
-                    and not isinstance(v, (bytes, dict))}
+            meta = {**extra, **{k: _jsonable(v) for k, v in r.items() if k not in (image_col, caption_col)
+                                and not isinstance(v, (bytes, dict))}}
             w.write(key, bytes(img), cap, meta, _ext_of(name, bytes(img)))
     if first:
         raise ConvertError(f"{what}: the table has no rows")
@@ -193,47 +204,90 @@ def table_to_shards(table: str | os.PathLike, out: str | os.PathLike, *, image_c
         raise FileNotFoundError(f"table: {path} does not exist")
     w = _Writer(out, maxcount, _defaults(captioner, source))
     with w.w:
-        _rows_to_shards(_table_batches(path), str(path), w, image_col, caption_col, key_col,
+        _rows_to_shards((_Rows(b) for b in _table_batches(path)), str(path), w, image_col, caption_col, key_col,
                         Path(image_root) if image_root else path.parent)
     return w.close(str(path))
 
 
-def _hf_arrow_files(folder: Path) -> list[Path]:
-    """The Arrow files of a ``save_to_disk`` folder: a Dataset (state.json) or every split of a DatasetDict."""
-    if (folder / "dataset_dict.json").is_file():
-        splits = json.loads((folder / "dataset_dict.json").read_text()).get("splits", [])
-        return [f for s in splits for f in _hf_arrow_files(folder / s)]
+def _json_object(path: Path, what: str) -> dict:
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConvertError(f"{path}: not a valid {what} ({e})") from None
+    if not isinstance(obj, dict):
+        raise ConvertError(f"{path}: not a valid {what} (expected a JSON object)")
+    return obj
+
+
+def _hf_dataset(folder: Path) -> tuple[str | None, list[Path]]:
+    """A ``Dataset.save_to_disk`` folder: its split as ``state.json`` records it (``None`` if not) and Arrow files."""
     state = folder / "state.json"
     if not state.is_file():
         raise ConvertError(f"{folder}: not a Hugging Face save_to_disk folder (no state.json or dataset_dict.json)")
-    files = json.loads(state.read_text()).get("_data_files", [])
-    return [folder / f["filename"] for f in files]
+    obj = _json_object(state, "Hugging Face state.json")
+    split = obj.get("_split")
+    return (str(split) if split else None), [folder / f["filename"] for f in obj.get("_data_files", [])]
+
+
+def hf_splits(folder: str | os.PathLike, wanted: str | Iterable[str] | None = None
+              ) -> list[tuple[str | None, list[Path], bool]]:
+    """``(split, arrow files, from a DatasetDict)`` of a ``save_to_disk`` folder: every split of a DatasetDict
+    (``dataset_dict.json``) or the one Dataset. ``wanted`` (names, or one comma-separated string) keeps only those
+    splits; a name the folder does not hold is an error listing the splits it does."""
+    folder = Path(folder)
+    names = None if wanted is None else [s.strip() for s in (wanted.split(",") if isinstance(wanted, str)
+                                                                else wanted) if s.strip()]
+    if (folder / "dataset_dict.json").is_file():
+        splits = [str(s) for s in _json_object(folder / "dataset_dict.json", "Hugging Face dataset_dict.json")
+                  .get("splits", [])]
+        bad = [s for s in splits if s in ("", ".", "..") or "/" in s or "\\" in s]
+        if bad:
+            raise ConvertError(f"{folder / 'dataset_dict.json'}: split {bad[0]!r} is not a folder name")
+        found = [(s, _hf_dataset(folder / s)[1], True) for s in splits]
+    else:
+        split, files = _hf_dataset(folder)
+        found = [(split, files, False)]
+    if names:
+        have = [s for s, _, _ in found if s is not None]
+        unknown = [n for n in names if n not in have]
+        if unknown:
+            held = f"splits: {', '.join(have)}" if have else "a single Dataset with no recorded split; omit --split"
+            raise ConvertError(f"{folder}: no split {unknown[0]!r} ({held})")
+        found = [x for x in found if x[0] in names]
+    return found
 
 
 def hf_to_shards(folder: str | os.PathLike, out: str | os.PathLike, *, image_col: str = "image",
                  caption_col: str = "caption", key_col: str | None = None, captioner: str | None = None,
-                 source: str | None = None, maxcount: int = 1000) -> dict:
-    """Convert a Hugging Face ``datasets`` folder (``Dataset.save_to_disk``) into shards; returns a summary."""
+                 source: str | None = None, maxcount: int = 1000, split: str | Iterable[str] | None = None) -> dict:
+    """Convert a Hugging Face ``datasets`` folder (``Dataset.save_to_disk``, or a ``DatasetDict``'s: all splits,
+    or those in ``split``) into shards; returns a summary (with the ``splits`` converted).
+
+    Each sample's json records its ``split`` (a DatasetDict's split name, or the one a single Dataset's
+    ``state.json`` records; a ``split`` column of the rows is kept as it is). Default keys of a DatasetDict are
+    ``<split>-<row number in the split>``, so they do not depend on which splits are converted."""
     import pyarrow as pa
 
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"HF dataset: {folder} is not a folder")
-    files = _hf_arrow_files(folder)
+    splits = hf_splits(folder, split)
 
     def batches():
-        for f in files:
-            try:
-                with pa.OSFile(str(f)) as src:
-                    for b in pa.ipc.open_stream(src):
-                        yield b.to_pylist()
-            except (pa.ArrowException, OSError) as e:
-                raise ConvertError(f"{f}: not a readable Arrow stream ({e})") from e
+        for name, files, in_dict in splits:
+            meta, prefix = ({"split": name} if name else {}), (f"{name}-" if in_dict else "")
+            for f in files:
+                try:
+                    with pa.OSFile(str(f)) as src:
+                        for b in pa.ipc.open_stream(src):
+                            yield _Rows(b.to_pylist(), meta, prefix)
+                except (pa.ArrowException, OSError) as e:
+                    raise ConvertError(f"{f}: not a readable Arrow stream ({e})") from e
 
     w = _Writer(out, maxcount, _defaults(captioner, source))
     with w.w:
         _rows_to_shards(batches(), str(folder), w, image_col, caption_col, key_col, folder)
-    return w.close(str(folder))
+    return {**w.close(str(folder)), "splits": [s for s, _, _ in splits if s is not None]}
 
 
 def folder_to_shards(folder: str | os.PathLike, out: str | os.PathLike, *, captioner: str | None = None,

@@ -22,6 +22,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("synth",): "halsift.launch.cmd_synth",
     ("stats",): "halsift.launch.cmd_stats",
     ("convert",): "halsift.launch.cmd_convert",
+    ("export",): "halsift.launch.cmd_export",
     ("score",): "halsift.launch.cmd_score",
     ("select",): "halsift.launch.cmd_select",
     ("train", "clip"): "halsift.launch.cmd_train_clip",

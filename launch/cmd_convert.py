@@ -24,6 +24,7 @@ FORMATS = {
     "hf": ("a Hugging Face datasets folder written by save_to_disk", "shard folder"),
     "folder": ("an image folder with <name>.txt captions (and optional <name>.json)", "shard folder"),
 }
+SPLIT_FORMATS = ("alignbench", "haldec", "coco", "hf")  # the formats --split means something to
 
 
 @dataclass
@@ -37,7 +38,8 @@ class ConvertConfig:
                                           "files by image_name), coco/flickr image folder, table image paths "
                                           "(default: the table's folder)")
     split: str | None = field(None, help="alignbench/haldec: split written to rows (default test); coco --karpathy: "
-                                         "keep these splits, e.g. test")
+                                         "keep these splits, e.g. test; hf: convert only these splits of a "
+                                         "DatasetDict (default all; each sample's json records its split)")
     karpathy: bool = field(False, help="coco: SRC is Karpathy's dataset_coco.json")
     split_file: str | None = field(None, help="flickr: keep the images listed in this file")
     image_col: str = field("image", help="table/hf: image column (path, bytes or {bytes, path})")
@@ -70,6 +72,8 @@ def _convert(args: ConvertConfig) -> dict:
 
     shard_opts = {"captioner": args.captioner, "source": args.source, "maxcount": args.maxcount}
     fmt = args.format
+    if args.split and fmt not in SPLIT_FORMATS:
+        raise cv.ConvertError(f"--split: not used by {fmt} (only by {', '.join(SPLIT_FORMATS)})")
     if fmt in ("alignbench", "haldec"):
         from halsift.corpus.alignbench import convert_alignbench
 
@@ -95,7 +99,7 @@ def _convert(args: ConvertConfig) -> dict:
                                   key_col=args.key_col, image_root=args.images, **shard_opts)
     if fmt == "hf":
         return cv.hf_to_shards(args.src, args.out, image_col=args.image_col, caption_col=args.caption_col,
-                               key_col=args.key_col, **shard_opts)
+                               key_col=args.key_col, split=args.split, **shard_opts)
     return cv.folder_to_shards(Path(args.src), args.out, **shard_opts)
 
 

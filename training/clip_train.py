@@ -9,6 +9,8 @@ Run folder (``cfg.out``), besides the engine's ``config.json``, ``run_info.json`
 
     clip_benchmark/step_NNNNNN.json   each in-loop retrieval eval in CLIP_benchmark's result layout
     final/open_clip_model.safetensors   loads with open_clip.create_model_and_transforms(arch, pretrained=PATH)
+    final/open_clip_config.json         with the weights, loads in plain open_clip (no halsift, any arch):
+                                        open_clip.create_model_and_transforms("local-dir:RUN/final")
 
 Data position on resume: see :mod:`halsift.training.clip_data` (the same stream is rebuilt and the consumed
 batches are skipped, exact when world size, workers and batch size are unchanged; otherwise reseeded by step).
@@ -225,12 +227,15 @@ class ContrastiveTask(Task):
                 "samples_seen": step * cfg.batch_size * cfg.grad_accum * world}
 
     def finish(self, model, step: int) -> dict:
-        """``final/``: open_clip-loadable weights and the last evaluation; returns those metrics."""
+        """``final/``: an open_clip ``local-dir:`` folder (weights + ``open_clip_config.json``) and the last
+        evaluation; returns those metrics."""
+        from halsift.training.open_clip_folder import write_open_clip_folder
+
         if self.accelerator.is_main_process:
             final_dir, tmp = self.out / "final", self.out / f".final.tmp-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
-            save_state_dict_safetensors(model, tmp / "open_clip_model.safetensors")
+            write_open_clip_folder(model, self.cfg.model, tmp, self.tokenizer)
             write_json_atomic(tmp / "config.json", {"model": self.cfg.model, "step": step,
                                                     "metrics": self.last_metrics})
             shutil.rmtree(final_dir, ignore_errors=True)

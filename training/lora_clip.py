@@ -72,7 +72,7 @@ class ClipTask:
         base = load_detector(absolute_spec(cfg.base))
         if not isinstance(base, ClipDetector):
             raise ValueError(f"base: {cfg.base!r} is not a clip detector spec")
-        self.base_spec = base.spec
+        self.base_spec, self.arch = base.spec, base.arch
         self.preprocess, self.tokenizer = base.preprocess, base.tokenizer
         self.targets = list(cfg.target_modules or CLIP_TARGETS)
         clip = base.model.float()
@@ -110,17 +110,18 @@ class ClipTask:
         self.module.head.load_state_dict(load_head(folder / "head.safetensors").state_dict())
 
     def export_merged(self, folder: Path) -> None:
-        """``merged/``: the adapter merged into the base (``open_clip_model.safetensors``) + head, no peft needed."""
+        """``merged/``: the adapter merged into the base (``open_clip_model.safetensors``, with
+        ``open_clip_config.json``: ``local-dir:merged`` loads the CLIP in plain open_clip) + head, no peft needed."""
         import yaml
 
         from halsift.filtering.detectors.spec import format_spec, parse_spec
-        from halsift.training.engine import save_state_dict_safetensors
+        from halsift.training.open_clip_folder import write_open_clip_folder
 
         folder.mkdir(parents=True, exist_ok=True)
         merged = copy.deepcopy(self.peft).merge_and_unload()
-        save_state_dict_safetensors(merged, folder / "open_clip_model.safetensors")
-        save_head(self.module.head, folder / "head.safetensors")
         family, opts = parse_spec(self.base_spec)
+        write_open_clip_folder(merged, self.arch, folder, self.tokenizer)
+        save_head(self.module.head, folder / "head.safetensors")
         opts.pop("pretrained", None)
         opts["checkpoint"] = "./open_clip_model.safetensors"
         (folder / "detector.yaml").write_text(yaml.safe_dump(

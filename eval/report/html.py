@@ -337,7 +337,7 @@ def render_html(out_dir: str | os.PathLike, title: str, *, headline: str = "", t
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    env = jinja2.Environment(loader=jinja2.PackageLoader("halsift.eval.report", "templates"),
+    env = jinja2.Environment(loader=jinja2.PackageLoader("halsift.eval.report.bench", "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     samples = samples or SampleSet()

@@ -12,8 +12,9 @@ Each distinct image in a batch (same ``image_id``, or ``key`` when it is empty, 
 encoded once; all of its sentences are scored against that embedding.
 ``arch=halsift-tiny`` is a built-in 2-layer config (no download) for tests and CPU smoke runs. ``arch`` may also
 be open_clip's ``hf-hub:org/repo`` (config and weights from the Hugging Face cache; with ``HF_HUB_OFFLINE=1`` only
-what is cached) or ``local-dir:/path`` (a folder with ``open_clip_config.json`` and the weights). Weights that
-cannot be found or loaded are a ``ValueError`` naming the tag or path (one line at the CLI, exit 2).
+what is cached) or ``local-dir:/path`` (a folder with ``open_clip_config.json`` and the weights, e.g. ``train
+clip``'s ``RUN/final``). Weights that cannot be found or loaded are a ``ValueError`` naming the tag or path (one
+line at the CLI, exit 2).
 """
 
 from __future__ import annotations
@@ -218,6 +219,7 @@ class ClipDetector(Detector):
                                  f"({str(e).splitlines()[0][:200]})") from None
         self._setup(model, preprocess, tokenizer, map=map, center=center, delay=delay,
                     precision=precision)
+        self.arch = arch  # the open_clip name the model was built from (a merged LoRA's open_clip_config.json)
         self.decode_size = preprocess_side(preprocess) if fast_decode else None
         self.to(device)
 

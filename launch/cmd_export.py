@@ -1,0 +1,61 @@
+"""``halsift export FORMAT SRC --out OUT``: halsift's sets into the layouts other tools read (the reverse of
+``halsift convert``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
+from halsift.launch.describe import add_describe_argument
+
+HELP = "export a retrieval set for CLIP_benchmark (its wds/ WebDataset layout)"
+
+# format -> (what SRC is, what OUT is)
+FORMATS = {
+    "clip-benchmark": ("a retrieval set: retrieval.jsonl or its folder",
+                       "a CLIP_benchmark wds dataset root (OUT/<split>/0.tar ..., nshards.txt, dataset_type.txt)"),
+}
+
+
+@dataclass
+class ExportConfig:
+    """``halsift export``'s settings."""
+
+    format: str = field("", help="the layout to write (see below)",
+                        cli={"positional": True, "choices": sorted(FORMATS)})
+    src: str = field("", help="the halsift file or folder to export", cli={"positional": True})
+    out: str = field("", help="the output folder (a CLIP_benchmark --dataset_root)", cli={"required": True})
+    split: str = field("test", help="clip-benchmark: the split folder written under OUT (clip_benchmark --split)")
+    maxcount: int = field(10_000, help="clip-benchmark: samples per tar shard")
+
+    def validate(self) -> None:
+        from halsift.corpus.clip_benchmark_wds import ClipBenchmarkExportError, check_split_name
+
+        if self.maxcount < 1:
+            raise ValueError(f"maxcount: expected >= 1, got {self.maxcount}")
+        try:
+            check_split_name(self.split)
+        except ClipBenchmarkExportError as e:
+            raise ValueError(str(e)) from None
+
+
+CONFIG = ExportConfig  # the settings (docs/config.md, --describe)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = "formats:\n" + "\n".join(f"  {k:<15} SRC = {v[0]}; OUT = {v[1]}" for k, v in FORMATS.items())
+    add_dataclass_arguments(p, ExportConfig, config_file=False, defaults=True)
+    add_describe_argument(p, ExportConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from halsift.corpus.clip_benchmark_wds import export_retrieval
+
+    cfg = config_from_args(ExportConfig, args)
+    summary = export_retrieval(cfg.src, cfg.out, split=cfg.split, maxcount=cfg.maxcount)
+    print(json.dumps(summary, sort_keys=True))
+    print(f"exported {cfg.format} {cfg.src} -> {cfg.out}; evaluate with: {summary['clip_benchmark']}")
+    return 0
