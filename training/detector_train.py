@@ -35,10 +35,9 @@ from halsift.corpus.bench import BenchFormatError
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.shards import write_json_atomic
 from halsift.filtering.detectors.base import Item
+from halsift.filtering.detectors.lora import FORMAT as EXPORT_FORMAT  # the adapter folder's format tag
 from halsift.training.detector_config import DetectorTrainConfig
 from halsift.training.engine import Task, cosine_with_warmup, run
-
-EXPORT_FORMAT = "halsift-lora-detector/1"
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -153,14 +152,14 @@ def build_task(cfg: DetectorTrainConfig):
 
 def _export(task, out: Path, name: str, meta: dict) -> Path:
     """Write the adapter folder ``out/name`` atomically (temp folder + rename)."""
-    import yaml
+    from halsift.filtering.detectors.lora import write_description
 
     final = out / name
     tmp = out / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     desc = task.export(tmp)
-    (tmp / "detector.yaml").write_text(yaml.safe_dump({"format": EXPORT_FORMAT, **desc, **meta}, sort_keys=False))
+    write_description(tmp, {**desc, **meta})
     old = out / f".{name}.old-{os.getpid()}"
     if final.exists():
         os.replace(final, old)

@@ -112,8 +112,7 @@ class ClipTask:
     def export_merged(self, folder: Path) -> None:
         """``merged/``: the adapter merged into the base (``open_clip_model.safetensors``, with
         ``open_clip_config.json``: ``local-dir:merged`` loads the CLIP in plain open_clip) + head, no peft needed."""
-        import yaml
-
+        from halsift.filtering.detectors.lora import write_description
         from halsift.filtering.detectors.spec import format_spec, parse_spec
         from halsift.training.open_clip_folder import write_open_clip_folder
 
@@ -124,9 +123,8 @@ class ClipTask:
         save_head(self.module.head, folder / "head.safetensors")
         opts.pop("pretrained", None)
         opts["checkpoint"] = "./open_clip_model.safetensors"
-        (folder / "detector.yaml").write_text(yaml.safe_dump(
-            {"format": "halsift-lora-detector/1", "kind": "clip", "base": format_spec(family, opts), "adapter": False,
-             "head": "head.safetensors"}, sort_keys=False))
+        write_description(folder, {"kind": "clip", "base": format_spec(family, opts), "adapter": False,
+                                   "head": "head.safetensors"})
 
 
 __all__ = ["ClipTask", "add_lora", "collate", "embed_dim"]

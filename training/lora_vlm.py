@@ -154,8 +154,7 @@ class VlmTask:
         """``merged/``: the merged model + processor (``save_pretrained``) and a detector.yaml without adapter."""
         import copy
 
-        import yaml
-
+        from halsift.filtering.detectors.lora import write_description
         from halsift.filtering.detectors.spec import format_spec, parse_spec
 
         folder.mkdir(parents=True, exist_ok=True)
@@ -164,9 +163,8 @@ class VlmTask:
         self.det.processor.save_pretrained(str(folder))
         family, opts = parse_spec(self.base_spec)
         opts["model"] = "./"
-        (folder / "detector.yaml").write_text(yaml.safe_dump(
-            {"format": "halsift-lora-detector/1", "kind": "vlm", "base": format_spec(family, opts), "adapter": False,
-             "mode": self.det.mode}, sort_keys=False))
+        write_description(folder, {"kind": "vlm", "base": format_spec(family, opts), "adapter": False,
+                                   "mode": self.det.mode})
 
 
 __all__ = ["JudgeModule", "VlmTask", "judge_logits", "judge_scores"]

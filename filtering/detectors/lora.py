@@ -137,13 +137,27 @@ FORMAT = "halsift-lora-detector/1"
 KINDS = ("clip", "vlm")
 
 
+DESCRIPTION = "detector.yaml"  # an adapter (or merged) folder's description, read by read_description
+
+
+def write_description(folder: Path, fields: dict) -> Path:
+    """Write ``folder/detector.yaml``: the format tag first, then ``fields`` (kind, base, adapter, ...), in order."""
+    import yaml
+
+    from halsift.corpus.atomic import write_text_atomic
+
+    path = folder / DESCRIPTION
+    write_text_atomic(path, yaml.safe_dump({"format": FORMAT, **fields}, sort_keys=False))
+    return path
+
+
 def read_description(folder: Path) -> dict:
     """``detector.yaml`` of an adapter folder, checked; errors name the file and the field."""
     import yaml
 
     from halsift.corpus.safe_yaml import safe_load_yaml, short_repr
 
-    path = folder / "detector.yaml"
+    path = folder / DESCRIPTION
     if not path.is_file():
         raise FileNotFoundError(f"lora detector: {path} is missing (expected the adapter/ folder written by "
                                 "`halsift train detector`)")
