@@ -110,7 +110,10 @@ def reference() -> str:
             "`FAMILY[:key=value,...]` (values read as YAML: `seed=0` is an integer, `weights=[1,2]` a list; a text "
             "option may be given a number) or a YAML file `{family: ..., key: value}`. Each family's options are "
             "its class's `__init__` keywords, with their types and defaults (read from the source by "
-            "`filtering.detectors.spec.family_config`); the dry run checks every spec against them.", ""]
+            "`filtering.spec.family_config`); the dry run checks every spec against them. Keys are read with "
+            "spaces stripped, in lower case, `-` as `_`. `trust_remote_code` and `api_key_env` come only from your "
+            "own spec (command line, your recipe's text), never from a file a detector loads (DESIGN.md, Trust).",
+            ""]
     for name in families():
         out += tables(family_config(name), f"`{name}:`")
     return "\n".join(out)

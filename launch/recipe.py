@@ -52,13 +52,25 @@ def resolve_paths(r: Recipe) -> Paths:
 
 
 def trained_spec(r: Recipe, p: Paths, name: str) -> str:
-    """The ``lora:DIR`` spec the detectors stage produces for ``detectors.NAME``."""
+    """The ``lora:DIR`` spec the detectors stage produces for ``detectors.NAME``; with ``trust_remote_code=true``
+    when the recipe's own ``detectors.NAME.base`` has it (the adapter folder's ``detector.yaml`` never grants it)."""
     out = p.stage("detectors") / name
     if r.detectors[name].kind == "world_judge":
         from halsift.synth.world_judge_config import world_judge_spec
 
         return world_judge_spec(out, trained_configs(r, p)[name])
-    return f"lora:{out / 'adapter'}"
+    return f"lora:{out / 'adapter'}" + (",trust_remote_code=true" if _base_grants_remote_code(r, p, name) else "")
+
+
+def _base_grants_remote_code(r: Recipe, p: Paths, name: str) -> bool:
+    from halsift.filtering.detectors.spec import parse_spec
+
+    subs = {"run_dir": str(p.run), "base": p.base, "arch": r.model.arch}
+    try:
+        _, opts = parse_spec(_substitute(r.detectors[name].base, f"detectors.{name}.base", subs))
+    except ValueError:  # a malformed base is reported by the detectors stage's own validation
+        return False
+    return opts.get("trust_remote_code") is True
 
 
 class _Trained:
@@ -120,21 +132,28 @@ def trained_configs(r: Recipe, p: Paths) -> dict:
 
 def check(r: Recipe) -> Paths:
     """Validate everything that can be checked without loading models (the dry run)."""
-    from halsift.filtering.detectors.spec import check_spec
+    from halsift.filtering.detectors.spec import check_spec, iter_specs
     from halsift.training.clip_config import check_model_name
 
     p = resolve_paths(r)
-    trained_configs(r, p)
-    for name, spec in detector_specs(r, p).items():
-        if spec.endswith((".yaml", ".yml")):
-            if not Path(spec).exists():
-                raise ConfigError(f"score.detectors.{name}: spec file {spec} does not exist")
-            continue
+    own = {f"detectors.{n}.base": cfg.base for n, cfg in trained_configs(r, p).items() if r.detectors[n].kind == "lora"}
+    if r.evals.ihalla is not None and r.evals.ihalla.answerer:
+        own["evals.ihalla.answerer"] = r.evals.ihalla.answerer
+    for key, spec in own.items():  # the recipe's other spec strings: checked where they are used, noted here
         try:
-            check_spec(spec)
-        except ValueError as e:
-            raise ConfigError(f"score.detectors.{name}: {e}") from None
-        _check_spec_files(f"score.detectors.{name}", spec, p.run)
+            _note_privileges(key, iter_specs(spec))
+        except (ValueError, FileNotFoundError) as e:
+            raise ConfigError(f"{key}: {e}") from None
+    for name, spec in detector_specs(r, p).items():
+        key = f"score.detectors.{name}"
+        if spec.endswith((".yaml", ".yml")) and not Path(spec).exists():
+            raise ConfigError(f"{key}: spec file {spec} does not exist")
+        try:
+            nodes = check_spec(spec)  # spec files too: as files a detector loads (filtering/detectors/trust.py)
+        except (ValueError, FileNotFoundError) as e:
+            raise ConfigError(f"{key}: {e}") from None
+        _check_spec_files(key, nodes, p.run)
+        _note_privileges(key, nodes)
     if not r.world.enabled:  # user data must exist now; the world's is produced by the first stage
         for key, path in (("data.corpus", p.corpus), ("data.bench", p.bench)):
             if path:
@@ -153,14 +172,25 @@ def check(r: Recipe) -> Paths:
     return p
 
 
+def _note_privileges(key: str, nodes: list) -> None:
+    """Say which privileged options a recipe's own spec sets (``--dry-run`` shows them before a shared recipe runs);
+    a spec file's were already refused or dropped by :func:`~halsift.filtering.detectors.spec.check_spec`."""
+    from halsift.filtering.detectors.trust import privileges
+
+    used = list(dict.fromkeys(u for _, _, opts in nodes for u in privileges(opts)))
+    if used:
+        print(f"[halsift run] {key}: {', '.join(used)} (written in this recipe: a recipe you did not write can run "
+              "a model's own code or send that environment variable to its server)")
+
+
 # detector options that name a local file or folder: it must exist unless a stage of this run makes it
 _FILE_OPTIONS = {"clip": ("checkpoint",), "lora": ("path",)}
 
 
-def _check_spec_files(key: str, spec: str, run: Path) -> None:
-    from halsift.filtering.detectors.spec import iter_specs
-
-    for _, family, opts in iter_specs(spec):
+def _check_spec_files(key: str, nodes: list, run: Path) -> None:
+    """Each local file option of a spec's ``(where, family, options)`` nodes (:func:`check_spec`) exists or is made
+    by this run."""
+    for _, family, opts in nodes:
         for opt in _FILE_OPTIONS.get(family, ()):
             value = opts.get(opt)
             if value and not Path(str(value)).resolve().is_relative_to(run.resolve()) and not Path(str(value)).exists():

@@ -26,8 +26,9 @@ Modes:
 Requests go through ``httpx`` with redirects refused: a 3xx reply is an error naming its ``Location`` (set
 ``base_url`` to the final address), so the ``Authorization`` header never follows a redirect to another host.
 The API key is read from the environment variable named by ``api_key_env`` (default ``OPENAI_API_KEY``; none is
-sent if it is unset, e.g. for a local vLLM server). A spec *file* may not name another variable (a shared file
-could otherwise send any secret of the environment to its ``base_url``): give ``api_key_env`` on the command line.
+sent if it is unset, e.g. for a local vLLM server). A file that a detector loads (a YAML spec file, an adapter's
+``detector.yaml``) may not name another variable (a shared file could otherwise send any secret of the environment
+to its ``base_url``): give ``api_key_env`` in your own spec (:mod:`~halsift.filtering.detectors.trust`).
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ class ApiDetector(Detector):
     OPTION_HELP = {
         "base_url": "the OpenAI-compatible server, e.g. http://localhost:8000/v1",
         "model": "the model name the server serves",
-        "api_key_env": "environment variable holding the API key (command line only, never from a spec file)",
+        "api_key_env": "environment variable holding the API key (only from your own spec, never from a file a "
+                       "detector loads)",
         "mode": "logprobs (expected value of the score from top_logprobs) | prompt (parse the reply)",
         "concurrency": "requests in flight at once",
         "max_retries": "retries of a 429/5xx/timeout/connection error, with exponential backoff",

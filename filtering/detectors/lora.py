@@ -10,6 +10,9 @@ Spec: ``lora:DIR`` (short for ``lora:path=DIR``), where ``DIR`` is the ``adapter
 
 ``merge=true`` merges the adapter into the base weights after loading (same scores, no LoRA overhead). Relative
 paths (``./...``) in the base spec are relative to ``DIR``. A missing or corrupt file raises an error naming it.
+The base is built as a file's options (:mod:`~halsift.filtering.detectors.trust`): ``detector.yaml`` never turns on
+``trust_remote_code`` or chooses ``api_key_env``, at any depth; ``lora:DIR,trust_remote_code=true`` written by the
+user grants remote code to every model the folder's base loads.
 
 ``clip`` kind: score = ``100 * sigmoid(head([cos, img*txt]))``; the head starts as ``COS_SCALE * cos`` (its MLP
 branch's output layer is zero-initialised), so an untrained head ranks exactly like its base.
@@ -20,7 +23,6 @@ Both kinds have a CPU half (``prepare``) for ``score --decode-workers``.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -174,22 +176,14 @@ def read_description(folder: Path) -> dict:
     return desc
 
 
-def _resolve_base(spec: str, folder: Path, trust_remote_code: bool = False) -> str:
-    """Options of the base spec that are ``./relative`` paths are taken relative to the adapter folder.
-
-    A folder being loaded never raises privileges: its ``trust_remote_code`` is dropped (with a warning), and the
-    base gets it only from the user's own ``lora:...,trust_remote_code=true``."""
+def _resolve_base(spec: str, folder: Path) -> str:
+    """Options of the base spec that are ``./relative`` paths are taken relative to the adapter folder."""
     from halsift.filtering.detectors.spec import format_spec, parse_spec
 
     family, opts = parse_spec(spec)
     for k, v in opts.items():
         if isinstance(v, str) and v.startswith("./"):
             opts[k] = str((folder / v).resolve())
-    if opts.pop("trust_remote_code", None) and not trust_remote_code:
-        warnings.warn(f"{folder / 'detector.yaml'}: its base asks for trust_remote_code; ignored (code in a folder "
-                      "being loaded never runs unless you pass lora:path=...,trust_remote_code=true)", stacklevel=3)
-    if trust_remote_code:
-        opts["trust_remote_code"] = True
     return format_spec(family, opts)
 
 
@@ -234,7 +228,8 @@ class LoraDetector(Detector):
 
     Options: ``path`` (the adapter folder), ``merge`` (merge the adapter into the base weights after loading),
     ``device``, ``batch_size`` (vlm: rows per forward pass; default the base spec's), ``trust_remote_code`` (off;
-    only this option, never the folder's ``detector.yaml``, lets a vlm base run code shipped with its weights).
+    only this option written by the user, never the folder's ``detector.yaml``, lets the models of its base run code
+    shipped with their weights).
     """
 
     family = "lora"
@@ -245,7 +240,8 @@ class LoraDetector(Detector):
         "merge": "merge the adapter into the base weights after loading (same scores, no LoRA overhead)",
         "device": "cpu, cuda, cuda:1 ...",
         "batch_size": "vlm kind: rows per forward call (default: the base detector's)",
-        "trust_remote_code": "let the base model's repository run its own code (off unless you turn it on)",
+        "trust_remote_code": "let every model of the adapter's base run its repository's own code (off; the "
+                             "folder's detector.yaml never turns it on)",
         "fast_decode": "clip kind: decode JPEGs at 1/2-1/8 scale, never below the model's input side (pixels "
                        "differ slightly from a full decode)",
     }
@@ -254,6 +250,7 @@ class LoraDetector(Detector):
                  trust_remote_code: bool = False, fast_decode: bool = False) -> None:
         super().__init__()
         from halsift.filtering.detectors.spec import load_detector
+        from halsift.filtering.detectors.trust import from_file
 
         folder = Path(str(path)).expanduser()
         if not folder.is_dir():
@@ -261,7 +258,8 @@ class LoraDetector(Detector):
         desc = read_description(folder)
         self.kind = desc["kind"]
         self.description = desc
-        base = load_detector(_resolve_base(desc["base"], folder, bool(trust_remote_code)))
+        with from_file(folder / "detector.yaml", remote_code=bool(trust_remote_code)):  # the folder's, not yours
+            base = load_detector(_resolve_base(desc["base"], folder))
         if base.family != self.kind:
             raise ValueError(f"{folder / 'detector.yaml'}: kind {self.kind!r} but base {desc['base']!r} is a "
                              f"{base.family!r} detector")

@@ -9,7 +9,8 @@ Short form ``family[:key=value,key=value,...]``, e.g.::
     ensemble:members=[clip:arch=halsift-tiny,random:seed=1],weights=[0.7,0.3],norm=rank
     lora:/runs/det/adapter                       (= lora:path=/runs/det/adapter; `halsift train detector` output)
 
-Values are read as YAML scalars/lists (``seed=0`` is an int, ``weights=[1,2]`` a list). Inside ``members=[...]``
+Values are read as YAML scalars/lists (``seed=0`` is an int, ``weights=[1,2]`` a list); option keys are
+normalized (:func:`normalize_key`: ``Trust-Remote-Code `` is ``trust_remote_code``). Inside ``members=[...]``
 the member specs are separated by ``;`` or by commas (a piece whose text before its first ``=`` holds a ``:``,
 or that has no ``=`` at all, starts a new member). A YAML file holds the same fields::
 
@@ -20,6 +21,8 @@ or that has no ``=`` at all, starts a new member). A YAML file holds the same fi
 
 Families are registered by name -> ``"module:Class"`` (imported lazily); a later issue adds its own with
 :func:`register_family`. Each class's ``__init__`` keyword arguments are its options: unknown keys are errors.
+Every detector's options pass :func:`_options` (normalized, checked, then :mod:`~halsift.filtering.detectors.trust`'s rule:
+``trust_remote_code`` and ``api_key_env`` only from the user's own spec, never from a file a detector loads).
 """
 
 from __future__ import annotations
@@ -31,18 +34,19 @@ import importlib.util
 import inspect
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from halsift.corpus.errors import InputError
-from halsift.filtering.detectors.base import Detector
 from halsift.corpus.safe_yaml import safe_load_yaml, short_repr
+from halsift.filtering.detectors import trust
+from halsift.filtering.detectors.base import Detector
+from halsift.filtering.detectors.spec_error import SpecError
 
 
-class SpecError(InputError):
-    """A detector spec is malformed; the message names the spec, key and value, and what was expected."""
 
 
 _REGISTRY: dict[str, str | type] = {
@@ -118,6 +122,25 @@ def _split_members(text: str) -> list[str]:
     return members
 
 
+def normalize_key(key: Any, where: str) -> str:
+    """An option key as every rule sees it: surrounding spaces stripped, lower case, ``-`` read as ``_``
+    (``' Trust-Remote-Code'`` is ``trust_remote_code``). A key that is not text is an error."""
+    if not isinstance(key, str):
+        raise SpecError(f"detector spec {where!r}: option key {key!r} is not text")
+    return key.strip().lower().replace("-", "_")
+
+
+def normalize_options(pairs: Iterable[tuple[Any, Any]], where: str) -> dict[str, Any]:
+    """``(key, value)`` pairs -> options with normalized keys; two spellings of one key are an error."""
+    opts: dict[str, Any] = {}
+    for k, v in pairs:
+        key = normalize_key(k, where)
+        if key in opts:
+            raise SpecError(f"detector spec {where!r}: option {key!r} given twice")
+        opts[key] = v
+    return opts
+
+
 def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """Parse a short spec string into ``(family, options)``."""
     spec = spec.strip()
@@ -134,7 +157,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
             continue
         if "=" not in piece:
             raise SpecError(f"detector spec {spec!r}: option {piece!r} is not key=value")
-        k, v = (s.strip() for s in piece.split("=", 1))
+        k, v = piece.split("=", 1)
+        k, v = normalize_key(k, spec), v.strip()
         if k in opts:
             raise SpecError(f"detector spec {spec!r}: option {k!r} given twice")
         if k == "members":
@@ -293,28 +317,86 @@ def _check_keys(family: str, opts: dict[str, Any], allowed: list[str], where: st
                         f"expected one of {allowed}")
 
 
-def iter_specs(spec: str):
-    """``(spec, family, options)`` of a short spec string and, depth first, of every short-form ensemble member
-    (members given as YAML files are not opened)."""
-    family, opts = parse_spec(spec)
-    yield spec, family, opts
-    for member in opts.get("members") or []:
-        if isinstance(member, str) and not member.endswith((".yaml", ".yml")):
-            yield from iter_specs(member)
+def _options(family: str, opts: dict[str, Any], where: str) -> dict[str, Any]:
+    """The options a family's detector is built with: keys normalized, each one the family takes, then the trust
+    rule (:func:`halsift.filtering.detectors.trust.apply`). Every build (:func:`_build`) and every dry-run check
+    (:func:`iter_specs`) goes through here."""
+    opts = normalize_options(opts.items(), where)
+    allowed = _family_options(family, where)
+    _check_keys(family, opts, allowed, where)
+    return trust.apply(opts, allowed)
 
 
-def check_spec(spec: str) -> None:
-    """Validate a short spec string without building the detector or importing heavy libraries: the family
-    exists, every option (ensemble members too) is one its class takes, with a value of its type, and no required
-    option is missing. Raises :class:`SpecError`."""
-    for where, family, opts in iter_specs(spec):
-        _check_keys(family, opts, _family_options(family, where), where)
+def _is_spec_file(text: str) -> bool:
+    return text.endswith((".yaml", ".yml")) or (os.path.isfile(text) and ":" not in Path(text).name)
+
+
+def _read_spec_file(path: Path) -> dict[str, Any]:
+    """A YAML spec file's mapping (keys normalized); errors name the file."""
+    if not path.exists():
+        raise FileNotFoundError(f"detector spec: {path} does not exist")
+    try:
+        data = safe_load_yaml(path.read_text())  # alias expansion capped
+    except yaml.YAMLError as e:
+        raise SpecError(f"detector spec {path}: not valid YAML ({e})") from e
+    if not isinstance(data, dict):
+        raise SpecError(f"detector spec {path}: expected a mapping with 'family' and options")
+    data = normalize_options(data.items(), str(path))
+    if "family" not in data and "detector" not in data:
+        raise SpecError(f"detector spec {path}: field 'family' is missing (expected one of {families()})")
+    return data
+
+
+def _split_family(spec: dict[str, Any]) -> tuple[str, dict[str, Any], str]:
+    """``(family, options, where)`` of a dict spec (``family`` or ``detector`` names the family)."""
+    where = short_repr(spec)
+    opts = normalize_options(spec.items(), where)
+    family = opts.pop("family", None) or opts.pop("detector", None)
+    if not isinstance(family, str):
+        raise SpecError(f"detector spec {where}: field 'family' is missing (expected e.g. 'clip')")
+    return family, opts, where
+
+
+def iter_specs(spec: str | os.PathLike | dict) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(where, family, options)`` of a spec and, depth first, of every ensemble member, with the options a build
+    would pass (:func:`_options`: normalized, checked, the trust rule applied). YAML spec files, the spec's or a
+    member's, are read as files a detector loads; adapter folders (``lora:DIR``) are not opened."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    _walk(spec, out)
+    return out
+
+
+def _walk(spec: str | os.PathLike | dict, out: list) -> None:
+    if isinstance(spec, dict):
+        family, opts, where = _split_family(spec)
+    else:
+        text = os.fspath(spec)
+        if _is_spec_file(text):
+            data = _read_spec_file(Path(text))
+            with trust.from_file(text):
+                _walk(data, out)
+            return
+        (family, opts), where = parse_spec(text), text
+    opts = _options(family, opts, where)
+    out.append((where, family, opts))
+    members = opts.get("members")
+    for member in members if isinstance(members, list) else []:
+        _walk(member, out)
+
+
+def check_spec(spec: str | os.PathLike | dict) -> list[tuple[str, str, dict[str, Any]]]:
+    """Validate a spec without building the detector or importing heavy libraries: the family exists, every option
+    (ensemble members' and spec files' too) is one its class takes, with a value of its type, no required option is
+    missing, and the trust rule holds. Raises :class:`SpecError`; returns :func:`iter_specs`'s list."""
+    nodes = iter_specs(spec)
+    for where, family, opts in nodes:
         _check_types(family, opts, where)
+    return nodes
 
 
 def _build(family: str, opts: dict[str, Any], where: str) -> Detector:
     cls = _family_class(family, where)
-    _check_keys(family, opts, _family_options(family, where), where)
+    opts = _options(family, opts, where)
     try:
         det = cls(**opts)
     except SpecError:
@@ -328,49 +410,18 @@ def _build(family: str, opts: dict[str, Any], where: str) -> Detector:
     return det
 
 
-def _refuse_key_env(data: Any, path: Path) -> None:
-    """A spec file may not choose which environment variable the ``api`` detector sends as its key (a shared file
-    could send any secret to its own ``base_url``); only the user's command line or ``OPENAI_API_KEY`` may."""
-    if isinstance(data, dict):
-        env = data.get("api_key_env")
-        if env not in (None, "OPENAI_API_KEY"):
-            raise SpecError(f"detector spec {path}: api_key_env={env!r} is refused in a spec file; give it on the "
-                            "command line (--detector api:...,api_key_env=NAME) or use OPENAI_API_KEY")
-        values = list(data.values())
-    elif isinstance(data, list):
-        values = data
-    elif isinstance(data, str):  # a member given as a spec string
-        values = [{"api_key_env": m.strip()} for m in re.findall(r"api_key_env=([^,;\]]*)", data)]
-    else:
-        return
-    for v in values:
-        _refuse_key_env(v, path)
-
-
 def load_detector(spec: str | os.PathLike | dict | Detector) -> Detector:
-    """Build a detector from a spec string, a YAML file path, a dict with ``family``, or return a detector as is."""
+    """Build a detector from a spec string, a YAML file path, a dict with ``family``, or return a detector as is.
+    A YAML file's options are a file's, not the user's (:mod:`~halsift.filtering.detectors.trust`)."""
     if isinstance(spec, Detector):
         return spec
     if isinstance(spec, dict):
-        opts = dict(spec)
-        family = opts.pop("family", None) or opts.pop("detector", None)
-        if not isinstance(family, str):
-            raise SpecError(f"detector spec {short_repr(spec)}: field 'family' is missing (expected e.g. 'clip')")
-        return _build(family, opts, short_repr(spec))
+        family, opts, where = _split_family(spec)
+        return _build(family, opts, where)
     text = os.fspath(spec)
-    if text.endswith((".yaml", ".yml")) or (os.path.isfile(text) and ":" not in Path(text).name):
-        path = Path(text)
-        if not path.exists():
-            raise FileNotFoundError(f"detector spec: {path} does not exist")
-        try:
-            data = safe_load_yaml(path.read_text())  # alias expansion capped
-        except yaml.YAMLError as e:
-            raise SpecError(f"detector spec {path}: not valid YAML ({e})") from e
-        if not isinstance(data, dict):
-            raise SpecError(f"detector spec {path}: expected a mapping with 'family' and options")
-        if "family" not in data and "detector" not in data:
-            raise SpecError(f"detector spec {path}: field 'family' is missing (expected one of {families()})")
-        _refuse_key_env(data, path)
-        return load_detector(data)
+    if _is_spec_file(text):
+        data = _read_spec_file(Path(text))
+        with trust.from_file(text):
+            return load_detector(data)
     family, opts = parse_spec(text)
     return _build(family, opts, text)

@@ -158,7 +158,8 @@ class VlmDetector(PreparedDetector):
         "device": "auto (CUDA when there is one) | cpu | cuda | cuda:1 ...",
         "device_map": "transformers device_map (e.g. auto) for models larger than one device",
         "attn_implementation": "transformers attention implementation (e.g. sdpa, flash_attention_2)",
-        "trust_remote_code": "run the model repository's own code (off unless you turn it on)",
+        "trust_remote_code": "run the model repository's own code (off; only from your own spec, never from a "
+                             "file a detector loads)",
         "max_new_tokens": "generation cap for mode=prompt/localize (default 32; 256 with cot; 128 for localize)",
         "seed": "seed of the sampling in self_ensemble",
         "references": "mode=pmi: a folder of images or WebDataset shards holding the reference images",

@@ -22,6 +22,7 @@ from pathlib import Path
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
 from halsift.filtering.scoring.runner import MANIFEST, Part, _finish_manifest, score_part
+from halsift.filtering.detectors.base import Detector
 from halsift.filtering.detectors.spec import load_detector
 from halsift.filtering.scoring.tasks import TaskError, part_done, start_solo_run, task_device
 
@@ -50,6 +51,18 @@ class PartScorer:
                           workers, fingerprints=fingerprints)
 
 
+def actor_spec(spec, detector: Detector):
+    """What the actors rebuild the detector from: the spec as the user gave it (a spec file by its absolute path), so
+    that each applies the trust rule as this process did (:mod:`~halsift.filtering.detectors.trust`). Not the canonical
+    ``detector.spec``: a value read from a file may hold ``,trust_remote_code=true``, an option once re-parsed as
+    the user's own text. A detector object given as such has only its canonical spec."""
+    if isinstance(spec, Detector):
+        return detector.spec
+    if isinstance(spec, (str, os.PathLike)) and os.path.isfile(spec):
+        return os.path.abspath(spec)
+    return spec
+
+
 def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence", batch_size: int = 64,
               device: str | None = None, address: str | None = None, workers: int | None = None,
               max_failures: int = 3, show_progress: bool = True, on_start=None) -> dict:
@@ -71,7 +84,7 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
     Actor = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1)(PartScorer)
 
     def start(i: int):
-        return Actor.remote(detector.spec, unit, batch_size, device, str(out), i)
+        return Actor.remote(actor_spec(spec, detector), unit, batch_size, device, str(out), i)
 
     actors = {i: start(i) for i in range(n)}
     if on_start is not None:
