@@ -7,11 +7,13 @@ import sys
 from pathlib import Path
 
 HELP = "run a YAML recipe (synth -> pretrain -> score -> select -> finetune -> eval -> report); reruns resume"
+INTERMIXED = "overrides"  # key=value words anywhere after the recipe, also after --dry-run / --force STAGE
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", nargs="?", help="recipe YAML path, or the name of a shipped recipe (e.g. quickstart)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe fields (dotted keys)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="override recipe fields (dotted keys); anywhere after the recipe")
     p.add_argument("--dry-run", action="store_true", help="resolve and check the recipe, load no model, run nothing")
     p.add_argument("--force", action="append", default=[], metavar="STAGE", help="rerun this stage even if complete")
     p.add_argument("--describe", action="store_true",
@@ -62,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.recipe:
         raise UsageError("RECIPE: give a recipe path or a shipped recipe name (see --list)")
+    from halsift.launch.recipe_config import STAGES
+
+    unknown = [s for s in args.force if s not in STAGES]
+    if unknown:
+        raise UsageError(f"--force: unknown stage {unknown[0]!r}; expected one of {', '.join(STAGES)}")
     recipe = load_recipe(args.recipe, args.overrides)
     from halsift.launch.recipe import run_recipe
     from halsift.launch.recipe_ranks import RankWaitError, ranks_from_env
