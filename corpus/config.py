@@ -302,8 +302,9 @@ def add_dataclass_arguments(parser, cls: type, metavars: Mapping[str, str] | Non
 
     Lists take several values; booleans are on/off switches (``--x`` / ``--no-x``; a field named ``no_x`` is the
     switch ``--no-x``). A field's ``cli`` metadata (``field(..., cli={...})``) may say ``positional``,
-    ``required``, ``metavar``, ``choices``, ``group`` (a titled argument group) and ``exclusive`` (a mutually
-    exclusive group's name; required when one of its fields is). Without ``defaults`` unset flags stay absent
+    ``required``, ``metavar``, ``choices``, ``group`` (a titled argument group), ``exclusive`` (a mutually
+    exclusive group's name; required when one of its fields is) and, for a list, ``append`` (one value per flag,
+    the flag repeated: ``--setup A --setup B``). Without ``defaults`` unset flags stay absent
     from the namespace, so :func:`config_from_args` overlays only what was given on the YAML; with it (commands
     without ``--config``) every field's default is in the namespace.
     """
@@ -333,9 +334,10 @@ def _add_flag(target, f: dataclasses.Field, tp: Any, cli: Mapping[str, Any], met
     import argparse
 
     default = field_default(f)
-    help_ = f.metadata["help"].replace("%", "%%")
+    help_ = f.metadata["help"]
     if "default" not in help_ and not (default is None or default is False or default in ("", [])):
         help_ += f" (default: {default})"
+    help_ = help_.replace("%", "%%")
     kw: dict[str, Any] = {"help": help_, "default": default if defaults else argparse.SUPPRESS}
     if cli.get("metavar") or metavar:
         kw["metavar"] = cli.get("metavar") or metavar
@@ -354,7 +356,9 @@ def _add_flag(target, f: dataclasses.Field, tp: Any, cli: Mapping[str, Any], met
         target.add_argument(*names, action=action, **kw)
         return
     nargs = None
-    if typing.get_origin(tp) is list:
+    if typing.get_origin(tp) is list and cli.get("append"):  # one value per flag, the flag repeated
+        tp, kw["action"] = (typing.get_args(tp) or (str,))[0], "append"
+    elif typing.get_origin(tp) is list:
         nargs, tp = "+", (typing.get_args(tp) or (str,))[0]
         if not (defaults and default):  # a repeated list flag adds up (`--scores A --scores B`); never onto a default
             kw["action"] = "extend"
@@ -362,6 +366,10 @@ def _add_flag(target, f: dataclasses.Field, tp: Any, cli: Mapping[str, Any], met
     choices = list(cli["choices"]) if cli.get("choices") else choices
     if nargs is not None:
         kw["nargs"] = nargs
+    if "nargs" in cli:  # e.g. an optional positional ("?"), or any number of words ("*")
+        kw["nargs"] = cli["nargs"]
+        if cli.get("positional"):
+            kw.pop("action", None)
     target.add_argument(*names, type=tp, choices=choices, **kw)
 
 

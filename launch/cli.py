@@ -6,7 +6,12 @@ top; torch, transformers and open_clip are imported inside ``run``, so ``halsift
 
 Exit codes: 0 on success; 2 with a one-line message naming the bad flag/key/file on a usage or config error, an
 unreadable or unwritable path (any ``OSError``: missing, read-only, a full disk) or a corrupt file (parquet,
-safetensors), with no traceback; 1 on an unexpected failure.
+safetensors), with no traceback; 1 on an unexpected failure; 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, each with
+one line naming the command and what it kept (:data:`KEPT`). SIGTERM is raised in the command as
+:class:`Terminated`, a ``KeyboardInterrupt``, so it unwinds through the same clean-up as Ctrl-C.
+
+A command module may name a list positional ``INTERMIXED`` (``run``: its ``key=value`` overrides): words left
+over after the flags are appended to it, so ``halsift run RECIPE --dry-run key=value`` works.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -43,6 +49,45 @@ GROUP_HELP = {
 
 class UsageError(Exception):
     """A bad flag, key, value or path given by the user: reported in one line, exit code 2."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``scancel``, a launcher stopping its ranks), raised in the main thread like Ctrl-C."""
+
+
+# what an interrupted command leaves behind ({out}: its --out); others: files are written atomically
+KEPT = {
+    "score": "the finished parts in {out} are kept; the same command resumes",
+    "select": "with --resumable the finished shards in {out} are kept and the same command resumes; without it "
+              "the partial selection was removed",
+    "run": "completed stages and finished parts in the run folder are kept; the same command resumes",
+    "train clip": "complete checkpoints in {out}/checkpoints are kept; add --resume to continue from the newest",
+    "train detector": "complete checkpoints in {out}/checkpoints are kept; add --resume to continue from the newest",
+    "launch": "the signal was passed on to the launched command",
+}
+KEPT_DEFAULT = "no half-written file is left (files are written atomically); run the command again"
+EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
+
+
+def interrupted(args: argparse.Namespace, signame: str) -> int:
+    """Print the one line of an interrupted command (which, by what signal, what it kept); the exit code."""
+    out = getattr(args, "out", None) or "--out"
+    kept = KEPT.get(args._name, KEPT_DEFAULT).format(out=out)
+    print(f"halsift {args._name}: stopped by {signame}; {kept}", file=sys.stderr, flush=True)
+    return EXIT_SIGNAL[signame]
+
+
+def _raise_terminated(pid: int):
+    """The SIGTERM handler of process ``pid``: raise :class:`Terminated` there (once: a second SIGTERM ends it at
+    once); in a forked child (a data-loading worker) SIGTERM keeps its default meaning."""
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if os.getpid() != pid:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated()
+
+    return handler
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -139,29 +184,54 @@ def build_parser() -> argparse.ArgumentParser:
                 gp.set_defaults(_group_parser=gp)
             p = groups[group].add_parser(leaf, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run, _name=" ".join(path))
+        p.set_defaults(_run=mod.run, _name=" ".join(path), _intermixed=getattr(mod, "INTERMIXED", None))
     return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, except that a command's ``INTERMIXED`` list also takes the words left after its flags."""
+    args, extra = parser.parse_known_args(argv)
+    dest = getattr(args, "_intermixed", None)
+    if extra and (dest is None or any(a.startswith("-") for a in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        setattr(args, dest, [*getattr(args, dest), *extra])
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: ``halsift <command> ...``; returns the exit code (also usable from tests)."""
     parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    args = _parse(parser, list(argv) if argv is not None else None)
     if getattr(args, "_run", None) is None:
         (getattr(args, "_group_parser", None) or parser).print_help()
         return 2
     from halsift.launch.output_lock import OutputBusyError, output_lock
 
     out = getattr(args, "out", None)
+    previous = _set_sigterm(_raise_terminated(os.getpid()))
     try:
         with output_lock(out if isinstance(out, str) and args._name not in UNLOCKED and not _shares_out(args)
                          else None, args._name):
             return int(args._run(args) or 0)
     except (*_user_errors(), OutputBusyError, OSError, *_format_errors()) as e:  # bad input, unreadable/unwritable paths, corrupt files
         return _user_error(f"halsift {args._name}: error: {one_line(e)}")
+    except Terminated:
+        return interrupted(args, "SIGTERM")
     except KeyboardInterrupt:
-        print("halsift: interrupted", file=sys.stderr)
-        return 130
+        return interrupted(args, "SIGINT")
+    finally:
+        _set_sigterm(previous)
+
+
+def _set_sigterm(handler):
+    """Install ``handler`` for SIGTERM and return the previous one (nothing outside the main thread, where Python
+    delivers signals; ``None`` in, ``None`` out)."""
+    import threading
+
+    if handler is None or threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)
 
 
 if __name__ == "__main__":  # `python -m halsift.launch.cli` (sbatch scripts): run the imported module's main, so

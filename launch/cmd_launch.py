@@ -8,42 +8,75 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from halsift.corpus.config import add_dataclass_arguments, field
+from halsift.launch.describe import add_describe_argument
+from halsift.launch.launchers import LaunchSpec, SbatchOptions
 
 HELP = "run a halsift command under torchrun / accelerate launch, or as a SLURM job (--slurm)"
+STOP_WAIT_S = 60.0  # how long a SIGTERM'd launcher gets to stop its ranks before it is killed
+_SLURM = {"group": "SLURM"}  # the flags' argument group
+_ONE = {"append": True}  # one value per flag, repeated (`--setup A --setup B`)
+
+
+@dataclass
+class LaunchConfig:
+    """``halsift launch``'s flags; after them ``--`` and the halsift command to run (``halsift launch --gpus 8 --
+    score ...``)."""
+
+    gpus: int | None = field(None, help="processes per node, one per GPU")
+    cpu: int | None = field(None, help="N CPU processes (gloo) instead of GPUs (per node; with --slurm: no GPU "
+                                       "request, torchrun)", cli={"metavar": "N"})
+    nodes: int = field(LaunchSpec.nodes, help="number of nodes")
+    node_rank: int = field(LaunchSpec.node_rank, help="this node's rank (0 .. nodes-1)")
+    master_addr: str = field(LaunchSpec.master_addr, help="address of the rank-0 node")
+    master_port: int = field(LaunchSpec.master_port, help="rendezvous port")
+    backend: Literal["auto", "torchrun", "accelerate"] = field(
+        LaunchSpec.backend, help="launcher; auto = torchrun on CPU (accelerate --cpu starts a single process), "
+                                 "accelerate on GPU")
+    dry_run: bool = field(False, help="print the command or script, run nothing")
+    slurm: bool = field(False, help="write an sbatch script instead of running locally", cli=_SLURM)
+    script: str = field("halsift_job.sbatch", help="where to write the sbatch script", cli=_SLURM)
+    submit: bool = field(False, help="submit the script with sbatch after writing it", cli=_SLURM)
+    wait: bool = field(False, help="with --submit: wait for the job to end (sbatch --wait) and exit with its exit "
+                                   "code", cli=_SLURM)
+    output: str = field(SbatchOptions.output, help="job log file (%j = job id; with --array the default is "
+                                                   "slurm-%A_%a.out)", cli=_SLURM)
+    python: str | None = field(None, help="interpreter each task runs (default: this one, or `python` on PATH when "
+                                          "--setup is given)", cli=_SLURM)
+    partition: str | None = field(None, help="SLURM partition (default: the cluster's)", cli=_SLURM)
+    account: str | None = field(None, help="SLURM account to charge (default: yours)", cli=_SLURM)
+    qos: str | None = field(None, help="SLURM quality of service (default: the cluster's)", cli=_SLURM)
+    time: str = field(SbatchOptions.time, help="wall-time limit", cli=_SLURM)
+    cpus_per_task: int = field(SbatchOptions.cpus_per_task, help="CPUs per task (per node, or per array task)",
+                               cli=_SLURM)
+    job_name: str = field(SbatchOptions.job_name, help="SLURM job name", cli=_SLURM)
+    setup: list[str] = field(default_factory=list, help="one shell line run before the command, as written (module "
+                                                        "load, venv activate; repeatable)", cli={**_SLURM, **_ONE})
+    array: int | None = field(None, help="a job array of N independent single-GPU tasks running `score --num-tasks "
+                                         "N` (no process group; a dead task loses only its current part; rerun one "
+                                         "with sbatch --array=I SCRIPT)", cli={**_SLURM, "metavar": "N"})
+    max_parallel: int | None = field(None, help="with --array: at most M tasks at once (#SBATCH --array=0-(N-1)%M)",
+                                     cli={**_SLURM, "metavar": "M"})
+    requeue: bool = field(False, help="with --array: requeue a task after node failure/preemption", cli=_SLURM)
+    sbatch_extra: list[str] = field(default_factory=list, help="extra sbatch option, e.g. "
+                                                               "--sbatch-extra=--constraint=a100 (repeatable)",
+                                    cli={**_SLURM, **_ONE, "metavar": "OPT"})
+
+
+CONFIG = LaunchConfig  # the settings (docs/config.md, --describe)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=int, default=None, help="processes per node, one per GPU")
-    p.add_argument("--cpu", type=int, default=None, metavar="N",
-                   help="N CPU processes (gloo) instead of GPUs (per node; with --slurm: no GPU request, torchrun)")
-    p.add_argument("--nodes", type=int, default=1, help="number of nodes")
-    p.add_argument("--node-rank", type=int, default=0, help="this node's rank (0 .. nodes-1)")
-    p.add_argument("--master-addr", default="127.0.0.1", help="address of the rank-0 node")
-    p.add_argument("--master-port", type=int, default=29500, help="rendezvous port")
-    p.add_argument("--backend", choices=("auto", "torchrun", "accelerate"), default="auto",
-                   help="launcher; auto = torchrun on CPU (accelerate --cpu starts a single process), accelerate on GPU")
-    p.add_argument("--dry-run", action="store_true", help="print the command or script, run nothing")
-    s = p.add_argument_group("SLURM")
-    s.add_argument("--slurm", action="store_true", help="write an sbatch script instead of running locally")
-    s.add_argument("--script", default="halsift_job.sbatch", help="where to write the sbatch script")
-    s.add_argument("--submit", action="store_true", help="submit the script with sbatch after writing it")
-    s.add_argument("--wait", action="store_true",
-                   help="with --submit: wait for the job to end (sbatch --wait) and exit with its exit code")
-    s.add_argument("--output", default="slurm-%j.out", help="job log file (%%j = job id; default slurm-%%j.out)")
-    s.add_argument("--python", default=None,
-                   help="interpreter each task runs (default: this one, or `python` on PATH when --setup is given)")
-    s.add_argument("--partition", default=None)
-    s.add_argument("--account", default=None)
-    s.add_argument("--qos", default=None)
-    s.add_argument("--time", default="24:00:00", help="wall-time limit")
-    s.add_argument("--cpus-per-task", type=int, default=32)
-    s.add_argument("--job-name", default="halsift")
-    s.add_argument("--setup", action="append", default=[], help="shell line run before srun (repeatable)")
-    from halsift.launch.slurm_array import add_array_arguments
-
-    add_array_arguments(s)
-    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- then the halsift command and its flags")
+    """The flags of :class:`LaunchConfig` (one definition for flags, ``--describe`` and docs/config.md), then the
+    command."""
+    add_dataclass_arguments(p, LaunchConfig, config_file=False, defaults=True)
+    add_describe_argument(p, LaunchConfig)
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command",
+                   help="-- then the halsift command and its flags")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,10 +149,30 @@ def run(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="halsift-launch-") as tmp:
         env[ERROR_FILE_ENV] = str(Path(tmp) / "errors.txt")
-        code = subprocess.call(argv, env=env)
+        code = _call(argv, env)
         errors = Path(env[ERROR_FILE_ENV])
         lines = errors.read_text(encoding="utf-8").splitlines() if errors.exists() else []
     if code != 0 and lines:  # a user error in the ranks: its one line (again, after the launcher's report), exit 2
         print(lines[0], file=sys.stderr)
         return 2
     return code
+
+
+def _call(argv: list[str], env: dict) -> int:
+    """``subprocess.call``, except that a SIGTERM of this process is passed on to the launcher (which stops its
+    ranks, each saying what it kept) instead of killing it outright."""
+    from halsift.launch.cli import Terminated
+
+    proc = subprocess.Popen(argv, env=env)
+    try:
+        return proc.wait()
+    except Terminated:
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    except BaseException:  # Ctrl-C (the launcher's process group got it too) or an error here: as subprocess.call
+        proc.kill()
+        raise

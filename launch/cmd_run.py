@@ -3,20 +3,40 @@
 from __future__ import annotations
 
 import argparse
+import builtins
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from halsift.corpus.config import add_dataclass_arguments, field
+
 HELP = "run a YAML recipe (synth -> pretrain -> score -> select -> finetune -> eval -> report); reruns resume"
+INTERMIXED = "overrides"  # key=value words anywhere after the recipe, also after --dry-run / --force STAGE
+
+
+@dataclass
+class RunFlags:
+    """``halsift run``'s own flags; the recipe's settings are the sections below (``halsift run --describe``)."""
+
+    recipe: str | None = field(None, help="recipe YAML path, or the name of a shipped recipe (e.g. quickstart)",
+                               cli={"positional": True, "nargs": "?"})
+    overrides: builtins.list[str] = field(default_factory=list, help="override recipe fields (dotted keys, key=value); anywhere after "
+                                                   "the recipe", cli={"positional": True, "nargs": "*",
+                                                                      "metavar": "key=value"})
+    dry_run: bool = field(False, help="resolve and check the recipe, load no model, run nothing")
+    force: builtins.list[str] = field(default_factory=list, help="rerun this stage even if complete (repeat for several)",
+                                      cli={"append": True, "metavar": "STAGE"})
+    list: bool = field(False, help="list the shipped recipes")
+
+
+CONFIG = RunFlags  # the settings (docs/config.md; --describe prints them after the recipe's)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("recipe", nargs="?", help="recipe YAML path, or the name of a shipped recipe (e.g. quickstart)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe fields (dotted keys)")
-    p.add_argument("--dry-run", action="store_true", help="resolve and check the recipe, load no model, run nothing")
-    p.add_argument("--force", action="append", default=[], metavar="STAGE", help="rerun this stage even if complete")
-    p.add_argument("--describe", action="store_true",
-                   help="print every recipe field with its default and meaning, and every detector family's options")
-    p.add_argument("--list", action="store_true", help="list the shipped recipes")
+    from halsift.launch.describe import add_describe_argument
+
+    add_dataclass_arguments(p, RunFlags, config_file=False, defaults=True)
+    add_describe_argument(p, "halsift.launch.recipe_config:Recipe", detectors=True, more=(RunFlags,))
 
 
 def shipped_recipes() -> dict[str, Path]:
@@ -50,18 +70,17 @@ def load_recipe(name: str, overrides: list[str]):
 def run(args: argparse.Namespace) -> int:
     from halsift.launch.cli import UsageError
 
-    if args.describe:
-        from halsift.launch.describe import describe_command
-        from halsift.launch.recipe_config import Recipe
-
-        print(describe_command(Recipe, detectors=True))
-        return 0
     if args.list:
         for name, path in shipped_recipes().items():
             print(f"{name}\t{path}")
         return 0
     if not args.recipe:
         raise UsageError("RECIPE: give a recipe path or a shipped recipe name (see --list)")
+    from halsift.launch.recipe_config import STAGES
+
+    unknown = [s for s in args.force if s not in STAGES]
+    if unknown:
+        raise UsageError(f"--force: unknown stage {unknown[0]!r}; expected one of {', '.join(STAGES)}")
     recipe = load_recipe(args.recipe, args.overrides)
     from halsift.launch.recipe import run_recipe
     from halsift.launch.recipe_ranks import RankWaitError, ranks_from_env

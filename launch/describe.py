@@ -52,11 +52,17 @@ class _Describe(argparse.Action):
         self.cls, self.detectors, self.more = cls, detectors, more
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(describe_command(self.cls, self.detectors, self.more))
+        cls = self.cls
+        if isinstance(cls, str):  # "module:Class", imported only when asked for (keeps `--help` instant)
+            import importlib
+
+            module, name = cls.split(":")
+            cls = getattr(importlib.import_module(module), name)
+        print(describe_command(cls, self.detectors, self.more))
         parser.exit(0)
 
 
-def add_describe_argument(parser: argparse.ArgumentParser, cls: type, detectors: bool = False,
+def add_describe_argument(parser: argparse.ArgumentParser, cls: type | str, detectors: bool = False,
                           more: tuple[type, ...] = ()) -> None:
     """``--describe``: print the settings of ``cls`` and ``more`` (and the detector families' options) and exit,
     like ``--help``."""

@@ -108,37 +108,61 @@ class SlurmSpec(SbatchOptions):
                                  "use --backend torchrun or auto")
         elif self.gpus_per_node < 1:
             raise ValueError(f"--gpus must be >= 1, got {self.gpus_per_node}")
-        for key in ("job_name", "output", "time", "partition", "account", "qos"):
-            check_header_value(f"--{key.replace('_', '-')}", getattr(self, key))
-        for x in self.extra_sbatch:
-            check_header_value("extra sbatch line", x, raw=True)
 
     @property
     def procs_per_node(self) -> int:
         return self.cpu_procs if self.cpu_procs is not None else self.gpus_per_node
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_HEADER_BAD = re.compile(r"[\x00-\x1f\x7f\"'`$\\]")
+# what each kind of script value may not hold (see :func:`script_value`)
+_BAD = {"header": (re.compile(r"[\x00-\x1f\x7f\"'`$\\]"), "control characters, quotes, backslashes, '$' or '`'"),
+        "option": (re.compile(r"[\x00-\x1f\x7f]"), "control characters"),
+        "line": (re.compile(r"[\x00\n\r]"), "a NUL, newline or carriage return (give one --setup per line)"),
+        "word": (re.compile(r"\x00"), "a NUL character")}
 
 
-def check_header_value(flag: str, value: str | None, raw: bool = False) -> None:
-    """An ``#SBATCH`` value must stay on its line and mean what it says: no control characters (a newline would
-    start a shell line in the script) and, unless ``raw`` (a whole ``--key=value`` line the user wrote), no
-    quotes, backslashes, ``$`` or backquotes. Raises ``ValueError`` naming the flag."""
-    if value is None:
-        return
-    bad = (_CONTROL if raw else _HEADER_BAD).search(str(value))
+def script_value(flag: str, value, kind: str = "word") -> str:
+    """Every value written into an sbatch script (array or not) passes here: checked, then quoted for its place.
+
+    ``kind``: ``header`` (an ``#SBATCH --key=VALUE`` value: no control characters -- a newline would start a shell
+    line -- quotes, backslashes, ``$`` or backquotes; double-quoted when it holds spaces, which sbatch reads),
+    ``option`` (a whole ``--key=value`` sbatch option, ``--sbatch-extra``: starts with ``--``, no control
+    characters), ``line`` (a ``--setup`` shell line, run as written: no NUL, newline or carriage return) or
+    ``word`` (one word of a shell command: no NUL, then ``shlex.quote``). A bad value is a ``ValueError`` naming
+    ``flag``, in one line."""
+    text = str(value)
+    bad = _BAD[kind][0].search(text)
     if bad:
-        what = "control characters" if raw else "control characters, quotes, backslashes, '$' or '`'"
-        raise ValueError(f"{flag}: {str(value)[:80]!r} contains {bad.group()!r} at position {bad.start()}; "
-                         f"an #SBATCH value may not hold {what}")
+        raise ValueError(f"{flag}: {text[:80]!r} contains {bad.group()!r} at position {bad.start()}; "
+                         f"{'a script value' if kind == 'word' else 'it'} may not hold {_BAD[kind][1]}")
+    if kind == "option" and not text.startswith("--"):
+        raise ValueError(f"{flag}: expected one sbatch option starting with '--', got {text[:80]!r}")
+    if kind == "word":
+        return shlex.quote(text)
+    if kind == "header" and any(c.isspace() for c in text):
+        return f'"{text}"'
+    return text
 
 
-def _header(key: str, value) -> str:
-    """``#SBATCH --key=value``, the value double-quoted when it holds spaces (sbatch reads quoted values)."""
-    value = str(value)
-    return f'#SBATCH --{key}="{value}"' if any(c.isspace() for c in value) else f"#SBATCH --{key}={value}"
+def sbatch_header(key: str, value=None, flag: str | None = None) -> str:
+    """``#SBATCH --key`` or ``#SBATCH --key=value`` (value checked and quoted by :func:`script_value`, errors naming
+    ``flag``, by default ``--key``)."""
+    if value is None:
+        return f"#SBATCH --{key}"
+    return f"#SBATCH --{key}={script_value(flag or f'--{key}', value, 'header')}"
+
+
+def sbatch_common(spec: SbatchOptions) -> tuple[list[str], list[str]]:
+    """The ``#SBATCH`` lines for the optional settings both writers share (partition, account, qos, then the
+    ``--sbatch-extra`` options) and the ``--setup`` lines, all through :func:`script_value`."""
+    headers = [sbatch_header(key, getattr(spec, key)) for key in ("partition", "account", "qos") if getattr(spec, key)]
+    headers += [f"#SBATCH {script_value('--sbatch-extra', x, 'option')}" for x in spec.extra_sbatch]
+    return headers, [script_value("--setup", x, "line") for x in spec.setup]
+
+
+def shell_command(words: Sequence[str], flag: str = "command") -> str:
+    """A command line of shell words, each through :func:`script_value` (``shlex.quote``)."""
+    return " ".join(script_value(flag, w) for w in words)
 
 
 def sbatch_script(spec: SlurmSpec, command: Sequence[str], python: str = "python") -> str:
@@ -151,30 +175,27 @@ def sbatch_script(spec: SlurmSpec, command: Sequence[str], python: str = "python
     """
     spec.validate()
     cpu = spec.cpu_procs is not None
-    lines = ["#!/bin/bash", _header("job-name", spec.job_name), f"#SBATCH --nodes={spec.nodes}",
-             "#SBATCH --ntasks-per-node=1"]
+    headers, setup = sbatch_common(spec)
+    lines = ["#!/bin/bash", sbatch_header("job-name", spec.job_name), sbatch_header("nodes", spec.nodes),
+             sbatch_header("ntasks-per-node", 1)]
     if not cpu:
-        lines.append(f"#SBATCH --gpus-per-node={spec.gpus_per_node}")
-    lines += [f"#SBATCH --cpus-per-task={spec.cpus_per_task}", _header("time", spec.time),
-              _header("output", spec.output)]
-    for key in ("partition", "account", "qos"):
-        if getattr(spec, key):
-            lines.append(_header(key, getattr(spec, key)))
-    lines += [f"#SBATCH {x}" for x in spec.extra_sbatch]
-    lines += ["", "set -euo pipefail", *spec.setup,
+        lines.append(sbatch_header("gpus-per-node", spec.gpus_per_node, "--gpus"))
+    lines += [sbatch_header("cpus-per-task", spec.cpus_per_task), sbatch_header("time", spec.time),
+              sbatch_header("output", spec.output), *headers]
+    lines += ["", "set -euo pipefail", *setup,
               # rendezvous on the first node, at its NodeAddr: the address slurmctld itself reaches it by, which is
               # its NodeName unless the cluster maps names to other addresses (then the name may not resolve).
               'MASTER_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
               'MASTER_ADDR=$(scontrol show node "$MASTER_NODE" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || true)',
               'export MASTER_ADDR=${MASTER_ADDR:-$MASTER_NODE}',
-              f"export MASTER_PORT={spec.master_port}", "export HALSIFT_QUIET=1 WANDB_MODE=${WANDB_MODE:-offline}",
+              f"export MASTER_PORT={int(spec.master_port)}", "export HALSIFT_QUIET=1 WANDB_MODE=${WANDB_MODE:-offline}",
               # one id for the ranks of this job (and attempt): `halsift run` under it (recipe_ranks)
               "export HALSIFT_LAUNCH_ID=${HALSIFT_LAUNCH_ID:-slurm-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}}"]
     if cpu:
         lines.append("export HALSIFT_FORCE_CPU=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}")
     lines.append("")
-    cmd = " ".join(shlex.quote(c) for c in [*ENTRY, *command])
-    py = shlex.quote(python)
+    cmd = shell_command([*ENTRY, *command])
+    py = script_value("--python", python)
     total = spec.nodes * spec.procs_per_node
     if spec.backend == "accelerate":
         inner = (f"{py} -m accelerate.commands.launch --num_processes={total} --num_machines={spec.nodes} "
@@ -186,5 +207,5 @@ def sbatch_script(spec: SlurmSpec, command: Sequence[str], python: str = "python
     # single quotes: $SLURM_NODEID must expand inside each task, not once in the batch shell. --cpus-per-task is
     # repeated on srun: since Slurm 22.05 srun does not inherit sbatch's (srun(1), --cpus-per-task).
     lines.append(f"srun --ntasks={spec.nodes} --ntasks-per-node=1 --cpus-per-task={spec.cpus_per_task} "
-                 f"bash -c {shlex.quote(inner)}")
+                 f"bash -c {script_value('command', inner)}")
     return "\n".join(lines) + "\n"

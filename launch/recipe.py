@@ -20,6 +20,7 @@ from pathlib import Path
 
 from halsift.corpus.shards import write_json_atomic
 from halsift.corpus.config import ConfigError, to_dict
+from halsift.corpus.safe_paths import confined_to, remove_file, remove_tree, safe_component
 from halsift.launch.recipe_config import STAGE_INPUTS, STAGES, Recipe
 
 log = logging.getLogger("halsift.run")
@@ -39,6 +40,11 @@ class Paths:
     def stage(self, name: str) -> Path:
         return self.run / name
 
+    def named(self, stage: str, name: str) -> Path:
+        """``<run>/<stage>/<name>`` for a recipe name (a detector, ensemble, variant): refused unless ``name`` is one
+        safe path component, so no recipe builds a path outside the run folder (the config checks it first)."""
+        return self.stage(stage) / safe_component(name, stage)
+
 
 def resolve_paths(r: Recipe) -> Paths:
     run = Path(r.run_dir)
@@ -54,7 +60,7 @@ def resolve_paths(r: Recipe) -> Paths:
 def trained_spec(r: Recipe, p: Paths, name: str) -> str:
     """The ``lora:DIR`` spec the detectors stage produces for ``detectors.NAME``; with ``trust_remote_code=true``
     when the recipe's own ``detectors.NAME.base`` has it (the adapter folder's ``detector.yaml`` never grants it)."""
-    out = p.stage("detectors") / name
+    out = p.named("detectors", name)
     if r.detectors[name].kind == "world_judge":
         from halsift.synth.world_judge_config import world_judge_spec
 
@@ -124,7 +130,7 @@ def trained_configs(r: Recipe, p: Paths) -> dict:
         if not p.bench:
             raise ConfigError(f"detectors.{name}: kind lora trains on a bench; set data.bench")
         fixed = {"base": _substitute(t.base, f"detectors.{name}.base", subs), "bench": p.bench,
-                 "out": str(p.stage("detectors") / name), "seed": r.seed, "resume": True,
+                 "out": str(p.named("detectors", name)), "seed": r.seed, "resume": True,
                  "wandb_mode": r.wandb.mode, "wandb_project": r.wandb.project, "wandb_run": f"{r.name}-{name}"}
         out[name] = from_dict(DetectorTrainConfig, {**fixed, **t.options}, prefix=where)
     return out
@@ -272,7 +278,7 @@ def bench_subset(bench: str, split: str, out: Path) -> str:
         return ""
     if not split:
         return bench
-    target = out / f"bench_{split}" / "bench.jsonl"
+    target = out / f"bench_{safe_component(split, 'bench_split', is_key=False)}" / "bench.jsonl"
     source = target.with_name("source.json")
     ident = {"bench": str(Path(bench).resolve()), "split": split, "fingerprint": path_fingerprint(bench)}
     try:
@@ -280,8 +286,8 @@ def bench_subset(bench: str, split: str, out: Path) -> str:
     except (OSError, ValueError):
         cached = False
     if not cached:
-        source.unlink(missing_ok=True)
-        target.unlink(missing_ok=True)
+        remove_file(source)
+        remove_file(target)
         root = Path(bench).parent.resolve()
         rows = []
         for row in iter_bench(bench):
@@ -325,7 +331,7 @@ def stage_detectors(r: Recipe, p: Paths) -> dict:
     info = {}
     for name, cfg in trained_configs(r, p).items():
         spec = trained_spec(r, p, name)
-        out = p.stage("detectors") / name
+        out = p.named("detectors", name)
         started = time.time()
         if r.detectors[name].kind == "world_judge":
             built = build_world_judge(p.stage("world"), out, seed=r.seed, settings=cfg, show_progress=True)
@@ -338,7 +344,7 @@ def stage_detectors(r: Recipe, p: Paths) -> dict:
 
 
 def _scores_dir(p: Paths, name: str, what: str) -> Path:
-    return p.stage("score") / name / what
+    return p.named("score", name) / what
 
 
 def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
@@ -421,22 +427,22 @@ def stage_select(r: Recipe, p: Paths) -> dict:
     info = {}
     for name in _filters(r):
         scored, how = r.select.resolved(name)
-        done = reuse_or_clear(p.stage("select") / name, _scores_dir(p, scored, "corpus"), **how,
+        done = reuse_or_clear(p.named("select", name), _scores_dir(p, scored, "corpus"), **how,
                               per_captioner=r.select.per_captioner, seed=r.seed)
         if done is not None:  # finished before the stage was killed; a half-written one was cleared above
             info[name] = done
             continue
-        manifest = select(_scores_dir(p, scored, "corpus"), p.corpus, p.stage("select") / name, **how,
+        manifest = select(_scores_dir(p, scored, "corpus"), p.corpus, p.named("select", name), **how,
                           per_captioner=r.select.per_captioner, seed=r.seed,
                           meta_defaults={"captioner": r.select.default_captioner,
                                          "source": r.select.default_source})
         info[name] = manifest
-    _log_stage(r, p, "select", {name: p.stage("select") / name for name in info})
+    _log_stage(r, p, "select", {name: p.named("select", name) for name in info})
     return {"selections": info}
 
 
 def _finetune_runs(r: Recipe, p: Paths) -> dict[str, list[Path]]:
-    runs = {name: [p.stage("finetune") / name / f"seed{s}" for s in r.finetune.seeds] for name in _filters(r)}
+    runs = {name: [p.named("finetune", name) / f"seed{s}" for s in r.finetune.seeds] for name in _filters(r)}
     if r.finetune.unfiltered:
         runs["unfiltered"] = [p.stage("finetune") / "unfiltered" / f"seed{s}" for s in r.finetune.seeds]
     return runs
@@ -447,7 +453,7 @@ def stage_finetune(r: Recipe, p: Paths) -> dict:
 
     todo = {}
     for name, runs in _finetune_runs(r, p).items():
-        data = [p.corpus] if name == "unfiltered" else [str(p.stage("select") / name)]
+        data = [p.corpus] if name == "unfiltered" else [str(p.named("select", name))]
         for run_dir, seed in zip(runs, r.finetune.seeds):
             if not (run_dir / "final" / "open_clip_model.safetensors").exists():
                 todo[f"{name}/seed{seed}"] = _train_cfg(r, r.finetune, data, run_dir, p.base, seed)
@@ -460,7 +466,7 @@ def stage_finetune(r: Recipe, p: Paths) -> dict:
 
         print(f"[halsift run] finetune: {len(todo)} runs, {jobs} at a time (one thread each)", flush=True)
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {k: pool.submit(_train_single_threaded, cfg) for k, cfg in todo.items()}
+            futures = {k: pool.submit(_train_single_threaded, cfg, p.run) for k, cfg in todo.items()}
             done = {k: f.result() for k, f in futures.items()}
     return {"runs": sorted(done)}
 
@@ -473,14 +479,16 @@ def _finetune_jobs(r: Recipe, runs: int) -> int:
     return max(1, min(r.finetune.jobs or os.cpu_count() or 1, runs))
 
 
-def _train_single_threaded(cfg) -> dict:
-    """``train(cfg)`` in a worker process with one intra-op thread, so that concurrent runs share the cores."""
+def _train_single_threaded(cfg, run: Path) -> dict:
+    """``train(cfg)`` in a worker process with one intra-op thread, so that concurrent runs share the cores; like
+    the parent, it removes nothing outside the run folder."""
     import torch
 
     from halsift.training.clip_train import train
 
     torch.set_num_threads(1)
-    return train(cfg)
+    with confined_to(run):
+        return train(cfg)
 
 
 def _device(r: Recipe) -> str:
@@ -565,11 +573,11 @@ def stage_report(r: Recipe, p: Paths) -> dict:
     bench = json.loads(bench_file.read_text()) if bench_file.exists() else {}
     selections = {}
     for name in _filters(r):
-        mpath = p.stage("select") / name / "manifest.json"
+        mpath = p.named("select", name) / "manifest.json"
         selections[name] = json.loads(mpath.read_text()) if mpath.exists() else {}
     metrics = compare_filters_report(r.name, retrieval, bench, selections, list(_retrieval_sets(r, p)),
                                      p.stage("report"), wandb_mode=r.wandb.mode, wandb_project=r.wandb.project,
-                                     filters=[n for n in _scored(r) if (p.stage("score") / n).exists()],
+                                     filters=[n for n in _scored(r) if p.named("score", n).exists()],
                                      extra_reports={n: p.stage("eval") / n / "report.md" for n in r.evals.enabled()},
                                      bench_split=r.eval.bench_split, ranks=ranks, seed=r.seed,
                                      samples=report_samples(r, p))
@@ -581,11 +589,11 @@ def report_samples(r: Recipe, p: Paths):
     filter's selection kept (:func:`halsift.eval.report.html.collect_samples`)."""
     from halsift.eval.report.html import collect_samples
 
-    scored = [n for n in _scored(r) if (p.stage("score") / n).exists()]
+    scored = [n for n in _scored(r) if p.named("score", n).exists()]
     corpus = {n: _scores_dir(p, n, "corpus") for n in scored if _scores_dir(p, n, "corpus").exists()}
     bench = {n: _scores_dir(p, n, "bench") for n in scored if _scores_dir(p, n, "bench").exists()}
-    sels = {n: (p.stage("select") / n, r.select.resolved(n)[0]) for n in _filters(r)
-            if (p.stage("select") / n / "kept.parquet").exists()}
+    sels = {n: (p.named("select", n), r.select.resolved(n)[0]) for n in _filters(r)
+            if (p.named("select", n) / "kept.parquet").exists()}
     return collect_samples(scored, corpus=p.corpus if corpus else None, corpus_scores=corpus, selections=sels,
                            bench=bench_subset(p.bench, r.eval.bench_split, p.run) if bench else None,
                            bench_scores=bench, keep=r.eval.keep)
@@ -595,10 +603,16 @@ STAGE_FUNCS = {s: globals()[f"stage_{s}"] for s in STAGES}  # recipe_config.STAG
 
 
 def run_recipe(r: Recipe, dry_run: bool = False, force: tuple[str, ...] = ()) -> Path:
-    """Run (or with ``dry_run`` only check) a recipe; returns the report folder."""
+    """Run (or with ``dry_run`` only check) a recipe; returns the report folder. Nothing outside the run folder is
+    removed or replaced (:func:`halsift.corpus.safe_paths.confined_to`)."""
     p = check(r)
     if dry_run:
         return p.stage("report")
+    with confined_to(p.run):
+        return _run_stages(r, p, force)
+
+
+def _run_stages(r: Recipe, p: Paths, force: tuple[str, ...]) -> Path:
     from halsift.launch import recipe_ranks
 
     ranks = recipe_ranks.ranks_from_env()  # under `halsift launch -- run`: score on every rank, the rest on rank 0
@@ -613,8 +627,6 @@ def run_recipe(r: Recipe, dry_run: bool = False, force: tuple[str, ...] = ()) ->
     import yaml
 
     (p.run / "recipe.resolved.yaml").write_text(yaml.safe_dump(to_dict(r), sort_keys=False))
-    import shutil
-
     saved = {s: _done(p.stage(s)) for s in stages}
     current = [s for s in stages if saved[s] is not None and s not in force
                and saved[s].get("inputs", {}).get("fingerprint") == inputs[s]["fingerprint"]]
@@ -629,7 +641,7 @@ def run_recipe(r: Recipe, dry_run: bool = False, force: tuple[str, ...] = ()) ->
         if saved[stage] is not None:
             print(f"[halsift run] {stage}: {_changed(saved[stage], inputs[stage])} since it ran; clearing {d} and "
                   "re-running")
-            shutil.rmtree(d)
+            remove_tree(d)
         print(f"[halsift run] {stage}: running")
         started = time.time()
         try:

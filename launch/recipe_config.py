@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from halsift.corpus.config import ConfigError, WandbMode, field, fields_of
+from halsift.corpus.safe_paths import safe_component
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
 from halsift.synth.world_config import WorldSettings
 from halsift.training.clip_config import ClipTrainConfig
@@ -22,6 +23,8 @@ STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "pretr
                 "eval": ("eval", "evals"), "report": ("name",)}
 STAGES = tuple(STAGE_INPUTS)
 TRAINED_KINDS = ("lora", "world_judge")
+# the report's own rows (the base model, the whole corpus): no detector, ensemble or variant may take these names
+RESERVED_NAMES = ("no-tune", "unfiltered")
 EXTRA_EVALS = RECIPE_EVALS
 
 
@@ -69,6 +72,7 @@ class TrainCfg(ClipTrainSection):
                                           "('' = all rows, 'none' = skip)")
 
     def validate(self) -> None:
+        check_split("bench_split", self.bench_split)
         self.clip_train_config(data=["-"], out="-").validate()
 
     def clip_train_config(self, **recipe_set: Any) -> ClipTrainConfig:
@@ -119,15 +123,23 @@ class ScoreCfg:
     detectors: dict[str, str] = field(
         default_factory=lambda: {"clip": "clip:arch={arch},checkpoint={base}", "random": "random:seed=0",
                                  "oracle": "oracle"},
-        help="detector name -> spec (or YAML path); scored on the corpus and on the bench")
+        help="detector name -> spec (or YAML path); scored on the corpus and on the bench. A NAME (here, in "
+             "ensembles, variants and detectors) becomes a folder: ASCII letters, digits, . _ - + @ =")
     ensembles: dict[str, list[str]] = field(default_factory=dict,
                                             help="ensemble name -> member detector names (mean of scores)")
     unit: str = field("sentence", help="sentence | caption")
     batch_size: int = field(64, help="sentences per detector batch")
 
     def validate(self) -> None:
+        for where, names in (("score.detectors", self.detectors), ("score.ensembles", self.ensembles)):
+            for name in names:
+                check_name(where, name)
         if not self.detectors:
             raise ValueError("score.detectors: at least one detector is required")
+        both = sorted(set(self.detectors) & set(self.ensembles))
+        if both:
+            raise ValueError(f"score.ensembles.{both[0]}: the name is already a detector (both would write "
+                             f"score/{both[0]})")
         if self.unit not in ("sentence", "caption"):
             raise ValueError(f"score.unit: expected sentence or caption, got {self.unit!r}")
         for name, members in self.ensembles.items():
@@ -135,6 +147,20 @@ class ScoreCfg:
             if missing or len(members) < 2:
                 raise ValueError(f"score.ensembles.{name}: needs >= 2 members from score.detectors; "
                                  f"unknown {missing}")
+
+
+def check_name(where: str, name: str) -> None:
+    """A recipe name that becomes a folder (``score/NAME``, ``select/NAME``, ``detectors/NAME`` ...): one safe path
+    component (:func:`halsift.corpus.safe_paths.safe_component`), not a name the report keeps for itself."""
+    safe_component(name, where)
+    if name in RESERVED_NAMES:
+        raise ValueError(f"{where}.{name}: the name is reserved for the report's own row; choose another")
+
+
+def check_split(key: str, split: str) -> None:
+    """A bench split (cut into ``<run_dir>/bench_SPLIT``): '' (all rows), 'none' or a safe folder name."""
+    if split not in ("", "none"):
+        safe_component(split, key, is_key=False)
 
 
 def check_selection(where: str, keep: float | None, unit: str, agg: str, top_k: int | None = 0,
@@ -203,10 +229,9 @@ class SelectCfg:
         check_selection("select", self.keep, self.unit, self.agg, self.top_k, self.threshold)
         if self.default_source not in ("i2t", "t2i"):
             raise ValueError(f"select.default_source: expected i2t or t2i, got {self.default_source!r}")
+        for name in self.variants:
+            check_name("select.variants", name)
         for name, v in self.variants.items():
-            if "/" in name:
-                raise ValueError(f"select.variants.{name}: a name becomes a folder under select/ and finetune/; "
-                                 "use no '/'")
             check_selection(f"select.variants.{name}", v.keep or self.keep, v.unit or self.unit, v.agg or self.agg,
                              v.top_k, v.threshold)
             if not v.filter:
@@ -229,6 +254,9 @@ class EvalCfg:
     keep: float = field(0.2, help="top fraction whose precision is reported on the bench")
     bench_split: str = field("", help="evaluate detectors on this bench split only ('' = all rows)")
     batch_size: int = field(128, help="evaluation batch size")
+
+    def validate(self) -> None:
+        check_split("bench_split", self.bench_split)
 
 
 @dataclass
@@ -284,6 +312,8 @@ class Recipe:
                                  "`halsift eval NAME` settings; output in <run_dir>/eval/NAME")
 
     def validate(self) -> None:
+        for name in self.detectors:
+            check_name("detectors", name)
         bad = [s for s in self.stages if s not in STAGES]
         if bad:
             raise ConfigError(f"stages: unknown stage {bad[0]!r}; expected some of {STAGES}")

@@ -15,11 +15,10 @@ SLURM. What submitit adds beyond that (requeue on preemption, per-task logs) is 
 from __future__ import annotations
 
 import argparse
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from halsift.launch.launchers import ENTRY, SbatchOptions
+from halsift.launch.launchers import ENTRY, SbatchOptions, sbatch_common, sbatch_header, script_value, shell_command
 
 ARRAY_COMMANDS = ("score", "select")  # the commands that take --num-tasks/--task-index
 TASK_ID = '"$SLURM_ARRAY_TASK_ID"'
@@ -47,8 +46,6 @@ class ArraySpec(SbatchOptions):
         if self.cpus_per_task < 1:
             raise ValueError(f"--cpus-per-task: expected >= 1, got {self.cpus_per_task}")
         for x in self.extra_sbatch:
-            if not x.startswith("--") or "\n" in x:
-                raise ValueError(f"--sbatch-extra: expected one sbatch option starting with '--', got {x!r}")
             if x.split("=", 1)[0] in ("--array", "--nodes", "--ntasks"):
                 raise ValueError(f"--sbatch-extra {x!r}: set by --array itself (one node, one task per array task)")
 
@@ -73,39 +70,28 @@ def array_script(spec: ArraySpec, command: Sequence[str], python: str = "python"
     spec.validate()
     argv = task_command(command, spec.tasks)
     throttle = f"%{spec.max_parallel}" if spec.max_parallel else ""
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={spec.job_name}", f"#SBATCH --array=0-{spec.tasks - 1}{throttle}",
-             "#SBATCH --nodes=1", "#SBATCH --ntasks=1"]
+    headers, setup = sbatch_common(spec)
+    lines = ["#!/bin/bash", sbatch_header("job-name", spec.job_name),
+             sbatch_header("array", f"0-{spec.tasks - 1}{throttle}"), sbatch_header("nodes", 1),
+             sbatch_header("ntasks", 1)]
     if spec.gpus:
-        lines.append(f"#SBATCH --gpus={spec.gpus}")
-    lines += [f"#SBATCH --cpus-per-task={spec.cpus_per_task}", f"#SBATCH --time={spec.time}",
-              f"#SBATCH --output={spec.output}"]
+        lines.append(sbatch_header("gpus", spec.gpus))
+    lines += [sbatch_header("cpus-per-task", spec.cpus_per_task), sbatch_header("time", spec.time),
+              sbatch_header("output", spec.output)]
     if spec.requeue:  # requeued after a node failure or preemption; the log goes on in the same file
-        lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
-    for key in ("partition", "account", "qos"):
-        if getattr(spec, key):
-            lines.append(f"#SBATCH --{key}={getattr(spec, key)}")
-    lines += [f"#SBATCH {x}" for x in spec.extra_sbatch]
-    lines += ["", "# rerun one failed task alone: sbatch --array=I this-script", "set -euo pipefail", *spec.setup,
+        lines += [sbatch_header("requeue"), sbatch_header("open-mode", "append")]
+    lines += headers
+    lines += ["", "# rerun one failed task alone: sbatch --array=I this-script", "set -euo pipefail", *setup,
               "export HALSIFT_QUIET=1 WANDB_MODE=${WANDB_MODE:-offline}"]
     if not spec.gpus:
         lines.append("export HALSIFT_FORCE_CPU=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$SLURM_CPUS_PER_TASK}")
-    quoted = " ".join(a if a == TASK_ID else shlex.quote(a) for a in [python, *ENTRY, *argv])
+    # the last word is the task index, a shell variable; every other word is quoted (not compared by value: a
+    # command word that spells TASK_ID stays a literal)
+    quoted = f"{script_value('--python', python)} {shell_command([*ENTRY, *argv[:-1]])} {argv[-1]}"
     lines += ['echo "halsift: array task $SLURM_ARRAY_TASK_ID of ' + str(spec.tasks) +
               ' on $(hostname) (job ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}, restart ${SLURM_RESTART_COUNT:-0})"',
               f"exec {quoted}"]
     return "\n".join(lines) + "\n"
-
-
-def add_array_arguments(g: argparse._ArgumentGroup) -> None:
-    """The launch flags for arrays (added to ``halsift launch``'s SLURM group)."""
-    g.add_argument("--array", type=int, default=None, metavar="N",
-                   help="a job array of N independent single-GPU tasks running `score --num-tasks N` (no process "
-                        "group; a dead task loses only its current part; rerun one with sbatch --array=I SCRIPT)")
-    g.add_argument("--max-parallel", type=int, default=None, metavar="M",
-                   help="with --array: at most M tasks at once (#SBATCH --array=0-(N-1)%%M)")
-    g.add_argument("--requeue", action="store_true", help="with --array: requeue a task after node failure/preemption")
-    g.add_argument("--sbatch-extra", action="append", default=[], metavar="OPT",
-                   help="extra sbatch option, e.g. --sbatch-extra=--constraint=a100 (repeatable)")
 
 
 def array_text(args: argparse.Namespace, command: Sequence[str], python: str) -> str:

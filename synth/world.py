@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 from pathlib import Path
 
 from halsift.corpus.bench import BenchRow, write_bench
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import Sample, ShardWriter, write_json_atomic
+from halsift.corpus.safe_paths import remove_file, remove_tree, replace_path
 from .captioners import PROFILE_BY_NAME, PROFILES, caption, check_captioner_names
 from .render import png_bytes, render
 from .scene import sample_scene
@@ -216,7 +216,7 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".world.tmp{os.getpid()}"
     if tmp.exists():
-        shutil.rmtree(tmp)
+        remove_tree(tmp)
     (tmp / "bench" / "images").mkdir(parents=True)
     (tmp / "retrieval" / "images").mkdir(parents=True)
 
@@ -226,7 +226,7 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
         n_rows = _write_parts(tmp, bar, seed, image_size, shard_size, images, captioners, bench_images,
                               t2i_prompts, retrieval_images, retrieval_style, held_out, pretrain_images, window)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp, ignore_errors=True)
         raise
     finally:
         bar.close()
@@ -244,11 +244,11 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     for part in PARTS:  # move into place; world.json last, so its presence means the world is complete
         target = out / part
         if target.is_dir():
-            shutil.rmtree(target)
+            remove_tree(target)
         elif target.exists():
-            target.unlink()
-        os.replace(tmp / part, target)
-    shutil.rmtree(tmp, ignore_errors=True)
+            remove_file(target)
+        replace_path(tmp / part, target)
+    remove_tree(tmp, ignore_errors=True)
     return world
 
 

@@ -55,6 +55,7 @@ from pathlib import Path
 import torch
 
 from halsift.corpus.shards import write_json_atomic
+from halsift.corpus.safe_paths import remove_tree
 from halsift.synth.world_judge_config import WorldJudgeSettings, world_judge_spec
 
 
@@ -148,7 +149,7 @@ def write_references(shards: Path, out: Path, n: int) -> None:
 def _ensure_references(world: Path, out: Path, n: int) -> None:
     refs = out / "references"
     if n > 0 and len(list(refs.glob("ref*.png"))) < n:
-        shutil.rmtree(refs, ignore_errors=True)
+        remove_tree(refs, ignore_errors=True)
         write_references(world / "pretrain", refs, n)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 from halsift.corpus.config import field as _f
+from halsift.corpus.safe_paths import remove_tree, replace_path
 from halsift.training.engine import Task, run
 
 
@@ -144,11 +144,11 @@ class CaptionTask(Task):
         if self.accelerator.is_main_process:
             out = Path(self.cfg.save_to)
             tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp, ignore_errors=True)
             model.eval().save_pretrained(str(tmp))
             self.processor.save_pretrained(str(tmp))
-            shutil.rmtree(out, ignore_errors=True)
-            os.replace(tmp, out)
+            remove_tree(out, ignore_errors=True)
+            replace_path(tmp, out)
         losses = torch.stack(self.losses).tolist() if self.losses else [float("nan")]
         k = max(1, min(20, self.cfg.steps // 5))
         return {"loss_first": sum(losses[:k]) / len(losses[:k]), "loss_last": sum(losses[-k:]) / len(losses[-k:]),

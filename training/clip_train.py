@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import warnings
 from pathlib import Path
 
 import torch
 
 from halsift.corpus.shards import ShardFormatError, expand_shards, write_json_atomic
+from halsift.corpus.safe_paths import remove_tree, replace_path
 from halsift.training.clip_config import ClipTrainConfig, check_model_name, ensure_model_configs
 from halsift.training.engine import (NonFiniteLossError, Task, complete_checkpoints, cosine_with_warmup, run,
                                      save_state_dict_safetensors)
@@ -92,7 +92,7 @@ def detection_metrics(model, preprocess, tokenizer, bench: str, work_dir: Path) 
     if state.is_main_process:
         scored, _, _ = join_scores(bench_frame(bench), scores, detector.name)
         out = auroc_by_generator(scored)
-        shutil.rmtree(work_dir, ignore_errors=True)
+        remove_tree(work_dir, ignore_errors=True)
     state.wait_for_everyone()
     return out
 
@@ -233,13 +233,13 @@ class ContrastiveTask(Task):
 
         if self.accelerator.is_main_process:
             final_dir, tmp = self.out / "final", self.out / f".final.tmp-{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp, ignore_errors=True)
             tmp.mkdir()
             write_open_clip_folder(model, self.cfg.model, tmp, self.tokenizer)
             write_json_atomic(tmp / "config.json", {"model": self.cfg.model, "step": step,
                                                     "metrics": self.last_metrics})
-            shutil.rmtree(final_dir, ignore_errors=True)
-            os.replace(tmp, final_dir)
+            remove_tree(final_dir, ignore_errors=True)
+            replace_path(tmp, final_dir)
         return self.last_metrics
 
 

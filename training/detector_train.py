@@ -34,6 +34,7 @@ import torch
 from halsift.corpus.bench import BenchFormatError
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.shards import write_json_atomic
+from halsift.corpus.safe_paths import remove_tree, replace_path
 from halsift.filtering.detectors.base import Item
 from halsift.filtering.detectors.lora import FORMAT as EXPORT_FORMAT  # the adapter folder's format tag
 from halsift.training.detector_config import DetectorTrainConfig
@@ -156,15 +157,15 @@ def _export(task, out: Path, name: str, meta: dict) -> Path:
 
     final = out / name
     tmp = out / f".{name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    remove_tree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     desc = task.export(tmp)
     write_description(tmp, {**desc, **meta})
     old = out / f".{name}.old-{os.getpid()}"
     if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+        replace_path(final, old)
+    replace_path(tmp, final)
+    remove_tree(old, ignore_errors=True)
     return final
 
 
@@ -323,13 +324,13 @@ class DetectorTask(Task):
             if state["best_auroc"] is None or not (out / "best").is_dir():
                 _export(self.task, out, "best", {"step": step, "val_auroc": None})
             final, tmp = out / "adapter", out / f".adapter.tmp-{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp, ignore_errors=True)
             shutil.copytree(out / "best", tmp)
             if self.cfg.merge:
                 self.task.load_export(tmp)  # merge the best adapter, not the last one
                 self.task.export_merged(tmp / "merged")
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
+            remove_tree(final, ignore_errors=True)
+            replace_path(tmp, final)
             write_json_atomic(out / "result.json", {**result, "adapter": str(final.resolve())})
         acc.wait_for_everyone()
         return {**result, "adapter": str((out / "adapter").resolve())}

@@ -27,7 +27,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import time
 import uuid
@@ -40,6 +39,7 @@ import torch
 from halsift.corpus.atomic import write_text_atomic
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
+from halsift.corpus.safe_paths import remove_tree, replace_path
 
 _CKPT_RE = re.compile(r"^step_(\d{6,})$")
 FAULT_KILL_ENV = "HALSIFT_FAULT_KILL_AFTER_STEP"  # test hook: SIGKILL this process right after step N's checkpoint
@@ -199,7 +199,7 @@ def save_checkpoint(accelerator, out: Path, step: int, state: dict, keep: int = 
     tmp = root / f".{final.name}.tmp"
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
@@ -207,11 +207,11 @@ def save_checkpoint(accelerator, out: Path, step: int, state: dict, keep: int = 
     if accelerator.is_main_process:
         write_json_atomic(tmp / "state.json", {"step": step, **state})  # last: marks the folder complete
         if final.exists():  # a leftover without state.json, or a rerun of the same step
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+            remove_tree(final)
+        replace_path(tmp, final)
         if keep:
             for old in complete_checkpoints(out)[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+                remove_tree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
 

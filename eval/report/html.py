@@ -17,7 +17,6 @@ import io
 import json
 import math
 import os
-import shutil
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from halsift.corpus.atomic import write_text_atomic
+from halsift.corpus.safe_paths import remove_tree
 
 SAMPLES_DIR = "samples"  # thumbnails beside index.html
 THUMB_PX = 160  # longest side of a thumbnail
@@ -341,7 +341,7 @@ def render_html(out_dir: str | os.PathLike, title: str, *, headline: str = "", t
                              autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     samples = samples or SampleSet()
-    shutil.rmtree(out / SAMPLES_DIR, ignore_errors=True)  # no thumbnails left from an earlier page
+    remove_tree(out / SAMPLES_DIR, ignore_errors=True)  # no thumbnails left from an earlier page
     for rel, data in samples.thumbs.items():
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)

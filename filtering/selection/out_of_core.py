@@ -24,12 +24,12 @@ caption-level scores; ``keep``, ``top_k`` or ``threshold``. ``per_captioner``, `
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from halsift.corpus.safe_paths import remove_tree
 from halsift.filtering.detectors.base import CAPTION_INDEX
 from halsift.filtering.detectors.baselines import hash_uniform
 from halsift.filtering.selection.select import AGGS, UNITS, SelectError
@@ -105,7 +105,7 @@ def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     work = out / ".select-work"
-    shutil.rmtree(work, ignore_errors=True)
+    remove_tree(work, ignore_errors=True)
     con = connect(work / "spill", memory_limit, threads)
     files = "[" + ", ".join(_q(f) for f in score_files(scores_dir)) + "]"
     con.execute(f"CREATE VIEW scores AS SELECT key, sentence_index, score, parse_filename(filename) AS part "
@@ -142,7 +142,7 @@ def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep:
     con.close()
     os.replace(work / BY_PART, out / BY_PART)
     os.replace(tmp_kept, out / "kept.parquet")
-    shutil.rmtree(work, ignore_errors=True)
+    remove_tree(work, ignore_errors=True)
     return {"score_rows": int(n_rows), "candidates": int(n_units), "selected": int(n), "threshold_used": cut}
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name
 from halsift.corpus.shards import (META_DEFAULTS, ShardFormatError, ShardWriter, expand_shards, iter_shard,
                                    write_json_atomic)
+from halsift.corpus.safe_paths import remove_tree
 from halsift.filtering.selection.score_folder import check_score_folder
 from halsift.filtering.selection.select import KeptCounts, SelectError, _labels, kept_by_key, unit_outputs
 from halsift.filtering.selection.out_of_core import MEMORY_LIMIT, supported, top_keys, kept_for_part
@@ -94,7 +94,7 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
     counts = KeptCounts(unit == "sentence" or agg == "prune")
     shard_keys, bad_index, corrupt = [], [], []
     work = out / f".{index:06d}.work"
-    shutil.rmtree(work, ignore_errors=True)  # what a killed attempt left
+    remove_tree(work, ignore_errors=True)  # what a killed attempt left
     with ShardWriter(work, maxcount=2**62, start_index=index) as writer:
         try:
             for s in iter_shard(shard):
@@ -125,7 +125,7 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
     for name in sizes:  # 0 or 1 shard, named after the input's index
         os.replace(work / f"{name[:-4]}_stats.json", out / f"{name[:-4]}_stats.json")
         os.replace(work / name, out / name)
-    shutil.rmtree(work, ignore_errors=True)
+    remove_tree(work, ignore_errors=True)
     here = set(shard_keys)
     only_shard = [k for k in shard_keys if k not in score_keys]
     only_scores = sorted(score_keys - here)
@@ -254,5 +254,5 @@ def reuse_or_clear(dest: str | os.PathLike, scores_dir, *, keep=None, top_k=None
                 "unit": unit, "agg": agg if unit == "caption" else None, "per_captioner": per_captioner, "seed": seed}
         if all(f.get(k) == v for k, v in want.items()):
             return m
-    shutil.rmtree(dest, ignore_errors=True)
+    remove_tree(dest, ignore_errors=True)
     return None

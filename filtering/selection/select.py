@@ -26,7 +26,6 @@ only its kept sentences).
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -42,6 +41,7 @@ from halsift.corpus.scores import read_part, read_scores, write_part_atomic
 from halsift.corpus.sentences import sentence_texts
 from halsift.corpus.shards import (META_DEFAULTS, Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard,
                                    write_json_atomic)
+from halsift.corpus.safe_paths import remove_file, remove_tree
 from halsift.filtering.detectors.base import CAPTION_INDEX
 from halsift.filtering.detectors.baselines import hash_uniform
 from halsift.filtering.selection.score_folder import SelectError, check_score_folder
@@ -297,11 +297,11 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
 def _remove_selection(out: Path, created: bool) -> None:
     """Undo a failed selection: its shards, stats, sizes, kept table, manifest and temporary files."""
     if created:
-        shutil.rmtree(out, ignore_errors=True)
+        remove_tree(out, ignore_errors=True)
         return
     for pattern in ("*.tar", "*_stats.json", "sizes.json", "kept.parquet", "manifest.json", ".*.tmp*"):
         for f in out.glob(pattern):
-            f.unlink(missing_ok=True)
+            remove_file(f)
 
 
 def unit_outputs(s: Sample, idxs: list[int], unit: str, agg: str, texts: list[str], gts: list | None,

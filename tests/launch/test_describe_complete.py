@@ -30,8 +30,8 @@ def _settings(p: argparse.ArgumentParser) -> set[str]:
     positionals by their dest."""
     names = set()
     for a in p._actions:
-        if not a.option_strings:
-            if a.dest not in (argparse.SUPPRESS, "help"):
+        if not a.option_strings:  # a positional; the command words after `--` (launch) are not a setting
+            if a.dest not in (argparse.SUPPRESS, "help") and a.nargs != argparse.REMAINDER:
                 names.add(a.dest)
             continue
         longs = [s for s in a.option_strings if s.startswith("--")]

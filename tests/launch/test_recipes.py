@@ -115,9 +115,12 @@ def test_missing_user_path_is_named(tmp_path):
 
 
 def test_describe_and_list(capsys):
-    assert main(["run", "--describe"]) == 0
+    with pytest.raises(SystemExit) as e:  # like --help
+        main(["run", "--describe"])
+    assert e.value.code == 0
     out = capsys.readouterr().out
     assert "keep: 0.2" in out and "# fraction of units kept" in out
+    assert "dry_run: false  # resolve and check the recipe" in out  # the command's own flags too
     assert main(["run", "--list"]) == 0
     assert "quickstart" in capsys.readouterr().out
 
