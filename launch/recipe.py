@@ -533,7 +533,7 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
             for set_name, path in _retrieval_sets(r, p).items():
                 with torch.no_grad():
                     m, rk = evaluate_retrieval(model, preprocess, tokenizer, path, device, r.eval.batch_size,
-                                               return_ranks=True)
+                                               return_ranks=True, precision=r.finetune.precision)
                 res.update({f"{set_name}/{k}": v for k, v in m.items()})
                 ranks.update({ranks_key(name, i, set_name, d): rk[d] for d in ("i2t", "t2i")})
                 ranks[f"{set_name}/text_to_image"] = rk["text_to_image"]

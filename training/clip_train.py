@@ -210,9 +210,8 @@ class ContrastiveTask(Task):
             metrics.update(detection_metrics(unwrapped, self.preprocess_eval, self.tokenizer, cfg.bench,
                                              out / "eval_tmp" / f"bench_step_{step:06d}"))
         if cfg.retrieval and acc.is_main_process:
-            with acc.autocast():
-                rm = evaluate_retrieval(unwrapped, self.preprocess_eval, self.tokenizer, cfg.retrieval, acc.device,
-                                        cfg.eval_batch_size)
+            rm = evaluate_retrieval(unwrapped, self.preprocess_eval, self.tokenizer, cfg.retrieval, acc.device,
+                                    cfg.eval_batch_size, precision=cfg.precision)
             metrics.update(rm)
             write_clip_benchmark(out / "clip_benchmark" / f"step_{step:06d}.json", rm,
                                  retrieval_set_name(cfg.retrieval), cfg.model, f"{out.name}@step{step}")

@@ -143,9 +143,22 @@ def _normalise(x: np.ndarray, name: str) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+def use_bf16(precision: str, device) -> bool:
+    """The one precision rule of retrieval evaluation (``eval retrieval``, training's in-loop eval, recipes):
+    ``auto`` is bf16 autocast on a GPU and fp32 on a CPU, as training's ``precision`` setting reads it."""
+    import torch
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision == "bf16" or (precision == "auto" and torch.device(device).type == "cuda")
+
+
 def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.PathLike, device="cpu",
-                       batch_size: int = 64, ks: Sequence[int] = (1, 5, 10), return_ranks: bool = False
-                       ) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
+                       batch_size: int = 64, ks: Sequence[int] = (1, 5, 10), return_ranks: bool = False,
+                       precision: str = "auto") -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """Encode the retrieval set's images and captions with an open_clip ``model`` and return :func:`recall_at_k`.
 
     ``retrieval_set``: ``retrieval.jsonl`` or its folder, read by ``halsift.corpus.retrieval.read_retrieval``.
@@ -164,8 +177,9 @@ def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.Pat
     was_training = model.training
     model.eval()
     img_feats, txt_feats = [], []
+    bf16 = use_bf16(precision, device)
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.autocast(torch.device(device).type, torch.bfloat16, enabled=bf16):
             for lo in range(0, len(rs), batch_size):
                 ims = []
                 for p in rs.images[lo:lo + batch_size]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Literal
 from pathlib import Path
 
 from halsift.corpus.config import ConfigError, field
@@ -19,6 +20,8 @@ class RetrievalEvalConfig:
                               "layout, for `clip_benchmark build`) here")
     batch_size: int = field(64, help="encoding batch size")
     device: str = field("auto", help="auto | cpu | cuda[:N]")
+    precision: Literal["auto", "bf16", "fp32"] = field("auto", help="auto: bf16 autocast on a GPU, fp32 on a CPU "
+                                                                      "(the same rule as training's in-loop eval)")
 
     def validate(self) -> None:
         for name in ("model", "data"):
@@ -68,8 +71,8 @@ def run_retrieval(config: RetrievalEvalConfig) -> EvalResult:
     except SafetensorError as e:
         raise SafetensorError(f"pretrained: {e}") from None
     tokenizer = get_tokenizer(config.model)
-    with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=device != "cpu"):
-        metrics = evaluate_retrieval(model, preprocess, tokenizer, config.data, device, config.batch_size)
+    metrics = evaluate_retrieval(model, preprocess, tokenizer, config.data, device, config.batch_size,
+                                 precision=config.precision)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "metrics.json", metrics)

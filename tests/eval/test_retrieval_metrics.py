@@ -66,3 +66,14 @@ def test_bad_inputs_name_the_problem():
         recall_at_k(np.ones((3, 2)), np.ones((2, 2)), [0, 3])
     with pytest.raises(ValueError, match="dim"):
         recall_at_k(np.ones((3, 2)), np.ones((2, 5)), [0, 1])
+
+
+def test_one_precision_rule_for_every_retrieval_eval():
+    """`eval retrieval`, training's in-loop eval and the recipe all read precision the same way (issue 30): auto is
+    bf16 on a GPU only; an unknown value is refused naming the setting."""
+    from halsift.eval.metrics.retrieval import use_bf16
+
+    assert use_bf16("auto", "cpu") is False and use_bf16("auto", "cuda:1") is True
+    assert use_bf16("bf16", "cpu") is True and use_bf16("fp32", "cuda") is False
+    with pytest.raises(ValueError, match="precision: expected one of auto, bf16, fp32, got 'fp16'"):
+        use_bf16("fp16", "cpu")
