@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from halsift.corpus.atomic import write_text_atomic
+from halsift.corpus.atomic import naming_errors, write_text_atomic
 
 SAMPLES_DIR = "samples"  # thumbnails beside index.html
 THUMB_PX = 160  # longest side of a thumbnail
@@ -357,7 +357,8 @@ def render_html(out_dir: str | os.PathLike, title: str, *, headline: str = "", t
     for rel, data in samples.thumbs.items():
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        with naming_errors(target):
+            target.write_bytes(data)
     filter_names = {f["name"] for f in samples.filters}
     html = template_env().get_template("report.html.j2").render(
         title=title, headline=markdown_html(headline) if headline else "", table=table,
