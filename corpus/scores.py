@@ -27,8 +27,27 @@ SCHEMA = pa.schema([
 ])
 
 
+def _number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+# columns stored as another numeric type (a float64 score, an int64 sentence_index from pandas or another tool) are
+# read as their contract type, the cast checked (a sentence_index of 1.5 or 2**40 is refused); any other type (a
+# string score) is refused, naming the part
+COLUMN_KINDS = {"sentence_index": (_number, pa.int32(), "integers"), "score": (_number, pa.float32(), "numbers")}
+
+
 class ScoresFormatError(InputError):
     """A score folder or part does not follow the contract; the message names the file and column."""
+
+
+def check_column_types(path: str | os.PathLike, schema: pa.Schema) -> None:
+    """Raise :class:`ScoresFormatError` naming ``path`` when a column of :data:`COLUMN_KINDS` in ``schema`` holds
+    another kind of value (e.g. a string ``score``)."""
+    for name, (ok, want, what) in COLUMN_KINDS.items():
+        if name in schema.names and not ok(schema.field(name).type):
+            raise ScoresFormatError(f"scores: {path} column {name!r} holds {schema.field(name).type}; expected "
+                                    f"{what} (read as {want})")
 
 
 def part_name(rank_or_tag: int | str, shard: str) -> str:
@@ -85,8 +104,9 @@ def read_scores(path: str | os.PathLike, columns: Sequence[str] | None = None) -
 
 def read_part(path: str | os.PathLike, columns: Sequence[str] | None = None,
               read_dictionary: Sequence[str] = ()) -> pa.Table:
-    """Read one parquet part, checking the columns; ``sentence_index`` is cast to int32 (older or foreign parts
-    may hold int64). An unreadable file raises :class:`ScoresFormatError` naming it."""
+    """Read one parquet part, checking the columns; ``sentence_index`` and ``score`` are read as int32 and float32
+    (older or foreign parts may hold int64 or float64: :data:`COLUMN_KINDS`). An unreadable file, or a column of
+    another kind, raises :class:`ScoresFormatError` naming it."""
     try:
         names = pq.read_schema(path).names
         missing = [c for c in (columns or SCORE_COLUMNS) if c not in names]
@@ -96,12 +116,13 @@ def read_part(path: str | os.PathLike, columns: Sequence[str] | None = None,
                           read_dictionary=list(read_dictionary) or None)
     except (pa.ArrowInvalid, OSError) as e:
         raise ScoresFormatError(f"scores: {path} is not a readable parquet file ({e})") from e
-    if "sentence_index" in t.column_names and t.schema.field("sentence_index").type != pa.int32():
-        i = t.schema.get_field_index("sentence_index")
-        try:
-            t = t.set_column(i, "sentence_index", t["sentence_index"].cast(pa.int32()))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-            raise ScoresFormatError(f"scores: {path} column 'sentence_index' is not an integer column ({e})") from e
+    check_column_types(path, t.schema)
+    for name, (_, want, _) in COLUMN_KINDS.items():
+        if name in t.column_names and t.schema.field(name).type != want:
+            try:
+                t = t.set_column(t.schema.get_field_index(name), name, t[name].cast(want))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:  # an int64 index beyond int32
+                raise ScoresFormatError(f"scores: {path} column {name!r} does not fit {want} ({e})") from e
     return t
 
 

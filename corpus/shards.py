@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from halsift.corpus.errors import InputError
-from halsift.corpus.atomic import atomic_file
+from halsift.corpus.atomic import atomic_file, naming_errors
 from halsift.corpus.tar_members import open_members
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
@@ -133,8 +133,9 @@ class ShardWriter:
     def _finish(self) -> None:
         if self._tar is None:
             return
-        self._tar.close()
         name = self.shard_name
+        with naming_errors(self.out_dir / name):  # a full disk names the shard
+            self._tar.close()
         os.replace(self._tmp, self.out_dir / name)
         stats = {"shard": name, "count": self._count, **{k: v for k, v in sorted(self._stats.items())}}
         write_json_atomic(self.out_dir / f"{self.index:06d}_stats.json", stats)
@@ -146,13 +147,14 @@ class ShardWriter:
         """Append one sample; validates the key, extension and required metadata (nothing is written for a
         sample that fails, so the caller may skip it and go on)."""
         ext, meta = self.validate(sample)
-        if self._tar is None:
-            self._open()
-        self._keys.add(sample.key)
-        _add_member(self._tar, f"{sample.key}.{ext}", sample.image)
-        _add_member(self._tar, f"{sample.key}.txt", sample.caption.encode("utf-8"))
-        _add_member(self._tar, f"{sample.key}.json",
-                    json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+        with naming_errors(self.out_dir / self.shard_name):  # a full disk names the shard
+            if self._tar is None:
+                self._open()
+            self._keys.add(sample.key)
+            _add_member(self._tar, f"{sample.key}.{ext}", sample.image)
+            _add_member(self._tar, f"{sample.key}.txt", sample.caption.encode("utf-8"))
+            _add_member(self._tar, f"{sample.key}.json",
+                        json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"))
         self._count += 1
         self.total += 1
         self._stats[f"captioner/{meta['captioner']}"] += 1

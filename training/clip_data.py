@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from halsift.corpus.images import ImageDecodeError
 from halsift.corpus.images import decode_image as corpus_decode_image
+from halsift.corpus.parent_watch import ExitWithParent
 from halsift.corpus.shards import IMAGE_EXTS, expand_shards
 
 
@@ -183,5 +184,6 @@ def make_loader(specs: Sequence[str], preprocess: Callable, tokenizer: Callable,
     ds = ShardStream(specs, preprocess, tokenizer, batch_size, weights=weights, seed=seed,
                      shuffle_buffer=shuffle_buffer, skip_batches=skip_batches, num_workers=workers)
     return DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=False,
-                      prefetch_factor=2 if workers else None, pin_memory=torch.cuda.is_available())
+                      prefetch_factor=2 if workers else None, pin_memory=torch.cuda.is_available(),
+                      worker_init_fn=ExitWithParent())
 

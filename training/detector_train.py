@@ -33,6 +33,7 @@ import torch
 
 from halsift.corpus.bench import BenchFormatError
 from halsift.corpus.images import SkipCounter
+from halsift.corpus.parent_watch import ExitWithParent
 from halsift.corpus.shards import write_json_atomic
 from halsift.corpus.safe_paths import remove_tree, replace_path
 from halsift.filtering.detectors.base import Item
@@ -259,7 +260,8 @@ class DetectorTask(Task):
         sampler = StepBatches(self.y_train, cfg.batch_size, cfg.seed, start, cfg.steps, acc.process_index,
                               acc.num_processes, cfg.balance)
         yield from torch.utils.data.DataLoader(_Examples(self.train_items, self.y_train), batch_sampler=sampler,
-                                               collate_fn=self.task.collate, num_workers=cfg.workers)
+                                               collate_fn=self.task.collate, num_workers=cfg.workers,
+                                               worker_init_fn=ExitWithParent())
 
     def begin(self, model, start: int) -> bool:
         self.t0 = time.perf_counter()

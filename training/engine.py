@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import re
 import signal
 import time
@@ -40,6 +41,7 @@ from halsift.corpus.atomic import write_text_atomic
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
 from halsift.corpus.safe_paths import remove_tree, replace_path
+from halsift.corpus.weights import WeightsFormatError, require_safetensors
 
 _CKPT_RE = re.compile(r"^step_(\d{6,})$")
 FAULT_KILL_ENV = "HALSIFT_FAULT_KILL_AFTER_STEP"  # test hook: SIGKILL this process right after step N's checkpoint
@@ -176,6 +178,7 @@ def cosine_with_warmup(optimizer, warmup: int, total: int) -> torch.optim.lr_sch
 def use_task_weights(accelerator, task: Task) -> None:
     """Make ``save_state``/``load_state`` write and read the model as ``task.weights`` (unwrapped names, so a
     checkpoint resumes under another world size; only trainable weights where the task says so)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     def save_hook(models, weights, output_dir) -> None:
@@ -183,8 +186,13 @@ def use_task_weights(accelerator, task: Task) -> None:
                       else {} for m in models]
 
     def load_hook(models, input_dir) -> None:
+        path = require_safetensors(Path(input_dir) / WEIGHTS, "checkpoint")  # a pickle: refused, not unpickled
+        try:
+            state = load_file(str(path))
+        except SafetensorError as e:
+            raise WeightsFormatError(f"checkpoint: {path} is not a valid safetensors file ({e})") from None
         for m in models:
-            task.load_weights(accelerator.unwrap_model(m), load_file(str(Path(input_dir) / WEIGHTS)))
+            task.load_weights(accelerator.unwrap_model(m), state)
         models.clear()  # loaded here: accelerate's own model loading is skipped
 
     accelerator.register_save_state_pre_hook(save_hook)
@@ -221,7 +229,16 @@ def load_checkpoint(accelerator, path: Path) -> dict:
     if not (path / "optimizer.bin").is_file():
         raise FileNotFoundError(f"checkpoint {path}: no optimizer.bin (a checkpoint written before halsift's training "
                                 "engine, with optimizer.pt, cannot be resumed); start the run in a new --out")
-    accelerator.load_state(str(path))
+    try:
+        accelerator.load_state(str(path))  # optimizer, scheduler, RNG states: torch.load(weights_only=True)
+    except (pickle.UnpicklingError, EOFError, RuntimeError) as e:  # a damaged or foreign file; not an unpickled one
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            raise
+        reason = ("a file is damaged or holds objects other than tensors and plain values: refused, not unpickled"
+                  if isinstance(e, pickle.UnpicklingError) else
+                  f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}")
+        raise WeightsFormatError(f"checkpoint {path}: cannot be loaded ({reason}); remove this folder to resume "
+                                 "from the one before it, or start the run in a new --out") from None
     return json.loads((path / "state.json").read_text())
 
 

@@ -457,7 +457,7 @@ def write_html(title: str, rows: list[dict], sets: Sequence[str], out: Path, k: 
                samples=None, links: Mapping[str, Path] | None = None) -> Path:
     """``index.html``: the answer, the table (rows linked to their filter's samples), these plots and the bench's,
     the bench tables (AUROC per generator with CIs, types, positions) and the sample browser."""
-    from halsift.eval.report.bench import html as hr
+    from halsift.eval.report import html as hr
 
     head, body = table_cells(rows, sets, k)
     notes = [table_caption(k, bench_split)]

@@ -17,6 +17,7 @@ import io
 import json
 import math
 import os
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,13 +25,25 @@ from pathlib import Path
 
 import numpy as np
 
-from halsift.corpus.atomic import write_text_atomic
+from halsift.corpus.atomic import naming_errors, write_text_atomic
 from halsift.corpus.safe_paths import remove_tree
 
 SAMPLES_DIR = "samples"  # thumbnails beside index.html
 THUMB_PX = 160  # longest side of a thumbnail
 MAX_SAMPLES = 2000  # images per set shown in the browser (the first ones in shard / bench order)
 LABELS = {"correct": "c", "incorrect": "i", "unknown": "u"}
+# inside JSON strings: what an HTML parser reads in a <script> element (<, >, & of </script>, <!--, ]]>), the line
+# separators older JavaScript parsers end a string at, and lone surrogates (no UTF-8 encoding exists for them)
+_SCRIPT_UNSAFE = re.compile("[<>&\u2028\u2029\ud800-\udfff]")
+
+
+def script_json(data: object) -> str:
+    """``data`` as JSON that is safe as the whole text of a ``<script>`` element: every ``<``, ``>``, ``&``,
+    U+2028/U+2029 and lone surrogate is written as its ``\\uXXXX`` escape, so no caption, key or name can end
+    the element (``</script>``) or open a comment (``<!--``); ``JSON.parse`` and ``json.loads`` read the same
+    data back. The one serializer of data embedded in halsift's pages (also their templates' ``tojson``)."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return _SCRIPT_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 @dataclass
@@ -52,10 +65,9 @@ class SampleSet:
     thumbs: dict[str, bytes] = field(default_factory=dict)  # relative path -> JPEG bytes
 
     def to_json(self) -> str:
-        """The page's data block (``</`` escaped so it cannot close the script tag)."""
-        data = {"detectors": self.detectors, "filters": self.filters, "generators": self.generators,
-                "sets": self.sets, "samples": self.samples, "totals": self.totals}
-        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
+        """The page's data block (:func:`script_json`)."""
+        return script_json({"detectors": self.detectors, "filters": self.filters, "generators": self.generators,
+                            "sets": self.sets, "samples": self.samples, "totals": self.totals})
 
 
 def thumbnail(data: bytes, key: str = "") -> bytes:
@@ -324,6 +336,18 @@ def markdown_html(text: str) -> str:
     return MarkdownIt("commonmark", {"html": False}).render(text)
 
 
+def template_env():
+    """The Jinja2 environment of halsift's pages: every ``{{ value }}`` HTML-escaped (autoescape on for every
+    template), and ``tojson`` is :func:`script_json`."""
+    import jinja2
+    from markupsafe import Markup
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("halsift.eval.report", "templates"), autoescape=True,
+                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters["tojson"] = lambda value: Markup(script_json(value))
+    return env
+
+
 def render_html(out_dir: str | os.PathLike, title: str, *, headline: str = "", table: dict | None = None,
                 notes: Sequence[str] = (), figures: Sequence[dict | None] = (), tables: Sequence[dict] = (),
                 samples: SampleSet | None = None, links: Mapping[str, str] | None = None) -> Path:
@@ -333,25 +357,22 @@ def render_html(out_dir: str | os.PathLike, title: str, *, headline: str = "", t
     row's ``filter`` (a name in ``samples.filters``) links it to that filter's kept/dropped samples; ``tables`` are
     plain ``{"title", "header", "rows"}``; ``links``: other reports, name -> relative path.
     """
-    import jinja2
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    env = jinja2.Environment(loader=jinja2.PackageLoader("halsift.eval.report.bench", "templates"),
-                             autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
-                             lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     samples = samples or SampleSet()
     remove_tree(out / SAMPLES_DIR, ignore_errors=True)  # no thumbnails left from an earlier page
     for rel, data in samples.thumbs.items():
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        with naming_errors(target):
+            target.write_bytes(data)
     filter_names = {f["name"] for f in samples.filters}
-    html = env.get_template("report.html.j2").render(
+    html = template_env().get_template("report.html.j2").render(
         title=title, headline=markdown_html(headline) if headline else "", table=table,
         notes=[markdown_html(n) for n in notes], figures=[f for f in figures if f], tables=list(tables),
         samples=samples, samples_json=samples.to_json(), filter_names=filter_names, links=dict(links or {}),
         shown=Counter(samples.sets[s["s"]] for s in samples.samples))
+    html = html.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate in a name (no UTF-8 for it): '?'
     return write_text_atomic(out / "index.html", html)
 
 

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from halsift.corpus.weights import WeightsFormatError, require_safetensors
 from halsift.filtering.detectors.base import Detector, Item, Result, preprocess_side
 from halsift.filtering.detectors.clip_tokenizer import get_tokenizer
 from halsift.filtering.detectors.pixel_batch import PixelBatcher, image_text_inputs
@@ -59,13 +60,15 @@ def load_open_clip(arch: str, pretrained: str | None = None, device="cpu", **kw)
     """``open_clip.create_model_and_transforms`` with halsift's configs registered, for every stage that loads an
     open_clip model (the detector, training, evaluation, the world judge's vision tower): one behaviour for all.
 
-    ``pretrained`` is an open_clip tag or a weights file. A ``.safetensors`` file that stores ``logit_bias`` (a
-    SigLIP-loss fine-tune of an arch without one) gets the parameter created before loading
+    ``pretrained`` is an open_clip tag or a weights file, which must be a ``.safetensors`` file (a pickle is
+    refused, never loaded: :func:`halsift.corpus.weights.require_safetensors`). A ``.safetensors`` file that
+    stores ``logit_bias`` (a SigLIP-loss fine-tune of an arch without one) gets the parameter created before loading
     (``init_logit_bias``, overwritten by the stored value), so such checkpoints load everywhere."""
     import open_clip
 
     register_builtin_configs()
-    if pretrained and str(pretrained).endswith(".safetensors") and os.path.isfile(pretrained):
+    if pretrained and os.path.isfile(pretrained):
+        require_safetensors(pretrained, "pretrained")
         kw = {**siglip_kwargs(pretrained), **kw}
     return open_clip.create_model_and_transforms(arch, pretrained=pretrained, device=device, **kw)
 
@@ -138,11 +141,11 @@ def encode_text(model, tokens):
 class ClipDetector(Detector):
     """Score (image, sentence) by open_clip cosine similarity.
 
-    Options: ``arch`` (open_clip model name), ``pretrained`` (open_clip tag), ``checkpoint`` (local
-    ``.safetensors`` or an open_clip checkpoint), neither = random init seeded by ``seed``; ``device``,
-    ``precision`` (auto|fp32|bf16|fp16; ``auto``, the default: bf16 with TF32 matmuls on CUDA, fp32 elsewhere),
-    ``map`` (linear|sigmoid), ``center`` (sigmoid map), ``fast_decode`` (JPEGs decoded at a reduced DCT scale
-    that keeps the model's input side), ``delay`` (seconds to sleep per batch; for interruption tests only).
+    Options: ``arch`` (open_clip model name), ``pretrained`` (open_clip tag), ``checkpoint`` (a local
+    ``.safetensors`` file; a pickled ``.pt`` is refused, never loaded), neither = random init seeded by ``seed``;
+    ``device``, ``precision`` (auto|fp32|bf16|fp16; ``auto``, the default: bf16 with TF32 matmuls on CUDA, fp32
+    elsewhere), ``map`` (linear|sigmoid), ``center`` (sigmoid map), ``fast_decode`` (JPEGs decoded at a reduced
+    DCT scale that keeps the model's input side), ``delay`` (seconds to sleep per batch; for interruption tests only).
     """
 
     family = "clip"
@@ -185,11 +188,13 @@ class ClipDetector(Detector):
             raise ValueError(f"pretrained={pretrained!r}: not used with arch={arch!r} (its weights come with it)")
         if checkpoint and not Path(checkpoint).exists():
             raise ValueError(f"checkpoint={checkpoint!r}: file does not exist")
+        if checkpoint:
+            require_safetensors(checkpoint, "checkpoint")  # a pickle is refused here, never unpickled
         what = f"arch={arch!r}" if schema else f"pretrained={pretrained!r} of arch={arch!r}"
         from safetensors import SafetensorError
 
         extra = {}
-        if checkpoint and str(checkpoint).endswith(".safetensors"):
+        if checkpoint:
             try:
                 extra = siglip_kwargs(checkpoint)  # a SigLIP fine-tune stores logit_bias: create it first
             except SafetensorError as e:
@@ -199,21 +204,19 @@ class ClipDetector(Detector):
                 torch.manual_seed(int(seed))  # random init is the same in every process
                 model, _, preprocess = load_open_clip(arch, pretrained or None, **extra)
                 tokenizer = get_tokenizer(arch)
+        except WeightsFormatError:
+            raise
         except (RuntimeError, OSError, ValueError, SafetensorError) as e:  # hub misses, missing/bad files, a bad config
             raise ValueError(_load_error(what, e)) from e
         if checkpoint:
-            try:
-                if str(checkpoint).endswith(".safetensors"):
-                    from safetensors.torch import load_file
+            from safetensors.torch import load_file
 
-                    try:
-                        state = load_file(checkpoint)
-                    except SafetensorError as e:
-                        raise ValueError(f"checkpoint={checkpoint!r}: not a valid safetensors file ({e})") from None
-                    state = {k.removeprefix("module."): v for k, v in state.items()}
-                    model.load_state_dict(state)
-                else:
-                    open_clip.load_checkpoint(model, checkpoint, weights_only=True)
+            try:
+                state = load_file(checkpoint)
+            except SafetensorError as e:
+                raise ValueError(f"checkpoint={checkpoint!r}: not a valid safetensors file ({e})") from None
+            try:
+                model.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
             except RuntimeError as e:  # state dict of another architecture
                 raise ValueError(f"checkpoint={checkpoint!r}: does not fit arch {arch!r} "
                                  f"({str(e).splitlines()[0][:200]})") from None

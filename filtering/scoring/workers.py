@@ -8,7 +8,8 @@ the GIL with it; worker processes do not. Each worker streams its parts' batches
 the main process scores the batches as they come (parts interleave across workers) and writes a part, atomically,
 when its end arrives, so parts are written whole or not at all and a rerun resumes exactly as before. The parts'
 rows, scores and skip counts are the ones :func:`~halsift.filtering.scoring.runner.score_part` writes. Workers are forked
-(the default on Linux): the detector is inherited, not pickled, and workers never touch its model.
+(the default on Linux): the detector is inherited, not pickled, and workers never touch its model. A worker ends
+when the main process dies, even by SIGKILL (:mod:`halsift.corpus.parent_watch`).
 
 Tensors travel as numpy arrays pickled through the worker's pipe (:class:`_Array`), not as shared-memory
 tensors: torch hands a shared tensor over by connecting to the worker's file-descriptor server, a thread that
@@ -27,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from halsift.corpus.images import SkipCounter
+from halsift.corpus.parent_watch import ExitWithParent
 from halsift.filtering.detectors.base import Detector
 from halsift.filtering.scoring.runner import Counted, Part, PartRows, _batches, item_rows, iter_caption_groups
 
@@ -107,7 +109,8 @@ def score_parts_in_workers(detector: Detector, parts: Sequence[Part], out: Path,
     """Score ``parts`` into ``out`` with ``workers`` input processes; returns the number of sentences scored."""
     pin = torch.cuda.is_available()
     loader = DataLoader(_PartStream(detector, parts, unit, batch_size), batch_size=None, num_workers=workers,
-                        collate_fn=_as_is, prefetch_factor=4, pin_memory=pin, persistent_workers=False)
+                        collate_fn=_as_is, prefetch_factor=4, pin_memory=pin, persistent_workers=False,
+                        worker_init_fn=ExitWithParent())  # a killed main process takes its workers with it
     open_parts: dict[str, tuple[PartRows, float]] = {}
     by_name = {p.name: p for p in parts}
     scored = 0

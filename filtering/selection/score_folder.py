@@ -8,7 +8,8 @@ naming the folder or the part) when
 - the manifest is missing, not JSON, or does not say ``complete`` (a killed ``halsift score``, or score tasks
   still running: their claims are counted), unless ``allow_partial``;
 - a part the manifest lists is missing, or a part is there that it does not list (a foreign part);
-- a part is not readable parquet or lacks a score column;
+- a part is not readable parquet, lacks a score column, or holds a column of another kind (a string ``score``:
+  :func:`halsift.corpus.scores.check_column_types`);
 - the parts hold more than one detector, or another detector than the manifest's (without ``detector``), or no part
   holds the chosen ``detector``;
 - a sentence index is below -1.
@@ -28,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from halsift.corpus.errors import InputError
+from halsift.corpus.scores import ScoresFormatError, check_column_types
 from halsift.filtering.detectors.base import CAPTION_INDEX
 
 SCORE_MANIFEST = "_manifest.json"  # written by halsift.filtering.scoring.runner
@@ -136,6 +138,10 @@ def _footer(p: Path) -> pq.FileMetaData:
     missing = [c for c in REQUIRED if c not in meta.schema.names]
     if missing:
         raise SelectError(f"scores: {p} lacks column(s) {missing}; expected {list(REQUIRED)}")
+    try:
+        check_column_types(p, meta.schema.to_arrow_schema())
+    except ScoresFormatError as e:
+        raise SelectError(str(e)) from None
     return meta
 
 
