@@ -131,6 +131,9 @@ def _message(cls: type, err: dict, prefix: str) -> str:
         if _is_union(owner):  # Cfg | None
             owner = next((a for a in typing.get_args(owner) if dataclasses.is_dataclass(a)), owner)
         known = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
+        renamed = getattr(owner, "RENAMED", {}).get(str(loc[-1]))  # a class's {old key: new key}
+        if renamed:
+            return f"{key}: renamed to '{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{renamed}'"
         return f"unknown key '{key}'" + (f" (known: {', '.join(known)})" if known else "")
     key, tp, union = _walk(cls, loc, prefix)
     where = key or "config"
@@ -301,8 +304,9 @@ def add_dataclass_arguments(parser, cls: type, metavars: Mapping[str, str] | Non
 
     Lists take several values; booleans are on/off switches (``--x`` / ``--no-x``; a field named ``no_x`` is the
     switch ``--no-x``). A field's ``cli`` metadata (``field(..., cli={...})``) may say ``positional``,
-    ``required``, ``metavar``, ``choices``, ``group`` (a titled argument group) and ``exclusive`` (a mutually
-    exclusive group's name; required when one of its fields is). Without ``defaults`` unset flags stay absent
+    ``required``, ``metavar``, ``choices``, ``group`` (a titled argument group), ``exclusive`` (a mutually
+    exclusive group's name; required when one of its fields is) and ``const`` (an optional value: ``--x`` alone
+    gives ``const``, ``--x V`` gives V). Without ``defaults`` unset flags stay absent
     from the namespace, so :func:`config_from_args` overlays only what was given on the YAML; with it (commands
     without ``--config``) every field's default is in the namespace.
     """
@@ -351,6 +355,8 @@ def _add_flag(target, f: dataclasses.Field, tp: Any, cli: Mapping[str, Any], met
         target.add_argument(*names, action=action, **kw)
         return
     nargs = None
+    if "const" in cli:  # `--wandb` alone means offline, `--wandb online` online
+        nargs, kw["const"] = "?", cli["const"]
     if typing.get_origin(tp) is list:
         nargs, tp = "+", (typing.get_args(tp) or (str,))[0]
         if not (defaults and default):  # a repeated list flag adds up (`--scores A --scores B`); never onto a default

@@ -17,17 +17,40 @@ unless the recipe's ``wandb.mode`` is ``disabled``.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from halsift.corpus.config import field
 
 MODES = ("offline", "online")
+_G = {"group": "logging"}
+
+
+def wandb_mode_field():
+    """The ``--wandb [MODE]`` setting, for a command's settings class (a new field each call)."""
+    return field(None, help="log this run's throughput, skipped counts and (select) kept fraction to wandb: offline "
+                            "(what `--wandb` alone means; `wandb sync` later) or online",
+                 cli={**_G, "metavar": "MODE", "const": "offline"})
+
+
+def wandb_project_field():
+    """The ``--wandb-project`` setting, for a command's settings class (a new field each call)."""
+    return field("halsift", help="wandb project", cli=_G)
+
+
+@dataclass
+class WandbSettings:
+    """``--wandb [MODE]`` and ``--wandb-project`` (off unless asked for)."""
+
+    wandb: Literal["offline", "online"] | None = wandb_mode_field()
+    wandb_project: str = wandb_project_field()
 
 
 def add_wandb_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("logging")
-    g.add_argument("--wandb", nargs="?", const="offline", default=None, choices=MODES, metavar="MODE",
-                   help="log this run's throughput, skipped counts and (select) kept fraction to wandb: offline "
-                        "(default when given; `wandb sync` later) or online")
-    g.add_argument("--wandb-project", default="halsift", help="wandb project (default: halsift)")
+    from halsift.corpus.config import add_dataclass_arguments
+
+    add_dataclass_arguments(p, WandbSettings, config_file=False, defaults=True)
 
 
 def score_metrics(manifest: dict, out: Path) -> tuple[list[dict], dict]:
