@@ -132,6 +132,9 @@ def _message(cls: type, err: dict, prefix: str) -> str:
         if _is_union(owner):  # Cfg | None
             owner = next((a for a in typing.get_args(owner) if dataclasses.is_dataclass(a)), owner)
         known = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
+        renamed = getattr(owner, "RENAMED", {}).get(str(loc[-1]))  # a class's {old key: new key}
+        if renamed:
+            return f"{key}: renamed to '{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{renamed}'"
         return f"unknown key '{key}'" + (f" (known: {', '.join(known)})" if known else "")
     key, tp, union = _walk(cls, loc, prefix)
     where = key or "config"
@@ -303,8 +306,9 @@ def add_dataclass_arguments(parser, cls: type, metavars: Mapping[str, str] | Non
     Lists take several values; booleans are on/off switches (``--x`` / ``--no-x``; a field named ``no_x`` is the
     switch ``--no-x``). A field's ``cli`` metadata (``field(..., cli={...})``) may say ``positional``,
     ``required``, ``metavar``, ``choices``, ``group`` (a titled argument group), ``exclusive`` (a mutually
-    exclusive group's name; required when one of its fields is) and, for a list, ``append`` (one value per flag,
-    the flag repeated: ``--setup A --setup B``). Without ``defaults`` unset flags stay absent
+    exclusive group's name; required when one of its fields is), ``const`` (an optional value: ``--x`` alone
+    gives ``const``, ``--x V`` gives V) and, for a list, ``append`` (one value per flag, the flag repeated:
+    ``--setup A --setup B``). Without ``defaults`` unset flags stay absent
     from the namespace, so :func:`config_from_args` overlays only what was given on the YAML; with it (commands
     without ``--config``) every field's default is in the namespace.
     """

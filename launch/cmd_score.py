@@ -8,7 +8,7 @@ from typing import Literal
 
 from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
 from halsift.launch.describe import add_describe_argument
-from halsift.launch.run_wandb import WandbFlags
+from halsift.launch.run_wandb import WandbSettings
 from halsift.launch.score_engines import ScoreScaleConfig
 
 HELP = "score shards or a bench.jsonl with a detector spec (sharded over ranks, resumable)"
@@ -44,7 +44,7 @@ class ScoreConfig:
 
 
 CONFIG = ScoreConfig  # the settings (docs/config.md, --describe)
-MORE_CONFIGS = (ScoreScaleConfig, WandbFlags)  # its scale-out (launch/score_engines.py) and logging flags
+MORE_CONFIGS = (ScoreScaleConfig, WandbSettings)  # its scale-out (launch/score_engines.py) and logging flags
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,11 @@
-"""``halsift select``: keep the best-scored pairs (or captions) and write them as new shards."""
+"""``halsift select``: keep the best-scored pairs (or captions) and write them as new shards.
+
+One select, two engines with the same checks, output-folder state and resumability
+(:mod:`halsift.filtering.selection.guard`): in memory (:func:`halsift.filtering.selection.select.select`, ``--maxcount`` samples
+per output shard) unless ``--resumable`` / ``--keys-only`` / ``--num-tasks`` / ``--memory-limit`` (or a SLURM
+array's environment) ask for the out-of-core one (:func:`halsift.filtering.selection.resumable.select_resumable`, one output
+shard per input shard). Each engine honours every flag or refuses it with one line.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +15,21 @@ from typing import Literal
 
 from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
 from halsift.launch.describe import add_describe_argument
-from halsift.launch.select_engines import SelectScaleConfig
+from halsift.launch.run_wandb import wandb_mode_field, wandb_project_field
+from halsift.launch.select_engines import captioner_field, source_field
 
 HELP = "select the top fraction / top-k / above-threshold units by score and write new shards"
+_SCALE = {"group": "at scale (out-of-core, resumable, parallel)"}
 
 
 @dataclass
 class SelectConfig:
-    """``halsift select``'s settings (the resumable/parallel flags come from :mod:`halsift.launch.select_engines`)."""
+    """``halsift select``'s settings: every flag, ``--describe`` and docs/config.md come from this class."""
 
     scores: str = field("", help="score folder written by `halsift score`", cli={"required": True})
     data: str = field("", help="the shards that were scored (folder / glob / brace pattern)", cli={"required": True})
-    out: str = field("", help="new folder: shards + sizes.json + manifest.json + kept.parquet", cli={"required": True})
+    out: str = field("", help="new folder: shards + sizes.json + manifest.json + kept.parquet (rerun the same "
+                              "command into it to finish a killed select)", cli={"required": True})
     keep: float | None = field(None, help="fraction of units to keep, e.g. 0.2",
                                cli={"exclusive": "amount", "required": True})
     top_k: int | None = field(None, help="number of units to keep", cli={"exclusive": "amount"})
@@ -30,13 +40,11 @@ class SelectConfig:
     agg: Literal["min", "mean", "prob", "prune"] = field(
         "min", help="unit caption: aggregate sentence scores by min/mean/product of probabilities, or prune (drop "
                     "low sentences, keep the rest of the caption)")
-    per_captioner: bool = field(False, help="apply --keep/--top-k within each captioner")
-    random: bool = field(False, help="baseline: keep the same number of units at random")
+    per_captioner: bool = field(False, help="apply --keep/--top-k within each captioner (in memory only)")
+    random: bool = field(False, help="baseline: keep the same number of units at random (in memory only)")
     seed: int = field(0, help="seed of --random")
-    captioner: str = field("unknown", help="captioner recorded for samples whose json has none (img2dataset "
-                                           "output); default unknown")
-    source: Literal["i2t", "t2i"] = field("i2t", help="source recorded for samples whose json has none; default i2t "
-                                                      "(the caption describes a real image)")
+    captioner: str = captioner_field()
+    source: Literal["i2t", "t2i"] = source_field()
     export_keys: str | None = field(None, help="also write the kept source samples as a subset file: PATH.npy = "
                                                "DataComp uids (u8,u8, sorted; from the json 'uid'), any other name "
                                                "= one key per line", cli={"metavar": "PATH"})
@@ -45,73 +53,115 @@ class SelectConfig:
                                             "is refused)")
     allow_partial: bool = field(False, help="select from a score folder whose _manifest.json is not complete "
                                             "(recorded in the manifest)")
-    maxcount: int = field(1000, help="samples per output shard")
+    maxcount: int | None = field(None, help="samples per output shard of the in-memory select (default 1000; the "
+                                            "resumable select writes one output shard per input shard and refuses it)")
     no_progress: bool = field(False, help="no progress bar")
     html: bool = field(False, help="also write OUT/index.html: a browser of the selected shards' captions, each "
                                    "sentence coloured by its score and marked kept or dropped (thumbnails in "
                                    "OUT/samples/)")
+    resumable: bool = field(False, help="out-of-core keys (DuckDB) and one output shard per input shard, each "
+                                        "written once, shared by tasks (implied by the flags below)", cli=_SCALE)
+    keys_only: bool = field(False, help="write only kept.parquet (the kept key, sentence_index, score) and the "
+                                        "manifest: no shards", cli=_SCALE)
+    num_tasks: int | None = field(None, help="reshard as one of N processes sharing --out (default: "
+                                             "$SLURM_ARRAY_TASK_COUNT in an array)", cli={**_SCALE, "metavar": "N"})
+    task_index: int | None = field(None, help="this process's index, 0..N-1", cli={**_SCALE, "metavar": "I"})
+    memory_limit: str | None = field(None, help="DuckDB's memory limit for the keys, e.g. 1GB (default)", cli=_SCALE)
+    wandb: Literal["offline", "online"] | None = wandb_mode_field()
+    wandb_project: str = wandb_project_field()
 
     def validate(self) -> None:
         from halsift.launch.recipe_config import check_selection
 
         check_selection("", self.keep, self.unit, self.agg, self.top_k, self.threshold)
-        if self.maxcount < 1:
+        if self.maxcount is not None and self.maxcount < 1:
             raise ValueError(f"maxcount: expected >= 1, got {self.maxcount}")
         if self.agg != "min" and self.unit != "caption":
             raise ValueError(f"--agg {self.agg}: only used with --unit caption")
+        if self.keys_only and (self.html or self.export_keys):
+            raise ValueError(f"--keys-only writes no shards; {'--html' if self.html else '--export-keys'} reads "
+                             "them: drop one of the two")
 
 
 CONFIG = SelectConfig  # the settings (docs/config.md, --describe)
-MORE_CONFIGS = (SelectScaleConfig,)  # its scale-out flags (launch/select_engines.py)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from halsift.launch.select_engines import add_resumable_arguments
-
     add_dataclass_arguments(p, SelectConfig, config_file=False, defaults=True)
     add_describe_argument(p, SelectConfig)
-    add_resumable_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    from halsift.launch.cli import UsageError
+    cfg = config_from_args(SelectConfig, args)  # the checks of SelectConfig.validate, errors naming the flag
+    m = run_engine(cfg)
+    if m is None:  # a task of several: the last one to finish writes the manifest and what follows from it
+        return 0
+    _after(cfg, m)
+    return 0
 
-    config_from_args(SelectConfig, args)  # the checks of SelectConfig.validate, errors naming the flag
+
+def run_engine(cfg: SelectConfig) -> dict | None:
+    """Run the selection ``cfg`` asks for and print its summary; returns the complete manifest, or ``None`` for a
+    task of several that left the manifest to the last one."""
     from halsift.filtering.selection.select import SelectError, select
-    from halsift.launch.select_engines import run_resumable
-
-    code = run_resumable(args)  # --resumable / --keys-only / --num-tasks; None: the in-memory select below
-    if code is not None:
-        return code
+    from halsift.filtering.selection.out_of_core import MEMORY_LIMIT
+    from halsift.filtering.selection.resumable import select_resumable
+    from halsift.filtering.scoring.tasks import TaskError, task_from_env
+    from halsift.launch.cli import UsageError
+    from halsift.launch.select_engines import MAXCOUNT, engine_of, refusal, summary_line
 
     try:
-        m = select(args.scores, args.data, args.out, keep=args.keep, top_k=args.top_k, threshold=args.threshold,
-                   unit=args.unit, agg=args.agg, per_captioner=args.per_captioner, random_baseline=args.random,
-                   seed=args.seed, maxcount=args.maxcount, show_progress=not args.no_progress,
-                   meta_defaults={"captioner": args.captioner, "source": args.source},
-                   detector=args.detector, allow_partial=args.allow_partial)
+        task = task_from_env(cfg.num_tasks, cfg.task_index)
+    except TaskError as e:
+        raise UsageError(str(e)) from None
+    engine = engine_of(cfg, task)
+    why = refusal(cfg, engine)
+    if why:
+        raise UsageError(why)
+    common = dict(keep=cfg.keep, top_k=cfg.top_k, threshold=cfg.threshold, unit=cfg.unit, agg=cfg.agg, seed=cfg.seed,
+                  show_progress=not cfg.no_progress, meta_defaults={"captioner": cfg.captioner, "source": cfg.source},
+                  detector=cfg.detector, allow_partial=cfg.allow_partial)
+    n, i = task or (1, 0)
+    try:
+        if engine == "memory":
+            m = select(cfg.scores, cfg.data, cfg.out, per_captioner=cfg.per_captioner, random_baseline=cfg.random,
+                       maxcount=cfg.maxcount or MAXCOUNT, **common)
+        else:
+            res = select_resumable(cfg.scores, cfg.data, cfg.out, keys_only=cfg.keys_only, num_tasks=n, task_index=i,
+                                   memory_limit=cfg.memory_limit or MEMORY_LIMIT, **common)
+            m = res.get("manifest")
     except SelectError as e:
-        raise UsageError(str(e)) from e
-    from halsift.launch.select_engines import summary_line
+        raise UsageError(str(e)) from None
+    if m is None:
+        print(f"select task {i}/{n}: wrote {res['shards_written']} shards; {res['shards_missing']} not written "
+              f"yet (other tasks hold them); the last task to finish writes {cfg.out}/manifest.json", flush=True)
+    elif cfg.keys_only:
+        print(f"kept {m['kept_units']} of {m['candidates']} units (threshold {m['threshold_used']}) -> "
+              f"{cfg.out}/kept.parquet", flush=True)
+    else:
+        print(f"{summary_line(m)} -> {cfg.out}", flush=True)
+    return m
 
-    print(f"{summary_line(m)} -> {args.out}")
+
+def _after(cfg: SelectConfig, m: dict) -> None:
+    """What follows a complete selection, whichever engine made it: wandb, the subset file, the page."""
+    from halsift.launch.cli import UsageError
     from halsift.launch.run_wandb import log_select
 
-    log_select(args, m)  # --wandb
-    if args.export_keys:
+    log_select(cfg, m)  # --wandb
+    if cfg.export_keys:
         from halsift.corpus.subset import write_subset
 
         try:
-            n = write_subset(args.export_keys, args.out)
+            n = write_subset(cfg.export_keys, cfg.out)
         except ValueError as e:
             raise UsageError(f"--export-keys: {e}") from e
-        print(f"wrote {n} {'uids' if args.export_keys.endswith('.npy') else 'keys'} -> {args.export_keys}")
-    filled = m["meta_defaults"]["samples"]
+        print(f"wrote {n} {'uids' if cfg.export_keys.endswith('.npy') else 'keys'} -> {cfg.export_keys}")
+    filled = (m.get("meta_defaults") or {}).get("samples") or {}
     if filled:
         print("json fields missing in the data, defaults written: "
               + ", ".join(f"{f}={m['meta_defaults']['values'][f]!r} ({n} source samples)" for f, n in filled.items()))
-    if args.html:
+    if cfg.html:
         from halsift.eval.report.html import write_select_html
 
-        print(f"wrote {write_select_html(args.out, args.scores, args.data, m)}")
-    return 0
+        print(f"wrote {write_select_html(cfg.out, cfg.scores, cfg.data, m)}")

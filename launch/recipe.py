@@ -434,8 +434,7 @@ def stage_select(r: Recipe, p: Paths) -> dict:
             continue
         manifest = select(_scores_dir(p, scored, "corpus"), p.corpus, p.named("select", name), **how,
                           per_captioner=r.select.per_captioner, seed=r.seed,
-                          meta_defaults={"captioner": r.select.default_captioner,
-                                         "source": r.select.default_source})
+                          meta_defaults={"captioner": r.select.captioner, "source": r.select.source})
         info[name] = manifest
     _log_stage(r, p, "select", {name: p.named("select", name) for name in info})
     return {"selections": info}

@@ -8,11 +8,12 @@ the pretrain stage produced or ``model.pretrained``) are substituted in detector
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from halsift.corpus.config import ConfigError, WandbMode, field, fields_of
 from halsift.corpus.safe_paths import safe_component
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
+from halsift.launch.select_engines import captioner_field, source_field
 from halsift.synth.world_config import WorldSettings
 from halsift.training.clip_config import ClipTrainConfig
 
@@ -209,6 +210,8 @@ class SelectVariantCfg:
 
 @dataclass
 class SelectCfg:
+    RENAMED: ClassVar[dict[str, str]] = {"default_captioner": "captioner", "default_source": "source"}
+
     keep: float = field(0.2, help="fraction of units kept per detector (the seeds' top 20%)")
     top_k: int = field(0, help="keep this many units instead of the keep fraction (0 = keep a fraction)")
     threshold: float | None = field(None, help="keep the units scoring at least this (0-100) instead of the keep "
@@ -217,9 +220,8 @@ class SelectCfg:
     agg: str = field("min", help="caption unit: min | mean | prob (whole captions by aggregated score) | prune "
                                  "(keep the top sentences, write each caption with only its kept sentences)")
     per_captioner: bool = field(False, help="keep the same fraction within each captioner")
-    default_captioner: str = field("unknown", help="captioner written for corpus samples whose json has none "
-                                                   "(img2dataset output)")
-    default_source: str = field("i2t", help="i2t | t2i: source written for corpus samples whose json has none")
+    captioner: str = captioner_field()  # `halsift select --captioner`
+    source: Literal["i2t", "t2i"] = source_field()  # `halsift select --source`
     variants: dict[str, SelectVariantCfg] = field(
         default_factory=dict, help="extra selections, each fine-tuned, evaluated and reported like a filter: "
                                    "name -> {filter, keep, top_k, threshold, unit, agg} (a keep-fraction sweep, "
@@ -227,8 +229,6 @@ class SelectCfg:
 
     def validate(self) -> None:
         check_selection("select", self.keep, self.unit, self.agg, self.top_k, self.threshold)
-        if self.default_source not in ("i2t", "t2i"):
-            raise ValueError(f"select.default_source: expected i2t or t2i, got {self.default_source!r}")
         for name in self.variants:
             check_name("select.variants", name)
         for name, v in self.variants.items():

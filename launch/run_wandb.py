@@ -23,24 +23,34 @@ from typing import Literal
 
 from halsift.corpus.config import field
 
+MODES = ("offline", "online")
 _G = {"group": "logging"}
 
 
-@dataclass
-class WandbFlags:
-    """``halsift score`` / ``select``'s wandb logging (off unless ``--wandb`` is given)."""
+def wandb_mode_field():
+    """The ``--wandb [MODE]`` setting, for a command's settings class (a new field each call)."""
+    return field(None, help="log this run's throughput, skipped counts and (select) kept fraction to wandb: offline "
+                            "(what `--wandb` alone means; `wandb sync` later) or online",
+                 cli={**_G, "metavar": "MODE", "const": "offline"})
 
-    wandb: Literal["offline", "online"] | None = field(
-        None, help="log this run's throughput, skipped counts and (select) kept fraction to wandb: offline (the "
-                   "value when the flag is given alone; `wandb sync` later) or online",
-        cli={**_G, "const": "offline", "metavar": "MODE"})
-    wandb_project: str = field("halsift", help="wandb project", cli=_G)
+
+def wandb_project_field():
+    """The ``--wandb-project`` setting, for a command's settings class (a new field each call)."""
+    return field("halsift", help="wandb project", cli=_G)
+
+
+@dataclass
+class WandbSettings:
+    """``--wandb [MODE]`` and ``--wandb-project`` (off unless asked for)."""
+
+    wandb: Literal["offline", "online"] | None = wandb_mode_field()
+    wandb_project: str = wandb_project_field()
 
 
 def add_wandb_arguments(p: argparse.ArgumentParser) -> None:
     from halsift.corpus.config import add_dataclass_arguments
 
-    add_dataclass_arguments(p, WandbFlags, config_file=False, defaults=True)
+    add_dataclass_arguments(p, WandbSettings, config_file=False, defaults=True)
 
 
 def score_metrics(manifest: dict, out: Path) -> tuple[list[dict], dict]:

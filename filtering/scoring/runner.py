@@ -7,8 +7,9 @@ atomically (:mod:`halsift.corpus.scores`) whose schema metadata carries its own 
 skipped samples with reasons, parse failures, timings) and what it was made from: the fingerprint of its input
 (shard size, mtime and sampled hash; for a bench, the bench file's) and of the detector (spec plus the content of
 the checkpoints/adapters it names; :mod:`halsift.corpus.fingerprint`). A rerun reuses a finished part only if
-both still match and rescores it otherwise; ``_manifest.json`` records detector spec, unit and input paths, and a
-rerun with a different spec, unit or paths raises :class:`RunMismatch`.
+both still match and rescores it otherwise; ``_manifest.json`` records detector spec, unit and input paths (and
+each part's size, content hash and repeated rows, which select checks), and a rerun with a different spec, unit or
+paths raises :class:`RunMismatch`.
 
 Memory: one part's rows and one batch of decoded images at a time, whatever the number of shards.
 """
@@ -34,11 +35,12 @@ from halsift.corpus.sentences import sentence_texts
 from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, write_json_atomic
 from halsift.filtering.detectors.base import CAPTION_INDEX, Detector, Item
 from halsift.filtering.scoring.prefetch import Prefetcher
+from halsift.filtering.scoring.part_records import PART_META_KEY, RECORDS, part_record
 from halsift.filtering.detectors.spec import load_detector
 
 UNITS = ("sentence", "caption")
 MANIFEST = "_manifest.json"
-_META_KEY = b"halsift"
+_META_KEY = PART_META_KEY
 BENCH_CHUNK = 512  # captions per part when scoring a bench file
 
 
@@ -320,6 +322,8 @@ def _finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, sco
     t_data = sum(s["time_data_s"] for s in stats)
     manifest = {
         **ident, "status": "complete", "parts": len(parts), "part_files": [p.name for p in parts],
+        # size, content hash and repeated rows of each part: select refuses a part altered or swapped since
+        RECORDS: {p.name: part_record(out / p.name) for p in parts},
         "parts_resumed": resumed,
         "world_size": world, "ranks": sorted({s["rank"] for s in stats}),
         "part_world_sizes": sorted({s["world_size"] for s in stats}),

@@ -11,7 +11,11 @@ killed anywhere reruns to the identical result (and N processes can share the wo
    marker ``_select/shards/NNNNNN.json`` with its counts. Shards are claimed like score parts
    (:class:`halsift.filtering.scoring.tasks.ClaimBoard`), so a dead process's shard is redone by the next one to look.
 3. **manifest** -- whoever finds every marker merges them into ``manifest.json`` (``status: complete``) and
-   ``sizes.json``: the same fields as :func:`halsift.filtering.selection.select.select`'s manifest.
+   ``sizes.json``: the same fields as :func:`halsift.filtering.selection.select.select`'s manifest. A rerun that finds it
+   complete returns it as it is.
+
+The checks and the output folder's state are the in-memory select's (:func:`halsift.filtering.selection.guard.prepare`),
+and so is the shard pass's handling of a key repeated within a shard (skipped, counted as ``duplicate``).
 
 Memory: DuckDB's limit for the keys; then one input shard's kept units and one sample at a time.
 """
@@ -25,42 +29,17 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from halsift.corpus.images import SkipCounter
 from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name
-from halsift.corpus.shards import (META_DEFAULTS, ShardFormatError, ShardWriter, expand_shards, iter_shard,
-                                   write_json_atomic)
-from halsift.corpus.safe_paths import remove_tree
-from halsift.filtering.selection.score_folder import check_score_folder
-from halsift.filtering.selection.select import KeptCounts, SelectError, _labels, kept_by_key, unit_outputs
+from halsift.corpus.shards import META_DEFAULTS, ShardFormatError, ShardWriter, write_json_atomic
+from halsift.filtering.selection.select import KeptCounts, SelectError, _labels, check_amount, kept_by_key, unit_outputs
+from halsift.filtering.selection.guard import STATE, first_occurrences, prepare, remove_selection, write_outputs
 from halsift.filtering.selection.out_of_core import MEMORY_LIMIT, supported, top_keys, kept_for_part
 from halsift.filtering.scoring.tasks import HOST, STALE_AFTER_S, ClaimBoard, task_order
+from halsift.corpus.safe_paths import remove_tree
 
-STATE = "_select"
 EXAMPLES = 20
-
-
-def _filter(scores_dir, shards: list[Path], args: dict, keys_only: bool) -> dict:
-    """The manifest's ``filter`` (the fields of :func:`select.select`'s, plus ``keys_only``)."""
-    return {"scores": str(Path(scores_dir).resolve()), "data": [str(p.resolve()) for p in shards], **args,
-            "agg": args["agg"] if args["unit"] == "caption" else None, "per_captioner": False,
-            "random_baseline": False, "keys_only": keys_only}
-
-
-def _start(out: Path, filt: dict) -> None:
-    """Refuse a folder holding another selection; record this one's arguments (first process only)."""
-    state = out / STATE / "filter.json"
-    if state.exists():
-        old = json.loads(state.read_text())
-        diff = [k for k in filt if k != "scores_status" and old.get(k) != filt[k]]
-        if diff:
-            raise SelectError(f"out: {out} holds a selection with a different {diff[0]} ({old.get(diff[0])!r} vs "
-                              f"{filt[diff[0]]!r}); choose a new folder")
-        return
-    if out.exists() and (any(out.glob("*.tar")) or (out / "manifest.json").exists()):
-        raise SelectError(f"out: {out} already holds shards or a manifest; choose a new folder")
-    (out / STATE / "shards").mkdir(parents=True, exist_ok=True)
-    write_json_atomic(state, filt)  # first: a task starting meanwhile must find it before it finds the manifest
-    write_json_atomic(out / "manifest.json", {"status": "running", "filter": filt})
 
 
 def _keys(out: Path, board: ClaimBoard, scores_dir, args: dict, memory_limit: str, poll: float = 1.0) -> dict:
@@ -85,7 +64,8 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
     """Step 2 for one input shard: write its kept units to ``out/<index>.tar``; returns its counts. A source
     sample whose outputs the writer rejects is skipped and counted (never the rest of the shard)."""
     defaults = {**META_DEFAULTS, **(defaults or {})}
-    bad_samples: list[str] = []
+    skipped = SkipCounter(max_examples=EXAMPLES)
+    defaulted: dict[str, int] = {}
     part = part_name(0, shard.name)
     kept = kept_for_part(out, part)
     want = kept_by_key(kept)
@@ -97,30 +77,26 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
     remove_tree(work, ignore_errors=True)  # what a killed attempt left
     with ShardWriter(work, maxcount=2**62, start_index=index) as writer:
         try:
-            for s in iter_shard(shard):
+            for s in first_occurrences(shard, skipped):
                 shard_keys.append(s.key)
                 texts, labels, gts = _labels(s.meta, s.caption)
                 counts.add_source(s.captioner, labels)
                 if s.key not in want:
                     continue
-                idxs = sorted(want[s.key])
+                idxs = sorted(set(want[s.key]))
                 if counts.sentence_level and any(not 0 <= i < len(texts) for i in idxs):
                     bad_index.append(s.key)
                     idxs = [i for i in idxs if 0 <= i < len(texts)]
                     if not idxs:
                         continue
-                outs = unit_outputs(s, idxs, unit, agg, texts, gts, defaults)
-                try:
-                    for smp in outs:
-                        writer.validate(smp)
-                except ShardFormatError as e:
-                    bad_samples.append(f"{s.key}: {e}")
-                    continue
-                for smp in outs:
-                    writer.write(smp)
-                counts.add_kept(s.captioner, labels, idxs)
+                for k in defaults:
+                    if k not in s.meta:
+                        defaulted[k] = defaulted.get(k, 0) + 1
+                if write_outputs(writer, unit_outputs(s, idxs, unit, agg, texts, gts, defaults), skipped):
+                    counts.add_kept(s.captioner, labels, idxs)
         except ShardFormatError as e:
             corrupt.append(f"{shard.name}: {e}")
+            skipped.add(shard.name, str(e), "corrupt_shard", n=e.lost or 1)
     sizes = json.loads((work / "sizes.json").read_text()) if (work / "sizes.json").exists() else {}
     for name in sizes:  # 0 or 1 shard, named after the input's index
         os.replace(work / f"{name[:-4]}_stats.json", out / f"{name[:-4]}_stats.json")
@@ -134,7 +110,7 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
             "score_keys": len(score_keys), "only_in_shards": len(only_shard), "only_in_scores": len(only_scores),
             "only_in_shards_examples": only_shard[:EXAMPLES], "only_in_scores_examples": only_scores[:EXAMPLES],
             "bad_index": bad_index[:EXAMPLES], "bad_index_count": len(bad_index), "corrupt": corrupt,
-            "bad_samples": bad_samples[:EXAMPLES], "bad_samples_count": len(bad_samples)}
+            "skipped": skipped.to_json(), "defaulted": defaulted}
 
 
 def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, keep: float | None = None,
@@ -147,23 +123,24 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
     """Select out-of-core and reshard per input shard (see the module docstring); returns this run's stats, with
     ``manifest`` when the selection is complete after it. Rerun the same call to resume."""
     t0 = time.time()
+    check_amount(keep, top_k, threshold, unit, agg)
     why = supported(unit, agg)
     if why:
         raise SelectError(f"--resumable: not for {why}; run select without it")
-    scores_dir = Path(scores_dir)
-    if not scores_dir.is_dir():
-        raise FileNotFoundError(f"scores: {scores_dir} is not a folder")
-    folder = check_score_folder(scores_dir, detector, allow_partial)  # the in-memory select's check
-    shards = expand_shards(data)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    defaults = {**META_DEFAULTS, **(meta_defaults or {})}
     args = dict(keep=keep, top_k=top_k, threshold=threshold, unit=unit, agg=agg, seed=seed)
-    filt = {**_filter(scores_dir, shards, args, keys_only), "detector": folder.detector,
-            "allow_partial": allow_partial, "scores_status": folder.status}
-    _start(out, filt)
+    prep = prepare(scores_dir, data, out_dir, {**args, "per_captioner": False, "random_baseline": False,
+                                               "engine": "resumable", "keys_only": keys_only, "maxcount": None},
+                   detector=detector, allow_partial=allow_partial, meta_defaults=defaults)
+    scores_dir, out, shards, filt, folder = Path(scores_dir), prep.out, prep.shards, prep.filt, prep.folder
+    (out / STATE / "shards").mkdir(parents=True, exist_ok=True)
     board = ClaimBoard(out / STATE, f"select-{task_index}@{HOST}:{os.getpid()}", stale_after)
-    info = _keys(out, board, scores_dir, {**args, "detector": detector if folder.other_detectors else None},
-                 memory_limit)
+    try:
+        info = _keys(out, board, scores_dir, {**args, "detector": detector if folder.other_detectors else None},
+                     memory_limit)
+    except SelectError:  # e.g. caption-level scores for unit=sentence: refused like the in-memory select, nothing left
+        remove_selection(out, prep.created)
+        raise
     run = {"task_index": task_index, "num_tasks": num_tasks, "shards_written": 0, "shards_done_before": 0,
            "samples_written": 0}
     marks = out / STATE / "shards"
@@ -181,7 +158,7 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
                 continue
             try:
                 if not marker.exists():
-                    stats = reshard_one(i, shards[i], out, scores_dir, unit, agg, meta_defaults)
+                    stats = reshard_one(i, shards[i], out, scores_dir, unit, agg, defaults)
                     write_json_atomic(marker, stats)
                     run["shards_written"] += 1
                     run["samples_written"] += stats["samples_written"]
@@ -193,14 +170,18 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
     missing = [] if keys_only else [i for i in range(len(shards)) if not (marks / f"{i:06d}.json").exists()]
     run["shards_missing"] = len(missing)
     if not missing:
-        run["manifest"] = _finish(out, filt, info, shards, scores_dir, keys_only, t0)
+        run["manifest"] = _finish(out, filt, info, shards, scores_dir, keys_only, t0, prep.checks)
     return run
 
 
 def _finish(out: Path, filt: dict, info: dict, shards: list[Path], scores_dir: Path, keys_only: bool,
-            t0: float) -> dict:
-    """Step 3: merge the shards' counts into ``manifest.json`` and ``sizes.json``."""
-    manifest = {"status": "complete", "engine": "resumable", "filter": filt, **info}
+            t0: float, checks: dict) -> dict:
+    """Step 3: merge the shards' counts into ``manifest.json`` and ``sizes.json`` (a complete manifest another task
+    wrote meanwhile is returned as it is)."""
+    done = _complete_manifest(out)
+    if done is not None:
+        return done
+    manifest = {"status": "complete", "engine": "resumable", "filter": filt, **info, "scores_check": checks}
     if keys_only:
         manifest.update(kept_units=info["selected"], samples_written=0)
         write_json_atomic(out / "manifest.json", manifest)
@@ -208,9 +189,14 @@ def _finish(out: Path, filt: dict, info: dict, shards: list[Path], scores_dir: P
     stats = [json.loads((out / STATE / "shards" / f"{i:06d}.json").read_text()) for i in range(len(shards))]
     counts = KeptCounts(filt["unit"] == "sentence" or filt["agg"] == "prune")
     sizes: dict[str, int] = {}
+    skipped = SkipCounter(max_examples=1000)
+    defaulted: dict[str, int] = {}
     for s in stats:
         counts.merge_json(s)
         sizes.update(s["sizes"])
+        skipped.merge(SkipCounter.from_json(s["skipped"]))
+        for k, n in s["defaulted"].items():
+            defaulted[k] = defaulted.get(k, 0) + n
     # score parts with no input shard: all their keys are only in the scores
     covered = {s["part"] for s in stats}
     orphan = [p for p in sorted(scores_dir.glob("*.parquet")) if p.name not in covered and not p.name.startswith(".")]
@@ -229,12 +215,23 @@ def _finish(out: Path, filt: dict, info: dict, shards: list[Path], scores_dir: P
         "sentence_index_out_of_range": {"count": sum(s["bad_index_count"] for s in stats),
                                         "examples": [k for s in stats for k in s["bad_index"]][:EXAMPLES]},
         "corrupt_shards": [c for s in stats for c in s["corrupt"]],
-        "skipped_samples": {"count": sum(s.get("bad_samples_count", 0) for s in stats),
-                            "examples": [k for s in stats for k in s.get("bad_samples", [])][:EXAMPLES]},
+        "skipped": skipped.to_json(),
+        "skipped_samples": {"count": skipped.counts["bad_sample"],  # the writer's rejects (the engine's older field)
+                            "examples": [f"{e['key']}: {e['reason']}" for e in skipped.examples
+                                         if e["kind"] == "bad_sample"][:EXAMPLES]},
+        "meta_defaults": {"values": filt["meta_defaults"], "samples": dict(sorted(defaulted.items()))},
         "wall_time_s": round(time.time() - t0, 3),
     })
     write_json_atomic(out / "manifest.json", manifest)
     return manifest
+
+
+def _complete_manifest(out: Path) -> dict | None:
+    try:
+        m = json.loads((out / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return m if isinstance(m, dict) and m.get("status") == "complete" else None
 
 
 def reuse_or_clear(dest: str | os.PathLike, scores_dir, *, keep=None, top_k=None, threshold=None,

@@ -12,16 +12,23 @@ naming the folder or the part) when
   :func:`halsift.corpus.scores.check_column_types`);
 - the parts hold more than one detector, or another detector than the manifest's (without ``detector``), or no part
   holds the chosen ``detector``;
-- a sentence index is below -1.
+- a sentence index is below -1;
+- a part differs from the size and content hash the score manifest records for it (``part_records``, written by
+  ``halsift score``: a part altered, swapped or replaced after scoring); a manifest without records (made before
+  them) is not checked, and the selection's manifest counts its parts as unrecorded.
 
-What needs every row (a (key, sentence_index) row repeated) is checked by the in-memory path only.
+:func:`check_sources` then pairs each input shard with its part (``part-<shard>.parquet``) and refuses a shard whose
+size or content hash differs from the fingerprint the part records (shards replaced at the same paths, or parts
+swapped). :func:`check_repeated_rows` finds a (key, sentence_index) row repeated within a part, reading only the parts
+whose record does not vouch for them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,8 +36,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from halsift.corpus.errors import InputError
-from halsift.corpus.scores import ScoresFormatError, check_column_types
+from halsift.corpus.fingerprint import file_fingerprint
+from halsift.corpus.scores import ScoresFormatError, check_column_types, part_name
 from halsift.filtering.detectors.base import CAPTION_INDEX
+from halsift.filtering.scoring.part_records import PART_META_KEY, RECORDS, content as _content, part_record
 
 SCORE_MANIFEST = "_manifest.json"  # written by halsift.filtering.scoring.runner
 CLAIMS = "_claims"  # halsift.filtering.scoring.tasks.CLAIMS: live score tasks' claims
@@ -51,11 +60,18 @@ class ScoreFolder:
     status: str | None
     detector: str | None  # the chosen one, else the manifest's, else the one the parts hold
     other_detectors: bool = False  # some parts also hold rows of detectors other than the chosen one
+    fingerprints: dict[str, dict] = field(default_factory=dict)  # part name -> {size, hash} as found now
+    vouched: set[str] = field(default_factory=set)  # parts whose record matches and has no repeated row
 
     def info(self, allow_partial: bool) -> dict:
         """The ``source`` fields a selection's manifest records."""
         return {"parts": [str(p) for p in self.parts], "manifest_status": self.status,
                 "allow_partial": allow_partial, "detector": self.detector}
+
+    def digest(self) -> str:
+        """One hex digest of every part's name, size and content hash: the scores a selection was made from."""
+        items = sorted((name, fp["size"], fp["hash"]) for name, fp in self.fingerprints.items())
+        return hashlib.blake2b(json.dumps(items).encode(), digest_size=16).hexdigest()
 
 
 def _read_manifest(path: Path) -> dict | None:
@@ -201,4 +217,91 @@ def check_score_folder(scores: str | os.PathLike, detector: str | None = None,
             raise SelectError(f"scores: {p} has sentence_index {low} (expected -1 for a caption or >= 0)")
     if detector is not None and not chosen_found:
         raise SelectError(f"--detector {detector}: no rows of that detector in {path} (it holds {sorted(seen)})")
-    return ScoreFolder(path, parts, manifest or {}, status, expected or next(iter(seen), None), other)
+    folder_ = ScoreFolder(path, parts, manifest or {}, status, expected or next(iter(seen), None), other)
+    _check_records(folder_)
+    return folder_
+
+
+# ------------------------------------------------------------------------------------------------ integrity
+def _check_records(folder: ScoreFolder) -> None:
+    """Refuse a part whose size or content hash differs from the manifest's record of it; fill ``fingerprints``
+    (every part) and ``vouched`` (recorded, unchanged parts without a repeated row)."""
+    records = folder.manifest.get(RECORDS) or {}
+    for p in folder.parts:
+        now = folder.fingerprints[p.name] = _content(p)
+        rec = records.get(p.name)
+        if rec is None:
+            continue
+        if (rec.get("size"), rec.get("hash")) != (now["size"], now["hash"]):
+            raise SelectError(f"scores: {p} is not the part `halsift score` wrote (its size or content hash differs "
+                              f"from {SCORE_MANIFEST}: altered, swapped or replaced since); rescore it (delete it and "
+                              "rerun the score command)")
+        if rec.get("repeated_rows") == 0:
+            folder.vouched.add(p.name)
+
+
+def part_stats_of(p: Path) -> dict:
+    """A part's own stats from its parquet metadata (``{}`` when it has none)."""
+    meta = pq.ParquetFile(p).metadata.metadata or {}
+    try:
+        stats = json.loads(meta.get(PART_META_KEY, b"{}"))
+    except ValueError:
+        return {}
+    return stats if isinstance(stats, dict) else {}
+
+
+def check_sources(folder: ScoreFolder, shards: list[Path]) -> dict:
+    """Refuse an input shard whose size or content hash differs from the fingerprint its part (``part-<shard>``)
+    records: the shard was replaced at the same path, or the parts were swapped (the modification time is not
+    compared: a copy is the same shard). Returns what a selection's manifest records: shards checked, shards whose
+    part records no fingerprint, shards without a part, parts with and without a record in the score manifest, and
+    ``data_digest`` (one hex digest of every shard's name, size and content hash)."""
+    by_name = {p.name: p for p in folder.parts}
+    checked = unrecorded = without = 0
+    h = hashlib.blake2b(digest_size=16)
+    for shard in shards:
+        now = file_fingerprint(shard)
+        h.update(json.dumps([shard.name, now["size"], now["hash"]]).encode())
+        part = by_name.get(part_name(0, shard.name))
+        if part is None:
+            without += 1
+            continue
+        fp = part_stats_of(part).get("source_fp")
+        if not isinstance(fp, dict) or "hash" not in fp:
+            unrecorded += 1
+            continue
+        if (fp.get("size"), fp.get("hash")) != (now["size"], now["hash"]):
+            raise SelectError(f"data: {shard} is not the shard {part} was scored from (its size or content hash "
+                              "differs from the fingerprint the part records: replaced at the same path, or parts "
+                              "swapped?); rescore it, or give the shards that were scored")
+        checked += 1
+    recorded = sum(1 for p in folder.parts if p.name in (folder.manifest.get(RECORDS) or {}))
+    return {"parts_recorded": recorded, "parts_unrecorded": len(folder.parts) - recorded,
+            "shards_checked": checked, "shards_unrecorded": unrecorded, "shards_without_part": without,
+            "data_digest": h.hexdigest()}
+
+
+def repeated_rows_error(key: str, index: int, where: list[Path], total: int) -> SelectError:
+    """The one line both selections give for a repeated (key, sentence_index) score row."""
+    return SelectError(f"scores: row (key={key!r}, sentence_index={index}) appears more than once "
+                       f"({' and '.join(str(p) for p in where)}; {total} repeated rows in all)")
+
+
+def check_repeated_rows(folder: ScoreFolder, detector: str | None = None) -> None:
+    """Raise :func:`repeated_rows_error` when a part repeats a (key, sentence_index) row (of ``detector``, when the
+    parts hold several). Reads only the parts the manifest does not vouch for, one at a time."""
+    first, total = None, 0
+    for p in folder.parts:
+        if p.name in folder.vouched:
+            continue
+        cols = ["key", "sentence_index"] + (["detector"] if folder.other_detectors else [])
+        t = pq.read_table(p, columns=cols)
+        if folder.other_detectors:
+            t = t.filter(pc.equal(t["detector"], detector)).drop_columns(["detector"])
+        counts = t.group_by(["key", "sentence_index"], use_threads=False).aggregate([("key", "count")])
+        dup = counts.filter(pc.greater(counts["key_count"], 1))
+        total += len(dup)
+        if len(dup) and first is None:
+            first = (dup["key"][0].as_py(), dup["sentence_index"][0].as_py(), p)
+    if first is not None:
+        raise repeated_rows_error(first[0], first[1], [first[2]], total)

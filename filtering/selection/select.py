@@ -10,12 +10,14 @@ Two steps, so that neither holds the corpus in memory (DataComp's apply_filter -
    ``kept.parquet`` (the subset, usable without resharding) and ``manifest.json`` (``status: running`` from the
    start, ``complete`` at the end; ``train clip`` refuses a folder whose selection did not complete).
 
-Inputs are checked before anything is written: the score folder by
-:func:`halsift.filtering.selection.score_folder.check_score_folder` (the check ``select --resumable`` runs too: manifest
-``complete`` unless ``allow_partial``, parts listed and readable, one detector, indices >= -1), then here no
-(key, sentence_index) row may repeat; a kept sentence index beyond its caption's sentences is an error naming the
-part. A sample the shard writer rejects (e.g. a key with characters outside ``[A-Za-z0-9_-]``) is skipped and
-counted on its own (``skipped`` in the manifest); an unreadable shard is counted with the number of samples lost.
+Inputs and the output folder are checked before anything is written, by the checks ``select --resumable`` runs
+too (:func:`halsift.filtering.selection.guard.prepare`: the score folder and each part's recorded content, the input
+shards against the fingerprints their parts record, the output folder apart from both, and its state: a killed
+select reruns to the same bytes, a complete one is returned as it is); then here no (key, sentence_index) row may
+repeat; a kept sentence index beyond its caption's sentences is an error naming the part. A key repeated within an
+input shard is skipped and counted (``duplicate``; the first occurrence is selected). A sample the shard writer
+rejects (e.g. a key with characters outside ``[A-Za-z0-9_-]``) is skipped and counted on its own (``skipped`` in
+the manifest); an unreadable shard is counted with the number of samples lost.
 
 Units: ``sentence`` (one output sample per kept image–sentence pair, key ``<key>_s<idx>``) or ``caption``
 with ``agg``: ``min`` / ``mean`` of the sentence scores, ``prob`` (100 x product of score/100, i.e. the
@@ -39,27 +41,27 @@ from halsift.corpus.progress import progress
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.scores import read_part, read_scores, write_part_atomic
 from halsift.corpus.sentences import sentence_texts
-from halsift.corpus.shards import (META_DEFAULTS, Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard,
-                                   write_json_atomic)
-from halsift.corpus.safe_paths import remove_file, remove_tree
+from halsift.corpus.shards import META_DEFAULTS, Sample, ShardFormatError, ShardWriter, write_json_atomic
 from halsift.filtering.detectors.base import CAPTION_INDEX
 from halsift.filtering.detectors.baselines import hash_uniform
-from halsift.filtering.selection.score_folder import SelectError, check_score_folder
+from halsift.filtering.selection.score_folder import ScoreFolder, SelectError, check_score_folder, repeated_rows_error
+from halsift.filtering.selection.guard import (clear_outputs, first_occurrences, prepare, remove_selection,
+                                            write_outputs)
 
 UNITS = ("sentence", "caption")
 AGGS = ("min", "mean", "prob", "prune")
 
 
 def load_scores(scores: str | os.PathLike, detector: str | None = None, allow_partial: bool = False,
-                captioner: bool = True) -> tuple[pa.Table, dict]:
-    """Check a score folder (or one parquet file) with :func:`check_score_folder` and read it for selection;
-    returns ``(table, info)``.
+                captioner: bool = True, folder: ScoreFolder | None = None) -> tuple[pa.Table, dict]:
+    """Check a score folder (or one parquet file) with :func:`check_score_folder` (unless given the checked
+    ``folder``) and read it for selection; returns ``(table, info)``.
 
     ``table`` has key, sentence_index (int32), score and (with ``captioner``, when the parts have it) captioner.
     Besides the folder checks, raises :class:`SelectError` when a (key, sentence_index) row repeats. Memory: the
     detector column is read (dictionary-encoded) only when rows of another detector must be dropped.
     """
-    folder = check_score_folder(scores, detector, allow_partial)
+    folder = folder or check_score_folder(scores, detector, allow_partial)
     tables, dropped = [], 0
     for p in folder.parts:
         cols = ["key", "sentence_index", "score"]
@@ -77,9 +79,7 @@ def load_scores(scores: str | os.PathLike, detector: str | None = None, allow_pa
     dup = counts.filter(pc.greater(counts["score_count"], 1))
     if len(dup):
         k, idx = dup["key"][0].as_py(), dup["sentence_index"][0].as_py()
-        where = " and ".join(str(p) for p in parts_holding(folder.parts, k, idx))
-        raise SelectError(f"scores: row (key={k!r}, sentence_index={idx}) appears more than once ({where}; "
-                          f"{len(dup)} repeated rows in all)")
+        raise repeated_rows_error(k, idx, parts_holding(folder.parts, k, idx), len(dup))
     return table, {**folder.info(allow_partial), "rows_of_other_detectors_dropped": dropped}
 
 
@@ -146,15 +146,9 @@ def _random_scores(t: pa.Table, seed: int) -> np.ndarray:
     return r
 
 
-def select_keys(scores: str | os.PathLike | pa.Table, *, keep: float | None = None, top_k: int | None = None,
-                threshold: float | None = None, unit: str = "sentence", agg: str = "min",
-                per_captioner: bool = False, random_baseline: bool = False, seed: int = 0,
-                captioners: pa.Table | None = None) -> tuple[pa.Table, dict]:
-    """Pick the kept units from a score table; returns ``(kept, info)``.
-
-    ``kept`` has ``key``, ``sentence_index`` (-1 for whole captions), ``score`` (and ``captioner``), sorted
-    by key and sentence_index. ``info`` holds the threshold actually used and candidate/kept counts.
-    """
+def check_amount(keep: float | None, top_k: int | None, threshold: float | None, unit: str, agg: str) -> None:
+    """Raise :class:`SelectError` unless exactly one of keep / top_k / threshold is given and valid, and unit and
+    agg are known."""
     given = [x is not None for x in (keep, top_k, threshold)]
     if sum(given) != 1:
         raise SelectError("give exactly one of keep (fraction), top_k (count) or threshold (score)")
@@ -168,6 +162,18 @@ def select_keys(scores: str | os.PathLike | pa.Table, *, keep: float | None = No
         raise SelectError(f"unit={unit!r}: expected one of {UNITS}")
     if agg not in AGGS:
         raise SelectError(f"agg={agg!r}: expected one of {AGGS}")
+
+
+def select_keys(scores: str | os.PathLike | pa.Table, *, keep: float | None = None, top_k: int | None = None,
+                threshold: float | None = None, unit: str = "sentence", agg: str = "min",
+                per_captioner: bool = False, random_baseline: bool = False, seed: int = 0,
+                captioners: pa.Table | None = None) -> tuple[pa.Table, dict]:
+    """Pick the kept units from a score table; returns ``(kept, info)``.
+
+    ``kept`` has ``key``, ``sentence_index`` (-1 for whole captions), ``score`` (and ``captioner``), sorted
+    by key and sentence_index. ``info`` holds the threshold actually used and candidate/kept counts.
+    """
+    check_amount(keep, top_k, threshold, unit, agg)
     if isinstance(scores, pa.Table):
         t = scores
     else:
@@ -255,53 +261,43 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
     ``captioner`` / ``source`` (img2dataset output) gets ``meta_defaults`` (default :data:`META_DEFAULTS`);
     the manifest records the defaults and how many samples took them. Raises :class:`SelectError` naming the
     first failure when units were kept but not one sample could be written. On an error nothing this call wrote
-    is left in ``out_dir``.
+    is left in ``out_dir``; after a kill, the same call writes the selection again (to the same bytes), and one
+    that finds it complete returns its manifest as it is (:func:`halsift.filtering.selection.guard.prepare`).
     """
     defaults = {**META_DEFAULTS, **(meta_defaults or {})}
     t0 = time.perf_counter()
-    out = Path(out_dir)
-    if out.exists() and (any(out.glob("*.tar")) or (out / "manifest.json").exists()):
-        raise SelectError(f"out: {out} already holds shards or a manifest; choose a new folder")
-    shards = expand_shards(data)
-    table, source = load_scores(scores_dir, detector, allow_partial, captioner=per_captioner)
+    check_amount(keep, top_k, threshold, unit, agg)
+    if maxcount < 1:
+        raise SelectError(f"maxcount={maxcount}: expected >= 1")
     args = dict(keep=keep, top_k=top_k, threshold=threshold, unit=unit, agg=agg, per_captioner=per_captioner,
                 random_baseline=random_baseline, seed=seed)
+    prep = prepare(scores_dir, data, out_dir, {**args, "engine": "memory", "keys_only": False, "maxcount": maxcount},
+                   detector=detector, allow_partial=allow_partial, meta_defaults=defaults)
+    if prep.done is not None:
+        return prep.done  # this selection, complete: as it is
+    out, shards, filt = prep.out, prep.shards, prep.filt
     try:
-        kept, info = select_keys(table, **args)
-    except SelectError as e:
-        if not (per_captioner and "captioner" in str(e)):
-            raise
-        # score tables without a captioner column: read it from the shards' json (one extra pass)
-        pairs = [(smp.key, smp.captioner) for path in shards for smp in iter_shard(path)]
-        caps = pa.table({"key": [k for k, _ in pairs], "captioner": [c for _, c in pairs]})
-        kept, info = select_keys(table, **args, captioners=caps)
-    filt = {"scores": str(Path(scores_dir).resolve()), "data": [str(p.resolve()) for p in shards],
-            "keep": keep, "top_k": top_k, "threshold": threshold, "unit": unit,
-            "agg": agg if unit == "caption" else None, "per_captioner": per_captioner,
-            "random_baseline": random_baseline, "seed": seed, "detector": source["detector"],
-            "allow_partial": allow_partial, "scores_status": source["manifest_status"]}
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    try:
+        clear_outputs(out)  # what an unfinished run of this selection wrote: written again, to the same bytes
         write_json_atomic(out / "manifest.json", {"status": "running", "filter": filt})
+        table, source = load_scores(scores_dir, detector, allow_partial, captioner=per_captioner, folder=prep.folder)
+        try:
+            kept, info = select_keys(table, **args)
+        except SelectError as e:
+            if not (per_captioner and "captioner" in str(e)):
+                raise
+            # score tables without a captioner column: read it from the shards' json (one extra pass)
+            pairs = [(smp.key, smp.captioner) for path in shards for smp in first_occurrences(path, SkipCounter())]
+            caps = pa.table({"key": [k for k, _ in pairs], "captioner": [c for _, c in pairs]})
+            kept, info = select_keys(table, **args, captioners=caps)
         manifest = _write_selection(table, kept, info, source, filt, shards, out, unit, agg, maxcount, show_progress,
                                     defaults)
     except BaseException:
-        _remove_selection(out, created)
+        remove_selection(out, prep.created)
         raise
+    manifest["scores_check"] = prep.checks
     manifest["wall_time_s"] = round(time.perf_counter() - t0, 3)
     write_json_atomic(out / "manifest.json", manifest)
     return manifest
-
-
-def _remove_selection(out: Path, created: bool) -> None:
-    """Undo a failed selection: its shards, stats, sizes, kept table, manifest and temporary files."""
-    if created:
-        remove_tree(out, ignore_errors=True)
-        return
-    for pattern in ("*.tar", "*_stats.json", "sizes.json", "kept.parquet", "manifest.json", ".*.tmp*"):
-        for f in out.glob(pattern):
-            remove_file(f)
 
 
 def unit_outputs(s: Sample, idxs: list[int], unit: str, agg: str, texts: list[str], gts: list | None,
@@ -424,7 +420,7 @@ class _SelectionWriter:
     def shard(self, path: Path, bar) -> None:
         keys_here: list[str] = []
         try:
-            for s in iter_shard(path):
+            for s in first_occurrences(path, self.skipped):
                 bar.update(1)
                 keys_here.append(s.key)
                 self.sample(s, path)
@@ -438,7 +434,7 @@ class _SelectionWriter:
         self.counts.add_source(s.captioner, labels)
         if s.key not in self.want:
             return
-        idxs = sorted(self.want[s.key])
+        idxs = sorted(set(self.want[s.key]))
         if self.counts.sentence_level and any(not 0 <= i < len(texts) for i in idxs):
             bad = next(i for i in idxs if not 0 <= i < len(texts))
             held = parts_holding([Path(x) for x in self.source["parts"]], s.key, bad)
@@ -446,20 +442,9 @@ class _SelectionWriter:
                               f"{s.key!r}, whose caption in {path} has {len(texts)} sentence(s); were these scores "
                               "made from other shards?")
         self.defaulted.update(k for k in self.defaults if k not in s.meta)
-        if self.write_all(unit_outputs(s, idxs, self.unit, self.agg, texts, gts, self.defaults)):
+        if write_outputs(self.writer, unit_outputs(s, idxs, self.unit, self.agg, texts, gts, self.defaults),
+                         self.skipped):
             self.counts.add_kept(s.captioner, labels, idxs)
-
-    def write_all(self, samples: list[Sample]) -> bool:
-        """Write one source sample's outputs, or none of them: a rejected one is skipped and counted."""
-        try:
-            for smp in samples:
-                self.writer.validate(smp)
-        except ShardFormatError as e:
-            self.skipped.add(samples[0].meta.get("parent_key", samples[0].key), str(e), "bad_sample")
-            return False
-        for smp in samples:
-            self.writer.write(smp)
-        return True
 
 
 def _write_selection(table: pa.Table, kept: pa.Table, info: dict, source: dict, filt: dict, shards: list[Path],
@@ -480,7 +465,7 @@ def _write_selection(table: pa.Table, kept: pa.Table, info: dict, source: dict, 
     shard_keys = pa.concat_arrays(w.shard_keys) if w.shard_keys else pa.array([], pa.string())
     cols = ["key", "sentence_index", "score"] + (["captioner"] if filt["per_captioner"] else [])
     write_part_atomic(kept.select([c for c in cols if c in kept.column_names]), out / "kept.parquet")
-    return {"status": "complete", "filter": filt, **info, "samples_written": writer.total,
+    return {"status": "complete", "engine": "memory", "filter": filt, **info, "samples_written": writer.total,
             **w.counts.manifest_fields(), "keys": key_overlap(shard_keys, pc.unique(table["key"])),
             "skipped": w.skipped.to_json(), "corrupt_shards": w.corrupt_shards,
             "meta_defaults": {"values": defaults, "samples": dict(sorted(w.defaulted.items()))}}

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from filtering_data import scored_corpus
+from filtering_data import restamp, scored_corpus
 
 from halsift.launch.cli import main
 
@@ -108,6 +108,7 @@ def test_resumable_select_of_one_detector_in_a_mixed_folder_equals_in_memory(sco
     other = other.set_column(t.schema.get_field_index("score"), "score",
                              pc.subtract(pa.scalar(100, pa.float32()), t["score"]))
     pq.write_table(pa.concat_tables([t, other]), mixed / "part-000001.parquet")
+    restamp(mixed)
     ref = select(mixed, corpus, tmp_path / "ref", keep=0.4, detector=name, show_progress=False)
     run = select_resumable(mixed, corpus, tmp_path / "res", keep=0.4, detector=name)["manifest"]
     rows = sum(pq.ParquetFile(p).metadata.num_rows for p in scores.glob("part-*.parquet"))

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from filtering_data import make_corpus
+from filtering_data import make_corpus, restamp
 
 from halsift.corpus.scores import read_scores_df
 from halsift.corpus.shards import iter_samples, read_sizes
@@ -126,7 +126,8 @@ def test_select_argument_errors(tmp_path):
     base = ["select", "--scores", str(tmp_path / "o"), "--data", str(data), "--no-progress"]
     assert main(base + ["--out", str(tmp_path / "s"), "--keep", "1.5"]) == 2
     assert main(base + ["--out", str(tmp_path / "s"), "--keep", "0.5"]) == 0
-    assert main(base + ["--out", str(tmp_path / "s"), "--keep", "0.5"]) == 2  # output folder not empty
+    assert main(base + ["--out", str(tmp_path / "s"), "--keep", "0.5"]) == 0  # the same selection: as it is
+    assert main(base + ["--out", str(tmp_path / "s"), "--keep", "0.4"]) == 2  # another one: refused
     assert main(base + ["--out", str(tmp_path / "t"), "--keep", "0.5", "--agg", "mean"]) == 2
 
 
@@ -142,6 +143,7 @@ def test_prune_and_one_sided_keys(tmp_path):
     t = pq.read_table(first)
     ghost = scores_table(["ghost"], [0], [100.0], [True], "oracle", {"captioner": ["capA"]})
     pq.write_table(pa.concat_tables([t.select(ghost.column_names), ghost]), first)
+    restamp(out)
     m = select(out, data, tmp_path / "p", threshold=60, unit="caption", agg="prune", show_progress=False)
     assert m["keys"]["only_in_shards"] == 1 and m["keys"]["only_in_shards_examples"] == ["s9_00004"]
     assert m["keys"]["only_in_scores"] == 1 and m["keys"]["only_in_scores_examples"] == ["ghost"]
@@ -162,6 +164,7 @@ def test_per_captioner_quota_reads_captioners_from_shards_when_scores_lack_them(
     out = score("random:seed=4", data, tmp_path / "o", show_progress=False)
     for p in out.glob("part-*.parquet"):
         pq.write_table(pq.read_table(p).drop_columns(["captioner"]), p)
+    restamp(out)
     m = select(out, data, tmp_path / "s", keep=0.3, per_captioner=True, show_progress=False)
     truth = _truth(data)
     want = {c: int(np.floor(0.3 * n + 0.5)) for c, n in truth["captioner"].value_counts().items()}

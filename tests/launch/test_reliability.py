@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from filtering_data import make_bench, make_corpus
+from filtering_data import make_bench, make_corpus, restamp
 
 from halsift.corpus.scores import read_scores_df
 from halsift.launch.cli import main
@@ -131,6 +131,7 @@ def test_select_refuses_duplicate_rows_and_indices_out_of_range(scored, tmp_path
     part = rand / "part-000001.parquet"
     t = pq.read_table(part)
     pq.write_table(pa.concat_tables([t, t.slice(0, 1)]), part)
+    restamp(rand)  # edited on purpose: recorded, as `halsift score` records its parts
     capsys.readouterr()
     assert _select(rand, data, tmp_path / "sel") == 2
     line = _err_line(capsys)
@@ -138,6 +139,7 @@ def test_select_refuses_duplicate_rows_and_indices_out_of_range(scored, tmp_path
     # an index past the caption's sentences (scores made from other shards)
     idx = t["sentence_index"].to_pylist()
     pq.write_table(t.set_column(1, "sentence_index", pa.array([40] + idx[1:], pa.int32())), part)
+    restamp(rand)  # edited on purpose: recorded, as `halsift score` records its parts
     assert main(["select", "--scores", str(rand), "--data", str(data), "--out", str(tmp_path / "sel"),
                  "--threshold", "0", "--no-progress"]) == 2
     line = _err_line(capsys)
@@ -153,6 +155,7 @@ def test_int64_sentence_index_part_is_read(scored, tmp_path):
     part = rand / "part-000001.parquet"
     t = pq.read_table(part)
     pq.write_table(t.set_column(1, "sentence_index", t["sentence_index"].cast(pa.int64())), part)
+    restamp(rand)  # edited on purpose: recorded, as `halsift score` records its parts
     assert _select(rand, data, tmp_path / "sel") == 0
     assert json.loads((tmp_path / "sel" / "manifest.json").read_text())["candidates"] == len(read_scores_df(rand))
     from halsift.corpus.scores import read_scores  # what eval bench and the ensembles read
