@@ -38,6 +38,16 @@ SCHEMAS = ("hf-hub:", "local-dir:")  # open_clip model names that carry their ow
 RANDOM = "random"  # pretrained=random: a seeded random init, asked for by name
 
 
+def check_weights(arch: str, pretrained: Any = None, checkpoint: Any = None) -> None:
+    """Random weights only when asked for by name: a ValueError unless ``pretrained`` or ``checkpoint`` is given
+    (``pretrained=random`` for a seeded random init) or ``arch`` carries its weights (``hf-hub:``/``local-dir:``).
+    Light: the dry run of a recipe calls it without loading anything."""
+    if not (str(arch).startswith(SCHEMAS) or pretrained or checkpoint):
+        raise ValueError(f"arch={arch!r}: no pretrained= or checkpoint= given, so it would score with random weights; "
+                         f"give pretrained=<tag|file> or checkpoint=<file>, or pretrained={RANDOM} to ask for a random "
+                         "init")
+
+
 def _load_error(what: str, e: Exception) -> str:
     """One line for weights that could not be loaded: the name, open_clip's reason, and what to do."""
     reason = (str(e).splitlines() or [type(e).__name__])[0][:240]
@@ -186,10 +196,7 @@ class ClipDetector(Detector):
                              "hf-hub:org/repo or local-dir:PATH name")
         if schema and pretrained:
             raise ValueError(f"pretrained={pretrained!r}: not used with arch={arch!r} (its weights come with it)")
-        if not (schema or pretrained or checkpoint):
-            raise ValueError(f"arch={arch!r}: no pretrained= or checkpoint= given, so it would score with random "
-                             f"weights; give pretrained=<tag|file> or checkpoint=<file>, or pretrained={RANDOM} to ask "
-                             "for a random init")
+        check_weights(arch, pretrained, checkpoint)
         if pretrained == RANDOM:
             pretrained = None
         if checkpoint and not Path(checkpoint).exists():

@@ -158,9 +158,15 @@ _FILE_OPTIONS = {"clip": ("checkpoint",), "lora": ("path",)}
 
 
 def _check_spec_files(key: str, spec: str, run: Path) -> None:
+    from halsift.filtering.clip_detector import check_weights
     from halsift.filtering.spec import iter_specs
 
     for _, family, opts in iter_specs(spec):
+        if family == "clip":
+            try:
+                check_weights(opts.get("arch", "ViT-B-32"), opts.get("pretrained"), opts.get("checkpoint"))
+            except ValueError as e:
+                raise ConfigError(f"{key}: {e}") from None
         for opt in _FILE_OPTIONS.get(family, ()):
             value = opts.get(opt)
             if value and not Path(str(value)).resolve().is_relative_to(run.resolve()) and not Path(str(value)).exists():

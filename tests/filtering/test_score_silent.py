@@ -226,3 +226,15 @@ def test_a_vlm_checkpoint_missing_weights_is_refused(tmp_path):
     st.save_file(state, weights, metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"1 weight\(s\) are not in its checkpoint .* randomly initialised"):
         load_detector(f"vlm:model={folder}")
+
+
+@pytest.mark.parametrize("override, needles", [
+    ("score.detectors.c=clip:arch={arch}", ("score.detectors.c", "no pretrained= or checkpoint= given")),
+    ("score.detectors.e=ensemble:members=[random:seed=1;clip:arch={arch}]", ("score.detectors.e", "pretrained=random")),
+    ("score.max_parse_failures=1.5", ("score.max_parse_failures", "between 0 and 1")),
+])
+def test_a_recipe_dry_run_refuses_them_before_any_stage_runs(override, needles, capsys):
+    """Variants: the recipe path (`halsift run --dry-run`), before hours of world/pretrain stages."""
+    assert main(["run", "quickstart", override, "--dry-run"]) == 2
+    line = _err_line(capsys)
+    assert all(n in line for n in needles), line
