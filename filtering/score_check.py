@@ -84,6 +84,8 @@ def _status(folder: Path, manifest: dict | None, path: Path, allow_partial: bool
     where = folder / SCORE_MANIFEST if path.is_dir() else path
     if manifest is None:
         what = "is missing (parts made elsewhere, or a `halsift score` killed before its first part)"
+    elif manifest.get("error"):  # a finished run that failed its end check (halsift.filtering.score_guard)
+        what = f"says status {status!r} ({str(manifest['error'])[:300]})"
     else:
         claimed = _unfinished_claims(folder)
         what = f"says status {status!r}" + (f" (score tasks still hold {claimed} unwritten part(s))" if claimed else

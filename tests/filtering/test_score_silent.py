@@ -132,7 +132,8 @@ def test_a_server_whose_replies_never_parse_stops_the_run(tmp_path, capsys, neve
     assert m["status"] == "failed" and m["parse_failures"] == m["sentences"] > 0 and "parsable" in m["error"]
     assert main(["select", "--scores", str(out), "--data", str(data), "--out", str(tmp_path / "sel"), "--keep",
                  "0.5", "--no-progress"]) == 2
-    assert "status 'failed'" in _err_line(capsys)
+    line = _err_line(capsys)
+    assert "status 'failed' (detector api:" in line and "got no parsable answer" in line
     assert _score(data, out, never_parses.spec, "--max-parse-failures", "1") == 0  # configurable; parts reused
     m = json.loads((out / "_manifest.json").read_text())
     assert m["status"] == "complete" and m["sentences_scored_this_run"] == 0 and "error" not in m
