@@ -77,10 +77,16 @@ def score_pairs(images: Sequence[Any], captions: Sequence[str], detector: Any = 
             continue
         texts = sentence_texts(str(cap))
         items += [Item(str(i), j, t, texts[:j], pil, str(i)) for j, t in enumerate(texts)]
+    from halsift.filtering.scoring.guard import ScoreGuard
+
+    guard = ScoreGuard(det.name, max_parse_failures=1.0)  # a non-finite score is an error, never a row
     rows = []
     for start in range(0, len(items), batch_size):
         batch = items[start:start + batch_size]
-        for it, r in zip(batch, det.score_batch(batch)):
+        results = det.score_batch(batch)
+        guard.check([(it.key, it.sentence_index, "") for it in batch], [float(r.score) for r in results],
+                    [bool(r.parsed) for r in results])
+        for it, r in zip(batch, results):
             rows.append({"pair": int(it.key), "sentence_index": it.sentence_index, "sentence": it.sentence,
                          "score": float(r.score), "parsed": bool(r.parsed), "detector": det.name})
     return pd.DataFrame(rows, columns=["pair", "sentence_index", "sentence", "score", "parsed", "detector"])

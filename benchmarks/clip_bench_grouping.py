@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{len({r.caption_id for r in rows})} captions; arch {args.arch}, batch {args.batch_size}")
         res = {}
         for name, cls in (("per-row", PerRow), ("grouped", ClipDetector)):
-            det = cls(arch=args.arch, seed=0, device=args.device)
+            det = cls(arch=args.arch, pretrained="random", seed=0, device=args.device)
             encoded = []
             orig = det.model.encode_image
             det.model.encode_image = lambda pix, *a, **k: (encoded.append(pix.shape[0]), orig(pix, *a, **k))[1]

@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--image-size", type=int, default=256)
     a = p.parse_args(argv)
-    spec = "clip:arch=halsift-tiny,seed=0"
+    spec = "clip:arch=halsift-tiny,pretrained=random,seed=0"
     tmp = Path(tempfile.mkdtemp(prefix="halsift-bench-tasks-"))
     data = make_corpus(tmp / "data", a.samples, max(1, a.samples // a.shards), a.image_size)
     print(f"samples={a.samples} sentences={3 * a.samples} shards={len(list(data.glob('*.tar')))} "

@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     per_shard = a.per_shard or max(1, samples // 8)
     batches = [int(x) for x in (a.batch_sizes or ("32,128,512" if gpu else "8,32,96")).split(",")]
     # precision=auto: bf16 + TF32 on CUDA, fp32 on CPU
-    spec = f"clip:arch={arch},seed=0" + (",fast_decode=true" if a.fast_decode else "")
+    spec = f"clip:arch={arch},pretrained=random,seed=0" + (",fast_decode=true" if a.fast_decode else "")
     tmp = Path(tempfile.mkdtemp(prefix="halsift-bench-score-"))
     data = make_corpus(tmp / "data", samples, per_shard, a.image_size, images=a.images)
     print(f"device={a.device} arch={arch} samples={samples} sentences={3 * samples} shards="

@@ -54,7 +54,7 @@ def generate(out: Path, rows: int, parts: int, sentences_per_caption: int = 3, s
 def write_manifest(out: Path) -> None:
     """The ``_manifest.json`` a finished ``halsift score`` leaves (the fields select checks)."""
     from halsift.corpus.shards import write_json_atomic
-    from halsift.filtering.selection.score_folder import RECORDS, part_record
+    from halsift.filtering.scoring.part_records import RECORDS, part_record
 
     parts = sorted(p.name for p in out.glob("part-*.parquet"))
     write_json_atomic(out / "_manifest.json", {"detector": "clip:arch=ViT-B-32", "detector_name": "clip:arch=ViT-B-32",

@@ -45,7 +45,7 @@ import re
 from pathlib import Path
 
 from halsift.corpus.errors import InputError
-from halsift.corpus.bench import TYPES, BenchRow, write_bench
+from halsift.corpus.bench import TYPES, BenchRow, image_roots, path_inside, write_bench, write_image_roots
 from halsift.corpus.sentences import find_word_span, sentence_texts
 
 COLUMNS = ("model", "image_source", "image_name", "sentence_index", "caption", "annotation", "error_type",
@@ -409,4 +409,17 @@ def convert_alignbench(table, out: str | os.PathLike, image_template: str = "{im
     rows, summary = alignbench_rows(table, image_template=image_template, images_dir=images_dir,
                                     bench_dir=out.parent, split=split, index_base=index_base)
     write_bench(out, rows)
+    # images found under --images or the table's folder, outside the bench's own: their folder is allowed
+    own = image_roots(out)[0]
+    table_dir = Path(".") if hasattr(table, "columns") else Path(str(table)).parent
+    candidates = [Path(os.path.normpath(Path(r).absolute()))
+                  for r in ([images_dir] if images_dir else []) + [table_dir]]
+    used = set()
+    for row in rows:
+        path = os.path.normpath(own / row.image)
+        root = next((r for r in candidates if path_inside(path, r)), None)  # --images first, then the table's
+        if root is not None and not path_inside(path, own):
+            used.add(root)
+    if used:
+        write_image_roots(out, sorted(used))
     return summary

@@ -1,4 +1,12 @@
-"""The benchmark format: ``bench.jsonl``, one row per sentence, images beside it (DESIGN.md, "Benchmark")."""
+"""The benchmark format: ``bench.jsonl``, one row per sentence, images beside it (DESIGN.md, "Benchmark").
+
+A row's ``image`` is a path relative to the bench file, and it must stay inside the bench file's folder (checked on
+the path's text: no absolute path or ``..`` out of it; symlinks the folder holds are followed) or inside a folder
+listed in ``image_roots.json`` beside the bench file (a JSON list of folders, relative ones taken from the bench's
+folder). halsift writes that file itself where it points a bench at images elsewhere (``convert alignbench
+--images``, a recipe's bench split); a user adds a folder to it to opt in. So a bench file from elsewhere cannot make
+``score``, ``train detector`` or an HTML report read (or embed) any other file on the disk.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +27,55 @@ GENERATOR_TYPES = ("i2t", "t2i")
 SPLITS = ("train", "val", "test")
 
 
+IMAGE_ROOTS = "image_roots.json"  # beside a bench file: the folders besides its own that its images may be in
+
+
 class BenchFormatError(InputError):
     """A benchmark row breaks the schema; the message names file, line and field."""
+
+
+def path_inside(path: str | os.PathLike, root: str | os.PathLike) -> bool:
+    """Whether the normalised absolute ``path`` is ``root`` or lies under it (on the text: no symlink is read)."""
+    return os.path.commonpath([str(path), str(root)]) == str(root)
+
+
+def image_roots(bench_path: str | os.PathLike) -> list[Path]:
+    """The folders a bench file's images may be in: its own folder and those its ``image_roots.json`` lists
+    (absolute, normalised; a malformed file is a :class:`BenchFormatError` naming it)."""
+    folder = Path(os.path.normpath(Path(bench_path).absolute().parent))
+    roots = [folder]
+    listed = folder / IMAGE_ROOTS
+    if listed.is_file():
+        try:
+            extra = json.loads(listed.read_text(encoding="utf-8"))
+        except (ValueError, OSError) as e:
+            raise BenchFormatError(f"{listed}: not readable JSON ({e})") from None
+        if not isinstance(extra, list) or not all(isinstance(r, str) and r for r in extra):
+            raise BenchFormatError(f"{listed}: expected a JSON list of folder paths")
+        roots += [Path(os.path.normpath(folder / r)) for r in extra]
+    return list(dict.fromkeys(roots))
+
+
+def write_image_roots(bench_path: str | os.PathLike, roots: Iterable[str | os.PathLike]) -> None:
+    """Add ``roots`` (folders outside the bench's own) to the ``image_roots.json`` beside ``bench_path``."""
+    folder = Path(os.path.normpath(Path(bench_path).absolute().parent))
+    have = [str(r) for r in image_roots(bench_path)[1:]]
+    new = [str(Path(os.path.normpath(Path(r).absolute()))) for r in roots]
+    todo = list(dict.fromkeys(r for r in have + new if r != str(folder)))
+    if todo == have:
+        return
+    with atomic_file(folder / IMAGE_ROOTS) as tmp:
+        Path(tmp).write_text(json.dumps(todo, indent=1) + "\n", encoding="utf-8")
+
+
+def check_image_path(image: str, roots: list[Path], where: str) -> None:
+    """Raise :class:`BenchFormatError` unless ``image`` (relative to ``roots[0]``, the bench's folder) lies inside
+    one of ``roots`` (see the module docstring)."""
+    path = os.path.normpath(os.path.join(roots[0], image))
+    if not any(path_inside(path, r) for r in roots):
+        raise BenchFormatError(f"{where}: field 'image' {image!r} is outside the bench folder {roots[0]}"
+                               + (f" and the folders its {IMAGE_ROOTS} lists" if len(roots) > 1 else "")
+                               + f"; move the image under it, or list its folder in {roots[0] / IMAGE_ROOTS}")
 
 
 @dataclass
@@ -110,13 +165,16 @@ def validate_row(obj: object, where: str) -> BenchRow:
 
 
 def iter_bench(path: str | os.PathLike) -> Iterator[BenchRow]:
-    """Stream and validate the rows of a bench file; errors name file, line and field."""
+    """Stream and validate the rows of a bench file (each image path inside the allowed folders:
+    :func:`check_image_path`); errors name file, line and field."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"bench: {path} does not exist")
     seen: set[str] = set()
+    roots = image_roots(path)
     for where, _, obj in iter_jsonl(path, BenchFormatError):
         row = validate_row(obj, where)
+        check_image_path(row.image, roots, where)
         if row.id in seen:
             raise BenchFormatError(f"{where}: field 'id' {row.id!r} repeats an earlier row")
         seen.add(row.id)
@@ -148,7 +206,7 @@ def write_bench(path: str | os.PathLike, rows: Iterable[BenchRow | dict]) -> int
 
 
 def image_path(bench_path: str | os.PathLike, row: BenchRow) -> Path:
-    """Absolute path of a row's image (``image`` is relative to the bench file)."""
+    """Path of a row's image (``image`` is relative to the bench file; rows from :func:`iter_bench` are checked)."""
     return Path(bench_path).parent / row.image
 
 

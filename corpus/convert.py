@@ -10,8 +10,12 @@
   ``pipe:`` commands and fsspec/``s3://`` URLs (through ``webdataset.gopen``) -- img2dataset output included.
 
 Samples whose json lacks ``captioner`` / ``source`` get the given defaults (counted in the summary). A sample
-that cannot be written (no caption, no image, unreadable image file) is skipped and counted, never fatal; an
-input with no usable sample at all is an error naming the column or field.
+that cannot be written (no caption, no image, unreadable image file, a caption that is not valid UTF-8:
+``bad_caption``) is skipped and counted, never fatal; an input with no usable sample at all is an error naming the
+column or field. WebDataset input follows the shard readers' key rule (:class:`~halsift.corpus.shards.SampleGroups`:
+a key repeated within one input shard is skipped and counted as ``duplicate``); keys that collide otherwise (a
+table's repeated key column, a key in two input shards, two names that sanitize alike) are made unique with a
+``_N`` suffix and counted in ``renamed_keys``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from halsift.corpus.errors import InputError
-from halsift.corpus.shards import IMAGE_EXTS, META_DEFAULTS, Sample, ShardFormatError, ShardWriter
+from halsift.corpus.shards import (BAD_CAPTION, IMAGE_EXTS, META_DEFAULTS, Sample, SampleGroups, ShardFormatError,
+                                   ShardWriter, bad_caption_reason, caption_text)
 
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".ndjson", ".csv", ".tsv")
 _BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-]+")
@@ -60,17 +65,25 @@ class _Writer:
         self.skipped: Counter = Counter()
         self.examples: list[str] = []
         self.keys: set[str] = set()
+        self.renamed: list[str] = []
 
     def skip(self, key: str, kind: str, why: str) -> None:
         self.skipped[kind] += 1
         if len(self.examples) < 10:
             self.examples.append(f"{key}: {why}")
 
+    def add(self, key: str, reason: str, kind: str | None = None, n: int = 1) -> None:
+        """:meth:`skip` in :class:`~halsift.corpus.images.SkipCounter`'s signature (for the shard readers)."""
+        for _ in range(n):
+            self.skip(key, kind or reason, reason)
+
     def write(self, key: str, image: bytes, caption: str, meta: dict, ext: str) -> None:
         key = _BAD_KEY_CHARS.sub("_", str(key)).strip("_") or "sample"
         base, n = key, 1
         while key in self.keys:
             key, n = f"{base}_{n}", n + 1
+        if n > 1:
+            self.renamed.append(f"{base} -> {key}")
         if not caption.strip():
             return self.skip(key, "empty_caption", "no caption")
         if not image:
@@ -92,7 +105,8 @@ class _Writer:
             raise ConvertError(f"{what}: no sample could be converted ({dict(self.skipped)}{why})")
         return {"samples": self.w.total, "shards": len(self.w.sizes), "skipped": dict(sorted(self.skipped.items())),
                 "skipped_examples": self.examples, "defaults": self.defaults,
-                "defaulted": dict(sorted(self.defaulted.items()))}
+                "defaulted": dict(sorted(self.defaulted.items())), "renamed_keys": len(self.renamed),
+                "renamed_examples": self.renamed[:10]}
 
 
 def _defaults(captioner: str | None, source: str | None) -> dict[str, str]:
@@ -317,8 +331,12 @@ def folder_to_shards(folder: str | os.PathLike, out: str | os.PathLike, *, capti
                     continue
                 meta = meta if isinstance(meta, dict) else {}
             meta.setdefault("image_path", p.relative_to(folder).as_posix())
-            w.write(key, p.read_bytes(), txt.read_text(encoding="utf-8", errors="replace").strip(), meta,
-                    _ext_of(p.name, b""))
+            raw = txt.read_bytes()
+            caption = caption_text(raw)
+            if caption is None:
+                w.skip(key, BAD_CAPTION, f"{txt.name}: {bad_caption_reason(raw)}")
+                continue
+            w.write(key, p.read_bytes(), caption.strip(), meta, _ext_of(p.name, b""))
     return w.close(str(folder))
 
 
@@ -344,7 +362,7 @@ def webdataset_to_shards(urls: str | list[str], out: str | os.PathLike, *, capti
     import tarfile
 
     import braceexpand
-    from webdataset.tariterators import group_by_keys, tar_file_expander
+    from webdataset.tariterators import tar_file_expander
 
     from halsift.corpus.shards import expand_shards
 
@@ -353,11 +371,14 @@ def webdataset_to_shards(urls: str | list[str], out: str | os.PathLike, *, capti
         urls = [str(p) for p in expand_shards(urls)]
     url_list = [u for x in ([urls] if isinstance(urls, str) else urls) for u in braceexpand.braceexpand(x)]
     w = _Writer(out, maxcount, _defaults(captioner, source))
-    streams = ({"url": u, "stream": _open_stream(u)} for u in url_list)
+
+    def samples(u: str):  # one input shard's samples, by the shard readers' key rule (duplicates counted in w)
+        members = tar_file_expander([{"url": u, "stream": _open_stream(u)}])
+        yield from SampleGroups(u.rsplit("/", 1)[-1] or u, w)((m["fname"], lambda d=m["data"]: d) for m in members)
+
     try:
         with w.w:
-            for s in group_by_keys(tar_file_expander(streams)):
-                key = s["__key__"].rsplit("/", 1)[-1]
+            for key, s in (kv for u in url_list for kv in samples(u)):
                 ext = next((e for e in IMAGE_EXTS if e in s), "")
                 meta = {}
                 if "json" in s:
@@ -367,7 +388,11 @@ def webdataset_to_shards(urls: str | list[str], out: str | os.PathLike, *, capti
                         w.skip(key, "bad_meta", "json member is not valid JSON")
                         continue
                     meta = meta if isinstance(meta, dict) else {}
-                cap = s.get("txt", b"").decode("utf-8", errors="replace") or str(meta.get("caption") or "")
+                cap = caption_text(s.get("txt", b""))
+                if cap is None:
+                    w.skip(key, BAD_CAPTION, bad_caption_reason(s["txt"]))
+                    continue
+                cap = cap or str(meta.get("caption") or "")
                 w.write(key, s.get(ext, b""), cap, meta, "jpg" if ext == "jpeg" else ext or "jpg")
     except (OSError, ValueError, ImportError, tarfile.TarError) as e:
         # a failed pipe command, a missing file or fsspec backend, a bad URL, a stream that is not a tar

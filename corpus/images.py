@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - depends on the platform
 DEFAULT_MAX_PIXELS = 8192 * 8192
 
 SKIP_KINDS = ("empty", "not_image", "truncated", "corrupt", "bomb", "empty_caption", "missing_image",
-              "corrupt_shard", "bad_sample")
+              "corrupt_shard", "bad_sample", "duplicate", "bad_caption")
 
 
 class ImageDecodeError(ValueError):

@@ -17,7 +17,7 @@ import os
 import re
 import tarfile
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -244,26 +244,113 @@ def expand_shards(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> list
     return paths
 
 
-def _expected_count(path: Path) -> int | None:
-    """The count ``sizes.json`` (or the shard's own ``NNNNNN_stats.json``) beside ``path`` records for it."""
-    for record, field_ in ((path.parent / "sizes.json", path.name),
-                           (path.with_name(path.name.removesuffix(".tar") + "_stats.json"), "count")):
+def _expected_count(path: Path) -> tuple[int, str] | tuple[None, None]:
+    """The count ``sizes.json`` (or the shard's own ``NNNNNN_stats.json``) beside ``path`` records for it, and that
+    file's name. In a ``_stats.json`` with ``successes`` (img2dataset's: its ``count`` counts download attempts,
+    failed ones included) that is what the tar holds; else ``count`` (ours)."""
+    sizes = path.parent / "sizes.json"
+    stats = path.with_name(path.name.removesuffix(".tar") + "_stats.json")
+    for record, fields in ((sizes, (path.name,)), (stats, ("successes", "count"))):
         try:
-            value = json.loads(record.read_text()).get(field_)
-        except (OSError, ValueError, AttributeError):
+            obj = json.loads(record.read_text())
+        except (OSError, ValueError):
             continue
-        if isinstance(value, int):
-            return value
-    return None
+        if not isinstance(obj, dict):
+            continue
+        for field_ in fields:
+            value = obj.get(field_)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value, record.name if record is sizes else f"{record.name} ({field_})"
+    return None, None
 
 
-def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
-    """Stream the samples of one tar, grouping members by key (the text before the first dot).
+DUPLICATE = "duplicate"  # skip kind of a key seen before in the same shard (its first sample is kept)
+BAD_CAPTION = "bad_caption"  # skip kind of a caption that is not valid UTF-8
+
+
+def caption_text(data: bytes) -> str | None:
+    """A caption's bytes as text, or None when they are not valid UTF-8 (skip the sample as ``bad_caption``:
+    replacing the bad bytes would feed a detector and a selection text nobody wrote)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def bad_caption_reason(data: bytes) -> str:
+    """The skip reason of a caption :func:`caption_text` refuses (names the first bad byte's offset)."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"caption is not valid UTF-8 (byte {e.start}: {data[e.start:e.start + 1]!r})"
+    return "caption is valid UTF-8"
+
+
+class SampleGroups:
+    """Group a shard's members ``(name, read)`` into samples, one key at a time: the rule for repeated keys,
+    shared by every reader of shards (``score``, ``select``, ``stats``, ``convert webdataset``).
+
+    A sample is the run of members with one key (the text before the first dot of the base name); a member whose
+    extension the current run already holds starts a new sample with the same key. A key seen before in the
+    same shard (back to back or not) is a duplicate: its members are not read, it is not yielded, and it is
+    counted in ``skipped`` (anything with ``add(key, reason, kind)``, e.g. a
+    :class:`~halsift.corpus.images.SkipCounter`) as kind :data:`DUPLICATE`. Only the first sample of a key is
+    yielded. Keys are not compared across shards: each shard is read (and scored) on its own; a key repeated in
+    another shard makes ``select`` refuse the score folder (one line naming both parts).
+    """
+
+    def __init__(self, shard: str, skipped=None) -> None:
+        self.shard, self.skipped = shard, skipped
+        self.seen: set[str] = set()
+        self.done = 0  # samples whose members all went by (duplicates included)
+        self.duplicates = 0
+        self.last = "(none)"  # key of the last sample whose members all went by
+
+    def _duplicate(self, key: str) -> None:
+        self.duplicates += 1
+        if self.skipped is not None:
+            self.skipped.add(key, f"key {key!r} repeats in shard {self.shard} (its first sample is kept)",
+                             DUPLICATE)
+
+    def __call__(self, members: Iterable[tuple[str, Callable[[], bytes]]],
+                 cut: bool = False) -> Iterator[tuple[str, dict[str, bytes]]]:
+        """Yield ``(key, {ext: bytes})`` of each first sample of a key. The sample pending when ``members`` raises
+        (a damaged tail), or when they end in a tar known to be ``cut`` short, is not yielded."""
+        cur: str | None = None
+        dup = False
+        parts: dict[str, bytes] = {}
+        for name, read in members:
+            base = name.rsplit("/", 1)[-1]
+            if "." not in base:
+                continue
+            key, ext = base.split(".", 1)
+            ext = ext.lower()
+            if key != cur or ext in parts:
+                if cur is not None:
+                    self.done, self.last = self.done + 1, cur
+                    if not dup:
+                        yield cur, parts
+                cur, parts, dup = key, {}, key in self.seen
+                if dup:
+                    self._duplicate(key)
+                self.seen.add(key)
+            parts[ext] = b"" if dup else read()
+        if cur is not None and not cut:
+            self.done, self.last = self.done + 1, cur
+            if not dup:
+                yield cur, parts
+
+
+def iter_shard(path: str | os.PathLike, skipped=None) -> Iterator[Sample]:
+    """Stream the samples of one tar, grouping members by key (:class:`SampleGroups`: a key's first sample only).
 
     A sample missing its image, caption or json is yielded with empty fields so that callers can skip it and
-    count the reason. A shard that cannot be opened, is truncated (a size that is not whole 512-byte tar
-    blocks, a cut member) or holds fewer samples than ``sizes.json`` records raises ``ShardFormatError``
-    naming it, after the samples that were complete before the damage have been yielded.
+    count the reason. ``skipped`` (a :class:`~halsift.corpus.images.SkipCounter`) counts the samples left out
+    here: a key repeated in the shard (kind ``duplicate``) and a caption that is not valid UTF-8 (kind
+    ``bad_caption``); every command passes one, so they appear in its skip counts. A shard that cannot be opened,
+    is truncated (a size that is not whole 512-byte tar blocks, a cut member) or holds fewer samples than
+    ``sizes.json`` records raises ``ShardFormatError`` naming it, after the samples that were complete before the
+    damage have been yielded.
     """
     path = Path(path)
     if not path.exists():
@@ -280,12 +367,9 @@ def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
         members = open_members(path, compressed, size)
     except (tarfile.TarError, OSError) as e:
         raise ShardFormatError(f"{path}: not a readable tar ({e})") from e
-    cur_key: str | None = None
-    last_done = "(none)"
-    parts: dict[str, bytes] = {}
-    count = 0
+    groups = SampleGroups(path.name, skipped)
 
-    def build(key: str, parts: dict[str, bytes]) -> Sample:
+    def build(key: str, parts: dict[str, bytes]) -> Sample | None:
         ext = next((e for e in IMAGE_EXTS if e in parts), "")
         meta: dict = {}
         if "json" in parts:
@@ -295,37 +379,31 @@ def iter_shard(path: str | os.PathLike) -> Iterator[Sample]:
                 meta = {"_bad_json": True}
             if not isinstance(meta, dict):
                 meta = {"_bad_json": True}
-        caption = parts.get("txt", b"").decode("utf-8", errors="replace")
+        caption = caption_text(parts.get("txt", b""))
+        if caption is None:
+            if skipped is not None:
+                skipped.add(key, bad_caption_reason(parts["txt"]), BAD_CAPTION)
+            return None
         return Sample(key=key, image=parts.get(ext, b""), caption=caption, meta=meta, ext=ext, shard=path.name)
 
     try:
-        for name, read in members:
-            base = name.rsplit("/", 1)[-1]
-            if "." not in base:
-                continue
-            key, ext = base.split(".", 1)
-            ext = ext.lower()
-            if key != cur_key:
-                if cur_key is not None:
-                    yield build(cur_key, parts)
-                    last_done, count = cur_key, count + 1
-                cur_key, parts = key, {}
-            parts[ext] = read()
+        for key, parts in groups(members, cut=bool(damage)):
+            sample = build(key, parts)
+            if sample is not None:
+                yield sample
     except (tarfile.TarError, OSError, EOFError) as e:
         damage = str(e)
     finally:
         members.close()
-    expected = _expected_count(path)
+    expected, record = _expected_count(path)
+    count = groups.done
     if damage:
         # The pending sample may be cut short: it is not yielded.
         lost = max(expected - count, 1) if expected is not None else None
-        raise ShardFormatError(f"{path}: truncated or corrupt tar after sample {last_done} ({damage}); "
+        raise ShardFormatError(f"{path}: truncated or corrupt tar after sample {groups.last} ({damage}); "
                                f"{lost if lost is not None else 'an unknown number of'} sample(s) lost", lost)
-    if cur_key is not None:
-        yield build(cur_key, parts)
-        count += 1
     if expected is not None and count < expected:
-        raise ShardFormatError(f"{path}: holds {count} samples but sizes.json records {expected} (truncated?)",
+        raise ShardFormatError(f"{path}: holds {count} samples but {record} records {expected} (truncated?)",
                                expected - count)
 
 
@@ -334,11 +412,12 @@ def iter_samples(spec, skipped=None) -> Iterator[Sample]:
 
     With ``skipped`` (a :class:`halsift.corpus.images.SkipCounter`), a corrupt or truncated shard is counted
     (kind ``corrupt_shard``, key = shard path) after its readable samples, and the stream goes on; without it
-    the ``ShardFormatError`` propagates.
+    the ``ShardFormatError`` propagates. ``skipped`` also counts what :func:`iter_shard` leaves out (``duplicate``,
+    ``bad_caption``).
     """
     for path in expand_shards(spec):
         try:
-            yield from iter_shard(path)
+            yield from iter_shard(path, skipped)
         except ShardFormatError as e:
             if skipped is None:
                 raise

@@ -4,7 +4,8 @@ For each generator: sentences, captions, sentences per caption, % correct / inco
 rate over labelled sentences (unknown excluded, as the papers count it), words per sentence, the number of
 incorrect sentences per hallucination type, and the incorrect rate by sentence position (0-based keys, matching
 the bench ``position``). Shards are read through their ground-truth ``sentences``; samples without them are
-skipped and counted.
+skipped and counted, as are the samples the shard reader leaves out (a key repeated in its shard: ``duplicate``;
+a caption that is not valid UTF-8: ``bad_caption``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .bench import LABELS, TYPES, iter_bench
-from .shards import iter_samples
+from .images import SkipCounter
+from .shards import expand_shards, iter_shard
 
 TOTAL = "all"
 
@@ -41,7 +43,8 @@ def _records(path: str | os.PathLike, skipped: Counter) -> tuple[str, Iterator[t
         return "bench", from_bench()
 
     def from_shards():
-        for s in iter_samples(path):
+        read = SkipCounter(max_examples=0)
+        for s in (s for shard in expand_shards(path) for s in iter_shard(shard, read)):
             sents = s.meta.get("sentences")
             if s.meta.get("_bad_json"):
                 skipped["bad_json"] += 1
@@ -60,6 +63,7 @@ def _records(path: str | os.PathLike, skipped: Counter) -> tuple[str, Iterator[t
                     continue
                 yield (s.captioner, s.source, f"{s.shard}/{s.key}", int(sent.get("position", k)), label,
                        list(sent.get("types", [])), len(text.split()))
+        skipped.update(read.counts)
     return "shards", from_shards()
 
 

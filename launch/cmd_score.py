@@ -32,12 +32,18 @@ class ScoreConfig:
                                         "half, e.g. clip); 0: one read-ahead thread (default). Use the cores per "
                                         "rank minus one: the model's process needs a core of its own",
                                 cli={"metavar": "N"})
+    max_parse_failures: float = field(0.2, help="stop (exit 2) when more than this share of the scored items got no "
+                                                "parsable answer (a judge's reply, scored 50): checked after 200 "
+                                                "items and at the end; 1 turns the check off",
+                                      cli={"metavar": "FRACTION"})
 
     def validate(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size: expected >= 1, got {self.batch_size}")
         if self.decode_workers < 0:
             raise ValueError(f"decode_workers: expected >= 0, got {self.decode_workers}")
+        if not 0.0 <= self.max_parse_failures <= 1.0:
+            raise ValueError(f"max_parse_failures: expected a fraction between 0 and 1, got {self.max_parse_failures}")
         if self.unit != "sentence" and str(self.data).endswith(".jsonl"):
             raise ValueError(f"--unit {self.unit}: a bench file ({self.data}) is scored per sentence (its rows); "
                              "use --unit sentence")
@@ -70,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         return code
     try:
         out = score(args.detector, args.data, args.out, unit=args.unit, batch_size=args.batch_size,
-                    device=args.device, show_progress=not args.no_progress, workers=args.decode_workers)
+                    device=args.device, show_progress=not args.no_progress, workers=args.decode_workers,
+                    max_parse_failures=args.max_parse_failures)
     except RunMismatch as e:
         raise UsageError(f"--out: {e}") from e
     except DetectorError as e:

@@ -195,8 +195,15 @@ _FILE_OPTIONS = {"clip": ("checkpoint",), "lora": ("path",)}
 
 def _check_spec_files(key: str, nodes: list, run: Path) -> None:
     """Each local file option of a spec's ``(where, family, options)`` nodes (:func:`check_spec`) exists or is made
-    by this run."""
+    by this run; a clip spec names its weights (:func:`~halsift.filtering.detectors.clip.check_weights`)."""
+    from halsift.filtering.detectors.clip import check_weights
+
     for _, family, opts in nodes:
+        if family == "clip":
+            try:
+                check_weights(opts.get("arch", "ViT-B-32"), opts.get("pretrained"), opts.get("checkpoint"))
+            except ValueError as e:
+                raise ConfigError(f"{key}: {e}") from None
         for opt in _FILE_OPTIONS.get(family, ()):
             value = opts.get(opt)
             if value and not Path(str(value)).resolve().is_relative_to(run.resolve()) and not Path(str(value)).exists():
@@ -267,11 +274,12 @@ def stage_world(r: Recipe, p: Paths) -> dict:
 
 
 def bench_subset(bench: str, split: str, out: Path) -> str:
-    """``bench`` restricted to one split, written under ``out`` with absolute image paths ('' if none left).
+    """``bench`` restricted to one split, written under ``out`` with absolute image paths ('' if none left), and
+    the folders they may be in (the bench's own and its ``image_roots.json``'s) in the subset's ``image_roots.json``.
 
     The cached subset records the fingerprint of the bench it was cut from (``source.json``); it is rebuilt
     whenever that bench (path or content) changed, so a new ``data.bench`` never meets the old rows."""
-    from halsift.corpus.bench import iter_bench, write_bench
+    from halsift.corpus.bench import image_roots, iter_bench, write_bench, write_image_roots
     from halsift.corpus.fingerprint import path_fingerprint
 
     if not bench or split == "none":
@@ -288,16 +296,17 @@ def bench_subset(bench: str, split: str, out: Path) -> str:
     if not cached:
         remove_file(source)
         remove_file(target)
-        root = Path(bench).parent.resolve()
+        root = image_roots(bench)[0]  # normalised as the image check normalises it (symlinks kept)
         rows = []
         for row in iter_bench(bench):
             if row.split == split:
-                row.image = str(root / row.image)
+                row.image = os.path.normpath(root / row.image)
                 rows.append(row)
         if not rows:
             return ""
         write_bench(target, rows)
         write_json_atomic(source, ident)
+    write_image_roots(target, image_roots(bench))
     return str(target)
 
 
@@ -361,9 +370,9 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
         detector = load_detector(spec)
         if p.corpus and "select" in r.stages:
             score(detector, p.corpus, _scores_dir(p, name, "corpus"), unit=r.score.unit,
-                  batch_size=r.score.batch_size)
+                  batch_size=r.score.batch_size, max_parse_failures=r.score.max_parse_failures)
         if bench:
-            score_bench(detector, bench, _scores_dir(p, name, "bench"))
+            score_bench(detector, bench, _scores_dir(p, name, "bench"), max_parse_failures=r.score.max_parse_failures)
         info[name] = spec
         del detector
     if ranks is not None and not ranks.is_main:

@@ -130,11 +130,16 @@ class ScoreCfg:
                                             help="ensemble name -> member detector names (mean of scores)")
     unit: str = field("sentence", help="sentence | caption")
     batch_size: int = field(64, help="sentences per detector batch")
+    max_parse_failures: float = field(0.2, help="stop when more than this share of a detector's items got no "
+                                                "parsable answer (score --max-parse-failures)")
 
     def validate(self) -> None:
         for where, names in (("score.detectors", self.detectors), ("score.ensembles", self.ensembles)):
             for name in names:
                 check_name(where, name)
+        if not 0.0 <= self.max_parse_failures <= 1.0:
+            raise ValueError(f"score.max_parse_failures: expected a fraction between 0 and 1, got "
+                             f"{self.max_parse_failures}")
         if not self.detectors:
             raise ValueError("score.detectors: at least one detector is required")
         both = sorted(set(self.detectors) & set(self.ensembles))

@@ -63,7 +63,7 @@ def run_tasks(args: argparse.Namespace) -> int | None:
 
             m = score_ray(args.detector, args.data, args.out, unit=args.unit, batch_size=args.batch_size,
                           device=args.device, address=args.address, workers=args.workers,
-                          show_progress=not args.no_progress)
+                          show_progress=not args.no_progress, max_parse_failures=args.max_parse_failures)
             print(f"ray: {m['workers']} workers, {m['parts_redone']} parts redone after a worker died", flush=True)
             summary(Path(args.out) / MANIFEST, args)
             return 0
@@ -74,7 +74,8 @@ def run_tasks(args: argparse.Namespace) -> int | None:
             return None
         n, i = task
         run = score_task(args.detector, args.data, args.out, n, i, unit=args.unit, batch_size=args.batch_size,
-                         device=args.device, show_progress=not args.no_progress, stale_after=stale)
+                         device=args.device, show_progress=not args.no_progress, stale_after=stale,
+                         max_parse_failures=args.max_parse_failures)
     except TaskError as e:
         raise UsageError(str(e)) from None
     except RunMismatch as e:

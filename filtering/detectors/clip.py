@@ -12,9 +12,11 @@ Each distinct image in a batch (same ``image_id``, or ``key`` when it is empty, 
 encoded once; all of its sentences are scored against that embedding.
 ``arch=halsift-tiny`` is a built-in 2-layer config (no download) for tests and CPU smoke runs. ``arch`` may also
 be open_clip's ``hf-hub:org/repo`` (config and weights from the Hugging Face cache; with ``HF_HUB_OFFLINE=1`` only
-what is cached) or ``local-dir:/path`` (a folder with ``open_clip_config.json`` and the weights, e.g. ``train
-clip``'s ``RUN/final``). Weights that cannot be found or loaded are a ``ValueError`` naming the tag or path (one
-line at the CLI, exit 2).
+what is cached) or ``local-dir:/path`` (a folder with ``open_clip_config.json`` and the weights, e.g. ``train clip``'s
+``RUN/final``). Weights that
+cannot be found or loaded are a ``ValueError`` naming the tag or path (one line at the CLI, exit 2). Random
+weights only when asked for by name: an open_clip ``arch`` without ``pretrained`` or ``checkpoint`` is refused
+(it would rank captions by noise) unless ``pretrained=random`` (seeded by ``seed``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ from halsift.filtering.detectors.pixel_batch import PixelBatcher, image_text_inp
 _CONFIG_DIR = Path(__file__).parent / "model_configs"
 _registered = False
 SCHEMAS = ("hf-hub:", "local-dir:")  # open_clip model names that carry their own config and weights
+RANDOM = "random"  # pretrained=random: a seeded random init, asked for by name
+
+
+def check_weights(arch: str, pretrained: Any = None, checkpoint: Any = None) -> None:
+    """Random weights only when asked for by name: a ValueError unless ``pretrained`` or ``checkpoint`` is given
+    (``pretrained=random`` for a seeded random init) or ``arch`` carries its weights (``hf-hub:``/``local-dir:``).
+    Light: the dry run of a recipe calls it without loading anything."""
+    if not (str(arch).startswith(SCHEMAS) or pretrained or checkpoint):
+        raise ValueError(f"arch={arch!r}: no pretrained= or checkpoint= given, so it would score with random weights; "
+                         f"give pretrained=<tag|file> or checkpoint=<file>, or pretrained={RANDOM} to ask for a random "
+                         "init")
 
 
 def _load_error(what: str, e: Exception) -> str:
@@ -141,11 +154,12 @@ def encode_text(model, tokens):
 class ClipDetector(Detector):
     """Score (image, sentence) by open_clip cosine similarity.
 
-    Options: ``arch`` (open_clip model name), ``pretrained`` (open_clip tag), ``checkpoint`` (a local
-    ``.safetensors`` file; a pickled ``.pt`` is refused, never loaded), neither = random init seeded by ``seed``;
-    ``device``, ``precision`` (auto|fp32|bf16|fp16; ``auto``, the default: bf16 with TF32 matmuls on CUDA, fp32
-    elsewhere), ``map`` (linear|sigmoid), ``center`` (sigmoid map), ``fast_decode`` (JPEGs decoded at a reduced
-    DCT scale that keeps the model's input side), ``delay`` (seconds to sleep per batch; for interruption tests only).
+    Options: ``arch`` (open_clip model name), ``pretrained`` (open_clip tag, or ``random``: a random init seeded by
+    ``seed``), ``checkpoint`` (a local ``.safetensors`` file; a pickled ``.pt`` is refused, never loaded), one of them
+    required; ``device``,
+    ``precision`` (auto|fp32|bf16|fp16; ``auto``, the default: bf16 with TF32 matmuls on CUDA, fp32 elsewhere),
+    ``map`` (linear|sigmoid), ``center`` (sigmoid map), ``fast_decode`` (JPEGs decoded at a reduced DCT scale
+    that keeps the model's input side), ``delay`` (seconds to sleep per batch; for interruption tests only).
     """
 
     family = "clip"
@@ -154,9 +168,10 @@ class ClipDetector(Detector):
     # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
     OPTION_HELP = {
         "arch": "open_clip architecture (open_clip.list_models()), or halsift-tiny",
-        "pretrained": "open_clip pretrained tag (e.g. openai) or a local weights file",
+        "pretrained": "open_clip pretrained tag (e.g. openai), a local weights file, or random (a seeded random "
+                      "init: needed to score without weights)",
         "checkpoint": "fine-tuned weights (.safetensors, e.g. train clip's final/open_clip_model.safetensors)",
-        "seed": "seed of the random init when neither pretrained nor checkpoint is given",
+        "seed": "seed of the random init (pretrained=random)",
         "device": "cpu, cuda, cuda:1 ...",
         "precision": "auto (bf16 + TF32 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16",
         "map": "cosine -> score: linear (50 * (cos + 1)) | sigmoid (100 * sigmoid(logit_scale * (cos - center)))",
@@ -186,6 +201,9 @@ class ClipDetector(Detector):
                              "hf-hub:org/repo or local-dir:PATH name")
         if schema and pretrained:
             raise ValueError(f"pretrained={pretrained!r}: not used with arch={arch!r} (its weights come with it)")
+        check_weights(arch, pretrained, checkpoint)
+        if pretrained == RANDOM:
+            pretrained = None
         if checkpoint and not Path(checkpoint).exists():
             raise ValueError(f"checkpoint={checkpoint!r}: file does not exist")
         if checkpoint:

@@ -6,7 +6,7 @@ Short form ``family[:key=value,key=value,...]``, e.g.::
     clip:arch=halsift-tiny,checkpoint=/runs/clip/model.safetensors
     random:seed=0
     oracle
-    ensemble:members=[clip:arch=halsift-tiny,random:seed=1],weights=[0.7,0.3],norm=rank
+    ensemble:members=[clip:arch=halsift-tiny,pretrained=random,random:seed=1],weights=[0.7,0.3],norm=rank
     lora:/runs/det/adapter                       (= lora:path=/runs/det/adapter; `halsift train detector` output)
 
 Values are read as YAML scalars/lists (``seed=0`` is an int, ``weights=[1,2]`` a list); option keys are
@@ -15,7 +15,7 @@ the member specs are separated by ``;`` or by commas (a piece whose text before 
 or that has no ``=`` at all, starts a new member). A YAML file holds the same fields::
 
     family: ensemble
-    members: ["clip:arch=halsift-tiny", {family: random, seed: 1}]
+    members: ["clip:arch=halsift-tiny,pretrained=random", {family: random, seed: 1}]
     weights: [0.7, 0.3]
     norm: zscore
 
@@ -40,7 +40,6 @@ from typing import Any
 
 import yaml
 
-from halsift.corpus.errors import InputError
 from halsift.corpus.safe_yaml import safe_load_yaml, short_repr
 from halsift.filtering.detectors import trust
 from halsift.filtering.detectors.base import Detector

@@ -120,9 +120,13 @@ class VlmJudge:
             kw["attn_implementation"] = attn_implementation
         try:
             processor = AutoProcessor.from_pretrained(model, trust_remote_code=bool(trust_remote_code))
-            net = AutoModelForImageTextToText.from_pretrained(model, **kw)
+            net, info = AutoModelForImageTextToText.from_pretrained(model, output_loading_info=True, **kw)
         except (OSError, ValueError) as e:
             raise ValueError(f"model={model!r}: cannot load a vision-language model and processor ({e})") from e
+        missing = sorted(info.get("missing_keys") or [])
+        if missing:  # transformers would score with these initialised at random: never silently
+            raise ValueError(f"model={model!r}: {len(missing)} weight(s) are not in its checkpoint (e.g. "
+                             f"{', '.join(missing[:3])}) and would be randomly initialised; give a complete checkpoint")
         judge = cls(net, processor, max_pixels)
         if device_map is None:
             judge.to("cuda" if device == "auto" and torch.cuda.is_available() else

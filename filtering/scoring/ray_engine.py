@@ -25,6 +25,7 @@ from halsift.filtering.scoring.runner import MANIFEST, Part, _finish_manifest, s
 from halsift.filtering.detectors.base import Detector
 from halsift.filtering.detectors.spec import load_detector
 from halsift.filtering.scoring.tasks import TaskError, part_done, start_solo_run, task_device
+from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreError, ScoreGuard, check_rate
 
 
 def _ray():
@@ -38,17 +39,19 @@ def _ray():
 class PartScorer:
     """A Ray actor's body: one detector, loaded once, scoring whole parts."""
 
-    def __init__(self, spec: str, unit: str, batch_size: int, device: str | None, out: str, index: int) -> None:
+    def __init__(self, spec: str, unit: str, batch_size: int, device: str | None, out: str, index: int,
+                 max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> None:
         self.detector = load_detector(spec)
         self.detector.to(device or task_device())
         self.unit, self.batch_size, self.out, self.index = unit, batch_size, Path(out), index
+        self.guard = ScoreGuard(self.detector.name, max_parse_failures)
 
     def pid(self) -> int:
         return os.getpid()
 
     def score(self, part: Part, workers: int, fingerprints: dict) -> dict:
         return score_part(self.detector, part, self.out / part.name, self.unit, self.batch_size, None, self.index,
-                          workers, fingerprints=fingerprints)
+                          workers, fingerprints=fingerprints, guard=self.guard)
 
 
 def actor_spec(spec, detector: Detector):
@@ -65,12 +68,14 @@ def actor_spec(spec, detector: Detector):
 
 def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence", batch_size: int = 64,
               device: str | None = None, address: str | None = None, workers: int | None = None,
-              max_failures: int = 3, show_progress: bool = True, on_start=None) -> dict:
+              max_failures: int = 3, show_progress: bool = True, on_start=None,
+              max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> dict:
     """Score ``data`` into ``out_dir`` on Ray; returns the manifest. Joins ``address`` (or the cluster this process
     is already connected to, or a new local one). A part whose actor died is retried up to ``max_failures`` times.
     ``on_start(actors)`` is called once the actors exist (tests use it to kill one)."""
     ray = _ray()
     t0 = time.perf_counter()
+    max_parse_failures = check_rate(max_parse_failures)
     detector, out, parts, ident, fps = start_solo_run(spec, data, out_dir, unit, batch_size, "--engine ray")
     todo = [p for p in parts if not part_done(out, p, fps[p.name])]
     resumed = len(parts) - len(todo)
@@ -84,7 +89,7 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
     Actor = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1)(PartScorer)
 
     def start(i: int):
-        return Actor.remote(actor_spec(spec, detector), unit, batch_size, device, str(out), i)
+        return Actor.remote(actor_spec(spec, detector), unit, batch_size, device, str(out), i, max_parse_failures)
 
     actors = {i: start(i) for i in range(n)}
     if on_start is not None:
@@ -113,6 +118,10 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
             redone += 1
             queue.insert(0, part)
             actors[i] = start(i)  # a replacement for the dead actor
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, ScoreError):  # a guard stopped the run: its one line, not Ray's traceback
+                raise ScoreError(str(e.cause)) from None
+            raise
         else:
             scored += stats["sentences"]
             bar.update(1)
@@ -123,7 +132,8 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
     missing = [p.name for p in parts if not part_done(out, p, fps[p.name])]
     if missing:
         raise RuntimeError(f"{out}: parts {missing[:5]} were not written; rerun the same command to finish")
-    m = _finish_manifest(out, ident, parts, time.perf_counter() - t0, scored, resumed, n, t_scoring)
+    m = _finish_manifest(out, ident, parts, time.perf_counter() - t0, scored, resumed, n, t_scoring,
+                         max_parse_failures=max_parse_failures)
     m.update(engine="ray", workers=n, parts_redone=redone)
     write_json_atomic(out / MANIFEST, m)
     return m

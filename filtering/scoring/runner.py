@@ -37,6 +37,7 @@ from halsift.filtering.detectors.base import CAPTION_INDEX, Detector, Item
 from halsift.filtering.scoring.prefetch import Prefetcher
 from halsift.filtering.scoring.part_records import PART_META_KEY, RECORDS, part_record
 from halsift.filtering.detectors.spec import load_detector
+from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreError, ScoreGuard, check_rate, final_check
 
 UNITS = ("sentence", "caption")
 MANIFEST = "_manifest.json"
@@ -140,7 +141,7 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
                          "types": r.types, "spans": r.spans}) for i, r in enumerate(rows)]
         return
     try:
-        for sample in iter_shard(part.source):
+        for sample in iter_shard(part.source, skipped):
             if sample.meta.get("_bad_json"):
                 skipped.add(sample.key, "json member is not valid JSON", "corrupt")
                 continue
@@ -217,10 +218,12 @@ class Counted:
 
 class PartRows:
     """The scored rows of one part, accumulated batch by batch, then written as one parquet part whose schema
-    metadata carries the part's stats (what :func:`part_stats` reads)."""
+    metadata carries the part's stats (what :func:`part_stats` reads). Every batch of results passes ``guard``
+    (:class:`~halsift.filtering.scoring.guard.ScoreGuard`: no non-finite score, a parse-failure limit) first."""
 
-    def __init__(self, detector: Detector) -> None:
+    def __init__(self, detector: Detector, guard: ScoreGuard | None = None) -> None:
         self.detector = detector
+        self.guard = guard if guard is not None else ScoreGuard(detector.name)
         self.cols: dict[str, list] = {"key": [], "sentence_index": [], "score": [], "parsed": [], "captioner": []}
         self.spans: list = []
         self.t_model = 0.0
@@ -229,10 +232,12 @@ class PartRows:
         """``rows``: (key, sentence_index, captioner) of each scored item, in order; ``results`` the detector's."""
         if len(results) != len(rows):
             raise RuntimeError(f"detector {self.detector.name} returned {len(results)} results for {len(rows)} items")
-        for (key, index, captioner), r in zip(rows, results):
+        scores = [float(r.score) for r in results]
+        self.guard.check(rows, scores, [bool(r.parsed) for r in results])  # before the clip below hides a NaN
+        for (key, index, captioner), r, score_ in zip(rows, results, scores):
             self.cols["key"].append(key)
             self.cols["sentence_index"].append(index)
-            self.cols["score"].append(min(100.0, max(0.0, float(r.score))))
+            self.cols["score"].append(min(100.0, max(0.0, score_)))
             self.cols["parsed"].append(bool(r.parsed))
             self.cols["captioner"].append(captioner)
             self.spans.append(r.spans or [])
@@ -258,11 +263,13 @@ def item_rows(batch: Sequence[Item]) -> list[tuple[str, int, str]]:
 
 
 def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_size: int, bar=None,
-               rank: int = 0, world: int = 1, fingerprints: dict | None = None) -> dict:
-    """Score one part and write it atomically; returns its stats (also stored in the parquet metadata)."""
+               rank: int = 0, world: int = 1, fingerprints: dict | None = None,
+               guard: ScoreGuard | None = None) -> dict:
+    """Score one part and write it atomically; returns its stats (also stored in the parquet metadata). ``guard``:
+    the process's :class:`~halsift.filtering.scoring.guard.ScoreGuard` (default: a fresh one)."""
     t0 = time.perf_counter()
     skipped = SkipCounter(max_examples=1000)
-    rows = PartRows(detector)
+    rows = PartRows(detector, guard)
     # Images are decoded even for detectors that ignore them, so every detector skips the same samples.
     groups = Counted(iter_caption_groups(part, unit, skipped, draft=detector.decode_size,
                                          arrays=detector.image_arrays))
@@ -311,8 +318,11 @@ def _check_or_start(out: Path, ident: dict, state) -> None:
 
 
 def _finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, scored_now: int,
-                     resumed: int, world: int, t_scoring: float | None = None) -> dict:
-    """Aggregate the parts' own stats into ``_manifest.json`` (rank 0, after all parts exist)."""
+                     resumed: int, world: int, t_scoring: float | None = None,
+                     max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> dict:
+    """Aggregate the parts' own stats into ``_manifest.json`` (rank 0, after all parts exist). A folder that fails
+    :func:`~halsift.filtering.scoring.guard.final_check` (nothing scored, too many parse failures) is written with
+    ``status: failed`` and its ``error``, then :class:`ScoreError` is raised."""
     stats = [part_stats(out / p.name) for p in parts]
     skipped = SkipCounter(max_examples=10_000)
     for s in stats:
@@ -342,7 +352,13 @@ def _finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, sco
                        "decode": round(sum(s.get("time_decode_s", 0.0) for s in stats)
                                        / max(t_model + t_data, 1e-9), 4)},
     }
+    error = final_check(ident.get("detector_name", ident["detector"]), sentences, manifest["parse_failures"],
+                        manifest["skipped"], max_parse_failures)
+    if error:
+        manifest.update(status="failed", error=error)
     write_json_atomic(out / MANIFEST, manifest)
+    if error:
+        raise ScoreError(f"{out}: {error}")
     return manifest
 
 
@@ -360,15 +376,19 @@ def _state(device: str | None):
 
 
 def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sentence", batch_size: int = 64,
-          device: str | None = None, show_progress: bool = True, workers: int = 0) -> Path:
+          device: str | None = None, show_progress: bool = True, workers: int = 0,
+          max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> Path:
     """Score ``data`` (a shard spec or a ``bench.jsonl``) with a detector into ``out_dir``; returns ``out_dir``.
 
     Runs on every process of the current accelerate/torchrun launch (each scores its round-robin share of
     the parts); finished parts are skipped, so rerunning the same call resumes. ``device`` defaults to the
     process's accelerate device ("cpu" forces CPU). ``workers`` > 0: reading, decoding and the detector's
     ``prepare`` step run in that many processes per rank (:mod:`halsift.filtering.scoring.workers`) for detectors
-    that have one; else in one read-ahead thread.
+    that have one; else in one read-ahead thread. The run stops with :class:`ScoreError` (one line) on a non-finite
+    score, a share of parse failures above ``max_parse_failures``, or nothing scored
+    (:mod:`halsift.filtering.scoring.guard`).
     """
+    max_parse_failures = check_rate(max_parse_failures)
     if workers < 0:
         raise ValueError(f"workers={workers}: expected >= 0")
     if unit not in UNITS:
@@ -388,7 +408,7 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
 
     if detector.set_level:
         return _score_set_level(detector, data, out, ident, parts, unit, batch_size, device, show_progress, state,
-                                t0)
+                                t0, max_parse_failures)
 
     rank, world = state.process_index, state.num_processes
     mine = parts[rank::world]
@@ -404,24 +424,32 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
         bar = progress(desc=f"score rank {rank}", unit="sent", disable=not show_progress)
         from halsift.filtering.scoring.workers import score_parts_in_workers, supports_workers
 
+        guard = ScoreGuard(detector.name, max_parse_failures)
         if workers and supports_workers(detector):
-            scored_now = score_parts_in_workers(detector, todo, out, unit, batch_size, workers, bar, rank, world, fps)
+            scored_now = score_parts_in_workers(detector, todo, out, unit, batch_size, workers, bar, rank, world, fps,
+                                                guard)
         else:
             for p in todo:
                 scored_now += score_part(detector, p, out / p.name, unit, batch_size, bar, rank, world,
-                                         fps[p.name])["sentences"]
+                                         fps[p.name], guard)["sentences"]
         bar.close()
         t_scoring = time.perf_counter() - ts
     scored_now = int(_reduce(state, scored_now, "sum"))
     t_scoring = _reduce(state, t_scoring, "max")
     state.wait_for_everyone()
+    failed = None
     if state.is_main_process:
         missing = [p.name for p in parts if not (out / p.name).exists()]
         if missing:
             raise RuntimeError(f"{out}: parts {missing[:5]} were not written; rerun the same command to finish")
-        _finish_manifest(out, {**ident, "detector_fp": det_fp}, parts, time.perf_counter() - t0, scored_now, resumed,
-                         world, t_scoring)
+        try:
+            _finish_manifest(out, {**ident, "detector_fp": det_fp}, parts, time.perf_counter() - t0, scored_now,
+                             resumed, world, t_scoring, max_parse_failures)
+        except ScoreError as e:  # raised after the barrier, so the other ranks are not left waiting
+            failed = e
     state.wait_for_everyone()
+    if failed is not None:
+        raise failed
     return out
 
 
@@ -439,7 +467,8 @@ def _reduce(state, value: float, op: str) -> float:
 
 
 def _score_set_level(det: Detector, data, out: Path, ident: dict, parts: list[Part], unit: str, batch_size: int,
-                     device, show_progress: bool, state, t0: float) -> Path:
+                     device, show_progress: bool, state, t0: float,
+                     max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> Path:
     """A ``set-level`` detector (an ensemble with set normalisation): score every member over the whole input,
     then combine once (rank 0, :meth:`Detector.combine_scores`)."""
     import numpy as np
@@ -449,7 +478,8 @@ def _score_set_level(det: Detector, data, out: Path, ident: dict, parts: list[Pa
     member_dirs = []
     for i, m in enumerate(det.members):
         d = out / "_members" / f"{i}"
-        score(m, data, d, unit=unit, batch_size=batch_size, device=device, show_progress=show_progress)
+        score(m, data, d, unit=unit, batch_size=batch_size, device=device, show_progress=show_progress,
+              max_parse_failures=max_parse_failures)
         member_dirs.append(d)
     if state.is_main_process:
         tables = []
@@ -466,6 +496,8 @@ def _score_set_level(det: Detector, data, out: Path, ident: dict, parts: list[Pa
                 raise RuntimeError(f"ensemble members scored different rows ({member_dirs[0]} vs {d})")
         scores = det.combine_scores(np.stack([t["score"].to_numpy() for t in tables]))
         parsed = np.logical_and.reduce([t["parsed"].to_numpy(zero_copy_only=False) for t in tables])
+        ScoreGuard(det.name, 1.0).check(list(zip(ref["key"].to_pylist(), ref["sentence_index"].to_pylist(),
+                                                 [""] * len(ref))), scores.tolist(), [True] * len(ref))
         names = ref["_part"].to_numpy(zero_copy_only=False)
         for p in parts:
             sel = np.flatnonzero(names == p.name)
@@ -475,22 +507,27 @@ def _score_set_level(det: Detector, data, out: Path, ident: dict, parts: list[Pa
             stats = {**part_stats(member_dirs[0] / p.name), "parse_failures": int((~parsed[sel]).sum()),
                      "detector_fp": spec_fingerprint(det.spec)}
             write_part_atomic(table.replace_schema_metadata({_META_KEY: json.dumps(stats).encode()}), out / p.name)
-        _finish_manifest(out, ident, parts, time.perf_counter() - t0, len(ref), 0, state.num_processes)
+        _finish_manifest(out, ident, parts, time.perf_counter() - t0, len(ref), 0, state.num_processes,
+                         max_parse_failures=max_parse_failures)
     state.wait_for_everyone()
     return out
 
 
 def score_bench(detector, bench_path: str | os.PathLike, out_dir: str | os.PathLike | None = None,
-                batch_size: int = 64, device: str | None = None, show_progress: bool = True):
+                batch_size: int = 64, device: str | None = None, show_progress: bool = True,
+                max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES):
     """Score every row of a bench file; returns a DataFrame with ``key`` (row id), ``sentence_index``
-    (position), ``score``, ``parsed``, ``detector`` (and ``spans`` when the detector localizes)."""
+    (position), ``score``, ``parsed``, ``detector`` (and ``spans`` when the detector localizes). Stops as
+    :func:`score` does (``max_parse_failures``)."""
     from halsift.corpus.scores import read_scores_df
 
     if out_dir is None:
         if _state(device).num_processes > 1:
             raise ValueError("score_bench: pass out_dir when running on several processes (they must share it)")
         with tempfile.TemporaryDirectory(prefix="halsift-bench-") as tmp:
-            score(detector, bench_path, tmp, batch_size=batch_size, device=device, show_progress=show_progress)
+            score(detector, bench_path, tmp, batch_size=batch_size, device=device, show_progress=show_progress,
+                  max_parse_failures=max_parse_failures)
             return read_scores_df(tmp)
-    score(detector, bench_path, out_dir, batch_size=batch_size, device=device, show_progress=show_progress)
+    score(detector, bench_path, out_dir, batch_size=batch_size, device=device, show_progress=show_progress,
+          max_parse_failures=max_parse_failures)
     return read_scores_df(out_dir)

@@ -37,6 +37,7 @@ from halsift.corpus.fingerprint import spec_fingerprint
 from halsift.filtering.scoring.runner import (MANIFEST, Part, _check_or_start, _finish_manifest, part_fingerprints,
                                      plan_parts, reusable, score_part)
 from halsift.filtering.detectors.spec import load_detector
+from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreGuard, check_rate
 
 CLAIMS = "_claims"
 TASKS = "_tasks"
@@ -260,7 +261,8 @@ def start_solo_run(spec_or_detector, data, out_dir: str | os.PathLike, unit: str
 
 def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: int, task_index: int, *,
                unit: str = "sentence", batch_size: int = 64, device: str | None = None, show_progress: bool = True,
-               stale_after: float = STALE_AFTER_S, steal: bool = True) -> dict:
+               stale_after: float = STALE_AFTER_S, steal: bool = True,
+               max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> dict:
     """Run task ``task_index`` of ``num_tasks`` over ``data`` into ``out_dir``; returns this run's stats.
 
     ``complete`` in the result is true when every part exists after this task (then ``_manifest.json`` is
@@ -271,8 +273,10 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise TaskError("--num-tasks: each task is one process; do not run it under torchrun/accelerate launch")
     t0 = time.perf_counter()
+    guard_limit = check_rate(max_parse_failures)
     detector, out, parts, ident, fps = start_solo_run(spec_or_detector, data, out_dir, unit, batch_size,
                                                       "--num-tasks")
+    guard = ScoreGuard(detector.name, guard_limit)
     resumed = sum(1 for p in parts if part_done(out, p, fps[p.name]))
     name = f"task-{task_index:05d}"
     board = ClaimBoard(out, f"{name}@{HOST}:{os.getpid()}", stale_after)
@@ -297,7 +301,7 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
                 bar = progress(desc=f"score task {task_index}/{num_tasks}", unit="sent", disable=not show_progress)
                 loaded = True
             stats = score_part(detector, p, out / p.name, unit, batch_size, bar, task_index, num_tasks,
-                               fingerprints=fps[p.name])
+                               fingerprints=fps[p.name], guard=guard)
         finally:
             board.finish(p.name, claim)
         run["parts_scored"] += 1
@@ -315,18 +319,19 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     run["parts_missing"] = len(missing)
     run["held_by_live_tasks"] = board.held(missing)
     if not missing:
-        finish_task_manifest(out, ident, parts, time.perf_counter() - t0, num_tasks, resumed)
+        finish_task_manifest(out, ident, parts, time.perf_counter() - t0, num_tasks, resumed, guard_limit)
     return run
 
 
 def finish_task_manifest(out: Path, ident: dict, parts: list[Part], wall: float, num_tasks: int,
-                         resumed: int = 0) -> dict:
+                         resumed: int = 0, max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> dict:
     """The complete manifest: the parts' own stats (:func:`runner._finish_manifest`) plus every task run's.
     ``parts_resumed`` counts the parts that existed when the finishing task started."""
     runs = [json.loads(p.read_text()) for p in sorted((out / TASKS).glob("task-*.json"))]
     scored = sum(r["sentences"] for r in runs)
     span = (max(r["end"] for r in runs) - min(r["start"] for r in runs)) if runs else wall
-    m = _finish_manifest(out, ident, parts, wall, scored, resumed, num_tasks, t_scoring=span)
+    m = _finish_manifest(out, ident, parts, wall, scored, resumed, num_tasks, t_scoring=span,
+                         max_parse_failures=max_parse_failures)
     m.update(engine="tasks", num_tasks=num_tasks, task_runs=len(runs),
              parts_taken_over=sum(r.get("parts_taken_over", 0) for r in runs),
              tasks={f"{r['task_index']}@{r['host']}:{r['pid']}": {k: r[k] for k in (

@@ -31,6 +31,7 @@ from halsift.corpus.images import SkipCounter
 from halsift.corpus.parent_watch import ExitWithParent
 from halsift.filtering.detectors.base import Detector
 from halsift.filtering.scoring.runner import Counted, Part, PartRows, _batches, item_rows, iter_caption_groups
+from halsift.filtering.scoring.guard import ScoreGuard
 
 
 _NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
@@ -105,8 +106,10 @@ class _PartStream(IterableDataset):
 
 def score_parts_in_workers(detector: Detector, parts: Sequence[Part], out: Path, unit: str, batch_size: int,
                            workers: int, bar=None, rank: int = 0, world: int = 1,
-                           fingerprints: dict | None = None) -> int:
-    """Score ``parts`` into ``out`` with ``workers`` input processes; returns the number of sentences scored."""
+                           fingerprints: dict | None = None, guard: ScoreGuard | None = None) -> int:
+    """Score ``parts`` into ``out`` with ``workers`` input processes; returns the number of sentences scored.
+    ``guard``: checks every batch's results (:class:`~halsift.filtering.scoring.guard.ScoreGuard`)."""
+    guard = guard if guard is not None else ScoreGuard(detector.name)
     pin = torch.cuda.is_available()
     loader = DataLoader(_PartStream(detector, parts, unit, batch_size), batch_size=None, num_workers=workers,
                         collate_fn=_as_is, prefetch_factor=4, pin_memory=pin, persistent_workers=False,
@@ -116,7 +119,7 @@ def score_parts_in_workers(detector: Detector, parts: Sequence[Part], out: Path,
     scored = 0
     for msg in loader:
         name = msg["part"]
-        rows, started = open_parts.setdefault(name, (PartRows(detector), time.perf_counter()))
+        rows, started = open_parts.setdefault(name, (PartRows(detector, guard), time.perf_counter()))
         if msg.get("end"):
             stats = rows.write(out / name, by_name[name], rank, world, msg["samples"], msg["skipped"],
                                time.perf_counter() - started, msg["decode_s"], (fingerprints or {}).get(name))

@@ -15,21 +15,21 @@ in-memory :func:`halsift.filtering.selection.select.select` or the out-of-core, 
    bytes) or, when complete, returns its manifest as it is; other arguments, or a folder holding anything else,
    are refused with one line.
 
-In the shard pass (:func:`first_occurrences`), a key repeated within one input shard is skipped and counted
-(kind ``duplicate``): the first occurrence is selected, as ``halsift score`` scores only the first.
+In the shard pass both engines read shards through :func:`halsift.corpus.shards.iter_shard`, the one reader: a key
+repeated within one input shard is skipped and counted (kind ``duplicate``), so the first occurrence is selected,
+as ``halsift score`` scores only the first.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from halsift.corpus.safe_paths import remove_file, remove_tree
 from halsift.corpus.images import SkipCounter
-from halsift.corpus.shards import Sample, ShardFormatError, ShardWriter, expand_shards, iter_shard, write_json_atomic
+from halsift.corpus.shards import Sample, ShardFormatError, ShardWriter, expand_shards, write_json_atomic
 from halsift.filtering.selection.score_folder import (ScoreFolder, SelectError, check_repeated_rows, check_score_folder,
                                            check_sources)
 
@@ -146,19 +146,6 @@ def remove_selection(out: Path, created: bool) -> None:
         return
     clear_outputs(out)
     remove_tree(out / STATE, ignore_errors=True)
-
-
-def first_occurrences(path: Path, skipped: SkipCounter) -> Iterator[Sample]:
-    """The samples of one input shard, a key repeated in it skipped and counted (kind ``duplicate``): the first
-    occurrence is the one selected, as ``halsift score`` scores only the first. Raises ``ShardFormatError`` as
-    :func:`halsift.corpus.shards.iter_shard` does."""
-    seen: set[str] = set()
-    for s in iter_shard(path):
-        if s.key in seen:
-            skipped.add(s.key, f"key repeated in {path.name}; its first occurrence is selected", "duplicate")
-            continue
-        seen.add(s.key)
-        yield s
 
 
 def write_outputs(writer: ShardWriter, samples: list[Sample], skipped: SkipCounter) -> bool:

@@ -32,9 +32,9 @@ import pyarrow.parquet as pq
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name
-from halsift.corpus.shards import META_DEFAULTS, ShardFormatError, ShardWriter, write_json_atomic
+from halsift.corpus.shards import META_DEFAULTS, ShardFormatError, ShardWriter, iter_shard, write_json_atomic
 from halsift.filtering.selection.select import KeptCounts, SelectError, _labels, check_amount, kept_by_key, unit_outputs
-from halsift.filtering.selection.guard import STATE, first_occurrences, prepare, remove_selection, write_outputs
+from halsift.filtering.selection.guard import STATE, prepare, remove_selection, write_outputs
 from halsift.filtering.selection.out_of_core import MEMORY_LIMIT, supported, top_keys, kept_for_part
 from halsift.filtering.scoring.tasks import HOST, STALE_AFTER_S, ClaimBoard, task_order
 from halsift.corpus.safe_paths import remove_tree
@@ -77,7 +77,7 @@ def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str,
     remove_tree(work, ignore_errors=True)  # what a killed attempt left
     with ShardWriter(work, maxcount=2**62, start_index=index) as writer:
         try:
-            for s in first_occurrences(shard, skipped):
+            for s in iter_shard(shard, skipped):
                 shard_keys.append(s.key)
                 texts, labels, gts = _labels(s.meta, s.caption)
                 counts.add_source(s.captioner, labels)

@@ -39,7 +39,7 @@ from halsift.corpus.errors import InputError
 from halsift.corpus.fingerprint import file_fingerprint
 from halsift.corpus.scores import ScoresFormatError, check_column_types, part_name
 from halsift.filtering.detectors.base import CAPTION_INDEX
-from halsift.filtering.scoring.part_records import PART_META_KEY, RECORDS, content as _content, part_record
+from halsift.filtering.scoring.part_records import PART_META_KEY, RECORDS, content as _content
 
 SCORE_MANIFEST = "_manifest.json"  # written by halsift.filtering.scoring.runner
 CLAIMS = "_claims"  # halsift.filtering.scoring.tasks.CLAIMS: live score tasks' claims
@@ -102,6 +102,8 @@ def _status(folder: Path, manifest: dict | None, path: Path, allow_partial: bool
     where = folder / SCORE_MANIFEST if path.is_dir() else path
     if manifest is None:
         what = "is missing (parts made elsewhere, or a `halsift score` killed before its first part)"
+    elif manifest.get("error"):  # a finished run that failed its end check (halsift.filtering.scoring.guard)
+        what = f"says status {status!r} ({str(manifest['error'])[:300]})"
     else:
         claimed = _unfinished_claims(folder)
         what = f"says status {status!r}" + (f" (score tasks still hold {claimed} unwritten part(s))" if claimed else

@@ -41,11 +41,11 @@ from halsift.corpus.progress import progress
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.scores import read_part, read_scores, write_part_atomic
 from halsift.corpus.sentences import sentence_texts
-from halsift.corpus.shards import META_DEFAULTS, Sample, ShardFormatError, ShardWriter, write_json_atomic
+from halsift.corpus.shards import META_DEFAULTS, Sample, ShardFormatError, ShardWriter, iter_shard, write_json_atomic
 from halsift.filtering.detectors.base import CAPTION_INDEX
 from halsift.filtering.detectors.baselines import hash_uniform
 from halsift.filtering.selection.score_folder import ScoreFolder, SelectError, check_score_folder, repeated_rows_error
-from halsift.filtering.selection.guard import (clear_outputs, first_occurrences, prepare, remove_selection,
+from halsift.filtering.selection.guard import (clear_outputs, prepare, remove_selection,
                                             write_outputs)
 
 UNITS = ("sentence", "caption")
@@ -286,7 +286,7 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
             if not (per_captioner and "captioner" in str(e)):
                 raise
             # score tables without a captioner column: read it from the shards' json (one extra pass)
-            pairs = [(smp.key, smp.captioner) for path in shards for smp in first_occurrences(path, SkipCounter())]
+            pairs = [(smp.key, smp.captioner) for path in shards for smp in iter_shard(path, SkipCounter())]
             caps = pa.table({"key": [k for k, _ in pairs], "captioner": [c for _, c in pairs]})
             kept, info = select_keys(table, **args, captioners=caps)
         manifest = _write_selection(table, kept, info, source, filt, shards, out, unit, agg, maxcount, show_progress,
@@ -420,7 +420,7 @@ class _SelectionWriter:
     def shard(self, path: Path, bar) -> None:
         keys_here: list[str] = []
         try:
-            for s in first_occurrences(path, self.skipped):
+            for s in iter_shard(path, self.skipped):
                 bar.update(1)
                 keys_here.append(s.key)
                 self.sample(s, path)

@@ -16,13 +16,13 @@ def test_readme_example_runs(tmp_path):
     (tmp_path / "cat.png").write_bytes(png(rng))
     images = [str(tmp_path / "cat.png"), Image.new("RGB", (40, 30), "red"), png(rng)]
     captions = ["A cat on a mat. It is blue.", "A red bus.", "Two dogs. One sleeps. The sky is grey."]
-    df = halsift.score_pairs(images, captions, detector="clip:arch=halsift-tiny")
+    df = halsift.score_pairs(images, captions, detector="clip:arch=halsift-tiny,pretrained=random")
     assert list(df.columns) == ["pair", "sentence_index", "sentence", "score", "parsed", "detector"]
     assert df["pair"].tolist() == [0, 0, 1, 2, 2, 2] and df["sentence_index"].tolist() == [0, 1, 0, 0, 1, 2]
     assert df["sentence"][1] == "It is blue." and df["score"].between(0, 100).all()
-    assert df["detector"].iloc[0].startswith("clip:arch=halsift-tiny")
+    assert df["detector"].iloc[0].startswith("clip:arch=halsift-tiny,pretrained=random")
     # the same pairs through the detector object give the same scores (no hidden state)
-    det = halsift.load_detector("clip:arch=halsift-tiny")
+    det = halsift.load_detector("clip:arch=halsift-tiny,pretrained=random")
     again = halsift.score_pairs(images, captions, detector=det, batch_size=2)
     assert again["score"].tolist() == pytest.approx(df["score"].tolist(), abs=1e-4)
     kept = halsift.select(df, keep=0.5)
@@ -39,4 +39,4 @@ def test_caption_unit_and_bad_inputs(tmp_path):
     with pytest.raises(ValueError, match="differ in length"):
         halsift.score_pairs([], ["x"], detector="random:seed=0")
     with pytest.raises(ValueError, match=r"images\[0\]: cannot read"):
-        halsift.score_pairs([str(tmp_path / "missing.jpg")], ["x"], detector="clip:arch=halsift-tiny")
+        halsift.score_pairs([str(tmp_path / "missing.jpg")], ["x"], detector="clip:arch=halsift-tiny,pretrained=random")

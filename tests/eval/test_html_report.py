@@ -120,6 +120,7 @@ def test_eval_bench_writes_index_html_and_counts_bad_images(tiny_run, tmp_path, 
     (tmp_path / "bad.png").write_bytes(b"not an image")
     rows = [{**row, "image": "bad.png"} if row["image"] == str(broken) else row for row in rows]
     copy.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "image_roots.json").write_bytes((bench.parent / "image_roots.json").read_bytes())  # its images' folder
     scores = [str(tiny_run / "score" / n / "bench") for n in DETECTORS]
     out = tmp_path / "eval"
     assert main(["eval", "bench", "--bench", str(copy), "--scores", *scores, "--out", str(out), "--n-boot", "20",

@@ -57,7 +57,7 @@ def test_bench_rows_of_one_image_are_adjacent_and_share_the_decoded_image(bench)
 def test_encode_image_once_per_image_and_scores_unchanged(bench):
     rows = read_bench(bench)
     n_images = len({r.image for r in rows})
-    det = ClipDetector(arch="halsift-tiny", seed=0)
+    det = ClipDetector(arch="halsift-tiny", pretrained="random", seed=0)
     calls = _counting(det)
     # batch_size larger than the bench: one batch, so exactly one encoded row per distinct image
     df = score_bench(det, bench, batch_size=10_000, show_progress=False)
@@ -79,7 +79,7 @@ def test_encode_image_once_per_image_and_scores_unchanged(bench):
 
 
 def test_distinct_images_with_equal_key_are_not_merged():
-    det = ClipDetector(arch="halsift-tiny", seed=0)
+    det = ClipDetector(arch="halsift-tiny", pretrained="random", seed=0)
     calls = _counting(det)
     a, b = Image.new("RGB", (32, 32), (255, 0, 0)), Image.new("RGB", (32, 32), (0, 0, 255))
     items = [Item("k", 0, "a red square", [], a, "img-a"), Item("k", 1, "a red square", [], b, "img-b"),

@@ -68,7 +68,7 @@ def test_hf_hub_name_from_the_local_cache(empty_offline_cache):
     det = ClipDetector(arch="hf-hub:halsift/tiny-clip")
     got = det.model.state_dict()
     assert all(torch.equal(got[k], v) for k, v in state.items())
-    random_init = ClipDetector(arch="halsift-tiny", seed=0).model.state_dict()
+    random_init = ClipDetector(arch="halsift-tiny", pretrained="random", seed=0).model.state_dict()
     assert not all(torch.equal(random_init[k], v) for k, v in state.items())
 
 

@@ -78,6 +78,6 @@ def test_delegates_attributes_and_pickles(pair):
 
 
 def test_clip_detector_and_get_tokenizer_use_it():
-    det = ClipDetector(arch="halsift-tiny")
+    det = ClipDetector(arch="halsift-tiny", pretrained="random")
     assert isinstance(det.tokenizer, FastClipTokenizer)
     assert isinstance(get_tokenizer("ViT-B-32"), FastClipTokenizer)

@@ -33,9 +33,9 @@ def test_parse_short_specs():
     assert parse_spec("random:seed=3") == ("random", {"seed": 3})
     fam, opts = parse_spec("clip:arch=ViT-B-32,pretrained=openai")
     assert fam == "clip" and opts == {"arch": "ViT-B-32", "pretrained": "openai"}
-    fam, opts = parse_spec("ensemble:members=[clip:arch=halsift-tiny,seed=2,random:seed=1,oracle],weights=[1,2.5,3],"
-                           "norm=rank")
-    assert opts["members"] == ["clip:arch=halsift-tiny,seed=2", "random:seed=1", "oracle"]
+    fam, opts = parse_spec("ensemble:members=[clip:arch=halsift-tiny,pretrained=random,seed=2,random:seed=1,oracle],"
+                           "weights=[1,2.5,3],norm=rank")
+    assert opts["members"] == ["clip:arch=halsift-tiny,pretrained=random,seed=2", "random:seed=1", "oracle"]
     assert opts["weights"] == [1, 2.5, 3] and opts["norm"] == "rank"
     _, opts = parse_spec("ensemble:members=[random:seed=1;clip:checkpoint=/a/b:c.pt,arch=x]")
     assert opts["members"] == ["random:seed=1", "clip:checkpoint=/a/b:c.pt,arch=x"]
@@ -58,7 +58,7 @@ def test_canonical_spec_ignores_option_order():
     ("ensemble:members=[oracle],norm=softmax", "norm='softmax'"),
     ("ensemble:members=[oracle", "unbalanced"),
     ("clip:arch=NoSuchArch", "arch='NoSuchArch'"),
-    ("clip:arch=halsift-tiny,map=cubic", "map='cubic'"),
+    ("clip:arch=halsift-tiny,pretrained=random,map=cubic", "map='cubic'"),
 ])
 def test_spec_errors_name_key_and_value(spec, needle):
     with pytest.raises(SpecError, match=None) as e:
@@ -161,7 +161,7 @@ def test_ensemble_detector_weighted_mean():
 # ------------------------------------------------------------------------------------------- clip
 @pytest.fixture(scope="module")
 def tiny_clip():
-    return load_detector("clip:arch=halsift-tiny,seed=0")
+    return load_detector("clip:arch=halsift-tiny,pretrained=random,seed=0")
 
 
 def test_clip_scores_match_independent_cosine(tiny_clip):
@@ -215,8 +215,9 @@ def test_clip_text_runs_on_the_used_positions_only_with_identical_embeddings(tin
 def test_clip_random_init_is_seeded_and_batch_independent(tiny_clip):
     items = _items()
     a = [r.score for r in tiny_clip.score_batch(items)]
-    b = [r.score for r in load_detector("clip:arch=halsift-tiny,seed=0").score_batch(items[::-1])][::-1]
-    c = [r.score for r in load_detector("clip:arch=halsift-tiny,seed=1").score_batch(items)]
+    again = load_detector("clip:arch=halsift-tiny,pretrained=random,seed=0")
+    b = [r.score for r in again.score_batch(items[::-1])][::-1]
+    c = [r.score for r in load_detector("clip:arch=halsift-tiny,pretrained=random,seed=1").score_batch(items)]
     np.testing.assert_allclose(a, b, atol=1e-4)
     assert not np.allclose(a, c, atol=1e-3)
 
@@ -225,7 +226,7 @@ def test_clip_precision_auto_is_fp32_on_cpu_and_explicit_bf16_is_honoured(tiny_c
     import torch
 
     assert next(tiny_clip.model.parameters()).dtype == torch.float32  # auto, on the CPU
-    half = load_detector("clip:arch=halsift-tiny,seed=0,precision=bf16")
+    half = load_detector("clip:arch=halsift-tiny,pretrained=random,seed=0,precision=bf16")
     assert next(half.model.parameters()).dtype == torch.bfloat16
     a = np.array([r.score for r in tiny_clip.score_batch(_items())])
     b = np.array([r.score for r in half.score_batch(_items())])
@@ -238,7 +239,7 @@ def test_clip_precision_auto_is_bf16_on_cuda():
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    det = load_detector("clip:arch=halsift-tiny,seed=0,device=cuda")
+    det = load_detector("clip:arch=halsift-tiny,pretrained=random,seed=0,device=cuda")
     assert next(det.model.parameters()).dtype == torch.bfloat16 and torch.backends.cuda.matmul.allow_tf32
 
 
@@ -263,7 +264,7 @@ def test_clip_checkpoint_and_from_model(tiny_clip, tmp_path):
 def test_clip_sigmoid_map(tiny_clip):
     import torch
 
-    det = load_detector("clip:arch=halsift-tiny,map=sigmoid,center=0.1")
+    det = load_detector("clip:arch=halsift-tiny,pretrained=random,map=sigmoid,center=0.1")
     items = _items(n_images=1, per=2)
     cos = det.cosines(items)
     scale = det.model.logit_scale.exp().item()

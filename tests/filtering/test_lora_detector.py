@@ -22,8 +22,8 @@ def clip_adapter(synth_world, tmp_path_factory) -> tuple[Path, Path]:
 
     root = tmp_path_factory.mktemp("lora_det")
     bench = small_bench(synth_world, root / "bench", {"train": 12, "val": 6, "test": 6})
-    cfg = DetectorTrainConfig(base="clip:arch=halsift-tiny,seed=3", bench=str(bench), out=str(root / "run"),
-                              steps=2, batch_size=8, eval_every=2, lr=5e-2, warmup=0, merge=True,
+    cfg = DetectorTrainConfig(base="clip:arch=halsift-tiny,pretrained=random,seed=3", bench=str(bench),
+                              out=str(root / "run"), steps=2, batch_size=8, eval_every=2, lr=5e-2, warmup=0, merge=True,
                               wandb_mode="disabled")
     res = train_detector(cfg)
     return Path(res["adapter"]), bench

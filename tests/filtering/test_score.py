@@ -37,7 +37,7 @@ def world_shards(synth_world, tmp_path_factory):
 
 
 def test_two_process_torchrun_matches_one_process(world_shards, tmp_path):
-    spec = "clip:arch=halsift-tiny,seed=0"
+    spec = "clip:arch=halsift-tiny,pretrained=random,seed=0"
     score(spec, world_shards, tmp_path / "one", batch_size=16, device="cpu", show_progress=False)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "halsift.launch.cli", "score", "--detector", spec, "--data", str(world_shards),
@@ -142,7 +142,7 @@ def test_score_bench_rows(tmp_path):
     assert dict(zip(df["key"], df["score"])) == want
     assert dict(zip(df["key"], df["sentence_index"])) == {r["id"]: r["position"] for r in rows}
     assert set(df.columns) >= {"key", "sentence_index", "score", "parsed", "detector"}
-    clip = score_bench("clip:arch=halsift-tiny", bench, tmp_path / "clip")
+    clip = score_bench("clip:arch=halsift-tiny,pretrained=random", bench, tmp_path / "clip")
     assert len(clip) == len(rows) and clip["score"].between(0, 100).all()
 
 
@@ -168,8 +168,8 @@ def test_decode_workers_write_the_same_parts(tmp_path, capsys):
 
     data = make_corpus(tmp_path / "data", shards=4, per_shard=3, corrupt={"s0_00004": "image"})
     for out, extra in ((tmp_path / "a", []), (tmp_path / "b", ["--decode-workers", "2"])):
-        assert main(["score", "--detector", "clip:arch=halsift-tiny,seed=0", "--data", str(data), "--out", str(out),
-                     "--no-progress", "--batch-size", "4", *extra]) == 0
+        assert main(["score", "--detector", "clip:arch=halsift-tiny,pretrained=random,seed=0", "--data", str(data),
+                     "--out", str(out), "--no-progress", "--batch-size", "4", *extra]) == 0
     parts = sorted(p.name for p in (tmp_path / "a").glob("part-*.parquet"))
     assert parts == sorted(p.name for p in (tmp_path / "b").glob("part-*.parquet")) and len(parts) == 4
     for name in parts:
@@ -214,8 +214,8 @@ def test_fast_decode_decodes_jpegs_near_the_model_input_size_with_near_equal_sco
     from halsift.filtering.detectors.spec import load_detector
 
     data = _photo_corpus(tmp_path / "c")
-    full = load_detector("clip:arch=halsift-tiny,seed=0")
-    fast = load_detector("clip:arch=halsift-tiny,seed=0,fast_decode=true")
+    full = load_detector("clip:arch=halsift-tiny,pretrained=random,seed=0")
+    fast = load_detector("clip:arch=halsift-tiny,pretrained=random,seed=0,fast_decode=true")
     assert (full.decode_size, fast.decode_size) == (None, 64)  # halsift-tiny's input side
     sizes: dict[str, set] = {"full": set(), "fast": set()}
     class Spy:  # the images the preprocessing receives
@@ -240,7 +240,7 @@ def test_fast_decode_decodes_jpegs_near_the_model_input_size_with_near_equal_sco
     assert not np.array_equal(a["score"], b["score"])  # other pixels ...
     np.testing.assert_allclose(a["score"], b["score"], atol=0.2)  # ... the same picture to the model
     with pytest.raises(RunMismatch):  # a folder scored in full is not resumed with reduced-scale decoding
-        score("clip:arch=halsift-tiny,seed=0,fast_decode=true", data, tmp_path / "full", batch_size=8,
+        score("clip:arch=halsift-tiny,pretrained=random,seed=0,fast_decode=true", data, tmp_path / "full", batch_size=8,
               device="cpu", show_progress=False)
 
 
@@ -249,7 +249,7 @@ def test_images_as_arrays_or_pil_images_give_the_same_scores(tmp_path, workers):
     from halsift.filtering.detectors.spec import load_detector
 
     data = _photo_corpus(tmp_path / "c")
-    spec = "clip:arch=halsift-tiny,seed=0,fast_decode=true"
+    spec = "clip:arch=halsift-tiny,pretrained=random,seed=0,fast_decode=true"
     arrays, pil = load_detector(spec), load_detector(spec)
     pil.image_arrays = False  # the PIL images every other detector gets
     assert arrays.image_arrays

@@ -50,11 +50,12 @@ def test_rerun_after_detector_checkpoint_changed_rescores(tmp_path):
 
     data = make_corpus(tmp_path / "c", shards=2, per_shard=3)
     ckpt = tmp_path / "model.safetensors"
-    save_state_dict_safetensors(ClipDetector(arch="halsift-tiny", seed=1).model, ckpt)
+    save_state_dict_safetensors(ClipDetector(arch="halsift-tiny", pretrained="random", seed=1).model, ckpt)
     spec = f"clip:arch=halsift-tiny,checkpoint={ckpt}"
     assert _score(data, tmp_path / "s", spec) == 0
     first = read_scores_df(tmp_path / "s").sort_values(["key", "sentence_index"])["score"].to_numpy()
-    save_state_dict_safetensors(ClipDetector(arch="halsift-tiny", seed=2).model, ckpt)  # retrained in place
+    retrained = ClipDetector(arch="halsift-tiny", pretrained="random", seed=2)
+    save_state_dict_safetensors(retrained.model, ckpt)  # retrained in place
     assert _score(data, tmp_path / "s", spec) == 0
     m = json.loads((tmp_path / "s" / "_manifest.json").read_text())
     assert m["parts_resumed"] == 0 and m["sentences_scored_this_run"] == m["sentences"]
@@ -212,8 +213,9 @@ def test_train_detector_skips_a_missing_bench_image(tmp_path):
     (tmp_path / "b" / "images" / "im0.png").unlink()
     lost = sum(r["image"] == "images/im0.png" and r["label"] != "unknown" for r in rows)
     out = tmp_path / "det"
-    assert main(["train", "detector", "--base", "clip:arch=halsift-tiny,seed=1", "--bench", str(bench), "--out",
-                 str(out), "--steps", "1", "--batch-size", "4", "--val-split", "", "--wandb-mode", "disabled"]) == 0
+    assert main(["train", "detector", "--base", "clip:arch=halsift-tiny,pretrained=random,seed=1", "--bench",
+                 str(bench), "--out", str(out), "--steps", "1", "--batch-size", "4", "--val-split", "", "--wandb-mode",
+                 "disabled"]) == 0
     info = json.loads((out / "run_info.json").read_text())
     assert info["skipped"]["by_kind"] == {"missing_image": lost} and lost >= 1
     assert info["train_rows"] == sum(r["label"] != "unknown" for r in rows) - lost
@@ -582,8 +584,8 @@ def test_eval_retrieval_corrupt_image_or_garbage_safetensors_is_one_line(tmp_pat
 
 def test_train_detector_on_an_empty_split_is_one_line(tmp_path, capsys):
     bench = make_bench(tmp_path / "b", captions=4)  # every row is split "test"
-    assert main(["train", "detector", "--base", "clip:arch=halsift-tiny,seed=1", "--bench", str(bench), "--out",
-                 str(tmp_path / "det"), "--steps", "1", "--wandb-mode", "disabled"]) == 2
+    assert main(["train", "detector", "--base", "clip:arch=halsift-tiny,pretrained=random,seed=1", "--bench",
+                 str(bench), "--out", str(tmp_path / "det"), "--steps", "1", "--wandb-mode", "disabled"]) == 2
     line = _err_line(capsys)
     assert "split 'train'" in line and str(bench) in line
 
@@ -625,13 +627,13 @@ def test_clip_checkpoint_loads_without_the_random_init_warning_and_garbage_is_on
     from halsift.training.clip_train import save_state_dict_safetensors
 
     ckpt = tmp_path / "model.safetensors"
-    save_state_dict_safetensors(ClipDetector(arch="halsift-tiny", seed=3).model, ckpt)
+    save_state_dict_safetensors(ClipDetector(arch="halsift-tiny", pretrained="random", seed=3).model, ckpt)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         ClipDetector(arch="halsift-tiny", checkpoint=str(ckpt))
     assert "No pretrained weights loaded" not in caplog.text
     with caplog.at_level(logging.WARNING):
-        ClipDetector(arch="halsift-tiny")  # a random init still says so
+        ClipDetector(arch="halsift-tiny", pretrained="random")  # a random init still says so
     assert "No pretrained weights loaded" in caplog.text
     ckpt.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
     data = make_corpus(tmp_path / "c", shards=1, per_shard=2)

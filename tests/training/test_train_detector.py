@@ -17,7 +17,7 @@ import torch
 from halsift.launch.cli import main
 from lora_data import small_bench, small_shards
 
-CLIP = "clip:arch=halsift-tiny,seed=1"
+CLIP = "clip:arch=halsift-tiny,pretrained=random,seed=1"
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +210,7 @@ def test_world_judge_is_deterministic_and_cached(synth_world, tmp_path):
 
     from safetensors.torch import load_file
 
-    from halsift.corpus.bench import read_bench, write_bench
+    from halsift.corpus.bench import read_bench, write_bench, write_image_roots
     from halsift.filtering.scoring.runner import score_bench
     from halsift.filtering.detectors.spec import load_detector
     from halsift.synth.world_judge import WorldJudgeSettings, build_world_judge, world_judge_spec
@@ -227,6 +227,7 @@ def test_world_judge_is_deterministic_and_cached(synth_world, tmp_path):
     few = tmp_path / "few.jsonl"
     rows = [r for r in read_bench(synth_world / "bench" / "bench.jsonl") if r.split == "test"][:12]
     write_bench(few, [dataclasses.replace(r, image=str(synth_world / "bench" / r.image)) for r in rows])
+    write_image_roots(few, [synth_world / "bench"])  # its images are in the world's bench folder: allowed by name
     for spec in (a, f"lora:{tmp_path / 'a' / 'judge' / 'adapter'}"):
         scores = score_bench(load_detector(spec), few, show_progress=False)
         assert len(scores) == 12 and scores.score.between(0, 100).all() and scores.score.nunique() > 1
