@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - depends on the platform
 # than 8k x 8k for CLIP-sized training, and a bomb can allocate gigabytes).
 DEFAULT_MAX_PIXELS = 8192 * 8192
 
-SKIP_KINDS = ("empty", "not_image", "truncated", "corrupt", "bomb", "empty_caption", "missing_image",
+SKIP_KINDS = ("empty", "not_image", "truncated", "corrupt", "bomb", "empty_caption", "missing_image", "duplicate_key",
               "corrupt_shard", "bad_sample")
 
 
