@@ -61,8 +61,8 @@ def score_pairs(images: Sequence[Any], captions: Sequence[str], detector: Any = 
     """
     import pandas as pd
 
+    from halsift.corpus.sample import Item, caption_items
     from halsift.corpus.sentences import sentence_texts
-    from halsift.filtering.detectors.base import CAPTION_INDEX, Item
 
     if len(images) != len(captions):
         raise ValueError(f"images and captions differ in length ({len(images)} vs {len(captions)})")
@@ -72,11 +72,7 @@ def score_pairs(images: Sequence[Any], captions: Sequence[str], detector: Any = 
     items: list[Item] = []
     for i, (img, cap) in enumerate(zip(images, captions)):
         pil = _image(img, i) if det.needs_image else None
-        if unit == "caption":
-            items.append(Item(str(i), CAPTION_INDEX, str(cap), [], pil, str(i)))
-            continue
-        texts = sentence_texts(str(cap))
-        items += [Item(str(i), j, t, texts[:j], pil, str(i)) for j, t in enumerate(texts)]
+        items += caption_items(str(i), str(cap), sentence_texts(str(cap)), pil, str(i), unit=unit)
     from halsift.filtering.scoring.guard import ScoreGuard
 
     guard = ScoreGuard(det.name, max_parse_failures=1.0)  # a non-finite score is an error, never a row

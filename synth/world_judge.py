@@ -163,9 +163,10 @@ def world_text(world: Path) -> list[str]:
     """The world's pretrain captions and bench ``train`` sentences: tokenizer training text (never val/test)."""
     from halsift.corpus.bench import read_bench
     from halsift.corpus.images import SkipCounter
-    from halsift.corpus.shards import iter_samples
+    from halsift.corpus.sample import read_samples
 
-    caps = [pretrain_caption(s) for s in iter_samples(world / "pretrain", SkipCounter())]
+    # the valid samples (read_samples' rules; images left undecoded: only the text is used)
+    caps = [pretrain_caption(s) for s in read_samples(world / "pretrain", SkipCounter(), decode=False)]
     caps = [c for c in caps if c]
     return caps + [r.sentence for r in read_bench(world / "bench" / "bench.jsonl") if r.split == "train"]
 

@@ -93,14 +93,14 @@ class CaptionTask(Task):
 
     def _pairs(self) -> list[tuple]:
         """``(image, " caption<eos>")`` for every decodable sample with a caption."""
-        from halsift.corpus.images import SkipCounter, decode_sample
-        from halsift.corpus.shards import iter_samples
+        from halsift.corpus.images import SkipCounter
+        from halsift.corpus.sample import read_samples
 
         eos, skipped, pairs = self.processor.tokenizer.eos_token or "", SkipCounter(), []
-        for s in iter_samples(self.cfg.shards, skipped):
-            img, text = decode_sample(s, skipped), self.caption_of(s)
-            if img is not None and text:
-                pairs.append((img, " " + text + eos))
+        for s in read_samples(self.cfg.shards, skipped):
+            text = self.caption_of(s)
+            if text:
+                pairs.append((s.image, " " + text + eos))
         if not pairs:
             raise ValueError(f"pretrain: no usable samples in {self.cfg.shards} ({skipped.summary()})")
         return pairs

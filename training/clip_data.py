@@ -10,8 +10,10 @@ Per-rank and per-dataloader-worker splitting, as in open_clip_train:
   (RNG seeded by ``(seed, g)``) and draws each sample's source with probability ∝ ``data_weights``, like
   webdataset's ``ResampledShards`` + ``RandomMix``.
 
-Corrupt samples (undecodable image, missing caption, unreadable tar member) are skipped and counted; each
-batch carries the count of samples skipped since the previous batch from that worker (``batch["skipped"]``).
+Samples are read by :func:`halsift.corpus.sample.read_shard`, the reader ``halsift score`` uses: training keeps and
+skips exactly the samples scoring does (duplicate key, bad json, missing image, empty caption, undecodable image,
+truncated shard). Each batch carries what its worker skipped since its previous batch: ``batch["skipped"]`` (a
+count) and ``batch["skipped_by_kind"]`` (kind -> count, the kinds of :class:`~halsift.corpus.images.SkipCounter`).
 
 Resume (data position): the stream is a pure function of ``(seed, rank, worker)``. A resumed run rebuilds
 the same stream and each worker discards the batches it had already produced (``skip_batches``) before the
@@ -23,24 +25,16 @@ size, workers and batch size are unchanged (the trainer checks this and otherwis
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from halsift.corpus.images import ImageDecodeError
-from halsift.corpus.images import decode_image as corpus_decode_image
+from halsift.corpus.images import SkipCounter
+from halsift.corpus.sample import read_shard
+from halsift.corpus.shards import expand_shards
 from halsift.corpus.parent_watch import ExitWithParent
-from halsift.corpus.shards import IMAGE_EXTS, expand_shards
-
-
-def decode_image(data: bytes):
-    """Bytes -> RGB PIL image (:func:`halsift.corpus.images.decode_image`: bombs refused, EXIF applied, alpha over
-    white), or None when the bytes are not a readable image (the caller counts it as a skipped sample)."""
-    try:
-        return corpus_decode_image(data)
-    except ImageDecodeError:
-        return None
 
 
 def check_selection_complete(spec: str) -> None:
@@ -100,51 +94,35 @@ class ShardStream(IterableDataset):
             yield rng.choice(self.shards[i])
 
     # -- samples -----------------------------------------------------------------------------------
-    def _samples(self, urls: Iterator[str], counter: list[int], spec: int = 0) -> Iterator[tuple]:
-        """Decoded (image, caption) pairs; bad samples are counted. Fails fast (``ShardFormatError``) when far more
-        shard reads than the spec has shards yield no usable sample, instead of spinning forever."""
-        import webdataset as wds
-
+    def _samples(self, urls: Iterator[str], skipped: SkipCounter, spec: int = 0) -> Iterator[tuple]:
+        """Decoded (image, caption) pairs of the valid samples (:func:`~halsift.corpus.sample.read_shard`); the rest
+        are counted in ``skipped``. Fails fast (``ShardFormatError``) when far more shard reads than the spec has
+        shards yield no valid sample, instead of spinning forever."""
         from halsift.corpus.shards import ShardFormatError
 
         n = len(self.shards[spec])
         limit = 2 * n + 1 if len(self.shards) == 1 else 20 * n + 10  # epochs / random resampling
-        reads_since_good = [0]
-
-        def on_error(exc: Exception) -> bool:
-            counter[0] += 1
-            return True  # skip and continue
-
-        def watched(us: Iterator[str]) -> Iterator[dict]:
-            for u in us:
-                reads_since_good[0] += 1
-                if reads_since_good[0] > limit:
-                    raise ShardFormatError(f"data {self.specs[spec]}: no readable sample in {limit} reads of its "
-                                           f"{n} shard(s) (every sample lacks a decodable image or a caption)")
-                yield {"url": u}
-
-        for s in wds.tarfile_to_samples(handler=on_error)(watched(urls)):
-            ext = next((e for e in IMAGE_EXTS if e in s), None)
-            caption = s.get("txt", b"")
-            caption = caption.decode("utf-8", errors="replace").strip() if isinstance(caption, bytes) else ""
-            image = decode_image(s[ext]) if ext else None
-            if image is None or not caption:
-                counter[0] += 1
-                continue
-            reads_since_good[0] = 0
-            yield image, caption
+        reads_since_good = 0
+        for url in urls:
+            reads_since_good += 1
+            if reads_since_good > limit:
+                raise ShardFormatError(f"data {self.specs[spec]}: no readable sample in {limit} reads of its "
+                                       f"{n} shard(s) (every sample was skipped: {skipped.summary()})")
+            for sample in read_shard(url, skipped):
+                reads_since_good = 0
+                yield sample.image, sample.caption.strip()
 
     def __iter__(self) -> Iterator[dict]:
         import webdataset as wds
 
         rank, world, worker, nworkers = wds.utils.pytorch_worker_info()
         g, total = rank * nworkers + worker, world * nworkers
-        counter = [0]
+        skipped = SkipCounter(max_examples=100)
         rng = random.Random(f"{self.seed}/{g}")
         if len(self.shards) == 1:
-            stream = self._samples(self._epoch_urls(g, total), counter)
+            stream = self._samples(self._epoch_urls(g, total), skipped)
         else:
-            sources = [self._samples(self._resampled_urls(i, random.Random(f"{self.seed}/{g}/{i}")), counter, i)
+            sources = [self._samples(self._resampled_urls(i, random.Random(f"{self.seed}/{g}/{i}")), skipped, i)
                        for i in range(len(self.shards))]
             stream = (next(sources[rng.choices(range(len(sources)), weights=self.weights)[0]])
                       for _ in iter(int, 1))
@@ -154,13 +132,14 @@ class ShardStream(IterableDataset):
         mine = (self.skip_batches - worker + nworkers - 1) // nworkers if self.skip_batches > worker else 0
         for _ in range(mine * self.batch_size):
             next(stream)
-        last_reported = 0
+        reported: Counter = Counter()
         while True:
             items = [next(stream) for _ in range(self.batch_size)]
             images = torch.stack([self.preprocess(im) for im, _ in items])
             text = self.tokenizer([c for _, c in items])
-            yield {"image": images, "text": text, "skipped": counter[0] - last_reported}
-            last_reported = counter[0]
+            new = skipped.counts - reported
+            reported = Counter(skipped.counts)
+            yield {"image": images, "text": text, "skipped": sum(new.values()), "skipped_by_kind": dict(new)}
 
 
 def _shuffle(stream: Iterator, bufsize: int, rng: random.Random) -> Iterator:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -110,6 +111,7 @@ class ContrastiveTask(Task):
         check_model_name(cfg.model)
         ensure_model_configs()
         self.cfg, self.workers, self.data_seed, self.skip, self.skipped = cfg, cfg.workers, cfg.seed, 0, 0
+        self.skipped_by_kind: Counter = Counter()  # the reader's skip kinds (halsift.corpus.sample)
         self.last_metrics: dict = {}
 
     def accelerator_kwargs(self) -> dict:
@@ -182,6 +184,7 @@ class ContrastiveTask(Task):
     def loss(self, model, batch) -> torch.Tensor:
         device = self.accelerator.device
         self.skipped += int(batch["skipped"])
+        self.skipped_by_kind.update({k: int(v) for k, v in batch["skipped_by_kind"].items()})
         images = batch["image"].to(device, non_blocking=True)
         texts = batch["text"].to(device, non_blocking=True)
         return self.loss_fn(model(images, texts))
@@ -191,7 +194,8 @@ class ContrastiveTask(Task):
             model.logit_scale.clamp_(0, math.log(100))
 
     def log_values(self, model) -> dict:
-        return {"train/logit_scale": float(model.logit_scale.detach().exp()), "train/skipped_samples": self.skipped}
+        return {"train/logit_scale": float(model.logit_scale.detach().exp()), "train/skipped_samples": self.skipped,
+                **{f"train/skipped/{k}": n for k, n in sorted(self.skipped_by_kind.items())}}
 
     def due(self, step: int) -> tuple[bool, bool]:
         cfg, last = self.cfg, step == self.cfg.steps

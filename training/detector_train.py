@@ -58,21 +58,20 @@ def bench_examples(bench: str | os.PathLike, split: str) -> list[tuple[Any, int]
 
 
 def row_items(bench: str | os.PathLike, rows: list) -> list[Item]:
-    """Items (with the caption's preceding sentences as context, images decoded lazily on first use)."""
-    from halsift.corpus.bench import read_bench
+    """Items of ``rows`` (:func:`~halsift.corpus.sample.bench_items`: the caption's earlier sentences as context;
+    images decoded lazily on first use, from ``meta["image_path"]``)."""
+    import dataclasses
 
-    by_caption: dict[str, dict[int, str]] = {}
+    from halsift.corpus.bench import read_bench
+    from halsift.corpus.sample import bench_items
+
+    by_caption: dict[str, list] = {}
     for r in read_bench(bench):
-        by_caption.setdefault(r.caption_id, {})[r.position] = r.sentence
+        by_caption.setdefault(r.caption_id, []).append(r)
+    items = {it.key: it for caption in by_caption.values() for it in bench_items(caption)}
     root = Path(bench).parent
-    out = []
-    for r in rows:
-        sents = by_caption[r.caption_id]
-        ctx = [sents[p] for p in sorted(sents) if p < r.position]
-        out.append(Item(r.id, r.position, r.sentence, ctx, None, r.image_id,
-                        {"captioner": r.generator, "source": r.generator_type, "label": r.label,
-                         "image_path": str(root / r.image)}))
-    return out
+    return [dataclasses.replace(items[r.id], meta={**items[r.id].meta, "image_path": str(root / r.image)})
+            for r in rows]
 
 
 def readable_items(items: list[Item], labels: np.ndarray, skipped) -> tuple[list[Item], np.ndarray]:

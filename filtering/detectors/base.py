@@ -20,29 +20,14 @@ input error naming the detector and the capability) when it is absent.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from halsift.corpus.errors import InputError
+from halsift.corpus.sample import CAPTION_INDEX, Item  # noqa: F401 - re-exported: the scored unit lives in corpus
 
 if TYPE_CHECKING:
     from halsift.filtering.detectors.vlm_judge import VlmJudge
-
-CAPTION_INDEX = -1  # ``sentence_index`` of a whole-caption score (``unit="caption"``)
-
-
-@dataclass
-class Item:
-    """One thing to score: a sentence of a caption, with the caption's preceding sentences and its image."""
-
-    key: str  # sample key (shards) or row id (bench)
-    sentence_index: int  # position of the sentence in its caption; CAPTION_INDEX for a whole caption
-    sentence: str
-    context: list[str] = field(default_factory=list)  # the caption's sentences before this one
-    image: Any = None  # a PIL image (RGB); a uint8 [H, W, 3] RGB array for ``image_arrays`` detectors; None: text-only
-    image_id: str = ""  # items with the same image_id share one image (:func:`image_group`; else the key decides)
-    meta: dict = field(default_factory=dict)  # captioner, source, ground truth ("label", "types", "spans")
-
 
 @dataclass
 class Result:

@@ -178,7 +178,7 @@ def reference_images(path: str | None, n: int) -> list:
     import os
     from pathlib import Path
 
-    from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_sample, load_image_file
+    from halsift.corpus.images import ImageDecodeError, SkipCounter, load_image_file
 
     if int(n) < 1:
         raise ValueError(f"n_references={n!r}: expected an integer >= 1")
@@ -196,14 +196,11 @@ def reference_images(path: str | None, n: int) -> list:
             if len(images) == n:
                 break
     else:
-        from halsift.corpus.shards import iter_samples
+        from halsift.corpus.sample import read_samples
 
-        skipped = SkipCounter()
         try:
-            for sample in iter_samples(p, skipped):
-                img = decode_sample(sample, skipped)
-                if img is not None:
-                    images.append(img)
+            for sample in read_samples(p, SkipCounter()):
+                images.append(sample.image)
                 if len(images) == n:
                     break
         except FileNotFoundError:

@@ -28,12 +28,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from halsift.corpus.fingerprint import file_fingerprint, path_fingerprint, spec_fingerprint
-from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_sample, load_image_file
+from halsift.corpus.images import ImageDecodeError, SkipCounter, load_image_file
 from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name, scores_table, write_part_atomic
-from halsift.corpus.sentences import sentence_texts
-from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, write_json_atomic
-from halsift.filtering.detectors.base import CAPTION_INDEX, Detector, Item
+from halsift.corpus.sample import bench_items, read_shard, sample_items
+from halsift.corpus.shards import expand_shards, write_json_atomic
+from halsift.filtering.detectors.base import Detector, Item
 from halsift.filtering.scoring.prefetch import Prefetcher
 from halsift.filtering.scoring.part_records import PART_META_KEY, RECORDS, part_record
 from halsift.filtering.detectors.spec import load_detector
@@ -86,32 +86,6 @@ def plan_parts(data) -> tuple[list[Part], dict]:
     return parts, {"kind": "shards", "paths": [str(s.resolve()) for s in shards]}
 
 
-def _caption_label(labels: Sequence) -> str | None:
-    if not labels or any(lab is None for lab in labels):
-        return None
-    if "incorrect" in labels:
-        return "incorrect"
-    return "correct" if all(lab == "correct" for lab in labels) else "unknown"
-
-
-def _sample_items(sample, image, unit: str) -> list[Item]:
-    meta = sample.meta
-    sents = meta.get("sentences")
-    if isinstance(sents, list) and sents and all(isinstance(s, dict) and "text" in s for s in sents):
-        texts = [str(s["text"]) for s in sents]
-        gts = [{k: s[k] for k in ("label", "types", "spans") if k in s} for s in sents]
-    else:
-        texts, gts = sentence_texts(sample.caption), None
-        gts = [{} for _ in texts]
-    base = {"captioner": sample.captioner, "source": sample.source}
-    image_id = str(meta.get("image_id", sample.key))
-    if unit == "caption":
-        label = _caption_label([g.get("label") for g in gts])
-        m = {**base, **({"label": label} if label else {})}
-        return [Item(sample.key, CAPTION_INDEX, sample.caption, [], image, image_id, m)]
-    return [Item(sample.key, i, t, texts[:i], image, image_id, {**base, **g}) for i, (t, g) in enumerate(zip(texts, gts))]
-
-
 def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: bool = True,
                         draft: int | None = None, arrays: bool = False) -> Iterator[list[Item]]:
     """Yield the items of one caption at a time; bad samples are counted in ``skipped`` and left out. ``draft``:
@@ -135,32 +109,10 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
                         skipped.add(r.id, f"image {first.image}: {e.reason}", e.kind)
                     continue
                 last = (first.image, image)
-            texts = [r.sentence for r in rows]
-            yield [Item(r.id, r.position, r.sentence, texts[:i], image, r.image_id,
-                        {"captioner": r.generator, "source": r.generator_type, "label": r.label,
-                         "types": r.types, "spans": r.spans}) for i, r in enumerate(rows)]
+            yield bench_items(rows, image)
         return
-    try:
-        for sample in iter_shard(part.source, skipped):
-            if sample.meta.get("_bad_json"):
-                skipped.add(sample.key, "json member is not valid JSON", "corrupt")
-                continue
-            if decode:
-                image = decode_sample(sample, skipped, draft=draft, arrays=arrays)
-                if image is None:
-                    continue
-            else:
-                image = None
-                if not sample.caption.strip():
-                    skipped.add(sample.key, "empty caption", "empty_caption")
-                    continue
-            items = _sample_items(sample, image, unit)
-            if not items:
-                skipped.add(sample.key, "caption has no sentences", "empty_caption")
-                continue
-            yield items
-    except ShardFormatError as e:
-        skipped.add(Path(part.source).name, str(e), "corrupt_shard", n=e.lost or 1)
+    for sample in read_shard(part.source, skipped, decode=decode, draft=draft, arrays=arrays):
+        yield sample_items(sample, unit)
 
 
 def _batches(groups: Iterator[list[Item]], batch_size: int) -> Iterator[list[Item]]:

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from halsift.corpus.progress import progress
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.scores import read_part, read_scores, write_part_atomic
-from halsift.corpus.sentences import sentence_texts
+from halsift.corpus.sample import caption_label as _caption_label, sentences_of as _labels  # one rule (corpus)
 from halsift.corpus.shards import META_DEFAULTS, Sample, ShardFormatError, ShardWriter, iter_shard, write_json_atomic
 from halsift.filtering.detectors.base import CAPTION_INDEX
 from halsift.filtering.detectors.baselines import hash_uniform
@@ -226,22 +226,6 @@ def select_keys(scores: str | os.PathLike | pa.Table, *, keep: float | None = No
     info = {"score_rows": n_rows, "candidates": len(t), "selected": len(kept),
             "threshold_used": thresholds if per_captioner else thresholds.get("all")}
     return kept, info
-
-
-def _labels(meta: dict, caption: str) -> tuple[list[str], list[str | None], list[dict] | None]:
-    sents = meta.get("sentences")
-    if isinstance(sents, list) and sents and all(isinstance(s, dict) and "text" in s for s in sents):
-        return [str(s["text"]) for s in sents], [s.get("label") for s in sents], sents
-    texts = sentence_texts(caption)
-    return texts, [None] * len(texts), None
-
-
-def _caption_label(labels: list) -> str | None:
-    if not labels or any(x is None for x in labels):
-        return None
-    if "incorrect" in labels:
-        return "incorrect"
-    return "correct" if all(x == "correct" for x in labels) else "unknown"
 
 
 def _precision(c: Counter) -> float | None:
