@@ -31,7 +31,7 @@ def _test_bench(bench: Path) -> Path:
 def _caption_items(bench: Path, captions: int) -> list:
     """Scoring items of the first ``captions`` captions of ``bench``, as the scoring runner reads them."""
     from halsift.corpus.images import SkipCounter
-    from halsift.filtering.scoring.runner import iter_caption_groups, plan_parts
+    from halsift.filtering.scoring.parts import iter_caption_groups, plan_parts
 
     parts, _ = plan_parts(str(bench))
     groups = (g for part in parts for g in iter_caption_groups(part, "sentence", SkipCounter()))

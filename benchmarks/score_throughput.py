@@ -105,12 +105,12 @@ def bare_rate(spec: str, data: Path, batch: int, device: str, repeats: int = 3) 
     import torch
 
     from halsift.corpus.images import SkipCounter
-    from halsift.filtering.scoring.runner import _batches, iter_caption_groups, plan_parts
+    from halsift.filtering.scoring.parts import batches, iter_caption_groups, plan_parts
     from halsift.filtering.detectors.spec import load_detector
 
     det = load_detector(spec).to(device)
     parts, _ = plan_parts(str(data))
-    batches = [b for part in parts for b in _batches(iter_caption_groups(part, "sentence", SkipCounter()), batch)]
+    batches = [b for part in parts for b in batches(iter_caption_groups(part, "sentence", SkipCounter()), batch)]
     from halsift.filtering.detectors.clip import encode_text
 
     dtype = next(det.model.parameters()).dtype

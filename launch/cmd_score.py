@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
     config_from_args(ScoreConfig, args)  # the checks of ScoreConfig.validate, errors naming the flag
     from halsift.filtering.detectors.base import DetectorError
-    from halsift.filtering.scoring.runner import MANIFEST, RunMismatch, score
+    from halsift.filtering.scoring.parts import MANIFEST, RunMismatch
+    from halsift.filtering.scoring.runner import score
     from halsift.launch.score_engines import run_tasks, summary
 
     code = run_tasks(args)  # --num-tasks / a SLURM array task / --engine ray; None: the rank-split run below

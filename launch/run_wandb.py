@@ -55,7 +55,7 @@ def add_wandb_arguments(p: argparse.ArgumentParser) -> None:
 
 def score_metrics(manifest: dict, out: Path) -> tuple[list[dict], dict]:
     """(history: one row per part, summary) of a complete score folder."""
-    from halsift.filtering.scoring.runner import part_stats
+    from halsift.filtering.scoring.parts import part_stats
 
     rows = []
     for name in manifest.get("part_files", []):

@@ -45,7 +45,7 @@ def add_task_arguments(p: argparse.ArgumentParser) -> None:
 def run_tasks(args: argparse.Namespace) -> int | None:
     """Run the task / Ray form of ``score`` when asked for; ``None`` when the ordinary run applies."""
     from halsift.filtering.detectors.base import DetectorError
-    from halsift.filtering.scoring.runner import MANIFEST, RunMismatch
+    from halsift.filtering.scoring.parts import MANIFEST, RunMismatch
     from halsift.filtering.scoring.tasks import STALE_AFTER_S, TaskError, score_task, task_from_env
     from halsift.launch.cli import UsageError
 

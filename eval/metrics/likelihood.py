@@ -27,7 +27,7 @@ def bench_items(bench_path: str | os.PathLike, max_images: int | None = None, se
     """Labelled bench rows as detector items (with caption context and decoded images, one per image); with
     ``max_images`` only the rows of that many images (a seeded sample)."""
     from halsift.corpus.images import SkipCounter
-    from halsift.filtering.scoring.runner import iter_caption_groups, plan_parts
+    from halsift.filtering.scoring.parts import iter_caption_groups, plan_parts
 
     parts, _ = plan_parts(os.fspath(bench_path))
     items = [it for p in parts for g in iter_caption_groups(p, "sentence", SkipCounter()) for it in g

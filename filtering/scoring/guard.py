@@ -7,8 +7,8 @@
   scored in this process (one early failure does not stop a run), and over the whole folder at the end.
 * A run that scored nothing (every sample skipped) is not complete: one line with the skip counts by kind.
 
-:class:`ScoreGuard` checks results batch by batch (:class:`halsift.filtering.scoring.runner.PartRows` calls it);
-:func:`final_check` checks a finished folder's totals (``runner._finish_manifest``). Both raise
+:class:`ScoreGuard` checks results batch by batch (:class:`halsift.filtering.scoring.parts.PartRows` calls it);
+:func:`final_check` checks a finished folder's totals (``parts.finish_manifest``). Both raise
 :class:`ScoreError`, an input error: the CLI prints its one line and exits 2. A folder that fails the final check
 gets ``status: failed`` and the ``error`` in its manifest, so ``select`` refuses it; its parts are kept, so a rerun
 with another ``max_parse_failures`` finishes without rescoring.

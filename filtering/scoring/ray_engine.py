@@ -1,7 +1,7 @@
 """``halsift score --engine ray``: score the parts on a Ray cluster, one actor per GPU, parts dealt as actors free up.
 
 Ray is an optional extra (``pip install 'halsift[ray]'``), imported only here. The driver plans the parts
-(:func:`runner.plan_parts`), starts ``workers`` actors that each load the detector once, and hands the next unfinished
+(:func:`parts.plan_parts`), starts ``workers`` actors that each load the detector once, and hands the next unfinished
 part to whichever actor finishes first (dynamic load balancing: a slow node simply takes fewer parts). Each actor
 writes its part atomically into the same folder the other engines write, so ``select`` reads it as it is. When an
 actor dies (its node, or a SIGKILL), the driver starts a replacement and gives the part it held to the next free
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
-from halsift.filtering.scoring.runner import MANIFEST, Part, _finish_manifest, score_part
+from halsift.filtering.scoring.parts import MANIFEST, Part, finish_manifest, score_part
 from halsift.filtering.detectors.base import Detector
 from halsift.filtering.detectors.spec import load_detector
 from halsift.filtering.scoring.tasks import TaskError, part_done, start_solo_run, task_device
@@ -132,7 +132,7 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
     missing = [p.name for p in parts if not part_done(out, p, fps[p.name])]
     if missing:
         raise RuntimeError(f"{out}: parts {missing[:5]} were not written; rerun the same command to finish")
-    m = _finish_manifest(out, ident, parts, time.perf_counter() - t0, scored, resumed, n, t_scoring,
+    m = finish_manifest(out, ident, parts, time.perf_counter() - t0, scored, resumed, n, t_scoring,
                          max_parse_failures=max_parse_failures)
     m.update(engine="ray", workers=n, parts_redone=redone)
     write_json_atomic(out / MANIFEST, m)

@@ -1,6 +1,6 @@
 """Scoring as independent tasks: SLURM array tasks, Ray actors or plain processes sharing one score folder.
 
-No process group, no barrier: each task is one process that scores the parts (:func:`runner.plan_parts`) it can
+No process group, no barrier: each task is one process that scores the parts (:func:`parts.plan_parts`) it can
 *claim*, writes each finished part atomically into the same folder a single process would (so ``select`` reads it
 as it is, no merge step), and exits. Task ``i`` of ``n`` starts with its own share ``parts[i::n]`` and then takes
 any part no one holds (work stealing), so fast tasks absorb slow or dead ones and a rerun of any task finishes
@@ -34,8 +34,7 @@ from halsift.corpus.errors import InputError
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
 from halsift.corpus.fingerprint import spec_fingerprint
-from halsift.filtering.scoring.runner import (MANIFEST, Part, _check_or_start, _finish_manifest, part_fingerprints,
-                                     plan_parts, reusable, score_part)
+from halsift.filtering.scoring.parts import MANIFEST, Part, check_or_start, finish_manifest, part_fingerprints, plan_parts, reusable, score_part
 from halsift.filtering.detectors.spec import load_detector
 from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreGuard, check_rate
 
@@ -228,7 +227,7 @@ def part_done(out: Path, part: Part, fps: dict | None = None) -> bool:
 
 
 class _Solo:
-    """The accelerate-state surface :func:`runner._check_or_start` uses, for a lone task process."""
+    """The accelerate-state surface :func:`parts.check_or_start` uses, for a lone task process."""
 
     is_main_process = True
 
@@ -255,7 +254,7 @@ def start_solo_run(spec_or_detector, data, out_dir: str | os.PathLike, unit: str
     ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
     ident["detector_fp"] = spec_fingerprint(detector.spec)
     fps = part_fingerprints(parts, ident["detector_fp"])
-    _check_or_start(out, ident, _Solo)
+    check_or_start(out, ident, _Solo)
     return detector, out, parts, ident, fps
 
 
@@ -325,12 +324,12 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
 
 def finish_task_manifest(out: Path, ident: dict, parts: list[Part], wall: float, num_tasks: int,
                          resumed: int = 0, max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> dict:
-    """The complete manifest: the parts' own stats (:func:`runner._finish_manifest`) plus every task run's.
+    """The complete manifest: the parts' own stats (:func:`parts.finish_manifest`) plus every task run's.
     ``parts_resumed`` counts the parts that existed when the finishing task started."""
     runs = [json.loads(p.read_text()) for p in sorted((out / TASKS).glob("task-*.json"))]
     scored = sum(r["sentences"] for r in runs)
     span = (max(r["end"] for r in runs) - min(r["start"] for r in runs)) if runs else wall
-    m = _finish_manifest(out, ident, parts, wall, scored, resumed, num_tasks, t_scoring=span,
+    m = finish_manifest(out, ident, parts, wall, scored, resumed, num_tasks, t_scoring=span,
                          max_parse_failures=max_parse_failures)
     m.update(engine="tasks", num_tasks=num_tasks, task_runs=len(runs),
              parts_taken_over=sum(r.get("parts_taken_over", 0) for r in runs),

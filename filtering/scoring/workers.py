@@ -2,12 +2,12 @@
 (:meth:`~halsift.filtering.detectors.base.Detector.prepare`: preprocessing, tokenization) run in ``torch.utils.data``
 DataLoader workers, one part (shard) per worker at a time, while the main process only runs the model.
 
-The read-ahead thread of :func:`halsift.filtering.scoring.runner.score_part` overlaps that work with the model but shares
+The read-ahead thread of :func:`halsift.filtering.scoring.parts.score_part` overlaps that work with the model but shares
 the GIL with it; worker processes do not. Each worker streams its parts' batches as
 ``{"part", "rows", "prepared"}`` messages and ends each part with ``{"part", "end": True, "samples", "skipped"}``;
 the main process scores the batches as they come (parts interleave across workers) and writes a part, atomically,
 when its end arrives, so parts are written whole or not at all and a rerun resumes exactly as before. The parts'
-rows, scores and skip counts are the ones :func:`~halsift.filtering.scoring.runner.score_part` writes. Workers are forked
+rows, scores and skip counts are the ones :func:`~halsift.filtering.scoring.parts.score_part` writes. Workers are forked
 (the default on Linux): the detector is inherited, not pickled, and workers never touch its model. A worker ends
 when the main process dies, even by SIGKILL (:mod:`halsift.corpus.parent_watch`).
 
@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.parent_watch import ExitWithParent
 from halsift.filtering.detectors.base import Detector
-from halsift.filtering.scoring.runner import Counted, Part, PartRows, _batches, item_rows, iter_caption_groups
+from halsift.filtering.scoring.parts import Counted, Part, PartRows, batches, item_rows, iter_caption_groups
 from halsift.filtering.scoring.guard import ScoreGuard
 
 
@@ -98,7 +98,7 @@ class _PartStream(IterableDataset):
             skipped = SkipCounter(max_examples=1000)
             groups = Counted(iter_caption_groups(part, self.unit, skipped, draft=self.detector.decode_size,
                                                  arrays=self.detector.image_arrays))
-            for batch in _batches(groups, self.batch_size):
+            for batch in batches(groups, self.batch_size):
                 yield {"part": part.name, "rows": item_rows(batch), "prepared": _pack(self.detector.prepare(batch))}
             yield {"part": part.name, "end": True, "samples": groups.count, "skipped": skipped.to_json(),
                    "decode_s": time.perf_counter() - t0}

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_image
-from halsift.filtering.scoring.runner import Part, iter_caption_groups, plan_parts
+from halsift.filtering.scoring.parts import Part, iter_caption_groups, plan_parts
 
 KEY = re.compile(r"\b[km]\d\d\b")
 

@@ -13,7 +13,8 @@ from halsift.corpus.images import SkipCounter
 from halsift.synth.world import generate_world
 from halsift.filtering.detectors.base import Item
 from halsift.filtering.detectors.clip import ClipDetector
-from halsift.filtering.scoring.runner import iter_caption_groups, plan_parts, score_bench
+from halsift.filtering.scoring.parts import iter_caption_groups, plan_parts
+from halsift.filtering.scoring.runner import score_bench
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -
 
 from halsift.corpus.scores import read_scores_df  # noqa: E402
 from halsift.filtering.scoring.ray_engine import score_ray  # noqa: E402
-from halsift.filtering.scoring.runner import score  # noqa: E402
+from halsift.filtering.scoring.runner import score
 
 
 @pytest.fixture(scope="module")

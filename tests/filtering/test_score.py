@@ -18,7 +18,8 @@ from filtering_data import free_port, make_bench, make_corpus, reshard
 from scipy.stats import rankdata
 
 from halsift.corpus.scores import read_scores_df
-from halsift.filtering.scoring.runner import RunMismatch, score, score_bench
+from halsift.filtering.scoring.parts import RunMismatch
+from halsift.filtering.scoring.runner import score, score_bench
 from halsift.launch.cli import main
 
 ENV = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
@@ -164,7 +165,7 @@ def test_decode_workers_write_the_same_parts(tmp_path, capsys):
 
     import pyarrow.parquet as pq
 
-    from halsift.filtering.scoring.runner import part_stats
+    from halsift.filtering.scoring.parts import part_stats
 
     data = make_corpus(tmp_path / "data", shards=4, per_shard=3, corrupt={"s0_00004": "image"})
     for out, extra in ((tmp_path / "a", []), (tmp_path / "b", ["--decode-workers", "2"])):

@@ -67,7 +67,7 @@ def test_sigkill_of_score_takes_its_decode_worker_with_it(tmp_path):
     """A slow model (``delay``) and batches larger than a pipe: at the kill the worker has batches the dead main
     process will never read. Before: alive after 60 s. After: gone within seconds."""
     data = make_corpus(tmp_path / "c", shards=2, per_shard=40, seed=1)
-    cmd = [sys.executable, "-m", "halsift.launch.cli", "score", "--detector", "clip:arch=halsift-tiny,seed=0,delay=0.5",
+    cmd = [sys.executable, "-m", "halsift.launch.cli", "score", "--detector", "clip:arch=halsift-tiny,pretrained=random,seed=0,delay=0.5",
            "--data", str(data), "--out", str(tmp_path / "out"), "--batch-size", "16", "--decode-workers", "1",
            "--no-progress"]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -127,7 +127,7 @@ def test_merged_lora_clip_loads_in_plain_open_clip(tmp_path):
     from halsift.training.detector_config import DetectorTrainConfig
     from halsift.training.lora_clip import ClipTask
 
-    task = ClipTask(DetectorTrainConfig(base="clip:arch=halsift-tiny,seed=3"))
+    task = ClipTask(DetectorTrainConfig(base="clip:arch=halsift-tiny,pretrained=random,seed=3"))
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # a trained adapter: LoRA B is zero at init, which would merge into the base unchanged
         for n, p in task.peft.named_parameters():
@@ -138,5 +138,5 @@ def test_merged_lora_clip_loads_in_plain_open_clip(tmp_path):
     plain = _plain_open_clip(merged, image, tmp_path)
     ours = _halsift({"arch": "halsift-tiny", "checkpoint": str(merged / "open_clip_model.safetensors")}, image)
     _assert_same(plain, ours)
-    base = _halsift({"arch": "halsift-tiny", "seed": 3}, image)
+    base = _halsift({"arch": "halsift-tiny", "pretrained": "random", "seed": 3}, image)
     assert not np.allclose(base["txt"], ours["txt"], atol=1e-3)  # the adapter changed the model that was loaded
