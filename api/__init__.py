@@ -66,8 +66,9 @@ def score_pairs(images: Sequence[Any], captions: Sequence[str], detector: Any = 
 
     if len(images) != len(captions):
         raise ValueError(f"images and captions differ in length ({len(images)} vs {len(captions)})")
-    if unit not in ("sentence", "caption"):
-        raise ValueError(f"unit={unit!r}: expected 'sentence' or 'caption'")
+    from halsift.corpus.units import check_unit
+
+    check_unit(unit)
     det = load_detector(detector, device)
     items: list[Item] = []
     for i, (img, cap) in enumerate(zip(images, captions)):

@@ -6,24 +6,26 @@ import argparse
 from dataclasses import dataclass
 from typing import Literal
 
+from halsift.corpus.units import Unit
 from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
 from halsift.launch.describe import add_describe_argument
-from halsift.launch.run_wandb import WandbSettings
-from halsift.launch.score_engines import ScoreScaleConfig
+from halsift.launch.run_wandb import wandb_mode_field, wandb_project_field
 
+_G = {"group": "scale-out (independent tasks, SLURM arrays, Ray)"}
 HELP = "score shards or a bench.jsonl with a detector spec (sharded over ranks, resumable)"
 
 
 @dataclass
 class ScoreConfig:
-    """``halsift score``'s settings (the scale-out flags come from :mod:`halsift.launch.score_engines`)."""
+    """``halsift score``'s settings: one class for its flags, ``--describe``, docs/config.md and the recipe's
+    ``score:`` section (its ``unit``, ``batch_size`` and ``max_parse_failures``)."""
 
     detector: str = field("", help="detector spec or YAML file, e.g. clip:arch=ViT-B-32,pretrained=openai | "
                                    "random:seed=0 | oracle (`halsift score --describe`: the families' options)",
                           cli={"required": True, "metavar": "SPEC"})
     data: str = field("", help="shard folder / glob / brace pattern, or a bench.jsonl", cli={"required": True})
     out: str = field("", help="output folder: parquet parts + _manifest.json", cli={"required": True})
-    unit: Literal["sentence", "caption"] = field("sentence", help="score each sentence against its image (default) "
+    unit: Unit = field("sentence", help="score each sentence against its image (default) "
                                                                   "or the whole caption")
     batch_size: int = field(64, help="items per detector call")
     device: str | None = field(None, help="cpu, cuda, cuda:1 ... (default: the process's accelerate device)")
@@ -36,6 +38,24 @@ class ScoreConfig:
                                                 "parsable answer (a judge's reply, scored 50): checked after 200 "
                                                 "items and at the end; 1 turns the check off",
                                       cli={"metavar": "FRACTION"})
+    # scale-out: the task / Ray forms that replace the rank-split run (launch/score_engines.py)
+    num_tasks: int | None = field(None, help="run as one of N independent tasks sharing --out (default: "
+                                             "$SLURM_ARRAY_TASK_COUNT in an array job); the last task to finish "
+                                             "writes the complete manifest", cli={**_G, "metavar": "N"})
+    task_index: int | None = field(None, help="this task's index, 0..N-1 (default: $SLURM_ARRAY_TASK_ID - "
+                                              "$SLURM_ARRAY_TASK_MIN)", cli={**_G, "metavar": "I"})
+    claim_timeout: float | None = field(None, help="take over a part whose claim has had no heartbeat for S seconds "
+                                                   "(a dead node; default 600)", cli={**_G, "metavar": "S"})
+    engine: Literal["local", "ray"] = field("local", help="ray: score the parts on a Ray cluster, one actor per GPU, "
+                                                          "parts dealt as actors free up (pip install "
+                                                          "'halsift[ray]')", cli=_G)
+    address: str | None = field(None, help="--engine ray: the cluster to join, e.g. auto or ray://head:10001 "
+                                           "(default: a local one)", cli=_G)
+    workers: int | None = field(None, help="--engine ray: number of scoring actors (default: one per GPU of the "
+                                           "cluster, else per CPU)", cli=_G)
+    # logging: once the folder is complete (launch/run_wandb.py)
+    wandb: Literal["offline", "online"] | None = wandb_mode_field()
+    wandb_project: str = wandb_project_field()
 
     def validate(self) -> None:
         if self.batch_size < 1:
@@ -50,15 +70,11 @@ class ScoreConfig:
 
 
 CONFIG = ScoreConfig  # the settings (docs/config.md, --describe)
-MORE_CONFIGS = (ScoreScaleConfig, WandbSettings)  # its scale-out (launch/score_engines.py) and logging flags
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from halsift.launch.score_engines import add_task_arguments
-
     add_dataclass_arguments(p, ScoreConfig, config_file=False, defaults=True)
-    add_describe_argument(p, ScoreConfig, detectors=True, more=MORE_CONFIGS)
-    add_task_arguments(p)
+    add_describe_argument(p, ScoreConfig, detectors=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Literal
 
+from halsift.corpus.units import Agg, Unit
 from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
 from halsift.launch.describe import add_describe_argument
 from halsift.launch.run_wandb import wandb_mode_field, wandb_project_field
@@ -35,9 +36,9 @@ class SelectConfig:
     top_k: int | None = field(None, help="number of units to keep", cli={"exclusive": "amount"})
     threshold: float | None = field(None, help="keep units scoring at least this (0-100)",
                                     cli={"exclusive": "amount"})
-    unit: Literal["sentence", "caption"] = field("sentence", help="select image-sentence pairs (default) or whole "
+    unit: Unit = field("sentence", help="select image-sentence pairs (default) or whole "
                                                                   "captions")
-    agg: Literal["min", "mean", "prob", "prune"] = field(
+    agg: Agg = field(
         "min", help="unit caption: aggregate sentence scores by min/mean/product of probabilities, or prune (drop "
                     "low sentences, keep the rest of the caption)")
     per_captioner: bool = field(False, help="apply --keep/--top-k within each captioner (in memory only)")

@@ -64,8 +64,7 @@ def tables(cls: type, title: str, key_prefix: str = "", drop: tuple[str, ...] = 
 
 
 def command_configs() -> list[tuple[str, type]]:
-    """``(command, config class)`` of every command whose module names its class ``CONFIG`` (then its
-    ``MORE_CONFIGS``: the scale-out and logging flags)."""
+    """``(command, config class)`` of every command whose module names its class ``CONFIG``."""
     from halsift.launch.cli import COMMANDS
 
     found = []
@@ -74,7 +73,6 @@ def command_configs() -> list[tuple[str, type]]:
         cls = getattr(mod, "CONFIG", None)
         if cls is not None:
             found.append((" ".join(path), cls))
-        found += [(" ".join(path), extra) for extra in getattr(mod, "MORE_CONFIGS", ())]  # e.g. scale-out flags
     return found
 
 
@@ -101,11 +99,8 @@ def reference() -> str:
     out += ["## Commands", "",
             "Each key is also a flag: `batch_size` is `--batch-size`; a switch `x` is `--x` / `--no-x`. "
             "`train clip` and `train detector` also read these keys from `--config YAML`.", ""]
-    seen: dict[str, type] = {}
     for name, cls in command_configs():
-        extra = name in seen
-        seen.setdefault(name, cls)
-        out += tables(cls, f"`halsift {name}`" + (f" ({cls.__name__})" if extra else ""))
+        out += tables(cls, f"`halsift {name}`")
     out += ["## Detector specs", "",
             "`FAMILY[:key=value,...]` (values read as YAML: `seed=0` is an integer, `weights=[1,2]` a list; a text "
             "option may be given a number) or a YAML file `{family: ..., key: value}`. Each family's options are "

@@ -7,12 +7,15 @@ the pretrain stage produced or ``model.pretrained``) are substituted in detector
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
 from halsift.corpus.config import ConfigError, WandbMode, field, fields_of
 from halsift.corpus.safe_paths import safe_component
+from halsift.corpus.units import AGGS, Unit, check_unit
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
+from halsift.launch.cmd_score import ScoreConfig
 from halsift.launch.select_engines import captioner_field, source_field
 from halsift.synth.world_config import WorldSettings
 from halsift.training.clip_config import ClipTrainConfig
@@ -119,8 +122,14 @@ class TrainedDetectorCfg:
             raise ValueError(f"options.{fixed[0]}: set by the recipe, not an option")
 
 
+ScoreSection = fields_of(ScoreConfig, "ScoreSection",
+                         tuple(f.name for f in dataclasses.fields(ScoreConfig)
+                               if f.name not in ("unit", "batch_size", "max_parse_failures")),
+                         "`halsift score`'s settings a recipe's score section takes (same names, defaults, help)")
+
+
 @dataclass
-class ScoreCfg:
+class ScoreCfg(ScoreSection):
     detectors: dict[str, str] = field(
         default_factory=lambda: {"clip": "clip:arch={arch},checkpoint={base}", "random": "random:seed=0",
                                  "oracle": "oracle"},
@@ -128,10 +137,6 @@ class ScoreCfg:
              "ensembles, variants and detectors) becomes a folder: ASCII letters, digits, . _ - + @ =")
     ensembles: dict[str, list[str]] = field(default_factory=dict,
                                             help="ensemble name -> member detector names (mean of scores)")
-    unit: str = field("sentence", help="sentence | caption")
-    batch_size: int = field(64, help="sentences per detector batch")
-    max_parse_failures: float = field(0.2, help="stop when more than this share of a detector's items got no "
-                                                "parsable answer (score --max-parse-failures)")
 
     def validate(self) -> None:
         for where, names in (("score.detectors", self.detectors), ("score.ensembles", self.ensembles)):
@@ -146,8 +151,6 @@ class ScoreCfg:
         if both:
             raise ValueError(f"score.ensembles.{both[0]}: the name is already a detector (both would write "
                              f"score/{both[0]})")
-        if self.unit not in ("sentence", "caption"):
-            raise ValueError(f"score.unit: expected sentence or caption, got {self.unit!r}")
         for name, members in self.ensembles.items():
             missing = [m for m in members if m not in self.detectors]
             if missing or len(members) < 2:
@@ -177,10 +180,9 @@ def check_selection(where: str, keep: float | None, unit: str, agg: str, top_k: 
 
     if keep is not None and not 0 < keep <= 1:
         raise ValueError(f"{key('keep')}: expected a fraction in (0, 1], got {keep}")
-    if unit not in ("sentence", "caption"):
-        raise ValueError(f"{key('unit')}: expected sentence or caption, got {unit!r}")
-    if agg not in ("min", "mean", "prob", "prune"):
-        raise ValueError(f"{key('agg')}: expected min, mean, prob or prune, got {agg!r}")
+    check_unit(unit, key("unit"))
+    if agg not in AGGS:
+        raise ValueError(f"{key('agg')}: expected one of {', '.join(AGGS)}, got {agg!r}")
     if top_k is not None and top_k < 0:
         raise ValueError(f"{key('top_k')}: expected >= 0, got {top_k}")
     if threshold is not None and not 0 <= threshold <= 100:  # also refuses nan
@@ -221,7 +223,7 @@ class SelectCfg:
     top_k: int = field(0, help="keep this many units instead of the keep fraction (0 = keep a fraction)")
     threshold: float | None = field(None, help="keep the units scoring at least this (0-100) instead of the keep "
                                                "fraction (null = keep a fraction)")
-    unit: str = field("sentence", help="sentence (image-sentence pairs) | caption")
+    unit: Unit = field("sentence", help="sentence (image-sentence pairs) | caption")
     agg: str = field("min", help="caption unit: min | mean | prob (whole captions by aggregated score) | prune "
                                  "(keep the top sentences, write each caption with only its kept sentences)")
     per_captioner: bool = field(False, help="keep the same fraction within each captioner")

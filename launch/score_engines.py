@@ -1,45 +1,12 @@
 """``halsift score`` as independent tasks (``--num-tasks``/``--task-index``, or a SLURM array task's environment)
-or on Ray (``--engine ray``): the flags, and the run that replaces the rank-split one when they are given."""
+or on Ray (``--engine ray``): the run that replaces the rank-split one when their flags (``ScoreConfig``'s scale-out
+group) are given."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
 from pathlib import Path
-
-from halsift.corpus.config import field
-
-
-_G = {"group": "scale-out (independent tasks, SLURM arrays, Ray)"}
-
-
-@dataclass
-class ScoreScaleConfig:
-    """``halsift score``'s scale-out settings (docs/config.md lists them with the command's)."""
-
-    num_tasks: int | None = field(None, help="run as one of N independent tasks sharing --out (default: "
-                                             "$SLURM_ARRAY_TASK_COUNT in an array job); the last task to finish "
-                                             "writes the complete manifest", cli={**_G, "metavar": "N"})
-    task_index: int | None = field(None, help="this task's index, 0..N-1 (default: $SLURM_ARRAY_TASK_ID - "
-                                              "$SLURM_ARRAY_TASK_MIN)", cli={**_G, "metavar": "I"})
-    claim_timeout: float | None = field(None, help="take over a part whose claim has had no heartbeat for S seconds "
-                                                   "(a dead node; default 600)", cli={**_G, "metavar": "S"})
-    engine: str = field("local", help="ray: score the parts on a Ray cluster, one actor per GPU, parts dealt as "
-                                      "actors free up (pip install 'halsift[ray]')",
-                        cli={**_G, "choices": ("local", "ray")})
-    address: str | None = field(None, help="--engine ray: the cluster to join, e.g. auto or ray://head:10001 "
-                                           "(default: a local one)", cli=_G)
-    workers: int | None = field(None, help="--engine ray: number of scoring actors (default: one per GPU of the "
-                                           "cluster, else per CPU)", cli=_G)
-
-
-def add_task_arguments(p: argparse.ArgumentParser) -> None:
-    from halsift.corpus.config import add_dataclass_arguments
-    from halsift.launch.run_wandb import add_wandb_arguments
-
-    add_dataclass_arguments(p, ScoreScaleConfig, config_file=False, defaults=True)
-    add_wandb_arguments(p)  # --wandb [MODE], --wandb-project: logged by summary() once the folder is complete
 
 
 def run_tasks(args: argparse.Namespace) -> int | None:
@@ -50,6 +17,9 @@ def run_tasks(args: argparse.Namespace) -> int | None:
     from halsift.launch.cli import UsageError
 
     stale = STALE_AFTER_S if args.claim_timeout is None else args.claim_timeout
+    if args.decode_workers and (args.engine == "ray" or task_from_env(args.num_tasks, args.task_index) is not None):
+        raise UsageError("--decode-workers: not honoured by independent tasks (--num-tasks, a SLURM array) or "
+                         "--engine ray yet; drop it there (each task reads with its read-ahead thread)")
     if args.engine != "ray" and (args.address is not None or args.workers is not None):
         raise UsageError("--address/--workers: only with --engine ray")
     try:

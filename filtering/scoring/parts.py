@@ -26,7 +26,6 @@ from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreErr
 from halsift.filtering.scoring.part_records import PART_META_KEY, RECORDS, part_record
 from halsift.filtering.scoring.prefetch import Prefetcher
 
-UNITS = ("sentence", "caption")
 MANIFEST = "_manifest.json"
 _META_KEY = PART_META_KEY
 BENCH_CHUNK = 512  # captions per part when scoring a bench file

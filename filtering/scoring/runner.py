@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from halsift.corpus.units import UNITS
 from halsift.corpus.fingerprint import spec_fingerprint
 from halsift.corpus.progress import progress
 from halsift.corpus.scores import scores_table, write_part_atomic
@@ -32,7 +33,7 @@ from halsift.filtering.detectors.base import Detector
 from halsift.filtering.detectors.spec import load_detector
 from halsift.filtering.scoring.part_records import PART_META_KEY
 from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreError, ScoreGuard, check_rate
-from halsift.filtering.scoring.parts import (UNITS, Part, _is_bench, check_or_start, finish_manifest,
+from halsift.filtering.scoring.parts import (Part, _is_bench, check_or_start, finish_manifest,
                                             part_fingerprints, part_stats, plan_parts, reusable, score_part)
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from halsift.corpus.errors import InputError
+from halsift.corpus.units import UNITS
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
 from halsift.corpus.fingerprint import spec_fingerprint
@@ -267,8 +268,8 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     ``complete`` in the result is true when every part exists after this task (then ``_manifest.json`` is
     complete); ``held_by_live_tasks`` lists the missing parts that running tasks hold.
     """
-    if unit not in ("sentence", "caption"):
-        raise TaskError(f"unit={unit!r}: expected sentence or caption")
+    if unit not in UNITS:
+        raise TaskError(f"unit={unit!r}: expected one of {', '.join(UNITS)}")
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise TaskError("--num-tasks: each task is one process; do not run it under torchrun/accelerate launch")
     t0 = time.perf_counter()

@@ -29,10 +29,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from halsift.corpus.units import AGGS, UNITS
 from halsift.corpus.safe_paths import remove_tree
 from halsift.filtering.detectors.base import CAPTION_INDEX
 from halsift.filtering.detectors.baselines import hash_uniform
-from halsift.filtering.selection.select import AGGS, UNITS, SelectError
+from halsift.filtering.selection.select import SelectError
 
 MEMORY_LIMIT = "1GB"
 BY_PART = "_kept_by_part.parquet"

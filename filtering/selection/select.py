@@ -41,6 +41,7 @@ from halsift.corpus.progress import progress
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.scores import read_part, read_scores, write_part_atomic
 from halsift.corpus.sample import caption_label as _caption_label, sentences_of as _labels  # one rule (corpus)
+from halsift.corpus.units import AGGS, UNITS
 from halsift.corpus.shards import META_DEFAULTS, Sample, ShardFormatError, ShardWriter, iter_shard, write_json_atomic
 from halsift.filtering.detectors.base import CAPTION_INDEX
 from halsift.filtering.detectors.baselines import hash_uniform
@@ -48,8 +49,6 @@ from halsift.filtering.selection.score_folder import ScoreFolder, SelectError, c
 from halsift.filtering.selection.guard import (clear_outputs, prepare, remove_selection,
                                             write_outputs)
 
-UNITS = ("sentence", "caption")
-AGGS = ("min", "mean", "prob", "prune")
 
 
 def load_scores(scores: str | os.PathLike, detector: str | None = None, allow_partial: bool = False,

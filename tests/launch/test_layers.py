@@ -27,7 +27,7 @@ def _lint(src: Path = ROOT) -> subprocess.CompletedProcess:
 def test_the_layer_contracts_hold():
     done = _lint()
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 kept, 0 broken" in done.stdout
+    assert "3 kept, 0 broken" in done.stdout
 
 
 @pytest.mark.parametrize("folder, line, broken", [
@@ -45,4 +45,27 @@ def test_an_upward_import_breaks_a_contract(tmp_path, folder, line, broken):
     (tmp_path / folder / "bad.py").write_text(line + "\n")
     done = _lint(tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "1 broken" in done.stdout and broken in done.stdout, done.stdout
+    assert " broken." in done.stdout and broken in done.stdout, done.stdout  # an upward import is also a cycle
+
+
+@pytest.mark.parametrize("folder, files, cycle", [
+    # two modules of one package importing each other (one of them inside a function)
+    ("filtering", {"cyc_a.py": "from halsift.filtering import cyc_b\n",
+                   "cyc_b.py": "def f():\n    from halsift.filtering import cyc_a\n"}, "No cycles are allowed in halsift.filtering"),
+    # two sibling packages through their modules: eval.metrics -> eval.report -> eval.metrics
+    ("eval", {"metrics/cyc.py": "import halsift.eval.report.markdown\n",
+              "report/cyc.py": "import halsift.eval.metrics.detection\n"}, "No cycles are allowed in halsift.eval"),
+])
+def test_an_import_cycle_breaks_the_acyclic_contract(tmp_path, folder, files, cycle):
+    """No import cycles at any level (import-linter's acyclic_siblings): a cycle between modules or between sibling
+    packages is reported; imports under TYPE_CHECKING do not count."""
+    for f in FOLDERS:
+        if f == folder:
+            shutil.copytree(ROOT / f, tmp_path / f, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (tmp_path / f).symlink_to(ROOT / f, target_is_directory=True)
+    for name, text in files.items():
+        (tmp_path / folder / name).write_text(text)
+    done = _lint(tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 broken" in done.stdout and cycle in done.stdout, done.stdout
