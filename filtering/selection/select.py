@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.progress import progress
 from halsift.corpus.images import SkipCounter
+from halsift.corpus.percent import SCALE, percent
 from halsift.corpus.scores import read_part, read_scores, write_part_atomic
 from halsift.corpus.sentences import sentence_texts
 from halsift.corpus.shards import META_DEFAULTS, Sample, ShardFormatError, ShardWriter, write_json_atomic
@@ -245,8 +246,9 @@ def _caption_label(labels: list) -> str | None:
 
 
 def _precision(c: Counter) -> float | None:
+    """Share of correct among the labelled (correct + incorrect) units, as a percentage (0–100)."""
     denom = c["correct"] + c["incorrect"]
-    return round(c["correct"] / denom, 6) if denom else None
+    return percent(c["correct"] / denom, 4) if denom else None
 
 
 def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, keep: float | None = None,
@@ -376,6 +378,7 @@ class KeptCounts:
         caps = sorted(set(self.inp) | set(self.units))
         return {"kept_units": sum(self.units.values()), "source_samples_kept": sum(self.samples.values()),
                 "kept_units_per_captioner": {c: self.units[c] for c in caps},
+                "scale": SCALE,  # the precision fields are percentages (manifests without it: shares, 0–1)
                 "precision": {"input": _precision(total_in), "kept": _precision(total_kept),
                               **{f"input/{c}": _precision(self.inp[c]) for c in caps},
                               **{f"kept/{c}": _precision(self.got[c]) for c in caps}},
