@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
         prec = [per_seed[s].get(f"{n}/kept_precision") for s in args.seeds]
         auc = [per_seed[s].get(f"{n}/auroc/mean") for s in args.seeds]
-        fmt = (lambda xs, scale=1.0: f"{scale * statistics.mean(xs):.1f}" if all(x is not None for x in xs) else "–")
+        fmt = (lambda xs: f"{statistics.mean(xs):.1f}" if all(x is not None for x in xs) else "–")
         print(f"| {n} | {' | '.join(f'{v:.1f}' for v in vals)} | {statistics.mean(vals):.1f} ± {sd:.1f} | "
-              f"{fmt(prec, 100.0)} | {fmt(auc)} |")
+              f"{fmt(prec)} | {fmt(auc)} |")
     print("\nstage wall time (s)\n")
     stages = list(next(iter(walls.values())))
     print(f"| seed | {' | '.join(stages)} | total |")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .bench import LABELS, TYPES, iter_bench
 from .images import SkipCounter
+from .percent import percent
 from .shards import expand_shards, iter_shard
 
 TOTAL = "all"
@@ -68,7 +69,7 @@ def _records(path: str | os.PathLike, skipped: Counter) -> tuple[str, Iterator[t
 
 
 def _pct(a: int, b: int) -> float:
-    return round(100.0 * a / b, 2) if b else 0.0
+    return percent(a / b, 2) if b else 0.0
 
 
 def stats(path: str | os.PathLike) -> dict:
@@ -141,7 +142,7 @@ def format_table(st: dict, max_positions: int = 8) -> str:
                 if int(k) == p or (p == max_positions and int(k) > p):
                     lab += c
                     inc += gens[n]["incorrect_by_position"][k]
-            cells.append(f"{100 * inc / lab:.1f}" if lab else "-")
+            cells.append(f"{percent(inc / lab):.1f}" if lab else "-")
         label = f"  incorrect % at #{p + 1}" + ("+" if p == max_positions else "")
         rows.append((label, cells))
     head_w = max(len(r[0]) for r in rows)

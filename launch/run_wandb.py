@@ -76,7 +76,11 @@ def score_metrics(manifest: dict, out: Path) -> tuple[list[dict], dict]:
 
 
 def select_metrics(manifest: dict) -> dict:
-    """The summary of a complete selection (in-memory or resumable manifest)."""
+    """The summary of a complete selection (in-memory or resumable manifest); precision 0–100 whatever the
+    manifest's age (:func:`halsift.filtering.selection.manifest_scale.on_percent_scale`)."""
+    from halsift.filtering.selection.manifest_scale import on_percent_scale
+
+    manifest = on_percent_scale(manifest)
     cand, kept = manifest.get("candidates") or 0, manifest.get("kept_units", 0)
     skipped = manifest.get("skipped", {}).get("total") if "skipped" in manifest else \
         manifest.get("skipped_samples", {}).get("count", 0)

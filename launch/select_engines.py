@@ -23,17 +23,24 @@ def source_field():
                              "a real image)")
 
 
+def _pct(v) -> str:
+    return f"{v:.1f}%" if isinstance(v, (int, float)) else "n/a"
+
+
 def summary_line(m: dict) -> str:
-    """One line on a select manifest: units kept, precision in -> kept (and of the sentences, for whole captions),
-    keys found on one side only, skipped samples by kind."""
+    """One line on a select manifest: units kept, precision in -> kept (0–100, and of the sentences, for whole
+    captions), keys found on one side only, skipped samples by kind."""
+    from halsift.filtering.selection.manifest_scale import on_percent_scale
+
+    m = on_percent_scale(m)
     k, prec, sent = m["keys"], m["precision"], m.get("sentence_precision") or {}
-    sentences = (f" (sentences {sent.get('input')} -> {sent.get('kept')})"
+    sentences = (f" (sentences {_pct(sent.get('input'))} -> {_pct(sent.get('kept'))})"
                  if sent and (sent.get("input"), sent.get("kept")) != (prec["input"], prec["kept"]) else "")
     skipped = m.get("skipped", {})
     kinds = ", ".join(f"{kind}={n}" for kind, n in skipped.get("by_kind", {}).items())
     return (f"kept {m['kept_units']} of {m['candidates']} units ({m['samples_written']} samples written); "
-            f"precision {prec['input']} -> {prec['kept']}{sentences}; keys only in shards {k['only_in_shards']}, "
-            f"only in scores {k['only_in_scores']}"
+            f"precision {_pct(prec['input'])} -> {_pct(prec['kept'])}{sentences}; "
+            f"keys only in shards {k['only_in_shards']}, only in scores {k['only_in_scores']}"
             + (f"; {skipped.get('total')} sample(s) skipped" if "total" in skipped else "")
             + (f" ({kinds})" if kinds else ""))
 

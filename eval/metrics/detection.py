@@ -1,7 +1,8 @@
 """Sentence-level detection metrics of AlignBench / HalDec-Bench (pure functions on arrays and DataFrames).
 
 Conventions (the papers' Table 3 / Table 2): scores are 0–100, higher = more likely correct; AUROC is reported on
-a 0–100 scale with the positive class = ``correct``; rows labelled ``unknown`` are excluded. A *scored bench*
+a 0–100 scale with the positive class = ``correct``, and so are precision, base rate and the failure and incorrect
+rates (percentages); rows labelled ``unknown`` are excluded. A *scored bench*
 DataFrame has at least the columns ``generator``, ``generator_type`` (i2t|t2i), ``label`` and ``score``; some
 metrics also use ``position``, ``types``, ``image_id`` and ``parsed``.
 """
@@ -15,8 +16,9 @@ import pandas as pd
 from sklearn.metrics import roc_auc_score
 
 from halsift.corpus.errors import InputError
+from halsift.corpus.percent import percent
 
-PARSE_FAILURE_LIMIT = 0.05  # the papers list only detectors whose parse-failure rate is below 5%
+PARSE_FAILURE_LIMIT = 5.0  # % : the papers list only detectors whose parse-failure rate is below 5%
 
 
 class MetricError(InputError):
@@ -115,11 +117,11 @@ def auroc_by_generator(df: pd.DataFrame) -> dict[str, float]:
 
 
 def failure_rate(parsed: Sequence[bool] | np.ndarray) -> float:
-    """Share of sentences whose judge output could not be parsed (score fell back to 50)."""
+    """Percentage (0–100) of sentences whose judge output could not be parsed (score fell back to 50)."""
     p = np.asarray(parsed, dtype=bool)
     if p.size == 0:
         raise MetricError("failure_rate: no scores")
-    return float(1.0 - p.mean())
+    return percent(1.0 - p.mean())
 
 
 def _types_column(df: pd.DataFrame) -> pd.Series:
@@ -144,8 +146,8 @@ def mean_score_by_type(df: pd.DataFrame, types: Iterable[str] | None = None) -> 
 
 def score_by_position(df: pd.DataFrame) -> pd.DataFrame:
     """Per sentence position (0-based): mean score of correct and of incorrect sentences (Fig. 7) and the
-    incorrect rate (Fig. E). Columns: ``position``, ``n_correct``, ``n_incorrect``, ``mean_correct``,
-    ``mean_incorrect``, ``incorrect_rate``. A mean over no sentence is NaN (shown as n/a in reports)."""
+    incorrect rate (Fig. E; % of the labelled sentences, 0–100). Columns: ``position``, ``n_correct``,
+    ``n_incorrect``, ``mean_correct``, ``mean_incorrect``, ``incorrect_rate``. A mean over no sentence is NaN (shown as n/a in reports)."""
     d = labelled(df)
     rows = []
     for pos, g in d.groupby("position", sort=True):
@@ -154,16 +156,16 @@ def score_by_position(df: pd.DataFrame) -> pd.DataFrame:
         rows.append({"position": int(pos), "n_correct": len(c), "n_incorrect": len(i),
                      "mean_correct": float(c.mean()) if len(c) else float("nan"),
                      "mean_incorrect": float(i.mean()) if len(i) else float("nan"),
-                     "incorrect_rate": len(i) / len(g)})
+                     "incorrect_rate": percent(len(i) / len(g))})
     return pd.DataFrame(rows, columns=["position", "n_correct", "n_incorrect", "mean_correct", "mean_incorrect",
                                        "incorrect_rate"])
 
 
 def precision_at_keep(df: pd.DataFrame, keep: float = 0.2) -> pd.DataFrame:
-    """Per generator: precision (share correct = 1 − noise rate) of the top ``keep`` share of sentences by score,
+    """Per generator: precision (% correct = 100 − noise rate) of the top ``keep`` share of sentences by score,
     vs the base rate of correct sentences (HalDec Fig. 8). ``ceil(keep * n)`` sentences are kept; sentences tied
     at the cut are taken in expectation over a random tie-break (so a judge's fallback score 50 favours no row).
-    Columns: ``generator``, ``n``, ``n_kept``, ``precision``, ``base_rate`` (both 0–1)."""
+    Columns: ``generator``, ``n``, ``n_kept``, ``precision``, ``base_rate`` (both percentages, 0–100)."""
     if not 0 < keep <= 1:
         raise MetricError(f"keep: expected a share in (0, 1], got {keep}")
     d = labelled(df)
@@ -175,8 +177,8 @@ def precision_at_keep(df: pd.DataFrame, keep: float = 0.2) -> pd.DataFrame:
         cut = np.sort(s)[::-1][k - 1]
         above, tied = s > cut, s == cut
         hits = y[above].sum() + (k - above.sum()) * y[tied].mean()
-        rows.append({"generator": gen, "n": len(g), "n_kept": k, "precision": float(hits / k),
-                     "base_rate": float(y.mean())})
+        rows.append({"generator": gen, "n": len(g), "n_kept": k, "precision": percent(hits / k),
+                     "base_rate": percent(y.mean())})
     return pd.DataFrame(rows, columns=["generator", "n", "n_kept", "precision", "base_rate"])
 
 

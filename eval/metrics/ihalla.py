@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from halsift.corpus.errors import InputError
+from halsift.corpus.percent import percent
 
 LETTERS = "ABCDE"
 NONE_CHOICE = "None of the above"
@@ -242,10 +243,10 @@ def prompt_scores(answers: pd.DataFrame) -> pd.DataFrame:
 
 
 def ihalla_scores(answers: pd.DataFrame) -> pd.DataFrame:
-    """Per generator: I-HallA (Eq. 1), I-HallA† (strict), number of prompts and parse failure rate."""
+    """Per generator: I-HallA (Eq. 1), I-HallA† (strict), number of prompts and parse failure rate (%, 0–100)."""
     ps = prompt_scores(answers)
     out = ps.groupby("generator").agg(ihalla=("score", "mean"), strict=("strict", "mean"), prompts=("score", "size"))
-    out["failure_rate"] = 1.0 - answers.groupby("generator")["parsed"].mean()
+    out["failure_rate"] = (1.0 - answers.groupby("generator")["parsed"].mean()).map(percent)
     return out
 
 
@@ -264,8 +265,9 @@ def correlations(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
 
 def ihalla_metrics(answers: pd.DataFrame, reference: pd.DataFrame | None = None) -> dict[str, float]:
     """Flat metrics: ``ihalla/<gen>``, ``ihalla_strict/<gen>``, ``ihalla/<gen>/coi/<coi>``,
-    ``ihalla/<gen>/category/<cat>``, ``failure_rate[/<gen>]``, and with ``reference`` (columns generator,
-    prompt_id, reference) the per-image ``correlation/{pearson,spearman,kendall}``."""
+    ``ihalla/<gen>/category/<cat>`` (scores on the paper's 0–1 scale), ``failure_rate[/<gen>]`` (%, 0–100), and
+    with ``reference`` (columns generator, prompt_id, reference) the per-image
+    ``correlation/{pearson,spearman,kendall}``."""
     if answers.empty:
         raise ValueError("ihalla_metrics: no answers (no prompt had an image for any generator)")
     m: dict[str, float] = {}
@@ -276,11 +278,11 @@ def ihalla_metrics(answers: pd.DataFrame, reference: pd.DataFrame | None = None)
         m[f"failure_rate/{gen}"] = r["failure_rate"]
     m["ihalla/mean"] = float(sc["ihalla"].mean())
     m["ihalla_strict/mean"] = float(sc["strict"].mean())
-    m["failure_rate"] = float(1.0 - answers["parsed"].mean())
+    m["failure_rate"] = percent(1.0 - answers["parsed"].mean())
     if "official_pred" in answers:  # replies read from a file: how often the official parser reads another letter
         ours, off = answers["pred"].fillna(""), answers["official_pred"].fillna("")
         m["parse/differs_from_official"] = float((ours != off).sum())
-        m["parse/official_correct_rate"] = float((off == answers["gold"]).mean())
+        m["parse/official_correct_rate"] = percent((off == answers["gold"]).mean())
     for (gen, coi), v in answers.groupby(["generator", "coi"])["correct"].mean().items():
         m[f"ihalla/{gen}/coi/{coi}"] = float(v)
     ps = prompt_scores(answers)

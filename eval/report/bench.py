@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from halsift.corpus.atomic import atomic_file, write_text_atomic
+from halsift.eval.metrics.detection import PARSE_FAILURE_LIMIT
 from halsift.eval.report.markdown import NA, fmt
 from halsift.eval.report.markdown import md_table as _table
 
@@ -52,8 +53,8 @@ def auroc_table(bench: pd.DataFrame, results: Sequence) -> str:
         for key in ("auroc/i2t", "auroc/t2i", "auroc/mean"):
             v, ci = res.aurocs.get(key), res.cis.get(key)
             cells.append(f"{_fmt(v)} ({_fmt(ci[0])}–{_fmt(ci[1])})" if ci and v is not None else _fmt(v))
-        flag = " ⚠" if res.failure_rate > 0.05 else ""
-        cells.append(_fmt(100 * res.failure_rate) + flag)
+        flag = " ⚠" if res.failure_rate > PARSE_FAILURE_LIMIT else ""
+        cells.append(_fmt(res.failure_rate) + flag)
         rows.append(cells)
     return _table(header, rows)
 
@@ -139,7 +140,7 @@ def _position_plot(plt, results: Sequence):
     axes[0].set_ylabel("mean score")
     axes[0].legend(fontsize=7)
     bpos = results[0].positions
-    axes[1].bar(bpos["position"] + 1, 100 * bpos["incorrect_rate"])
+    axes[1].bar(bpos["position"] + 1, bpos["incorrect_rate"])
     axes[1].set_xlabel("sentence position")
     axes[1].set_ylabel("incorrect sentences (%)")
     return fig
@@ -178,11 +179,11 @@ def _precision_plot(plt, gens: list[str], results: Sequence, keep: float):
     width = _bar_width(results)
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(gens) + 2), 3.8))
     prec0 = results[0].precision.set_index("generator")
-    ax.bar(x - 0.4 + width / 2, [100 * prec0["base_rate"].get(g, np.nan) for g in gens], width * 0.9,
+    ax.bar(x - 0.4 + width / 2, [prec0["base_rate"].get(g, np.nan) for g in gens], width * 0.9,
            color="lightgray", label="base rate")
     for res in results:
         pr = res.precision.set_index("generator")
-        ax.plot(x, [100 * pr["precision"].get(g, np.nan) for g in gens], marker="o", ls="", label=res.name)
+        ax.plot(x, [pr["precision"].get(g, np.nan) for g in gens], marker="o", ls="", label=res.name)
     ax.set_xticks(x, gens, rotation=30, ha="right")
     ax.set_ylabel(f"precision of top {100 * keep:g}% (%)")
     ax.legend(fontsize=7)
@@ -264,9 +265,11 @@ def write_report(out_dir: str | os.PathLike, bench: pd.DataFrame, results: Seque
           f"{bench['image_id'].nunique()} images, {len(gens)} generators. AUROC on a 0–100 scale, positive class "
           "= correct; 95% CIs by bootstrap over images.", "",
           "## AUROC per generator (Table 3)", "", auroc_table(bench, results), ""]
-    md += ["## Parse failures", "", _table(["Detector", "scored", "missing", "failure rate %", "> 5%"],
-                                           [[r.name, len(r.scored), r.n_missing, _fmt(100 * r.failure_rate, 2),
-                                             "yes" if r.failure_rate > 0.05 else "no"] for r in results]), ""]
+    md += ["## Parse failures", "", _table(["Detector", "scored", "missing", "failure rate %",
+                                            f"> {PARSE_FAILURE_LIMIT:g}%"],
+                                           [[r.name, len(r.scored), r.n_missing, _fmt(r.failure_rate, 2),
+                                             "yes" if r.failure_rate > PARSE_FAILURE_LIMIT else "no"]
+                                            for r in results]), ""]
     loc = localization_md(bench, results)
     if loc:
         md += ["## Hallucinated segment localization, AP / mIoU % (Table 5)", "", loc, ""]
@@ -278,7 +281,7 @@ def write_report(out_dir: str | os.PathLike, bench: pd.DataFrame, results: Seque
         cells = [g, t]
         for res in results:
             pr = res.precision.set_index("generator")
-            cells.append(f"{_fmt(100 * pr.at[g, 'precision'])} (base {_fmt(100 * pr.at[g, 'base_rate'])})"
+            cells.append(f"{_fmt(pr.at[g, 'precision'])} (base {_fmt(pr.at[g, 'base_rate'])})"
                          if g in pr.index else NA)
         rows.append(cells)
     md += [f"## Precision of the top {100 * keep:g}% kept sentences (HalDec Fig. 8)", "",
@@ -295,7 +298,7 @@ def write_report(out_dir: str | os.PathLike, bench: pd.DataFrame, results: Seque
             pos_rows.append([res.name, lab] + [_fmt(p.at[i, f"mean_{lab}"]) if i in p.index else NA
                                                for i in range(max_pos + 1)])
     bp = results[0].positions.set_index("position")
-    pos_rows.append(["(bench)", "incorrect rate %"] + [_fmt(100 * bp.at[i, "incorrect_rate"]) if i in bp.index
+    pos_rows.append(["(bench)", "incorrect rate %"] + [_fmt(bp.at[i, "incorrect_rate"]) if i in bp.index
                                                        else NA for i in range(max_pos + 1)])
     md += ["## Mean score by sentence position (Fig. 7)", "",
            _table(["Detector", "label"] + [str(i + 1) for i in range(max_pos + 1)], pos_rows), ""]

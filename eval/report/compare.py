@@ -16,6 +16,7 @@ import numpy as np
 
 from halsift.corpus.atomic import write_text_atomic
 from halsift.eval.metrics.retrieval import ranks_key
+from halsift.filtering.selection.manifest_scale import on_percent_scale
 
 NOT_DETECTORS = ("oracle", "random", "no-tune", "unfiltered")  # bounds and baselines: never the "best filter"
 REFERENCES = (("random", "delta_random"), ("no-tune", "delta_no_tune"))  # what the best filter is compared with
@@ -29,8 +30,9 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def _kept_precision(manifest: Mapping) -> float | None:
-    """Share of correct sentences in what a selection kept (``sentence_precision``, whatever its unit; older
-    manifests: ``precision``)."""
+    """Percentage (0–100) of correct sentences in what a selection kept (``sentence_precision``, whatever its unit;
+    older manifests: ``precision``; manifests of shares read as percentages)."""
+    manifest = on_percent_scale(manifest)
     for key in ("sentence_precision", "precision", "kept_precision"):
         v = manifest.get(key)
         if isinstance(v, (int, float)):
@@ -43,7 +45,8 @@ def _kept_precision(manifest: Mapping) -> float | None:
 
 
 def _input_precision(manifests: Mapping[str, Mapping]) -> float | None:
-    for m in manifests.values():
+    """Percentage (0–100) of correct sentences in the unfiltered corpus, from the first manifest that has it."""
+    for m in map(on_percent_scale, manifests.values()):
         for key in ("input_precision",):
             if isinstance(m.get(key), (int, float)):
                 return float(m[key])
@@ -270,8 +273,7 @@ def table_cells(rows: list[dict], sets: Sequence[str], k: int = 5) -> tuple[list
             for d in ("i2t", "t2i"):
                 cells.append(_fmt(row[f"{s}/{d}/r@{k}"], row[f"{s}/{d}/r@{k}/std"]))
         cells += [_fmt(row[f"r@{k}"], row[f"r@{k}/std"]), _fmt_delta(row, *REFERENCES[0], k)]
-        prec = row["kept_precision"]
-        cells += [_fmt(row["auroc/mean"]), _fmt(100 * prec if np.isfinite(prec) else prec),
+        cells += [_fmt(row["auroc/mean"]), _fmt(row["kept_precision"]),
                   str(row["kept"]) if row["kept"] is not None else "–", str(row["seeds"])]
         body.append(cells)
     return head, body
@@ -282,8 +284,8 @@ def table_caption(k: int = 5, bench_split: str = "") -> str:
     return ("Fine-tuned CLIP retrieval per filter (HalDec Table F), with each filter's sentence-level detection "
             f"AUROC on the benchmark{f' ({bench_split} split)' if bench_split else ''} and the precision "
             "(share of correct sentences) of what it kept. "
-            f"R@k on a 0–100 scale, mean ± std over fine-tuning seeds. R@{k}: mean over retrieval sets of the mean "
-            f"of i2t and t2i R@{k}; Δ vs random: its difference to `random` in R@{k} points, with the 95% bootstrap "
+            f"AUROC, R@k and precision on a 0–100 scale; R@k mean ± std over fine-tuning seeds. R@{k}: mean over "
+            f"retrieval sets of the mean of i2t and t2i R@{k}; Δ vs random: its difference to `random` in R@{k} points, with the 95% bootstrap "
             "CI in brackets (or ± the seeds' std where there are no per-query ranks).")
 
 
@@ -306,7 +308,7 @@ def render_markdown(title: str, rows: list[dict], sets: Sequence[str], input_pre
     lines = [f"# Compare filters: {title}", "", headline(rows, sets, k, n_boot), "",
              table_caption(k, bench_split), ""]
     if input_precision is not None:
-        lines += [f"Precision of the unfiltered corpus: {100 * input_precision:.1f}%.", ""]
+        lines += [f"Precision of the unfiltered corpus: {input_precision:.1f}%.", ""]
     lines += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     lines += ["| " + " | ".join(cells) + " |" for cells in body]
     lines += ["", spearman_sentence(rows, k, spearman)]
@@ -376,7 +378,7 @@ def plot_dose_response(rows: list[dict], out: Path, k: int = 5) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(5, 3.8))
     if pts:
-        x = np.array([100 * r["kept_precision"] for r in pts])
+        x = np.array([r["kept_precision"] for r in pts])
         y = np.array([r[f"{tag}/r@{k}"] for r in pts])
         spans = [_interval(r, tag, k) for r in pts]
         yerr = np.abs(np.array([sp[:2] for sp in spans]) - y[:, None]).T
@@ -462,7 +464,7 @@ def write_html(title: str, rows: list[dict], sets: Sequence[str], out: Path, k: 
     head, body = table_cells(rows, sets, k)
     notes = [table_caption(k, bench_split)]
     if input_precision is not None:
-        notes.append(f"Precision of the unfiltered corpus: {100 * input_precision:.1f}%.")
+        notes.append(f"Precision of the unfiltered corpus: {input_precision:.1f}%.")
     if rows:
         notes.append(spearman_sentence(rows, k, spearman))
     table = {"caption": "Fine-tuned CLIP retrieval per filter (HalDec Table F); 'kept' / 'dropped' open that "

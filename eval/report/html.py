@@ -322,7 +322,7 @@ def bench_tables(metrics: Mapping[str, float], detectors: Sequence[str],
     if pos:
         rows = [[d, lab, *[_f(metrics.get(f"{prefix(d)}position/{i}/{lab}")) for i in pos]]
                 for d in dets for lab in ("correct", "incorrect")]
-        rows.append(["(bench)", "incorrect %", *[_f(100 * metrics[f"bench/incorrect_rate/{i}"])
+        rows.append(["(bench)", "incorrect %", *[_f(metrics[f"bench/incorrect_rate/{i}"])
                                                  if f"bench/incorrect_rate/{i}" in metrics else "–" for i in pos]])
         tables.append({"title": "Mean score by sentence position (1 = first sentence)",
                        "header": ["Detector", "label", *[str(i + 1) for i in pos]], "rows": rows})
@@ -451,6 +451,7 @@ def write_select_html(out_dir: str | os.PathLike, scores_dir: str | os.PathLike,
     """``index.html`` of ``halsift select``: the input shards' captions with their scores, marked kept or dropped
     by this selection, and the kept precision where the shards carry labels."""
     from halsift.corpus.scores import ScoresFormatError, read_scores
+    from halsift.filtering.selection.manifest_scale import on_percent_scale
 
     try:
         names = read_scores(scores_dir, ["detector"]).column("detector").unique().to_pylist()
@@ -459,9 +460,9 @@ def write_select_html(out_dir: str | os.PathLike, scores_dir: str | os.PathLike,
     name = str(names[0]) if len(names) == 1 else Path(scores_dir).name
     samples = collect_samples([name], corpus=data, corpus_scores={name: scores_dir},
                               selections={name: (out_dir, name)}, max_samples=max_samples)
-    prec = manifest.get("precision", {})
+    prec = on_percent_scale(manifest).get("precision", {})
     line = (f"**`{name}` kept {manifest.get('kept_units')} of {manifest.get('candidates')} units**"
-            + (f"; precision {100 * prec['input']:.1f}% → {100 * prec['kept']:.1f}% (share of correct sentences)."
+            + (f"; precision {prec['input']:.1f}% → {prec['kept']:.1f}% (share of correct sentences)."
                if isinstance(prec.get("input"), (int, float)) and isinstance(prec.get("kept"), (int, float)) else "."))
     return render_html(out_dir, f"selection {Path(out_dir).name}", headline=line, samples=samples,
                        links={"manifest.json": "manifest.json"})

@@ -8,6 +8,7 @@ Metric keys (DESIGN.md "Metrics"); ``P`` is empty with one detector and ``<detec
 ``P position/<i>/correct|incorrect``, ``P localization/ap|miou`` (mean over generators) and
 ``P localization/ap|miou/<generator>``, ``<ensemble>/auroc_gain/<generator>|mean``,
 ``self_preference/<detector>/<generator>``, ``bench/...`` (sizes, incorrect rate by position),
+and percentages (precision, base rate, failure and incorrect rates) on the 0–100 scale of AUROC,
 ``agreement/kappa`` when the bench carries annotator counts, ``likelihood/...`` with a likelihood table
 (:mod:`halsift.eval.metrics.likelihood`).
 """
@@ -144,7 +145,7 @@ def evaluate_detector(bench: pd.DataFrame, scores: pd.DataFrame, name: str, keep
         notes.append(f"{n_unmatched} score rows match no bench row (key, sentence_index) and are ignored")
     fr = det.failure_rate(scored["parsed"].to_numpy())
     if fr > det.PARSE_FAILURE_LIMIT:
-        notes.append(f"parse-failure rate {100 * fr:.1f}% exceeds {100 * det.PARSE_FAILURE_LIMIT:.0f}% "
+        notes.append(f"parse-failure rate {fr:.1f}% exceeds {det.PARSE_FAILURE_LIMIT:.0f}% "
                      "(the papers leave such detectors out of Table 3)")
     return DetectorResult(
         name=name, scored=scored, n_missing=n_missing, n_unmatched=n_unmatched, generators=gens, aurocs=aurocs,

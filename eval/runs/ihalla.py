@@ -83,7 +83,7 @@ def answer_with(cfg: IhallaEvalConfig, qa_sets, images, oracle) -> tuple[Any, st
 def _report(metrics: dict, scores, coi, cats, true_error: dict | None, source: str) -> list[str]:
     from halsift.eval.report.markdown import fmt, md_table
 
-    rows = [[g, fmt(r["ihalla"]), fmt(r["strict"]), int(r["prompts"]), fmt(100 * r["failure_rate"], 1)]
+    rows = [[g, fmt(r["ihalla"]), fmt(r["strict"]), int(r["prompts"]), fmt(r["failure_rate"], 1)]
             + ([fmt(true_error[g])] if true_error else []) for g, r in scores.iterrows()]
     header = ["Generator", "I-HallA", "I-HallA†", "prompts", "parse failures %"] + (
         ["true error rate"] if true_error else [])

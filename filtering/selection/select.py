@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.progress import progress
 from halsift.corpus.images import SkipCounter
+from halsift.corpus.percent import SCALE, percent
 from halsift.corpus.scores import read_part, read_scores, write_part_atomic
 from halsift.corpus.sample import caption_label as _caption_label, sentences_of as _labels  # one rule (corpus)
 from halsift.corpus.units import AGGS, UNITS
@@ -228,8 +229,9 @@ def select_keys(scores: str | os.PathLike | pa.Table, *, keep: float | None = No
 
 
 def _precision(c: Counter) -> float | None:
+    """Share of correct among the labelled (correct + incorrect) units, as a percentage (0–100)."""
     denom = c["correct"] + c["incorrect"]
-    return round(c["correct"] / denom, 6) if denom else None
+    return percent(c["correct"] / denom, 4) if denom else None
 
 
 def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, keep: float | None = None,
@@ -359,6 +361,7 @@ class KeptCounts:
         caps = sorted(set(self.inp) | set(self.units))
         return {"kept_units": sum(self.units.values()), "source_samples_kept": sum(self.samples.values()),
                 "kept_units_per_captioner": {c: self.units[c] for c in caps},
+                "scale": SCALE,  # the precision fields are percentages (manifests without it: shares, 0–1)
                 "precision": {"input": _precision(total_in), "kept": _precision(total_kept),
                               **{f"input/{c}": _precision(self.inp[c]) for c in caps},
                               **{f"kept/{c}": _precision(self.got[c]) for c in caps}},

@@ -44,7 +44,8 @@ FILTERS = ["clip", "judge", "random", "oracle"]
 
 
 def selections(precision: dict[str, float]) -> dict[str, dict]:
-    return {n: {"precision": {"kept": v, "input": 0.7}, "kept_units": 100} for n, v in precision.items()}
+    return {n: {"scale": 100, "precision": {"kept": 100 * v, "input": 70.0}, "kept_units": 100}
+            for n, v in precision.items()}
 
 
 def report(tmp_path, retrieval, ranks, precision=PRECISION, filters=FILTERS):

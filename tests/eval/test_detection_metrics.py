@@ -70,7 +70,7 @@ def test_one_class_generator_left_out_with_reason():
 
 
 def test_failure_rate():
-    assert failure_rate([True, False, True, True]) == 0.25
+    assert failure_rate([True, False, True, True]) == 25.0  # a percentage, 0–100
     with pytest.raises(MetricError):
         failure_rate([])
 
@@ -90,7 +90,7 @@ def test_type_and_position_means_by_hand():
     p = score_by_position(df).set_index("position")
     assert p.at[0, "mean_correct"] == 80.0 and p.at[0, "mean_incorrect"] == 10.0
     assert p.at[1, "mean_correct"] == 60.0 and p.at[1, "mean_incorrect"] == 40.0
-    assert p.at[0, "incorrect_rate"] == 0.5 and p.at[1, "incorrect_rate"] == pytest.approx(2 / 3)
+    assert p.at[0, "incorrect_rate"] == 50.0 and p.at[1, "incorrect_rate"] == pytest.approx(100 * 2 / 3)
 
 
 def test_precision_at_keep_by_hand():
@@ -98,11 +98,11 @@ def test_precision_at_keep_by_hand():
                        "label": ["correct", "incorrect"] * 5, "score": np.arange(10.0)})
     # top 30% = scores 9, 8, 7 -> labels incorrect, correct, incorrect
     r = precision_at_keep(df, 0.3).iloc[0]
-    assert r["n_kept"] == 3 and r["precision"] == pytest.approx(1 / 3) and r["base_rate"] == 0.5
+    assert r["n_kept"] == 3 and r["precision"] == pytest.approx(100 / 3) and r["base_rate"] == 50.0
     # ties at the cut count in expectation: keep 2 of [90, 50, 50, 50] where the tied 50s are 2/3 correct
     tie = pd.DataFrame({"generator": ["g"] * 4, "generator_type": ["i2t"] * 4, "score": [90.0, 50, 50, 50],
                         "label": ["incorrect", "correct", "correct", "incorrect"]})
-    assert precision_at_keep(tie, 0.5).iloc[0]["precision"] == pytest.approx((0 + 2 / 3) / 2)
+    assert precision_at_keep(tie, 0.5).iloc[0]["precision"] == pytest.approx(100 * (0 + 2 / 3) / 2)
     with pytest.raises(MetricError):
         precision_at_keep(df, 0.0)
 

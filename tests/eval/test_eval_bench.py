@@ -106,8 +106,8 @@ def test_oracle_100_random_50(bench, tmp_path):
     base = df[lab].groupby("generator")["label"].apply(lambda s: (s == "correct").mean())
     for g in gens:
         if base[g] >= 0.2:
-            assert m[f"oracle/precision@0.2/{g}"] == 1.0
-        assert m[f"oracle/base_rate/{g}"] == pytest.approx(base[g])
+            assert m[f"oracle/precision@0.2/{g}"] == 100.0
+        assert m[f"oracle/base_rate/{g}"] == pytest.approx(100 * base[g])
 
 
 def test_report_renders_every_generator_and_plot(bench, tmp_path):
@@ -155,7 +155,7 @@ def test_single_detector_keys_and_failures(tmp_path):
     s["parsed"] = np.arange(len(s)) % 10 != 0  # 10% parse failures
     m = evaluate_bench(path, {"judge": s}, tmp_path / "out", n_boot=100)
     assert "auroc/mean" in m and "auroc/i2t" in m and "auroc/t2i" in m
-    assert m["failure_rate"] == pytest.approx(1 - s["parsed"].mean())
+    assert m["failure_rate"] == pytest.approx(100 * (1 - s["parsed"].mean()))
     assert m["failure_rate/judge"] == m["failure_rate"]
     assert "agreement/kappa" in m
     report = (tmp_path / "out" / "report.md").read_text()

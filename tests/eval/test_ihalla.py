@@ -87,8 +87,8 @@ def test_load_official_layout_and_predictions(tmp_path):
                   "prediction": ["C) Four", "garbled", "a"]}).to_csv(preds, index=False)
     ans = load_predictions(preds, sets)
     m = ihalla_metrics(ans)
-    assert m["ihalla/g"] == pytest.approx((0.5 + 1.0) / 2) and m["failure_rate"] == pytest.approx(1 / 3)
-    assert m["parse/differs_from_official"] == 0 and m["parse/official_correct_rate"] == pytest.approx(2 / 3)
+    assert m["ihalla/g"] == pytest.approx((0.5 + 1.0) / 2) and m["failure_rate"] == pytest.approx(100 / 3)
+    assert m["parse/differs_from_official"] == 0 and m["parse/official_correct_rate"] == pytest.approx(200 / 3)
     bad = tmp_path / "bad.csv"
     pd.DataFrame({"Index": ["1"], "CoI": ["Mood"], "Question": ["?"], "Choices": ["A) a B) b C) c D) d"],
                   "Answer": ["A"]}).to_csv(bad, index=False)

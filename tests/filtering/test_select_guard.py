@@ -159,7 +159,7 @@ def test_a_copy_of_the_shards_with_new_times_is_the_same_data(scored, tmp_path, 
         shutil.copy(f, copy / f.name)  # new mtimes
     assert _select(scores, copy, tmp_path / "sel", "--keep", "0.5", *ENGINES[engine]) == 0
     m = json.loads((tmp_path / "sel" / "manifest.json").read_text())
-    assert m["scores_check"]["shards_checked"] == 2 and m["precision"]["kept"] == 1.0
+    assert m["scores_check"]["shards_checked"] == 2 and m["precision"]["kept"] == 100.0
 
 
 def _swap_parts(scores: Path) -> None:

@@ -42,7 +42,7 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
         assert manifest["kept_units"] > 0
         assert (run / "finetune" / name / "seed0" / "final" / "open_clip_model.safetensors").exists()
     oracle = json.loads((run / "select" / "oracle" / "manifest.json").read_text())
-    assert oracle["precision"]["kept"] == 1.0
+    assert oracle["precision"]["kept"] == 100.0
     # a selection variant reads the oracle's scores with its own keep, and is fine-tuned and reported like a filter
     wider = json.loads((run / "select" / "oracle@0.5" / "manifest.json").read_text())
     assert wider["kept_units"] > oracle["kept_units"] and not (run / "score" / "oracle@0.5").exists()
@@ -53,7 +53,7 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     assert [row.split("|")[1].strip() for row in table[1:len(filters) + 3]] == ["no-tune", *filters, "oracle@0.5"]
     assert "Best detector filter: `oracle@0.5`" not in report
     metrics = json.loads((run / "report" / "metrics.json").read_text())
-    assert metrics["oracle/auroc/mean"] == 100.0 and metrics["oracle/kept_precision"] == 1.0
+    assert metrics["oracle/auroc/mean"] == 100.0 and metrics["oracle/kept_precision"] == 100.0
     for name in ["no-tune", *filters]:
         assert 0 <= metrics[f"{name}/synthetic/i2t/r@5"] <= 100
     for png in (run / "report").glob("*.png"):

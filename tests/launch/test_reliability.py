@@ -39,7 +39,7 @@ def test_rerun_after_shards_replaced_at_same_paths_rescores(tmp_path):
     assert main(["select", "--scores", str(tmp_path / "s"), "--data", str(data), "--out", str(tmp_path / "sel"),
                  "--keep", "0.3", "--no-progress"]) == 0
     sel = json.loads((tmp_path / "sel" / "manifest.json").read_text())
-    assert sel["precision"]["kept"] == 1.0 and sel["keys"]["only_in_scores"] == 0
+    assert sel["precision"]["kept"] == 100.0 and sel["keys"]["only_in_scores"] == 0
     assert _score(data, tmp_path / "s") == 0  # unchanged now: reused
     assert json.loads((tmp_path / "s" / "_manifest.json").read_text())["parts_resumed"] == 2
 

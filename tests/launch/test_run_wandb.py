@@ -62,7 +62,7 @@ def test_select_metrics_read_both_manifests():
     res = select_metrics({**common, "skipped_samples": {"count": 1}})
     assert mem == res
     assert mem["kept_fraction"] == 0.25 and mem["skipped"] == 1 and mem["corrupt_shards"] == 1
-    assert mem["candidates_per_s"] == 20.0 and mem["precision/kept"] == 0.8
+    assert mem["candidates_per_s"] == 20.0 and mem["precision/kept"] == 80.0  # no "scale": shares, read as %
     assert mem["sentence_precision/kept"] is None  # a manifest from before the field
     whole = select_metrics({**common, "skipped": {"total": 1}, "sentence_precision": {"input": 0.6, "kept": 0.9}})
-    assert (whole["sentence_precision/input"], whole["sentence_precision/kept"]) == (0.6, 0.9)
+    assert (whole["sentence_precision/input"], whole["sentence_precision/kept"]) == (60.0, 90.0)
