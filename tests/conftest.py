@@ -12,6 +12,20 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _bind_transformers_log() -> None:
+    """transformers binds its log handler to the ``sys.stderr`` of its first use. Bind it now, to the session's
+    stream: first used inside a test, it would hold that test's capsys stream, closed afterwards, and every later
+    transformers warning would print a "Logging error" traceback into another test's stderr."""
+    try:
+        from transformers.utils import logging
+    except ImportError:
+        return
+    logging.get_logger()
+
+
+_bind_transformers_log()
+
+
 @pytest.fixture(scope="session")
 def synth_world(tmp_path_factory):
     """A small synthetic world (corpus/, bench/, retrieval/, pretrain/) shared by all tests; do not modify it."""

@@ -47,11 +47,7 @@ def probe():
 
 @pytest.fixture(scope="module")
 def transformers_log():
-    """transformers binds its log handler to the stderr of its first use: make that the session's, not a test's
-    capsys stream (closed after the test, which would garble a later test's stderr)."""
-    from transformers.utils import logging
-
-    logging.get_logger()
+    """transformers' log handler is bound to the session's stderr by conftest.py (not to a test's capsys stream)."""
 
 
 def _evil_model(root: Path) -> tuple[Path, Path]:
