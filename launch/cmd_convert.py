@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
-from halsift.launch.describe import add_describe_argument
+from halsift.corpus.config import config_from_args, field
+from halsift.launch.describe import add_format_command_arguments
 
 HELP = "convert AlignBench/HalDec, COCO, Flickr, img2dataset/WebDataset, tables, HF datasets, image folders"
 
@@ -59,10 +59,7 @@ CONFIG = ConvertConfig  # the settings (docs/config.md, --describe)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = "formats:\n" + "\n".join(f"  {k:<12} SRC = {v[0]}; OUT = {v[1]}" for k, v in FORMATS.items())
-    add_dataclass_arguments(p, ConvertConfig, config_file=False, defaults=True)
-    add_describe_argument(p, ConvertConfig)
+    add_format_command_arguments(p, ConvertConfig, FORMATS, width=12)
 
 
 def _convert(args: ConvertConfig) -> dict:

@@ -7,8 +7,8 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
-from halsift.launch.describe import add_describe_argument
+from halsift.corpus.config import config_from_args, field
+from halsift.launch.describe import add_format_command_arguments
 
 HELP = "export a retrieval set for CLIP_benchmark (its wds/ WebDataset layout)"
 
@@ -45,10 +45,7 @@ CONFIG = ExportConfig  # the settings (docs/config.md, --describe)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = "formats:\n" + "\n".join(f"  {k:<15} SRC = {v[0]}; OUT = {v[1]}" for k, v in FORMATS.items())
-    add_dataclass_arguments(p, ExportConfig, config_file=False, defaults=True)
-    add_describe_argument(p, ExportConfig)
+    add_format_command_arguments(p, ExportConfig, FORMATS, width=15)
 
 
 def run(args: argparse.Namespace) -> int:

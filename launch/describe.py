@@ -98,3 +98,15 @@ def parsed_config(cls: type, args: argparse.Namespace, check=None):
     except (ConfigError, ValueError) as e:
         raise UsageError(flag_message(str(e))) from None
     return cfg
+
+
+def add_format_command_arguments(parser: argparse.ArgumentParser, cls: type, formats: dict[str, tuple[str, str]],
+                                 width: int = 15) -> None:
+    """A ``FORMAT SRC --out OUT`` command's flags from ``cls`` (``convert``, ``export``), ``--describe``, and an
+    epilog listing each format's SRC and OUT."""
+    from halsift.corpus.config import add_dataclass_arguments
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "formats:\n" + "\n".join(f"  {k:<{width}} SRC = {v[0]}; OUT = {v[1]}" for k, v in formats.items())
+    add_dataclass_arguments(parser, cls, config_file=False, defaults=True)
+    add_describe_argument(parser, cls)

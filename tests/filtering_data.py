@@ -112,3 +112,17 @@ def restamp(scores: Path) -> Path:
     m[RECORDS] = {p.name: part_record(p) for p in sorted(scores.glob("part-*.parquet"))}
     path.write_text(json.dumps(m))
     return scores
+
+
+def remote_code_model(folder: Path, marker: Path) -> Path:
+    """A model folder whose config needs remote code: importing its ``configuration_evil.py`` writes ``marker``
+    (so a test sees whether transformers ran the folder's Python)."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "evil", "architectures": ["EvilModel"],
+                                                    "auto_map": {"AutoConfig": "configuration_evil.EvilConfig"}}))
+    (folder / "configuration_evil.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+        "from transformers import PretrainedConfig\nclass EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n")
+    return folder

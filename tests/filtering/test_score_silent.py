@@ -5,11 +5,10 @@ line."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from loopback import LoopbackServer
 from filtering_data import make_bench, make_corpus
 
 from halsift.filtering.detectors.base import Detector, Item, Result
@@ -88,36 +87,13 @@ def test_an_infinite_score_is_never_written(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ parse failures
-class _NeverParses:
-    """A loopback chat-completions server whose every reply has no score in it."""
-
-    def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers["Content-Length"]))
-                msg = {"role": "assistant", "content": "I cannot tell from this picture."}
-                data = json.dumps({"choices": [{"index": 0, "message": msg, "finish_reason": "stop"}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.spec = (f"api:base_url=http://127.0.0.1:{self.httpd.server_address[1]}/v1,model=judge,mode=prompt,"
-                     "backoff=0.01,concurrency=2")
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-
 @pytest.fixture
 def never_parses():
-    srv = _NeverParses()
+    """A loopback chat-completions server whose every reply has no score in it, and the api spec that asks it."""
+    srv = LoopbackServer(content="I cannot tell from this picture.")
+    srv.spec = f"api:base_url={srv.url}/v1,model=judge,mode=prompt,backoff=0.01,concurrency=2"
     yield srv
-    srv.httpd.shutdown()
-    srv.httpd.server_close()
+    srv.close()
 
 
 def test_a_server_whose_replies_never_parse_stops_the_run(tmp_path, capsys, never_parses):

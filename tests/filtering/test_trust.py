@@ -4,14 +4,12 @@ folder's detector.yaml, at any depth); option keys are normalized (spaces, case,
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
-from filtering_data import make_corpus
+from loopback import LoopbackServer
+from filtering_data import make_corpus, remote_code_model
 
 from halsift.filtering.detectors.base import Detector, Result
 from halsift.filtering.detectors.spec import SpecError, load_detector
@@ -52,14 +50,8 @@ def transformers_log():
 
 def _evil_model(root: Path) -> tuple[Path, Path]:
     """A model folder whose config needs remote code: importing its configuration_evil.py writes the marker."""
-    marker, model = root / "pwned", root / "evil_model"
-    model.mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps({"model_type": "evil", "architectures": ["EvilModel"],
-                                                   "auto_map": {"AutoConfig": "configuration_evil.EvilConfig"}}))
-    (model / "configuration_evil.py").write_text(
-        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
-        "from transformers import PretrainedConfig\nclass EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n")
-    return model, marker
+    marker = root / "pwned"
+    return remote_code_model(root / "evil_model", marker), marker
 
 
 def _adapter(root: Path, base: str, kind: str = "vlm") -> Path:
@@ -102,42 +94,13 @@ def test_yaml_spec_file_cannot_run_model_code(transformers_log, tmp_path, capsys
     assert code == 2 and _last_err(capsys).startswith("halsift score: error:")
 
 
-class _Server:
-    """A loopback chat-completions server that answers score 99 and records each request's Authorization."""
-
-    def __init__(self) -> None:
-        auths = self.auths = []
-
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                auths.append(self.headers.get("Authorization"))
-                body = json.dumps({"choices": [{"message": {"content": '{"score": 99}'}}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_spaced_api_key_env_in_a_spec_file_sends_no_secret(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HALSIFT_TEST_SECRET", "sk-secret")
-    server = _Server()
+    server = LoopbackServer()
     try:
         spec = tmp_path / "shared.yaml"
         spec.write_text(yaml.safe_dump({"family": "ensemble", "members": [
-            f"api:base_url={server.url},model=j,mode=prompt,max_retries=0,api_key_env =HALSIFT_TEST_SECRET",
+            f"api:base_url={server.url}/v1,model=j,mode=prompt,max_retries=0,api_key_env =HALSIFT_TEST_SECRET",
             "random:seed=0"]}))
         data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
         code = _score(data, tmp_path / "s", str(spec))

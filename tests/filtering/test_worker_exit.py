@@ -75,13 +75,22 @@ def test_sigkill_of_score_takes_its_decode_worker_with_it(tmp_path):
     try:
         time.sleep(2)  # the worker decodes and sends ahead of the model
         assert running(worker) and proc.poll() is None
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        assert gone_within(worker, 5), f"decode worker {worker} outlived its killed parent"
+        _kill_parent(proc, worker, 5, f"decode worker {worker}")
     finally:
-        if running(worker):
-            os.kill(worker, signal.SIGKILL)
+        _reap(worker)
         proc.stderr.close()
+
+
+def _kill_parent(proc: subprocess.Popen, child: int, within: float, what: str) -> None:
+    """SIGKILL the parent ``proc``; ``child`` must be gone ``within`` seconds."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert gone_within(child, within), f"{what} outlived its killed parent"
+
+
+def _reap(pid: int) -> None:
+    if running(pid):
+        os.kill(pid, signal.SIGKILL)
 
 
 PARENT = """
@@ -112,12 +121,9 @@ def test_a_child_ends_when_its_parent_is_killed(tmp_path, how, start):
     try:
         time.sleep(1.5 if start == "spawn" else 0.3)  # the child is past exit_with_parent
         assert running(child)
-        proc.kill()
-        proc.wait(timeout=30)
-        assert gone_within(child, 3), f"child {child} ({how}, {start}) outlived its killed parent"
+        _kill_parent(proc, child, 3, f"child {child} ({how}, {start})")
     finally:
-        if running(child):
-            os.kill(child, signal.SIGKILL)
+        _reap(child)
         proc.stdout.close()
 
 

@@ -8,7 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from filtering_data import make_bench, make_corpus, restamp
+from loopback import LoopbackServer
+from filtering_data import make_bench, make_corpus, remote_code_model, restamp
 
 from halsift.corpus.scores import read_scores_df
 from halsift.launch.cli import main
@@ -274,13 +275,7 @@ def _evil_adapter(root: Path) -> tuple[Path, Path]:
     """An adapter folder whose detector.yaml turns trust_remote_code on for a base model inside the folder, whose
     configuration_*.py would write a marker file when imported."""
     marker = root / "pwned"
-    base = root / "adapter" / "base"
-    base.mkdir(parents=True)
-    (base / "config.json").write_text(json.dumps({"model_type": "evil", "architectures": ["EvilModel"],
-                                                  "auto_map": {"AutoConfig": "configuration_evil.EvilConfig"}}))
-    (base / "configuration_evil.py").write_text(
-        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
-        "from transformers import PretrainedConfig\nclass EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n")
+    remote_code_model(root / "adapter" / "base", marker)
     (root / "adapter" / "detector.yaml").write_text(
         "kind: vlm\nbase: vlm:model=./base,trust_remote_code=true\nadapter: false\n")
     return root / "adapter", marker
@@ -302,48 +297,8 @@ def test_adapter_folder_cannot_turn_on_trust_remote_code(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------- 7. api credentials stay at base_url
-class _Recorder:
-    """A loopback HTTP server that records requests and answers every POST with ``reply(handler)``."""
-
-    def __init__(self, reply) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        outer = self
-        self.requests: list[dict] = []
-
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def _any(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(n)
-                outer.requests.append({"method": self.command, "path": self.path,
-                                       "auth": self.headers.get("Authorization")})
-                reply(self)
-
-            do_POST = do_GET = _any
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_api_detector_refuses_a_redirect_and_never_sends_the_key_elsewhere(tmp_path, monkeypatch, capsys):
-    def ok(h):
-        body = json.dumps({"choices": [{"message": {"content": '{"score": 99}'}}]}).encode()
-        h.send_response(200)
-        h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
-
-    other = _Recorder(ok)  # another origin (another port)
+    other = LoopbackServer()  # another origin (another port), answering score 99
 
     def redirect(h):
         h.send_response(302)  # urllib followed it as a GET to the other host, key included
@@ -351,7 +306,7 @@ def test_api_detector_refuses_a_redirect_and_never_sends_the_key_elsewhere(tmp_p
         h.send_header("Content-Length", "0")
         h.end_headers()
 
-    server = _Recorder(redirect)
+    server = LoopbackServer(redirect)
     try:
         monkeypatch.setenv("HALSIFT_TEST_KEY", "sk-secret")
         data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
