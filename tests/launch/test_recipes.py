@@ -214,7 +214,7 @@ def test_train_sections_are_train_clip_configs(tmp_path, monkeypatch):
             assert ours[f.name].default == f.default and ours[f.name].metadata["help"] == f.metadata["help"]
     r = load_recipe("quickstart", [f"run_dir={tmp_path}", "finetune.grad_accum=2", "finetune.precision=fp32",
                                    "pretrain.lock_image=true"])
-    monkeypatch.setattr(recipe_mod, "bench_subset", lambda bench, split, out: f"{bench}@{split}")
+    monkeypatch.setattr("halsift.launch.stages.shared.bench_subset", lambda bench, split, out: f"{bench}@{split}")
     fine = recipe_mod._train_cfg(r, r.finetune, ["sel"], tmp_path / "f" / "seed0", "base.safetensors", 3)
     pre = recipe_mod._train_cfg(r, r.pretrain, ["pre"], tmp_path / "p", "", 0)
     assert (fine.grad_accum, fine.precision, fine.lr, fine.steps, fine.workers, fine.seed) == (2, "fp32", 1e-3, 300, 0, 3)

@@ -1,0 +1,20 @@
+"""The pretrain stage: pre-train the base CLIP (unless ``model.pretrained`` is set)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from halsift.launch.stages.base import Paths
+from halsift.launch.stages.shared import _train_cfg
+
+if TYPE_CHECKING:
+    from halsift.launch.recipe_config import Recipe
+
+
+def stage_pretrain(r: Recipe, p: Paths) -> dict:
+    from halsift.training.clip_train import train
+
+    if r.model.pretrained or not r.pretrain.enabled:
+        return {"skipped": "model.pretrained is set" if r.model.pretrained else "pretrain.enabled is false"}
+    cfg = _train_cfg(r, r.pretrain, [p.pretrain_data], p.stage("pretrain"), "", r.seed)
+    return {"metrics": train(cfg)}
