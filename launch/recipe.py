@@ -1,8 +1,9 @@
 """Run a recipe: world -> pretrain -> detectors -> score -> select -> finetune -> eval -> report, in one folder.
 
-Reads top to bottom like the loop it runs. Each stage writes into ``<run_dir>/<stage>/`` and marks itself
-complete with ``<run_dir>/<stage>/_done.json`` (written last, atomically); a rerun skips complete stages, and
-the stages themselves skip their finished parts (score parts, checkpoints), so a killed run resumes.
+The runner only: the stages are objects of ``launch/stages/`` (:data:`halsift.launch.stages.REGISTRY`, in run
+order). Each stage writes into ``<run_dir>/<stage>/`` and marks itself complete with
+``<run_dir>/<stage>/_done.json`` (written last, atomically); a rerun skips complete stages, and the stages
+themselves skip their finished parts (score parts, checkpoints), so a killed run resumes.
 
 ``_done.json`` also records a fingerprint of the recipe sections the stage reads, chained over the stages before
 it (:func:`stage_fingerprints`). When it no longer matches, the stage's folder is cleared (its parts were made
@@ -19,21 +20,15 @@ from pathlib import Path
 from halsift.corpus.shards import write_json_atomic
 from halsift.corpus.config import ConfigError, to_dict
 from halsift.corpus.safe_paths import confined_to, remove_tree
-from halsift.launch.recipe_config import STAGE_INPUTS, STAGES, Recipe
-from halsift.launch.stages.base import Paths, resolve_paths
-from halsift.launch.stages.detectors import stage_detectors, trained_configs, trained_spec  # noqa: F401
-from halsift.launch.stages.eval import run_extra_evals, stage_eval  # noqa: F401
-from halsift.launch.stages.finetune import stage_finetune  # noqa: F401
-from halsift.launch.stages.pretrain import stage_pretrain  # noqa: F401
-from halsift.launch.stages.report import report_samples, stage_report  # noqa: F401
-from halsift.launch.stages.score import detector_specs, stage_score, write_ensemble  # noqa: F401
-from halsift.launch.stages.select import stage_select  # noqa: F401
-from halsift.launch.stages.shared import _train_cfg, bench_subset  # noqa: F401
-from halsift.launch.stages.world import stage_world  # noqa: F401
+from halsift.launch.recipe_config import Recipe
+from halsift.launch.stages import REGISTRY, Paths, resolve_paths
+from halsift.launch.stages.detectors import trained_configs
+from halsift.launch.stages.score import detector_specs
 
 log = logging.getLogger("halsift.run")
 
 
+# ------------------------------------------------------------------------------------------------ checking
 def check(r: Recipe) -> Paths:
     """Validate everything that can be checked without loading models (the dry run)."""
     from halsift.filtering.detectors.spec import check_spec, iter_specs
@@ -110,31 +105,14 @@ def _check_exists(key: str, path: str) -> None:
         raise ConfigError(f"{key}: {path} does not exist")
 
 
-# ------------------------------------------------------------------------------------------------ stages
-# recipe_config.STAGE_INPUTS: the recipe sections each stage reads itself (what earlier stages produced comes in
-# through the fingerprint chain); each stage is the function stage_<name> below.
-
-
-def _sha(obj) -> str:
-    import hashlib
-
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _lookup(d: dict, dotted: str):
-    for part in dotted.split("."):
-        d = d.get(part) if isinstance(d, dict) else None
-    return d
-
-
+# ------------------------------------------------------------------------------------------------ running
 def stage_fingerprints(r: Recipe) -> dict[str, dict]:
     """Stage -> ``{"fingerprint", "sections"}``: a hash per recipe section the stage reads, and one over those and
     the previous stage's fingerprint (so a change upstream changes every stage after it)."""
     d, chain, out = to_dict(r), "", {}
-    for stage, keys in STAGE_INPUTS.items():
-        sections = {k: _sha(_lookup(d, k)) for k in keys}
-        chain = _sha([chain, sections])
-        out[stage] = {"fingerprint": chain, "sections": sections}
+    for name, stage in REGISTRY.items():
+        out[name] = stage.fingerprint(d, chain)
+        chain = out[name]["fingerprint"]
     return out
 
 
@@ -157,9 +135,6 @@ def _changed(saved: dict, now: dict) -> str:
     return f"{', '.join(mine)} changed" if mine else "an earlier stage's inputs changed"
 
 
-STAGE_FUNCS = {s: globals()[f"stage_{s}"] for s in STAGES}  # recipe_config.STAGE_INPUTS names them
-
-
 def run_recipe(r: Recipe, dry_run: bool = False, force: tuple[str, ...] = ()) -> Path:
     """Run (or with ``dry_run`` only check) a recipe; returns the report folder. Nothing outside the run folder is
     removed or replaced (:func:`halsift.corpus.safe_paths.confined_to`)."""
@@ -175,10 +150,12 @@ def _run_stages(r: Recipe, p: Paths, force: tuple[str, ...]) -> Path:
 
     ranks = recipe_ranks.ranks_from_env()  # under `halsift launch -- run`: score on every rank, the rest on rank 0
     inputs = stage_fingerprints(r)
-    stages = [s for s in r.stages if not (s == "world" and not r.world.enabled)]
+    stages = [s for s in r.stages if REGISTRY[s].enabled(r)]
     if ranks is not None and not ranks.is_main:
+        shared = next(s for s in REGISTRY.values() if s.every_rank)
         recipe_ranks.follow(p.run, ranks, stages, {s: p.stage(s) for s in stages},
-                            {s: inputs[s]["fingerprint"] for s in stages}, lambda: stage_score(r, p, ranks))
+                            {s: inputs[s]["fingerprint"] for s in stages}, shared.name,
+                            lambda: shared.execute(r, p, ranks))
         return p.stage("report")
     p.run.mkdir(parents=True, exist_ok=True)
     write_json_atomic(p.run / "recipe.resolved.json", to_dict(r))
@@ -203,8 +180,8 @@ def _run_stages(r: Recipe, p: Paths, force: tuple[str, ...]) -> Path:
         print(f"[halsift run] {stage}: running")
         started = time.time()
         try:
-            with recipe_ranks.stage_scope(ranks, stage):  # rank 0: score with every rank, any other stage alone
-                info = stage_score(r, p, ranks) if stage == "score" else STAGE_FUNCS[stage](r, p)
+            with recipe_ranks.stage_scope(ranks, REGISTRY[stage].every_rank):  # rank 0: score with every rank
+                info = REGISTRY[stage].execute(r, p, ranks)  # (the stage's `every_rank`), any other stage alone
         except BaseException as e:
             if ranks is not None:
                 recipe_ranks.write_failure(p.run, ranks, stage, e)

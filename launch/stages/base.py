@@ -1,7 +1,10 @@
-"""What every recipe stage receives: the run's :class:`Paths`, resolved once from the recipe."""
+"""What a recipe stage is (:class:`Stage`) and what each receives: the run's :class:`Paths`."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,6 +13,49 @@ from halsift.corpus.safe_paths import safe_component
 
 if TYPE_CHECKING:
     from halsift.launch.recipe_config import Recipe
+    from halsift.launch.recipe_ranks import Ranks
+
+
+def _always(r: Recipe) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One recipe stage: a module of ``launch/stages/`` defines it as ``STAGE``, ``launch/stages/__init__.py`` lists
+    it in run order and ``launch/recipe.py`` runs it.
+
+    ``run(recipe, paths) -> dict`` writes under ``<run_dir>/<name>/`` and returns what its ``_done.json`` records.
+    ``inputs`` are the recipe sections (dotted keys) it reads itself: a change in one re-runs it and, through the
+    chained :meth:`fingerprint`, every stage after it (what earlier stages made reaches it through that chain)."""
+
+    name: str
+    inputs: tuple[str, ...]
+    run: Callable[..., dict]
+    # under `halsift launch -- run`: run(recipe, paths, ranks) on every rank, each its share (one stage at most:
+    # launch/recipe_ranks.py); False: run(recipe, paths) on rank 0 alone
+    every_rank: bool = False
+    enabled: Callable[[Recipe], bool] = _always  # False: the recipe leaves the stage out (no folder, no _done.json)
+
+    def fingerprint(self, recipe: dict, previous: str) -> dict:
+        """``{"fingerprint", "sections"}``: a hash per input section of ``recipe`` (the recipe as a dict), and one
+        over those and ``previous`` (the fingerprint of the stage before, '' for the first)."""
+        sections = {k: _sha(_lookup(recipe, k)) for k in self.inputs}
+        return {"fingerprint": _sha([previous, sections]), "sections": sections}
+
+    def execute(self, r: Recipe, p: Paths, ranks: Ranks | None = None) -> dict:
+        """Run the stage; ``ranks`` reaches only an ``every_rank`` stage."""
+        return self.run(r, p, ranks) if self.every_rank else self.run(r, p)
+
+
+def _sha(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _lookup(d: dict, dotted: str):
+    for part in dotted.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
 
 
 @dataclass

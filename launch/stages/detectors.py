@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from halsift.corpus.config import ConfigError
-from halsift.launch.stages.base import Paths
+from halsift.launch.stages.base import Paths, Stage
 
 if TYPE_CHECKING:
     from halsift.launch.recipe_config import Recipe
@@ -28,13 +28,15 @@ def _base_grants_remote_code(r: Recipe, p: Paths, name: str) -> bool:
 
     subs = {"run_dir": str(p.run), "base": p.base, "arch": r.model.arch}
     try:
-        _, opts = parse_spec(_substitute(r.detectors[name].base, f"detectors.{name}.base", subs))
+        _, opts = parse_spec(substitute(r.detectors[name].base, f"detectors.{name}.base", subs))
     except ValueError:  # a malformed base is reported by the detectors stage's own validation
         return False
     return opts.get("trust_remote_code") is True
 
 
-def _substitute(spec: str, where: str, subs: dict) -> str:
+def substitute(spec: str, where: str, subs: dict) -> str:
+    """``spec`` with its ``{placeholders}`` filled from ``subs``; an unknown or bad one is a ConfigError naming
+    ``where``."""
     try:
         return spec.format(**subs)
     except KeyError as e:
@@ -54,13 +56,13 @@ def trained_configs(r: Recipe, p: Paths) -> dict:
     for name, t in r.detectors.items():
         where = f"detectors.{name}.options"
         if t.kind == "world_judge":  # string options may name {base} / {arch} (vision_from, vision_arch)
-            opts = {k: _substitute(v, f"{where}.{k}", subs) if isinstance(v, str) else v
+            opts = {k: substitute(v, f"{where}.{k}", subs) if isinstance(v, str) else v
                     for k, v in t.options.items()}
             out[name] = from_dict(WorldJudgeSettings, opts, prefix=where)
             continue
         if not p.bench:
             raise ConfigError(f"detectors.{name}: kind lora trains on a bench; set data.bench")
-        fixed = {"base": _substitute(t.base, f"detectors.{name}.base", subs), "bench": p.bench,
+        fixed = {"base": substitute(t.base, f"detectors.{name}.base", subs), "bench": p.bench,
                  "out": str(p.named("detectors", name)), "seed": r.seed, "resume": True,
                  "wandb_mode": r.wandb.mode, "wandb_project": r.wandb.project, "wandb_run": f"{r.name}-{name}"}
         out[name] = from_dict(DetectorTrainConfig, {**fixed, **t.options}, prefix=where)
@@ -85,3 +87,6 @@ def stage_detectors(r: Recipe, p: Paths) -> dict:
         print(f"[halsift run] detectors.{name}: {spec} ({time.time() - started:.1f}s)")
         info[name] = spec
     return {"trained": info}
+
+
+STAGE = Stage("detectors", ("detectors",), stage_detectors)

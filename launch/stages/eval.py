@@ -7,16 +7,17 @@ from typing import TYPE_CHECKING
 
 from halsift.corpus.config import ConfigError
 from halsift.corpus.shards import write_json_atomic
-from halsift.launch.stages.base import Paths
-from halsift.launch.stages.finetune import _finetune_runs
-from halsift.launch.stages.score import _scored, _scores_dir
-from halsift.launch.stages.shared import _device, _retrieval_sets, bench_subset
+from halsift.launch.stages.base import Paths, Stage
+from halsift.launch.stages.finetune import finetune_runs
+from halsift.launch.stages.score import scored_names, scores_dir
+from halsift.launch.stages.shared import bench_subset, retrieval_sets, run_device
 
 if TYPE_CHECKING:
     from halsift.launch.recipe_config import Recipe
 
 
 def stage_eval(r: Recipe, p: Paths) -> dict:
+    """Detector AUROC on the bench split, retrieval of every model (base, each fine-tune), the `evals:`."""
     import torch
 
     from halsift.corpus.scores import read_scores_df
@@ -29,15 +30,15 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     bench_metrics = {}
     if p.bench and "score" in r.stages:
-        scores = {name: read_scores_df(_scores_dir(p, name, "bench")) for name in _scored(r)}
+        scores = {name: read_scores_df(scores_dir(p, name, "bench")) for name in scored_names(r)}
         bench = bench_subset(p.bench, r.eval.bench_split, p.run)
         if not bench:
             raise ConfigError(f"eval.bench_split: no rows of split {r.eval.bench_split!r} in {p.bench}")
         bench_metrics = evaluate_bench(bench, scores, out_dir / "bench", keep=r.eval.keep, seed=r.seed)
-    device = _device(r)
+    device = run_device(r)
     models = {"no-tune": [p.base]} if r.finetune.no_tune and p.retrieval else {}
     if "finetune" in r.stages and p.retrieval:
-        for name, runs in _finetune_runs(r, p).items():
+        for name, runs in finetune_runs(r, p).items():
             models[name] = [str(d / "final" / "open_clip_model.safetensors") for d in runs]
     retrieval: dict[str, list[dict]] = {}
     ranks = {}  # per-query ranks of every model, for the report's bootstrap CIs
@@ -47,7 +48,7 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
             tokenizer = get_tokenizer(r.model.arch)
             model.eval()
             res = {}
-            for set_name, path in _retrieval_sets(r, p).items():
+            for set_name, path in retrieval_sets(r, p).items():
                 with torch.no_grad():
                     m, rk = evaluate_retrieval(model, preprocess, tokenizer, path, device, r.eval.batch_size,
                                                return_ranks=True, precision=r.finetune.precision)
@@ -76,3 +77,6 @@ def run_extra_evals(r: Recipe, out_dir: Path) -> dict:
             run_eval(name, replace(cfg, out=str(target)))
         done[name] = str(target)
     return done
+
+
+STAGE = Stage("eval", ("eval", "evals"), stage_eval)

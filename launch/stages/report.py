@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from halsift.launch.stages.base import Paths
-from halsift.launch.stages.score import _scored, _scores_dir
-from halsift.launch.stages.select import _filters
-from halsift.launch.stages.shared import _retrieval_sets, bench_subset
+from halsift.launch.stages.base import Paths, Stage
+from halsift.launch.stages.score import scored_names, scores_dir
+from halsift.launch.stages.select import filter_names
+from halsift.launch.stages.shared import bench_subset, retrieval_sets
 
 if TYPE_CHECKING:
     from halsift.launch.recipe_config import Recipe
 
 
 def stage_report(r: Recipe, p: Paths) -> dict:
+    """The compare-filters report (markdown, metrics, plots, index.html) from what the run wrote."""
     from halsift.eval.report.compare import compare_filters_report
     from halsift.eval.metrics.retrieval import read_ranks
 
@@ -25,12 +26,12 @@ def stage_report(r: Recipe, p: Paths) -> dict:
     bench_file = p.stage("eval") / "bench" / "metrics.json"
     bench = json.loads(bench_file.read_text()) if bench_file.exists() else {}
     selections = {}
-    for name in _filters(r):
+    for name in filter_names(r):
         mpath = p.named("select", name) / "manifest.json"
         selections[name] = json.loads(mpath.read_text()) if mpath.exists() else {}
-    metrics = compare_filters_report(r.name, retrieval, bench, selections, list(_retrieval_sets(r, p)),
+    metrics = compare_filters_report(r.name, retrieval, bench, selections, list(retrieval_sets(r, p)),
                                      p.stage("report"), wandb_mode=r.wandb.mode, wandb_project=r.wandb.project,
-                                     filters=[n for n in _scored(r) if p.named("score", n).exists()],
+                                     filters=[n for n in scored_names(r) if p.named("score", n).exists()],
                                      extra_reports={n: p.stage("eval") / n / "report.md" for n in r.evals.enabled()},
                                      bench_split=r.eval.bench_split, ranks=ranks, seed=r.seed,
                                      samples=report_samples(r, p))
@@ -42,11 +43,14 @@ def report_samples(r: Recipe, p: Paths):
     filter's selection kept (:func:`halsift.eval.report.html.collect_samples`)."""
     from halsift.eval.report.html import collect_samples
 
-    scored = [n for n in _scored(r) if p.named("score", n).exists()]
-    corpus = {n: _scores_dir(p, n, "corpus") for n in scored if _scores_dir(p, n, "corpus").exists()}
-    bench = {n: _scores_dir(p, n, "bench") for n in scored if _scores_dir(p, n, "bench").exists()}
-    sels = {n: (p.named("select", n), r.select.resolved(n)[0]) for n in _filters(r)
+    scored = [n for n in scored_names(r) if p.named("score", n).exists()]
+    corpus = {n: scores_dir(p, n, "corpus") for n in scored if scores_dir(p, n, "corpus").exists()}
+    bench = {n: scores_dir(p, n, "bench") for n in scored if scores_dir(p, n, "bench").exists()}
+    sels = {n: (p.named("select", n), r.select.resolved(n)[0]) for n in filter_names(r)
             if (p.named("select", n) / "kept.parquet").exists()}
     return collect_samples(scored, corpus=p.corpus if corpus else None, corpus_scores=corpus, selections=sels,
                            bench=bench_subset(p.bench, r.eval.bench_split, p.run) if bench else None,
                            bench_scores=bench, keep=r.eval.keep)
+
+
+STAGE = Stage("report", ("name",), stage_report)

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 from halsift.corpus.config import ConfigError
 from halsift.corpus.shards import write_json_atomic
-from halsift.launch.stages.base import Paths
-from halsift.launch.stages.detectors import _substitute, trained_spec
-from halsift.launch.stages.shared import _log_stage, bench_subset
+from halsift.launch.stages.base import Paths, Stage
+from halsift.launch.stages.detectors import substitute, trained_spec
+from halsift.launch.stages.shared import bench_subset, log_stage
 
 if TYPE_CHECKING:
     from halsift.launch.recipe_config import Recipe
@@ -34,12 +34,13 @@ def detector_specs(r: Recipe, p: Paths) -> dict[str, str]:
     """Detector name -> spec with ``{run_dir}``, ``{base}``, ``{arch}`` and ``{trained.NAME}`` substituted."""
     subs = {"run_dir": str(p.run), "base": p.base, "arch": r.model.arch}
     trained = {name: trained_spec(r, p, name) for name in r.detectors}
-    return {name: _substitute(spec, f"score.detectors.{name}", {**subs, "trained": _Trained(trained,
+    return {name: substitute(spec, f"score.detectors.{name}", {**subs, "trained": _Trained(trained,
                                                                  f"score.detectors.{name}")})
             for name, spec in r.score.detectors.items()}
 
 
-def _scores_dir(p: Paths, name: str, what: str) -> Path:
+def scores_dir(p: Paths, name: str, what: str) -> Path:
+    """``<run>/score/NAME/corpus`` or ``.../bench``: the score folder of a detector or ensemble."""
     return p.named("score", name) / what
 
 
@@ -56,21 +57,21 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
     for name, spec in detector_specs(r, p).items():
         detector = load_detector(spec)
         if p.corpus and "select" in r.stages:
-            score(detector, p.corpus, _scores_dir(p, name, "corpus"), unit=r.score.unit,
+            score(detector, p.corpus, scores_dir(p, name, "corpus"), unit=r.score.unit,
                   batch_size=r.score.batch_size)
         if bench:
-            score_bench(detector, bench, _scores_dir(p, name, "bench"))
+            score_bench(detector, bench, scores_dir(p, name, "bench"))
         info[name] = spec
         del detector
     if ranks is not None and not ranks.is_main:
         return {"detectors": info}
     for name, members in r.score.ensembles.items():
         for what in ("corpus", "bench"):
-            if not all(_scores_dir(p, m, what).exists() for m in members):
+            if not all(scores_dir(p, m, what).exists() for m in members):
                 continue
-            write_ensemble(name, [_scores_dir(p, m, what) for m in members], _scores_dir(p, name, what))
+            write_ensemble(name, [scores_dir(p, m, what) for m in members], scores_dir(p, name, what))
         info[name] = "mean(" + ", ".join(members) + ")"
-    _log_stage(r, p, "score", {n: _scores_dir(p, n, "corpus") for n in info})
+    log_stage(r, p, "score", {n: scores_dir(p, n, "corpus") for n in info})
     return {"detectors": info}
 
 
@@ -98,6 +99,9 @@ def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
                                                "rows": int(len(merged)), "complete": True})
 
 
-def _scored(r: Recipe) -> list[str]:
+def scored_names(r: Recipe) -> list[str]:
     """Detectors and ensembles: the names with score folders."""
     return list(r.score.detectors) + list(r.score.ensembles)
+
+
+STAGE = Stage("score", ("score", "eval.bench_split"), stage_score, every_rank=True)

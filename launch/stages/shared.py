@@ -50,8 +50,9 @@ def bench_subset(bench: str, split: str, out: Path) -> str:
     return str(target)
 
 
-def _train_cfg(r: Recipe, t, data: list[str], out: Path, pretrained: str, seed: int):
-    first_retrieval = next(iter(_retrieval_sets(r, resolve_paths(r)).values()), "")
+def train_cfg(r: Recipe, t, data: list[str], out: Path, pretrained: str, seed: int):
+    """The ``train clip`` config of the recipe's pretrain or finetune section ``t`` for one run into ``out``."""
+    first_retrieval = next(iter(retrieval_sets(r, resolve_paths(r)).values()), "")
     bench = bench_subset(resolve_paths(r).bench, t.bench_split, Path(r.run_dir))
     return t.clip_train_config(data=data, out=str(out), model=r.model.arch, pretrained=pretrained,
                                retrieval=first_retrieval, bench=bench, eval_batch_size=r.eval.batch_size, seed=seed,
@@ -59,11 +60,12 @@ def _train_cfg(r: Recipe, t, data: list[str], out: Path, pretrained: str, seed: 
                                wandb_run=f"{r.name}-{out.parent.name}-{out.name}", resume=True)
 
 
-def _retrieval_sets(r: Recipe, p: Paths) -> dict[str, str]:
+def retrieval_sets(r: Recipe, p: Paths) -> dict[str, str]:
+    """Retrieval set name -> its ``retrieval.jsonl`` folder or file (``data.retrieval``, else the world's)."""
     return {name: path for name, path in p.retrieval.items()}
 
 
-def _log_stage(r: Recipe, p: Paths, stage: str, folders: dict[str, Path]) -> None:
+def log_stage(r: Recipe, p: Paths, stage: str, folders: dict[str, Path]) -> None:
     """The score / select stage's figures as one wandb run (``launch/run_wandb.py``) unless wandb is disabled."""
     if r.wandb.mode != "disabled" and folders:
         from halsift.launch.run_wandb import log_recipe_stage
@@ -71,7 +73,8 @@ def _log_stage(r: Recipe, p: Paths, stage: str, folders: dict[str, Path]) -> Non
         log_recipe_stage(stage, p.stage(stage), folders, r.wandb.mode, r.wandb.project, r.name)
 
 
-def _device(r: Recipe) -> str:
+def run_device(r: Recipe) -> str:
+    """``device`` of the recipe, ``auto`` resolved: cuda when there is one (and ``HALSIFT_FORCE_CPU`` is unset)."""
     import torch
 
     if r.device != "auto":
