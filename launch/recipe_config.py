@@ -17,15 +17,12 @@ from halsift.corpus.units import AGGS, Unit, check_unit
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
 from halsift.launch.cmd_score import ScoreConfig
 from halsift.launch.select_engines import captioner_field, source_field
+from halsift.launch.stages import REGISTRY
 from halsift.synth.world_config import WorldSettings
 from halsift.training.clip_config import ClipTrainConfig
 
-# The stages in run order, each with the recipe sections it reads (a change there re-runs it and every stage after
-# it). Adding a stage: one entry here and a ``stage_<name>(recipe, paths) -> dict`` function in launch/recipe.py.
-STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "pretrain"), "detectors": ("detectors",),
-                "score": ("score", "eval.bench_split"), "select": ("select",), "finetune": ("finetune",),
-                "eval": ("eval", "evals"), "report": ("name",)}
-STAGES = tuple(STAGE_INPUTS)
+# The stages in run order: launch/stages/ (one module each, with the recipe sections it reads).
+STAGES = tuple(REGISTRY)
 TRAINED_KINDS = ("lora", "world_judge")
 # the report's own rows (the base model, the whole corpus): no detector, ensemble or variant may take these names
 RESERVED_NAMES = ("no-tune", "unfiltered")

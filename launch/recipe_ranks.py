@@ -192,33 +192,35 @@ def wait_for_stage(run: Path, stage_dir: Path, ranks: Ranks, fingerprint: str, t
 
 
 def follow(run: Path, ranks: Ranks, stages: list[str], stage_dirs: dict[str, Path], fingerprints: dict[str, str],
-           run_score: Callable[[], object]) -> None:
-    """What a rank > 0 does in ``halsift run``: wait for rank 0's stages up to score, score its share, return."""
-    if "score" not in stages:
-        print(f"[halsift run] rank {ranks.rank}: no score stage; rank 0 runs the recipe", flush=True)
+           shared: str, run_shared: Callable[[], object]) -> None:
+    """What a rank > 0 does in ``halsift run``: wait for rank 0's stages up to ``shared`` (the stage that runs on
+    every rank: score), run its share (``run_shared``), return."""
+    if shared not in stages:
+        print(f"[halsift run] rank {ranks.rank}: no {shared} stage; rank 0 runs the recipe", flush=True)
         return
     timeout = wait_timeout()
     plan = read_plan(run, ranks, timeout)
-    for stage in stages[:stages.index("score")]:
+    for stage in stages[:stages.index(shared)]:
         if stage not in plan["skipped"]:
             print(f"[halsift run] rank {ranks.rank}: waiting for rank 0's {stage}", flush=True)
             wait_for_stage(run, stage_dirs[stage], ranks, fingerprints[stage], timeout)
-    if "score" in plan["skipped"]:
-        print(f"[halsift run] rank {ranks.rank}: score already complete; rank 0 runs the rest", flush=True)
+    if shared in plan["skipped"]:
+        print(f"[halsift run] rank {ranks.rank}: {shared} already complete; rank 0 runs the rest", flush=True)
         return
     started = time.time()
-    run_score()
+    run_shared()
     leave_group()
-    print(f"[halsift run] rank {ranks.rank}: score done in {time.time() - started:.1f}s; rank 0 runs the rest",
+    print(f"[halsift run] rank {ranks.rank}: {shared} done in {time.time() - started:.1f}s; rank 0 runs the rest",
           flush=True)
 
 
 @contextmanager
-def stage_scope(ranks: Ranks | None, stage: str) -> Iterator[None]:
-    """Rank 0 around one stage: score with every rank (then leave the group), any other stage alone."""
+def stage_scope(ranks: Ranks | None, every_rank: bool) -> Iterator[None]:
+    """Rank 0 around one stage: an ``every_rank`` stage (score) with every rank (then leave the group), any other
+    stage alone."""
     if ranks is None:
         yield
-    elif stage == "score":
+    elif every_rank:
         try:
             yield
         finally:

@@ -164,7 +164,8 @@ def test_no_detector_only_bounds(tmp_path):
 
 
 def test_stage_report_reads_ranks_npz(tmp_path):
-    from halsift.launch.recipe import Paths, stage_report
+    from halsift.launch.stages import Paths
+    from halsift.launch.stages.report import stage_report
 
     retrieval, ranks = fake_eval(RATES, n_img=300)
     run = tmp_path / "run"

@@ -272,7 +272,7 @@ def test_bench_and_recipe_ensembles_use_the_ensemble_detectors_combine(tmp_path)
     from halsift.corpus.scores import read_scores_df
     from halsift.eval.metrics.detection import ensemble_scores
     from halsift.filtering.detectors.ensemble import combine
-    from halsift.launch.recipe import write_ensemble
+    from halsift.launch.stages.score import write_ensemble
 
     rng = np.random.default_rng(3)
     members = [rng.uniform(0, 100, 40).astype(np.float32) for _ in range(2)]

@@ -15,7 +15,12 @@ import pytest
 
 from halsift.launch.cli import main
 from halsift.launch.cmd_run import load_recipe
-from halsift.launch.recipe import bench_subset, resolve_paths, stage_report, stage_score, stage_select, stage_world
+from halsift.launch.stages import resolve_paths
+from halsift.launch.stages.report import stage_report
+from halsift.launch.stages.score import stage_score
+from halsift.launch.stages.select import stage_select
+from halsift.launch.stages.shared import bench_subset
+from halsift.launch.stages.world import stage_world
 
 DETECTORS = {"oracle": "oracle", "random": "random:seed=0"}
 

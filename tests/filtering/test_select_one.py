@@ -129,12 +129,13 @@ def test_the_recipe_select_section_uses_the_command_names(tmp_path, monkeypatch,
     assert "select.default_captioner: renamed to 'select.captioner'" in capsys.readouterr().err
     from halsift.corpus.config import from_dict
     from halsift.filtering.selection import select as select_mod
-    from halsift.launch import recipe
+    from halsift.launch.stages import resolve_paths
+    from halsift.launch.stages.select import stage_select
     from halsift.launch.recipe_config import Recipe
 
     r = from_dict(Recipe, {"run_dir": str(tmp_path), "score": {"detectors": {"r": "random:seed=0"}},
                            "select": {"captioner": "cap9", "source": "t2i"}, "wandb": {"mode": "disabled"}})
     seen = {}
     monkeypatch.setattr(select_mod, "select", lambda *a, **kw: seen.update(kw) or {"status": "complete"})
-    recipe.stage_select(r, recipe.resolve_paths(r))
+    stage_select(r, resolve_paths(r))
     assert seen["meta_defaults"] == {"captioner": "cap9", "source": "t2i"}

@@ -62,7 +62,8 @@ def test_the_recipes_own_text_may_set_them_and_the_dry_run_names_them(tmp_path, 
 
 def test_trained_detector_carries_the_grant_of_the_recipes_own_base(tmp_path):
     from halsift.launch.cmd_run import load_recipe
-    from halsift.launch.recipe import detector_specs, resolve_paths
+    from halsift.launch.stages import resolve_paths
+    from halsift.launch.stages.score import detector_specs
 
     path = _recipe(tmp_path, {"tuned": "{trained.j}", "other": "{trained.k}"}, stages=["detectors", "score"],
                    detectors={"j": {"base": "vlm:model=some/model, Trust-Remote-Code=true"},

@@ -10,7 +10,9 @@ import pytest
 from halsift.launch.cli import main
 from halsift.launch.cmd_run import load_recipe, shipped_recipes
 from halsift.corpus.config import ConfigError
-from halsift.launch.recipe import check, detector_specs, trained_configs
+from halsift.launch.recipe import check
+from halsift.launch.stages.detectors import trained_configs
+from halsift.launch.stages.score import detector_specs
 
 RECIPES = shipped_recipes()
 REPO_RECIPES = sorted((Path(__file__).parents[2] / "recipes").rglob("*.yaml"))
@@ -176,7 +178,7 @@ def test_recipe_evals_call_the_library_with_typed_sections(tmp_path, monkeypatch
 
     import halsift.launch.cli as cli
     from halsift.launch.cmd_run import load_recipe
-    from halsift.launch.recipe import run_extra_evals
+    from halsift.launch.stages.eval import run_extra_evals
 
     r = load_recipe("paper/seed_evals", [f"run_dir={tmp_path / 'run'}", "evals.ihalla.prompts=4",
                                          "evals.vope.images=3", "evals.vigil.per_category=3"])
@@ -203,7 +205,7 @@ def test_train_sections_are_train_clip_configs(tmp_path, monkeypatch):
     one of them reaches the ClipTrainConfig the stage trains with."""
     import dataclasses
 
-    import halsift.launch.recipe as recipe_mod
+    from halsift.launch.stages import shared
     from halsift.launch.recipe_config import RECIPE_SET, FinetuneCfg
     from halsift.training.clip_config import ClipTrainConfig
 
@@ -214,9 +216,9 @@ def test_train_sections_are_train_clip_configs(tmp_path, monkeypatch):
             assert ours[f.name].default == f.default and ours[f.name].metadata["help"] == f.metadata["help"]
     r = load_recipe("quickstart", [f"run_dir={tmp_path}", "finetune.grad_accum=2", "finetune.precision=fp32",
                                    "pretrain.lock_image=true"])
-    monkeypatch.setattr(recipe_mod, "bench_subset", lambda bench, split, out: f"{bench}@{split}")
-    fine = recipe_mod._train_cfg(r, r.finetune, ["sel"], tmp_path / "f" / "seed0", "base.safetensors", 3)
-    pre = recipe_mod._train_cfg(r, r.pretrain, ["pre"], tmp_path / "p", "", 0)
+    monkeypatch.setattr(shared, "bench_subset", lambda bench, split, out: f"{bench}@{split}")
+    fine = shared.train_cfg(r, r.finetune, ["sel"], tmp_path / "f" / "seed0", "base.safetensors", 3)
+    pre = shared.train_cfg(r, r.pretrain, ["pre"], tmp_path / "p", "", 0)
     assert (fine.grad_accum, fine.precision, fine.lr, fine.steps, fine.workers, fine.seed) == (2, "fp32", 1e-3, 300, 0, 3)
     assert (pre.lock_image, pre.steps, pre.warmup, pre.model, pre.pretrained) == (True, 800, 40, "halsift-tiny", "")
     assert fine.bench.endswith("@test") and fine.resume and fine.wandb_run == "quickstart-f-seed0"

@@ -67,7 +67,7 @@ def test_rerun_after_detector_checkpoint_changed_rescores(tmp_path):
 # ------------------------------------------------------------------------------- 2. stale bench split cache in recipes
 def test_recipe_bench_split_cache_follows_its_bench(tmp_path):
     from halsift.corpus.bench import read_bench
-    from halsift.launch.recipe import bench_subset
+    from halsift.launch.stages.shared import bench_subset
 
     a = make_bench(tmp_path / "a", captions=4, seed=0)
     b = make_bench(tmp_path / "b", captions=6, seed=3)

@@ -1,0 +1,89 @@
+"""What a recipe stage is (:class:`Stage`) and what each receives: the run's :class:`Paths`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from halsift.corpus.safe_paths import safe_component
+
+if TYPE_CHECKING:
+    from halsift.launch.recipe_config import Recipe
+    from halsift.launch.recipe_ranks import Ranks
+
+
+def _always(r: Recipe) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One recipe stage: a module of ``launch/stages/`` defines it as ``STAGE``, ``launch/stages/__init__.py`` lists
+    it in run order and ``launch/recipe.py`` runs it.
+
+    ``run(recipe, paths) -> dict`` writes under ``<run_dir>/<name>/`` and returns what its ``_done.json`` records.
+    ``inputs`` are the recipe sections (dotted keys) it reads itself: a change in one re-runs it and, through the
+    chained :meth:`fingerprint`, every stage after it (what earlier stages made reaches it through that chain)."""
+
+    name: str
+    inputs: tuple[str, ...]
+    run: Callable[..., dict]
+    # under `halsift launch -- run`: run(recipe, paths, ranks) on every rank, each its share (one stage at most:
+    # launch/recipe_ranks.py); False: run(recipe, paths) on rank 0 alone
+    every_rank: bool = False
+    enabled: Callable[[Recipe], bool] = _always  # False: the recipe leaves the stage out (no folder, no _done.json)
+
+    def fingerprint(self, recipe: dict, previous: str) -> dict:
+        """``{"fingerprint", "sections"}``: a hash per input section of ``recipe`` (the recipe as a dict), and one
+        over those and ``previous`` (the fingerprint of the stage before, '' for the first)."""
+        sections = {k: _sha(_lookup(recipe, k)) for k in self.inputs}
+        return {"fingerprint": _sha([previous, sections]), "sections": sections}
+
+    def execute(self, r: Recipe, p: Paths, ranks: Ranks | None = None) -> dict:
+        """Run the stage; ``ranks`` reaches only an ``every_rank`` stage."""
+        return self.run(r, p, ranks) if self.every_rank else self.run(r, p)
+
+
+def _sha(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _lookup(d: dict, dotted: str):
+    for part in dotted.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
+
+
+@dataclass
+class Paths:
+    """Where each stage reads and writes, resolved once from the recipe."""
+
+    run: Path
+    corpus: str
+    bench: str
+    retrieval: dict[str, str]
+    pretrain_data: str
+    base: str  # base CLIP weights (pretrained tag or file), '' until the pretrain stage has run
+
+    def stage(self, name: str) -> Path:
+        return self.run / name
+
+    def named(self, stage: str, name: str) -> Path:
+        """``<run>/<stage>/<name>`` for a recipe name (a detector, ensemble, variant): refused unless ``name`` is one
+        safe path component, so no recipe builds a path outside the run folder (the config checks it first)."""
+        return self.stage(stage) / safe_component(name, stage)
+
+
+def resolve_paths(r: Recipe) -> Paths:
+    run = Path(r.run_dir)
+    world = run / "world"
+    corpus = r.data.corpus or (str(world / "corpus") if r.world.enabled else "")
+    bench = r.data.bench or (str(world / "bench" / "bench.jsonl") if r.world.enabled else "")
+    retrieval = dict(r.data.retrieval) or ({"synthetic": str(world / "retrieval")} if r.world.enabled else {})
+    pretrain = r.data.pretrain or (str(world / "pretrain") if r.world.enabled else "")
+    base = r.model.pretrained or str(run / "pretrain" / "final" / "open_clip_model.safetensors")
+    return Paths(run, corpus, bench, retrieval, pretrain, base)

@@ -1,0 +1,107 @@
+"""The score stage: every detector on the corpus and the bench, then the ensembles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from halsift.corpus.config import ConfigError
+from halsift.corpus.shards import write_json_atomic
+from halsift.launch.stages.base import Paths, Stage
+from halsift.launch.stages.detectors import substitute, trained_spec
+from halsift.launch.stages.shared import bench_subset, log_stage
+
+if TYPE_CHECKING:
+    from halsift.launch.recipe_config import Recipe
+
+
+class _Trained:
+    """``{trained.NAME}`` in a spec: the trained detector's spec; an unknown NAME is a config error."""
+
+    def __init__(self, specs: dict[str, str], where: str) -> None:
+        self._specs, self._where = specs, where
+
+    def __getattr__(self, name: str) -> str:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in self._specs:
+            raise ConfigError(f"{self._where}: {{trained.{name}}} names no entry of detectors "
+                              f"(known: {sorted(self._specs)})")
+        return self._specs[name]
+
+
+def detector_specs(r: Recipe, p: Paths) -> dict[str, str]:
+    """Detector name -> spec with ``{run_dir}``, ``{base}``, ``{arch}`` and ``{trained.NAME}`` substituted."""
+    subs = {"run_dir": str(p.run), "base": p.base, "arch": r.model.arch}
+    trained = {name: trained_spec(r, p, name) for name in r.detectors}
+    return {name: substitute(spec, f"score.detectors.{name}", {**subs, "trained": _Trained(trained,
+                                                                 f"score.detectors.{name}")})
+            for name, spec in r.score.detectors.items()}
+
+
+def scores_dir(p: Paths, name: str, what: str) -> Path:
+    """``<run>/score/NAME/corpus`` or ``.../bench``: the score folder of a detector or ensemble."""
+    return p.named("score", name) / what
+
+
+def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
+    """Score the corpus and the bench with every detector; under ``halsift launch`` on every rank (``ranks``: see
+    :mod:`halsift.launch.recipe_ranks`), each scoring its share of the parts; the ensembles on rank 0."""
+    from halsift.filtering.scoring.runner import score, score_bench
+    from halsift.filtering.detectors.spec import load_detector
+    from halsift.launch.recipe_ranks import main_process_first
+
+    info = {}
+    with main_process_first(ranks):  # rank 0 cuts the bench subset, the others then read it
+        bench = bench_subset(p.bench, r.eval.bench_split, p.run)  # only the rows the eval stage reads
+    for name, spec in detector_specs(r, p).items():
+        detector = load_detector(spec)
+        if p.corpus and "select" in r.stages:
+            score(detector, p.corpus, scores_dir(p, name, "corpus"), unit=r.score.unit,
+                  batch_size=r.score.batch_size, max_parse_failures=r.score.max_parse_failures)
+        if bench:
+            score_bench(detector, bench, scores_dir(p, name, "bench"), max_parse_failures=r.score.max_parse_failures)
+        info[name] = spec
+        del detector
+    if ranks is not None and not ranks.is_main:
+        return {"detectors": info}
+    for name, members in r.score.ensembles.items():
+        for what in ("corpus", "bench"):
+            if not all(scores_dir(p, m, what).exists() for m in members):
+                continue
+            write_ensemble(name, [scores_dir(p, m, what) for m in members], scores_dir(p, name, what))
+        info[name] = "mean(" + ", ".join(members) + ")"
+    log_stage(r, p, "score", {n: scores_dir(p, n, "corpus") for n in info})
+    return {"detectors": info}
+
+
+def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
+    """Mean of member scores (:func:`halsift.filtering.detectors.ensemble.combine`, equal weights, no normalisation) per
+    (key, sentence_index) all members scored, written as a score folder (seeds' Table 6 ensembles)."""
+    from halsift.corpus.scores import read_scores_df, scores_table, write_part_atomic
+    from halsift.filtering.detectors.ensemble import combine
+
+    merged = None
+    for i, d in enumerate(member_dirs):
+        df = read_scores_df(d, ["key", "sentence_index", "score", "parsed"]).rename(
+            columns={"score": f"s{i}", "parsed": f"p{i}"})
+        merged = df if merged is None else merged.merge(df, on=["key", "sentence_index"], how="inner")
+    cols = [f"s{i}" for i in range(len(member_dirs))]
+    merged = merged.sort_values(["key", "sentence_index"]).reset_index(drop=True)
+    out.mkdir(parents=True, exist_ok=True)
+    parsed = merged[[f"p{i}" for i in range(len(member_dirs))]].all(axis=1)
+    scores = combine(merged[cols].to_numpy(dtype=float).T, [1.0] * len(cols), "none")
+    table = scores_table(merged["key"], merged["sentence_index"], scores, parsed, name)
+    write_part_atomic(table, out / "part-ensemble.parquet")
+    write_json_atomic(out / "_manifest.json", {"detector": name, "detector_name": name, "status": "complete",
+                                               "part_files": ["part-ensemble.parquet"],
+                                               "members": [str(d) for d in member_dirs],
+                                               "rows": int(len(merged)), "complete": True})
+
+
+def scored_names(r: Recipe) -> list[str]:
+    """Detectors and ensembles: the names with score folders."""
+    return list(r.score.detectors) + list(r.score.ensembles)
+
+
+STAGE = Stage("score", ("score", "eval.bench_split"), stage_score, every_rank=True)
