@@ -93,7 +93,7 @@ def test_convert_alignbench_with_images_elsewhere_keeps_working(tmp_path):
 
 def test_recipe_bench_split_points_at_the_original_folder(tmp_path):
     """The recipe's bench split (absolute paths into the user's bench folder) is readable and scores."""
-    from halsift.launch.recipe import bench_subset
+    from halsift.launch.stages.shared import bench_subset
 
     bench = make_bench(tmp_path / "bench", captions=4)
     subset = bench_subset(str(bench), "test", tmp_path / "run")

@@ -81,7 +81,8 @@ def _old_manifest(m: dict, labels_in: tuple[int, int], labels_kept: tuple[int, i
 
 def _report(tmp_path: Path, selections: dict[str, Path], bench_out: Path) -> tuple[dict, str]:
     """The recipe's report stage over ``selections`` (filter -> a select manifest) and the bench metrics."""
-    from halsift.launch.recipe import Paths, stage_report
+    from halsift.launch.stages import Paths
+    from halsift.launch.stages.report import stage_report
     from halsift.launch.recipe_config import Recipe
 
     run = tmp_path / "run"
