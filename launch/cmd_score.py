@@ -82,19 +82,19 @@ def run(args: argparse.Namespace) -> int:
 
     from halsift.launch.cli import UsageError
 
-    config_from_args(ScoreConfig, args)  # the checks of ScoreConfig.validate, errors naming the flag
+    cfg = config_from_args(ScoreConfig, args)  # typed and checked (ScoreConfig.validate), errors name the flag
     from halsift.filtering.detectors.base import DetectorError
     from halsift.filtering.scoring.parts import MANIFEST, RunMismatch
     from halsift.filtering.scoring.runner import score
     from halsift.launch.score_engines import run_tasks, summary
 
-    code = run_tasks(args)  # --num-tasks / a SLURM array task / --engine ray; None: the rank-split run below
+    code = run_tasks(cfg)  # --num-tasks / a SLURM array task / --engine ray; None: the rank-split run below
     if code is not None:
         return code
     try:
-        out = score(args.detector, args.data, args.out, unit=args.unit, batch_size=args.batch_size,
-                    device=args.device, show_progress=not args.no_progress, workers=args.decode_workers,
-                    max_parse_failures=args.max_parse_failures)
+        out = score(cfg.detector, cfg.data, cfg.out, unit=cfg.unit, batch_size=cfg.batch_size,
+                    device=cfg.device, show_progress=not cfg.no_progress, workers=cfg.decode_workers,
+                    max_parse_failures=cfg.max_parse_failures)
     except RunMismatch as e:
         raise UsageError(f"--out: {e}") from e
     except DetectorError as e:
@@ -102,5 +102,5 @@ def run(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
     if PartialState().is_main_process:
-        summary(Path(out) / MANIFEST, args)
+        summary(Path(out) / MANIFEST, cfg)
     return 0

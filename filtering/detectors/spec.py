@@ -396,6 +396,7 @@ def check_spec(spec: str | os.PathLike | dict) -> list[tuple[str, str, dict[str,
 def _build(family: str, opts: dict[str, Any], where: str) -> Detector:
     cls = _family_class(family, where)
     opts = _options(family, opts, where)
+    _check_types(family, opts, where)  # the same typed options the dry run checks (family_config)
     try:
         det = cls(**opts)
     except SpecError:

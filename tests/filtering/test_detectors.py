@@ -52,7 +52,7 @@ def test_canonical_spec_ignores_option_order():
     ("nosuch:x=1", "unknown family 'nosuch'"),
     ("random:sed=1", "unknown option 'sed'"),
     ("random:seed", "not key=value"),
-    ("random:seed=abc", "seed='abc'"),
+    ("random:seed=abc", "seed: expected an integer, got 'abc'"),  # the typed check the dry run runs too
     ("random:seed=1,seed=2", "given twice"),
     ("ensemble:members=[oracle,random:seed=0],weights=[1]", "expected 2 values"),
     ("ensemble:members=[oracle],norm=softmax", "norm='softmax'"),
