@@ -45,9 +45,40 @@ def _lines(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_clip_cli_train_score_shards_and_eval_bench(data, tmp_path):
-    from halsift.corpus.scores import read_scores_df
+def _shard_items(shards: Path) -> list:
+    """Every ground-truth sentence of the shards as an Item with its own decoded image and preceding sentences."""
+    import io
+
+    from PIL import Image
+
     from halsift.corpus.shards import iter_samples
+    from halsift.filtering.detectors.base import Item
+
+    items = []
+    for s in iter_samples(shards):
+        texts = [x["text"] for x in s.meta["sentences"]]
+        image = Image.open(io.BytesIO(s.image)).convert("RGB")
+        items += [Item(s.key, j, t, texts[:j], image, s.key) for j, t in enumerate(texts)]
+    return items
+
+
+def _same_scores(scores, det, items) -> None:
+    """The runner's score of each (key, sentence) equals the detector's own score of that item."""
+    want = {(it.key, it.sentence_index): r.score for it, r in zip(items, det.score_batch(items))}
+    got = {(k, int(i)): float(v) for k, i, v in zip(scores["key"], scores["sentence_index"], scores["score"])}
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, abs=1e-3), k
+
+
+def test_clip_cli_train_score_shards_and_eval_bench(data, tmp_path):
+    from PIL import Image
+    from sklearn.metrics import roc_auc_score
+
+    from halsift.corpus.bench import read_bench
+    from halsift.corpus.scores import read_scores_df
+    from halsift.filtering.detectors.base import Item
+    from halsift.filtering.detectors.spec import load_detector
     from halsift.filtering.scoring.runner import score
 
     out = tmp_path / "run"
@@ -66,15 +97,29 @@ def test_clip_cli_train_score_shards_and_eval_bench(data, tmp_path):
         {p.name for p in adapter.iterdir()}
     # score shards through the runner by spec
     scores = read_scores_df(score(f"lora:{adapter}", data["shards"], tmp_path / "scores", show_progress=False))
-    n_sent = sum(len(s.meta["sentences"]) for s in iter_samples(data["shards"]))
-    assert len(scores) == n_sent > 0 and scores["score"].between(0, 100).all()
+    det = load_detector(f"lora:{adapter}")
+    _same_scores(scores, det, _shard_items(data["shards"]))
     assert set(scores["detector"]) == {f"lora:path={adapter}"}
+    base = load_detector(CLIP)  # the adapter is not its base
+    items = _shard_items(data["shards"])
+    assert max(abs(a.score - b.score) for a, b in zip(det.score_batch(items), base.score_batch(items))) > 1e-3
     # and evaluate on the bench
     rc = main(["eval", "bench", "--bench", str(data["bench"]), "--detector", f"lora:{adapter}", "--out",
                str(tmp_path / "ev"), "--n-boot", "10", "--no-plots"])
     assert rc == 0
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
-    assert any(k.startswith("auroc/") for k in metrics)
+    rows = read_bench(data["bench"])  # each row scored by the adapter with its own image; sklearn's AUROC
+    ims = {r.image: Image.open(data["bench"].parent / r.image).convert("RGB") for r in rows}
+    got = det.score_batch([Item(r.id, r.position, r.sentence, [], ims[r.image], r.id) for r in rows])
+    by_gen: dict = {}
+    for r, res in zip(rows, got):
+        if r.label in ("correct", "incorrect"):
+            by_gen.setdefault(r.generator, ([], []))[0].append(r.label == "correct")
+            by_gen[r.generator][1].append(res.score)
+    want = {f"auroc/{g}": 100 * roc_auc_score(y, v) for g, (y, v) in by_gen.items() if 0 < sum(y) < len(y)}
+    assert want and metrics["bench/n_rows"] == len(rows)
+    assert {k: v for k, v in metrics.items() if k in want or k == "auroc/mean"} == pytest.approx(
+        {**want, "auroc/mean": sum(want.values()) / len(want)}, abs=1e-6)
 
 
 def test_vlm_judge_target_equals_its_score_and_loads(data, tiny_llava, tmp_path):
@@ -114,7 +159,7 @@ def test_vlm_judge_target_equals_its_score_and_loads(data, tiny_llava, tmp_path)
     assert np.abs(got - base).max() > 1e-3  # the adapter (trained 2 steps at a high lr) changed the judge
     scores = read_scores_df(score(f"lora:{res['adapter']}", data["shards"], tmp_path / "s", batch_size=16,
                                   show_progress=False))
-    assert len(scores) > 0 and scores["score"].between(0, 100).all()
+    _same_scores(scores, det, _shard_items(data["shards"]))
 
 
 def test_two_process_cpu_training(data, tmp_path):
