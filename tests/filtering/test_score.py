@@ -90,7 +90,8 @@ def test_corrupt_samples_are_skipped_and_counted(tmp_path):
     from halsift.corpus.shards import ShardFormatError, iter_shard
 
     readable = []
-    with pytest.raises(ShardFormatError):
+    with pytest.raises(ShardFormatError, match=r"000002\.tar: truncated or corrupt tar after sample s2_\d+ "
+                                               r"\(.*\); \d+ sample\(s\) lost$"):
         for smp in iter_shard(tars[2]):
             readable.append(smp.key)
     assert len(readable) < 4 and m["samples"] == 8 - 2 + len(readable)
@@ -257,7 +258,8 @@ def test_fast_decode_decodes_jpegs_near_the_model_input_size_with_near_equal_sco
     pd.testing.assert_frame_equal(a[["key", "sentence_index"]], b[["key", "sentence_index"]])
     assert not np.array_equal(a["score"], b["score"])  # other pixels ...
     np.testing.assert_allclose(a["score"], b["score"], atol=0.2)  # ... the same picture to the model
-    with pytest.raises(RunMismatch):  # a folder scored in full is not resumed with reduced-scale decoding
+    # a folder scored in full is not resumed with reduced-scale decoding
+    with pytest.raises(RunMismatch, match="holds scores with a different detector"):
         score("clip:arch=halsift-tiny,seed=0,fast_decode=true", data, tmp_path / "full", batch_size=8,
               device="cpu", show_progress=False)
 

@@ -195,7 +195,7 @@ def test_resume_continues_from_checkpoint(data, tmp_path, monkeypatch):
         return path
 
     monkeypatch.setattr(engine, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="^simulated kill after step 2's checkpoint$"):
         dt.train_detector(_cfg(base=CLIP, bench=str(data["bench"]), out=str(tmp_path / "b")))
     monkeypatch.setattr(engine, "save_checkpoint", real)
     assert not (tmp_path / "b" / "checkpoints" / "step_000004").exists()
