@@ -153,8 +153,9 @@ def test_lr_zero_keeps_the_seeded_init(tiny, tmp_path):
 
 def test_default_clip_loss_learns_the_toy_task(tiny, tmp_path):
     """20 steps of the default (CLIP) loss on the colour-square shards: on 32 held-out pairs the correct caption
-    ranks far higher and the contrastive loss is lower than at init; the logged training loss falls. (Over
-    seeds 0-11 the held-out mean rank fell from ~15.5, chance, by 6.0-13.3 and the loss by 0.44-2.1.)"""
+    ranks far higher and the contrastive loss is lower than at init; the logged training loss falls. (Run with
+    --seed 0-7: the held-out mean rank fell from ~15.5, chance, by 7.1-13.6, its loss by 0.65-1.8 and the mean of
+    the first vs last three training losses by 0.77-1.9; the margins asserted are under half the smallest.)"""
     import open_clip
     import torch
     from PIL import Image
