@@ -40,3 +40,30 @@ def test_caption_unit_and_bad_inputs(tmp_path):
         halsift.score_pairs([], ["x"], detector="random:seed=0")
     with pytest.raises(ValueError, match=r"images\[0\]: cannot read"):
         halsift.score_pairs([str(tmp_path / "missing.jpg")], ["x"], detector="clip:arch=halsift-tiny,pretrained=random")
+
+
+def test_each_image_is_scored_with_its_own_caption(tmp_path):
+    """Scores follow a permutation of the pairs; permuting the images alone gives each caption the score of its new
+    image (each pair scored on its own as the reference), which differs from its old one."""
+    det = halsift.load_detector("clip:arch=halsift-tiny,pretrained=random,seed=0")
+    rng = random.Random(2)
+    images = [png(rng, size=48) for _ in range(4)]
+    captions = ["A dog. It runs.", "A red bus.", "Two cats on a sofa. One sleeps. The sky is grey.", "A tree."]
+
+    def alone(img, cap) -> list[float]:
+        return halsift.score_pairs([img], [cap], detector=det)["score"].tolist()
+
+    def by_pair(df) -> list[list[float]]:
+        return [df.loc[df["pair"] == p, "score"].tolist() for p in range(len(captions))]
+
+    df = halsift.score_pairs(images, captions, detector=det, batch_size=3)  # batches cut across pairs
+    for p, got in enumerate(by_pair(df)):
+        assert got == pytest.approx(alone(images[p], captions[p]), abs=1e-4), p
+    perm = [2, 0, 3, 1]
+    both = halsift.score_pairs([images[p] for p in perm], [captions[p] for p in perm], detector=det)
+    assert by_pair(both) == [pytest.approx(by_pair(df)[p], abs=1e-4) for p in perm]
+    swapped = by_pair(halsift.score_pairs([images[p] for p in perm], captions, detector=det, batch_size=3))
+    for i, p in enumerate(perm):
+        want = alone(images[p], captions[i])
+        assert swapped[i] == pytest.approx(want, abs=1e-4), i
+        assert max(abs(a - b) for a, b in zip(want, by_pair(df)[i])) > 1e-2, i  # the image matters to the score

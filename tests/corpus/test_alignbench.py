@@ -121,7 +121,7 @@ def test_bad_cells_name_row_and_column(tmp_path):
     df.loc[1, "sentence_index"] = 1
     with pytest.raises(AlignBenchFormatError, match=r"row 2: .* repeats .*row 1"):
         convert_alignbench(df, tmp_path / "b.jsonl")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"^AlignBench table: .*nope\.csv does not exist$"):
         convert_alignbench(tmp_path / "nope.csv", tmp_path / "b.jsonl")
     assert not (tmp_path / "b.jsonl").exists()
 

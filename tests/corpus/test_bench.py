@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -76,7 +77,7 @@ def test_schema_errors_name_file_line_and_field(tmp_path, mutate, needle):
     mutate(bad)
     p = tmp_path / "bench.jsonl"
     p.write_text(json.dumps(_row(0)) + "\n\n" + json.dumps(bad) + "\n")
-    with pytest.raises(BenchFormatError) as ei:
+    with pytest.raises(BenchFormatError, match="^" + re.escape(f"{p}:3: ") + ".*" + re.escape(needle)) as ei:
         read_bench(p)
     assert str(ei.value).startswith(f"{p}:3: ") and needle in str(ei.value)
 

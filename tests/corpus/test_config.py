@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -82,7 +83,7 @@ class Typed:
 ])
 def test_strict_types_one_line_each(data, message):
     """Strict (pydantic strict mode): no "1" -> 1, 1 -> true or 2017 -> "2017" behind the user's back."""
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$") as e:
         from_dict(Typed, data, prefix="")
     assert str(e.value) == message
 

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from img2dataset_data import jpeg, make_img2dataset
 
-from halsift.corpus.shards import iter_samples, read_sizes
+from halsift.corpus.shards import META_DEFAULTS, iter_samples, read_sizes
 from halsift.launch.cli import main
 
 
@@ -118,10 +118,30 @@ def test_convert_piped_img2dataset_then_score_select(tmp_path, capsys):
     kept = _score_select(tmp_path / "sh", tmp_path)
     assert len(kept) == 4 and {s.meta["captioner"] for s in kept} == {"alt-text"}
     assert main(["convert", "img2dataset", str(src), "--out", str(tmp_path / "sh2")]) == 0
-    assert len(list(iter_samples(tmp_path / "sh2"))) == 8
+    want = _tar_members(src)
+    for folder, captioner in (("sh", "alt-text"), ("sh2", META_DEFAULTS["captioner"])):
+        got = {s.key: s for s in iter_samples(tmp_path / folder)}
+        assert list(got) == list(want), folder  # every sample, in order
+        for key, (jpg, txt, meta) in want.items():
+            s = got[key]
+            assert (s.image, s.caption, s.ext) == (jpg, txt, "jpg"), key
+            assert {k: s.meta[k] for k in meta} == meta and s.meta["captioner"] == captioner, key
     capsys.readouterr()
     assert main(["convert", "webdataset", f"pipe:cat {tmp_path}/nope.tar", "--out", str(tmp_path / "sh3")]) == 2
     assert "cannot read these shards" in _err(capsys)
+
+
+def _tar_members(folder) -> dict:
+    """``key -> (jpg bytes, txt, json)`` of a folder's tars, read with the standard library's tarfile."""
+    import tarfile
+
+    out: dict = {}
+    for tar in sorted(folder.glob("*.tar")):
+        with tarfile.open(tar) as t:
+            for m in t.getmembers():
+                key, ext = m.name.split(".", 1)
+                out.setdefault(key, {})[ext] = t.extractfile(m).read()
+    return {k: (v["jpg"], v["txt"].decode(), json.loads(v["json"])) for k, v in out.items()}
 
 
 def test_convert_coco_and_flickr(tmp_path, capsys):

@@ -84,7 +84,7 @@ def test_two_writers_merge_sizes(tmp_path):
 
 def test_interrupted_writer_keeps_finished_shards_only(tmp_path):
     samples = _samples(5)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="^killed$"):
         with ShardWriter(tmp_path, maxcount=3) as w:
             for s in samples:
                 w.write(s)

@@ -83,10 +83,10 @@ def test_cli_stats(synth_world, capsys, tmp_path):
     bad.write_text('{"id": 1}\n')
     assert main(["stats", str(bad)]) == 2
     assert "bench.jsonl:1" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(SystemExit, match="^2$") as e:
         main(["stats"])
     assert e.value.code == 2
     for argv in (["--help"], ["stats", "--help"], ["synth", "--help"]):  # help text formats ('%' escaped)
-        with pytest.raises(SystemExit) as e:
+        with pytest.raises(SystemExit, match="^0$") as e:
             main(argv)
         assert e.value.code == 0

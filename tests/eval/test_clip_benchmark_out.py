@@ -23,29 +23,80 @@ def test_result_layout_and_scale():
                                                "image_retrieval_recall@5": 0.5, "text_retrieval_recall@5": 0.6}}
 
 
-def test_eval_retrieval_output_aggregates_with_clip_benchmark_build(tmp_path):
+# the fields clip_benchmark 1.6's `eval` dumps for a retrieval task (clip_benchmark/cli.py, run(): ``dump``)
+CB_FIELDS = {"dataset", "model", "pretrained", "task", "metrics", "language"}
+
+
+def _build(files: list, output) -> None:
+    """clip_benchmark 1.6's ``main_build`` (clip_benchmark/cli.py, MIT), restated so CI checks our files against
+    what `clip_benchmark build` does with them when the optional extra is not installed: each file's metrics and
+    top-level fields become one CSV row, plus ``model_fullname`` = ``model + ' ' + pretrained``."""
+    import csv
+
+    rows, fieldnames = [], set()
+    for path in files:
+        data = json.loads(open(path).read())
+        row = {**data["metrics"], **data}
+        del row["metrics"]
+        row["model_fullname"] = row["model"] + " " + row["pretrained"]
+        fieldnames |= set(row)
+        rows.append(row)
+    with open(output, "w") as f:
+        writer = csv.DictWriter(f, fieldnames=sorted(fieldnames))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> tuple[list[str], list[dict]]:
+    """Two `eval retrieval` runs of halsift-tiny on a 6-image set: their clip_benchmark.json paths and metrics."""
+    tmp = tmp_path_factory.mktemp("cb")
     rng = random.Random(0)
     rows = []
-    (tmp_path / "flickr_mini").mkdir()
+    (tmp / "flickr_mini").mkdir()
     for i in range(6):
-        (tmp_path / "flickr_mini" / f"{i}.png").write_bytes(png(rng))
+        (tmp / "flickr_mini" / f"{i}.png").write_bytes(png(rng))
         rows.append({"image": f"{i}.png", "captions": [f"A picture number {i}.", f"Another view {i}."]})
-    write_retrieval(tmp_path / "flickr_mini" / "retrieval.jsonl", rows)
-    outs, expected = [], []
+    write_retrieval(tmp / "flickr_mini" / "retrieval.jsonl", rows)
+    outs, ours = [], []
     for name in ("a", "b"):
-        out = tmp_path / name
-        assert main(["eval", "retrieval", "--model", "halsift-tiny", "--data", str(tmp_path / "flickr_mini"),
+        out = tmp / name
+        assert main(["eval", "retrieval", "--model", "halsift-tiny", "--data", str(tmp / "flickr_mini"),
                      "--out", str(out), "--device", "cpu"]) == 0
-        ours = json.loads((out / "metrics.json").read_text())
-        cb = json.loads((out / "clip_benchmark.json").read_text())
-        assert cb["dataset"] == "flickr_mini" and cb["pretrained"] == "random-init"
-        assert cb["metrics"]["text_retrieval_recall@5"] == pytest.approx(ours["i2t/r@5"] / 100)
-        assert cb["metrics"]["image_retrieval_recall@10"] == pytest.approx(ours["t2i/r@10"] / 100)
-        outs.append(out / "clip_benchmark.json")
-        expected.append(ours["i2t/r@5"] / 100)
-    cli = pytest.importorskip("clip_benchmark.cli")
+        outs.append(str(out / "clip_benchmark.json"))
+        ours.append(json.loads((out / "metrics.json").read_text()))
+    return outs, ours
+
+
+def test_eval_retrieval_output_has_clip_benchmark_layout_and_builds(two_runs, tmp_path):
+    """Runs without the optional extra: the files hold what clip_benchmark's eval dumps, and its build (restated
+    in :func:`_build`) makes one row per run with our recalls on its scale."""
+    outs, ours = two_runs
+    for path, m in zip(outs, ours):
+        cb = json.loads(open(path).read())
+        assert set(cb) == CB_FIELDS and (cb["task"], cb["language"]) == ("zeroshot_retrieval", "en")
+        assert (cb["dataset"], cb["model"], cb["pretrained"]) == ("flickr_mini", "halsift-tiny", "random-init")
+        # clip_benchmark's names and 0-1 scale: image_retrieval = text->image, text_retrieval = image->text
+        want = {f"{a}_retrieval_recall@{k}": m[f"{b}/r@{k}"] / 100
+                for a, b in (("image", "t2i"), ("text", "i2t")) for k in (1, 5, 10)}
+        assert cb["metrics"] == pytest.approx(want)
     csv = tmp_path / "benchmark.csv"
-    cli.main_build(argparse.Namespace(files=[str(p) for p in outs], output=str(csv)))
+    _build(outs, csv)
     df = pd.read_csv(csv)
     assert len(df) == 2 and set(df["model_fullname"]) == {"halsift-tiny random-init"}
-    assert sorted(df["text_retrieval_recall@5"]) == pytest.approx(sorted(expected))
+    assert set(df["task"]) == {"zeroshot_retrieval"} and set(df["dataset"]) == {"flickr_mini"}
+    for k in ("i2t/r@1", "i2t/r@5", "t2i/r@10"):
+        col = f"{'text' if k.startswith('i2t') else 'image'}_retrieval_recall@{k.split('@')[1]}"
+        assert df[col].tolist() == pytest.approx([m[k] / 100 for m in ours]), k
+
+
+def test_clip_benchmark_build_itself_gives_the_same_table(two_runs, tmp_path):
+    """With the optional extra installed: `clip_benchmark build` on our files equals :func:`_build`'s table."""
+    cli = pytest.importorskip("clip_benchmark.cli")
+    outs, _ = two_runs
+    cli.main_build(argparse.Namespace(files=outs, output=str(tmp_path / "real.csv")))
+    _build(outs, tmp_path / "ours.csv")
+    real, ours = pd.read_csv(tmp_path / "real.csv"), pd.read_csv(tmp_path / "ours.csv")
+    pd.testing.assert_frame_equal(real.sort_index(axis=1), ours.sort_index(axis=1))
+    assert sorted(real["text_retrieval_recall@5"]) == pytest.approx(
+        sorted(json.loads(open(p).read())["metrics"]["text_retrieval_recall@5"] for p in outs))

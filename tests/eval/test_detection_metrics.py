@@ -71,7 +71,7 @@ def test_one_class_generator_left_out_with_reason():
 
 def test_failure_rate():
     assert failure_rate([True, False, True, True]) == 25.0  # a percentage, 0–100
-    with pytest.raises(MetricError):
+    with pytest.raises(MetricError, match="^failure_rate: no scores$"):
         failure_rate([])
 
 
@@ -103,7 +103,7 @@ def test_precision_at_keep_by_hand():
     tie = pd.DataFrame({"generator": ["g"] * 4, "generator_type": ["i2t"] * 4, "score": [90.0, 50, 50, 50],
                         "label": ["incorrect", "correct", "correct", "incorrect"]})
     assert precision_at_keep(tie, 0.5).iloc[0]["precision"] == pytest.approx(100 * (0 + 2 / 3) / 2)
-    with pytest.raises(MetricError):
+    with pytest.raises(MetricError, match=r"^keep: expected a share in \(0, 1\], got 0.0$"):
         precision_at_keep(df, 0.0)
 
 
@@ -115,7 +115,7 @@ def test_self_preference_and_ensembles():
         self_preference(aur, {"d3": "g1"})
     assert ensemble_scores([[0, 50], [100, 70]]).tolist() == [50.0, 60.0]
     assert ensemble_gain({"auroc/g": 75.0}, [{"auroc/g": 70.0}, {"auroc/g": 72.0}]) == {"auroc/g": 3.0}
-    with pytest.raises(MetricError):
+    with pytest.raises(MetricError, match="^ensemble: needs at least two members$"):
         ensemble_scores([[1, 2]])
 
 

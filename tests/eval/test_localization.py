@@ -62,5 +62,5 @@ def test_ap_and_miou_by_hand():
     assert localization_metrics([[(0, 3)]], [[(2, 10)]])["ap"] == 0.0  # 1/10
     assert localization_metrics([[(0, 10)]], [[(0, 3)]])["ap"] == 100.0  # 3/10 = 0.3
     assert localization_metrics([[]], [[(0, 1)]])["ap"] != localization_metrics([[]], [[(0, 1)]])["ap"]  # NaN
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^localization: 1 predictions but 0 ground truths$"):
         localization_metrics([[]], [])

@@ -59,7 +59,8 @@ def test_capabilities_are_declared_and_a_missing_one_names_detector_and_capabili
     assert rand.capabilities() == frozenset()
     assert load_detector("ensemble:members=[random:seed=1,random:seed=2],norm=rank").capabilities() == {SET_LEVEL}
     assert load_detector("ensemble:members=[random:seed=1,random:seed=2]").capabilities() == frozenset()
-    with pytest.raises(MissingCapability) as e:
+    with pytest.raises(MissingCapability, match=r"^the I-HallA VLM answerer needs the vlm-judge capability .*; "
+                                                r"detector 'random:seed=0' \(random\) does not have it$") as e:
         rand.vlm_judge("the I-HallA VLM answerer")
     msg = str(e.value)
     assert "\n" not in msg and "'random:seed=0'" in msg and VLM_JUDGE in msg and "I-HallA" in msg

@@ -110,7 +110,7 @@ def test_yaml_spec(tmp_path):
     bad.write_text("seed: 1\n")
     with pytest.raises(SpecError, match="'family' is missing"):
         load_detector(bad)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"^detector spec: .*missing\.yaml does not exist$"):
         load_detector(tmp_path / "missing.yaml")
 
 

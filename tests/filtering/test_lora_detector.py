@@ -4,6 +4,7 @@ missing or corrupt files (a tiny clip adapter trained for two steps on a slice o
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def test_broken_adapter_folder_names_the_file(clip_adapter, tmp_path, breakage, 
         k = sorted(state)[0]
         state[k + ".renamed"] = state.pop(k)
         save_file(state, str(broken / "adapter_model.safetensors"))
-    with pytest.raises((SpecError, FileNotFoundError, ValueError)) as err:
+    with pytest.raises((SpecError, FileNotFoundError, ValueError), match=re.escape(named)) as err:
         load_detector(f"lora:{broken}")
     assert named in str(err.value) and str(broken) in str(err.value)
 

@@ -78,7 +78,9 @@ def test_images_of_different_final_sizes_fall_back():
     images = _images([(20, 30), (16, 16)])
     assert PixelBatcher(no_crop)(images).dtype == torch.uint8  # a fixed (h, w) resize: one size
     short_side = T.Compose([T.Resize(8), T.ToTensor(), norm])
-    with pytest.raises(RuntimeError):  # different sizes cannot stack, as with per-image preprocessing
+    # different sizes cannot stack, as with per-image preprocessing
+    with pytest.raises(RuntimeError,
+                       match="stack expects each tensor to be equal size"):
         PixelBatcher(short_side)(images)
 
 

@@ -44,7 +44,26 @@ def test_an_abandoned_reader_stops_its_thread_and_reads_at_most_depth_ahead():
     it.close()  # the consumer stops early (an error in the model, a closed generator)
     assert not reader._thread.is_alive()
     assert not any(t.name == "halsift-prefetch" and t.is_alive() for t in threading.enumerate())
-    assert reader.busy_s >= 0.0
+
+
+def test_busy_s_is_the_producers_work_not_its_wait_for_room():
+    """The producer works ~0.15 s (timed by itself) and waits ~0.45 s for a slow consumer: busy_s is the work."""
+    work = []
+
+    def gen():
+        for i in range(5):
+            t = time.perf_counter()
+            time.sleep(0.03)
+            work.append(time.perf_counter() - t)
+            yield i
+
+    reader = Prefetcher(gen(), depth=1)
+    got = []
+    for x in reader:
+        time.sleep(0.15)  # the consumer is slow: the producer blocks on the full queue
+        got.append(x)
+    assert got == list(range(5)) and len(work) == 5
+    assert sum(work) <= reader.busy_s <= sum(work) + 0.1, (reader.busy_s, sum(work))
 
 
 def test_depth_must_be_positive():

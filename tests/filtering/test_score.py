@@ -91,7 +91,8 @@ def test_corrupt_samples_are_skipped_and_counted(tmp_path):
     from halsift.corpus.shards import ShardFormatError, iter_shard
 
     readable = []
-    with pytest.raises(ShardFormatError):
+    with pytest.raises(ShardFormatError, match=r"000002\.tar: truncated or corrupt tar after sample s2_\d+ "
+                                               r"\(.*\); \d+ sample\(s\) lost$"):
         for smp in iter_shard(tars[2]):
             readable.append(smp.key)
     assert len(readable) < 4 and m["samples"] == 8 - 2 + len(readable)
@@ -129,9 +130,17 @@ def test_manifest_and_caption_unit(tmp_path):
         labels = [x["label"] for x in s.meta["sentences"]]
         want = 0.0 if "incorrect" in labels else 100.0 if set(labels) == {"correct"} else 50.0
         assert df.loc[df["key"] == s.key, "score"].item() == want
-    for k in ("detector", "inputs", "wall_time_s", "sentences_per_s", "parse_failures", "skipped", "time_share"):
-        assert k in m
-    assert m["detector"] == "oracle" and len(m["inputs"]["paths"]) == 2
+    tars = sorted(data.glob("*.tar"))
+    assert (m["detector"], m["unit"], m["status"]) == ("oracle", "caption", "complete")
+    assert m["inputs"] == {"kind": "shards", "paths": [str(t.resolve()) for t in tars]}
+    assert (m["parts"], m["parts_resumed"], m["world_size"], m["ranks"]) == (2, 0, 1, [0])
+    assert m["sentences_scored_this_run"] == 10 and m["parse_failures"] == 0  # the oracle parses every label
+    assert m["skipped"] == {"total": 0, "by_kind": {}, "samples": [], "samples_omitted": 0}
+    t = m["scoring_time_s"]  # rounded to 1 ms; the rate is rounded to 0.01 from the unrounded time
+    assert 0 < t <= m["wall_time_s"] + 1e-3
+    assert 10 / (t + 5e-4) - 0.01 <= m["sentences_per_s"] <= 10 / max(t - 5e-4, 1e-9) + 0.01
+    share = m["time_share"]
+    assert share["model"] + share["data"] == pytest.approx(1, abs=2e-4) and share["decode"] >= 0
 
 
 def test_score_bench_rows(tmp_path):
@@ -144,7 +153,17 @@ def test_score_bench_rows(tmp_path):
     assert dict(zip(df["key"], df["sentence_index"])) == {r["id"]: r["position"] for r in rows}
     assert set(df.columns) >= {"key", "sentence_index", "score", "parsed", "detector"}
     clip = score_bench("clip:arch=halsift-tiny,pretrained=random", bench, tmp_path / "clip")
-    assert len(clip) == len(rows) and clip["score"].between(0, 100).all()
+    assert len(clip) == len(rows)
+    from PIL import Image
+
+    from halsift.filtering.detectors.base import Item
+    from halsift.filtering.detectors.spec import load_detector
+
+    det = load_detector("clip:arch=halsift-tiny,pretrained=random")  # each row scored alone with its own image file
+    for r in rows:
+        with Image.open(bench.parent / r["image"]) as im:
+            want = det.score_batch([Item(r["id"], r["position"], r["sentence"], [], im.convert("RGB"))])[0].score
+        assert clip.loc[clip["key"] == r["id"], "score"].item() == pytest.approx(want, abs=1e-3), r["id"]
 
 
 def test_ensemble_rank_norm_is_over_the_whole_run(tmp_path):
@@ -240,7 +259,8 @@ def test_fast_decode_decodes_jpegs_near_the_model_input_size_with_near_equal_sco
     pd.testing.assert_frame_equal(a[["key", "sentence_index"]], b[["key", "sentence_index"]])
     assert not np.array_equal(a["score"], b["score"])  # other pixels ...
     np.testing.assert_allclose(a["score"], b["score"], atol=0.2)  # ... the same picture to the model
-    with pytest.raises(RunMismatch):  # a folder scored in full is not resumed with reduced-scale decoding
+    # a folder scored in full is not resumed with reduced-scale decoding
+    with pytest.raises(RunMismatch, match="holds scores with a different detector"):
         score("clip:arch=halsift-tiny,pretrained=random,seed=0,fast_decode=true", data, tmp_path / "full", batch_size=8,
               device="cpu", show_progress=False)
 

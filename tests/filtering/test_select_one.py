@@ -109,10 +109,10 @@ def test_the_other_engine_does_not_continue_a_selection(scored, tmp_path, capsys
 
 
 def test_describe_and_the_reference_list_every_select_flag(capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="^0$"):
         main(["select", "--help"])
     flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", capsys.readouterr().out)) - {"--help", "--describe"}
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="^0$"):
         main(["select", "--describe"])
     described = {line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line and line[0] != "#"}
     names = {f[2:].replace("-", "_") for f in flags if not (f.startswith("--no-") and f[5:].replace("-", "_")

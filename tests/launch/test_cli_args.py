@@ -25,10 +25,10 @@ def test_overrides_after_dry_run_and_force_are_applied(tmp_path, capsys):
 
 
 def test_other_commands_still_refuse_stray_words(capsys):
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(SystemExit, match="^2$") as e:
         main(["stats", "a", "b"])
     assert e.value.code == 2 and "unrecognized arguments: b" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="^2$"):
         main(["run", "quickstart", "--dry-run", "--bogus", "a=1"])
     assert "unrecognized arguments: --bogus a=1" in capsys.readouterr().err
 
@@ -41,7 +41,7 @@ def test_force_names_a_stage(capsys):
 def test_launch_describe_lists_every_flag_with_default_and_meaning(capsys):
     from halsift.launch.cmd_launch import LaunchConfig
 
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(SystemExit, match="^0$") as e:
         main(["launch", "--describe"])
     assert e.value.code == 0
     out = capsys.readouterr().out

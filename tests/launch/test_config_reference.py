@@ -56,7 +56,7 @@ def test_command_flags_come_from_its_config_class(command):
 
 
 def test_describe_prints_the_settings_and_detector_options(capsys):
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(SystemExit, match="^0$") as e:
         main(["score", "--describe"])  # no --detector/--data/--out needed, like --help
     assert e.value.code == 0
     out = capsys.readouterr().out
@@ -64,10 +64,10 @@ def test_describe_prints_the_settings_and_detector_options(capsys):
     assert "clip: arch: str = 'ViT-B-32', pretrained: str | None = None, checkpoint" in out
     assert "ensemble: members: list = (), weights: list[float] | None = None, norm: str = 'none'" in out
     assert "vlm: model: str (required), mode: str = 'logits'" in out
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="^0$"):
         main(["select", "--describe"])
     assert "top_k: null  # number of units to keep" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="^0$"):
         main(["run", "--describe"])
     out = capsys.readouterr().out
     assert "  grad_accum: 1  # micro-batches per optimizer step" in out and "lora: path: str (required), merge: bool = False" in out

@@ -45,7 +45,7 @@ def _settings(p: argparse.ArgumentParser) -> set[str]:
 
 def _describe(p: argparse.ArgumentParser) -> str:
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit, match=r"^\d+$") as done:
         p.parse_args(["--describe"])
     assert done.value.code == 0, f"--describe exited {done.value.code}"
     return out.getvalue()

@@ -40,7 +40,7 @@ def test_flags_are_the_config_fields_and_keep_the_old_names(name):
 def test_describe_prints_the_eval_settings(capsys):
     from halsift.launch.cli import main
 
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(SystemExit, match="^0$") as e:
         main(["eval", "vope", "--describe"])  # no --out needed, like --help
     assert e.value.code == 0
     out = capsys.readouterr().out

@@ -29,10 +29,12 @@ def test_accelerate_command_for_multi_node_gpus():
         assert flag in argv
 
 
-@pytest.mark.parametrize("spec", [LaunchSpec(procs_per_node=0), LaunchSpec(nodes=2, node_rank=2),
-                                  LaunchSpec(backend="mpi")])
-def test_bad_launch_specs_are_rejected(spec):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("spec, message", [
+    (LaunchSpec(procs_per_node=0), "^--gpus/--procs must be >= 1, got 0$"),
+    (LaunchSpec(nodes=2, node_rank=2), r"^--node-rank must be in \[0, 2\), got 2$"),
+    (LaunchSpec(backend="mpi"), "^--backend must be torchrun, accelerate or auto, got 'mpi'$")])
+def test_bad_launch_specs_are_rejected(spec, message):
+    with pytest.raises(ValueError, match=message):
         launch_command(spec, ["score"])
 
 

@@ -117,7 +117,7 @@ def test_missing_user_path_is_named(tmp_path):
 
 
 def test_describe_and_list(capsys):
-    with pytest.raises(SystemExit) as e:  # like --help
+    with pytest.raises(SystemExit, match="^0$") as e:  # like --help
         main(["run", "--describe"])
     assert e.value.code == 0
     out = capsys.readouterr().out

@@ -232,7 +232,8 @@ def test_truncated_shard_counts_the_samples_it_lost(tmp_path):
     raw = tar.read_bytes()
     tar.write_bytes(raw[: len(raw) // 3 + 100])
     read = []
-    with pytest.raises(ShardFormatError):
+    with pytest.raises(ShardFormatError, match=r"000000\.tar: truncated or corrupt tar after sample s4_\d+ "
+                                               r"\(.*\); \d+ sample\(s\) lost$"):
         for s in iter_shard(tar):
             read.append(s.key)
     assert _score(data, tmp_path / "s") == 0
@@ -435,7 +436,7 @@ def test_write_part_atomic_removes_its_temp_file_on_failure(tmp_path, monkeypatc
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(pq, "write_table", full)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="No space left on device"):
         write_part_atomic(scores_table(["a"], [0], [1.0], [True], "x"), tmp_path / "part-a.parquet")
     assert list(tmp_path.iterdir()) == []
 

@@ -224,10 +224,10 @@ def test_cli_synth_and_bad_flags(tmp_path, capsys):
     assert sum(read_sizes(out / "pretrain").values()) == 2
     assert main(["synth", "--out", str(tmp_path / "x"), "--images", "0"]) == 2
     assert main(["synth", "--out", str(tmp_path / "x"), "--image-size", "8"]) == 2
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(SystemExit, match="^2$") as e:
         main(["synth", "--out", str(tmp_path / "x"), "--images", "many"])
     assert e.value.code == 2
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(SystemExit, match="^2$") as e:
         main(["synth", "--images", "3"])  # --out is required
     assert e.value.code == 2
 

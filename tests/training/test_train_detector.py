@@ -45,9 +45,40 @@ def _lines(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_clip_cli_train_score_shards_and_eval_bench(data, tmp_path):
-    from halsift.corpus.scores import read_scores_df
+def _shard_items(shards: Path) -> list:
+    """Every ground-truth sentence of the shards as an Item with its own decoded image and preceding sentences."""
+    import io
+
+    from PIL import Image
+
     from halsift.corpus.shards import iter_samples
+    from halsift.filtering.detectors.base import Item
+
+    items = []
+    for s in iter_samples(shards):
+        texts = [x["text"] for x in s.meta["sentences"]]
+        image = Image.open(io.BytesIO(s.image)).convert("RGB")
+        items += [Item(s.key, j, t, texts[:j], image, s.key) for j, t in enumerate(texts)]
+    return items
+
+
+def _same_scores(scores, det, items) -> None:
+    """The runner's score of each (key, sentence) equals the detector's own score of that item."""
+    want = {(it.key, it.sentence_index): r.score for it, r in zip(items, det.score_batch(items))}
+    got = {(k, int(i)): float(v) for k, i, v in zip(scores["key"], scores["sentence_index"], scores["score"])}
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, abs=1e-3), k
+
+
+def test_clip_cli_train_score_shards_and_eval_bench(data, tmp_path):
+    from PIL import Image
+    from sklearn.metrics import roc_auc_score
+
+    from halsift.corpus.bench import read_bench
+    from halsift.corpus.scores import read_scores_df
+    from halsift.filtering.detectors.base import Item
+    from halsift.filtering.detectors.spec import load_detector
     from halsift.filtering.scoring.runner import score
 
     out = tmp_path / "run"
@@ -66,15 +97,29 @@ def test_clip_cli_train_score_shards_and_eval_bench(data, tmp_path):
         {p.name for p in adapter.iterdir()}
     # score shards through the runner by spec
     scores = read_scores_df(score(f"lora:{adapter}", data["shards"], tmp_path / "scores", show_progress=False))
-    n_sent = sum(len(s.meta["sentences"]) for s in iter_samples(data["shards"]))
-    assert len(scores) == n_sent > 0 and scores["score"].between(0, 100).all()
+    det = load_detector(f"lora:{adapter}")
+    _same_scores(scores, det, _shard_items(data["shards"]))
     assert set(scores["detector"]) == {f"lora:path={adapter}"}
+    base = load_detector(CLIP)  # the adapter is not its base
+    items = _shard_items(data["shards"])
+    assert max(abs(a.score - b.score) for a, b in zip(det.score_batch(items), base.score_batch(items))) > 1e-3
     # and evaluate on the bench
     rc = main(["eval", "bench", "--bench", str(data["bench"]), "--detector", f"lora:{adapter}", "--out",
                str(tmp_path / "ev"), "--n-boot", "10", "--no-plots"])
     assert rc == 0
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
-    assert any(k.startswith("auroc/") for k in metrics)
+    rows = read_bench(data["bench"])  # each row scored by the adapter with its own image; sklearn's AUROC
+    ims = {r.image: Image.open(data["bench"].parent / r.image).convert("RGB") for r in rows}
+    got = det.score_batch([Item(r.id, r.position, r.sentence, [], ims[r.image], r.id) for r in rows])
+    by_gen: dict = {}
+    for r, res in zip(rows, got):
+        if r.label in ("correct", "incorrect"):
+            by_gen.setdefault(r.generator, ([], []))[0].append(r.label == "correct")
+            by_gen[r.generator][1].append(res.score)
+    want = {f"auroc/{g}": 100 * roc_auc_score(y, v) for g, (y, v) in by_gen.items() if 0 < sum(y) < len(y)}
+    assert want and metrics["bench/n_rows"] == len(rows)
+    assert {k: v for k, v in metrics.items() if k in want or k == "auroc/mean"} == pytest.approx(
+        {**want, "auroc/mean": sum(want.values()) / len(want)}, abs=1e-6)
 
 
 def test_vlm_judge_target_equals_its_score_and_loads(data, tiny_llava, tmp_path):
@@ -114,7 +159,7 @@ def test_vlm_judge_target_equals_its_score_and_loads(data, tiny_llava, tmp_path)
     assert np.abs(got - base).max() > 1e-3  # the adapter (trained 2 steps at a high lr) changed the judge
     scores = read_scores_df(score(f"lora:{res['adapter']}", data["shards"], tmp_path / "s", batch_size=16,
                                   show_progress=False))
-    assert len(scores) > 0 and scores["score"].between(0, 100).all()
+    _same_scores(scores, det, _shard_items(data["shards"]))
 
 
 def test_two_process_cpu_training(data, tmp_path):
@@ -150,7 +195,7 @@ def test_resume_continues_from_checkpoint(data, tmp_path, monkeypatch):
         return path
 
     monkeypatch.setattr(engine, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="^simulated kill after step 2's checkpoint$"):
         dt.train_detector(_cfg(base=CLIP, bench=str(data["bench"]), out=str(tmp_path / "b")))
     monkeypatch.setattr(engine, "save_checkpoint", real)
     assert not (tmp_path / "b" / "checkpoints" / "step_000004").exists()
@@ -341,16 +386,16 @@ def test_world_judge_reaches_target_auroc(tmp_path):
     assert auc >= 75 and shuffled < auc - 3
 
 
-def _test_auroc(spec: str, bench: Path, tmp: Path, shuffled: bool = False) -> float:
-    """Pooled test-split AUROC; ``shuffled``: each test image replaced by another (a fixed derangement)."""
+def _test_auroc(spec: str, bench: Path, tmp: Path, shuffled: bool = False, split: str = "test") -> float:
+    """Pooled AUROC on a split (test); ``shuffled``: each image replaced by another (a fixed derangement)."""
     from halsift.corpus.bench import read_bench, with_shuffled_images, write_bench
     from halsift.eval.runs.bench_eval import bench_frame, join_scores
     from halsift.eval.metrics.detection import auroc, labelled
     from halsift.filtering.scoring.runner import score_bench
     from halsift.filtering.detectors.spec import load_detector
 
-    test = bench.with_name("bench_test_shuffled.jsonl" if shuffled else "bench_test.jsonl")
-    rows = [r for r in read_bench(bench) if r.split == "test"]
+    test = bench.with_name(f"bench_{split}_shuffled.jsonl" if shuffled else f"bench_{split}.jsonl")
+    rows = [r for r in read_bench(bench) if r.split == split]
     write_bench(test, with_shuffled_images(rows) if shuffled else rows)
     det = load_detector(spec)
     df, _, _ = join_scores(bench_frame(test), score_bench(det, test, show_progress=False), det.name)
@@ -377,6 +422,22 @@ def test_lora_clip_beats_its_untuned_base(tmp_path):
     tuned, untuned = _test_auroc(f"lora:{res['adapter']}", bench, tmp_path), _test_auroc(base, bench, tmp_path)
     print(f"clip test AUROC: base {untuned:.2f}, LoRA {tuned:.2f}")
     assert tuned > untuned
+
+
+def test_lora_clip_fits_its_training_rows(data, tmp_path):
+    """The CI-sized check that training improves the detector: 20 steps on the 63 train rows (8 incorrect) of the
+    small bench raise the AUROC on those rows well above the base's. (Seeds 0-9 of base and training: base 36-78,
+    tuned 83-100, gain >= 19.8.) The generalising claims (test split, a pre-trained base) are the slow tests below."""
+    from halsift.training.detector_train import train_detector
+
+    base = "clip:arch=halsift-tiny,pretrained=random,seed=1"
+    res = train_detector(_cfg(base=base, bench=str(data["bench"]), out=str(tmp_path / "fit"), steps=20, batch_size=16,
+                              lr=5e-3, val_split="", seed=1))
+    desc = __import__("yaml").safe_load((Path(res["adapter"]) / "detector.yaml").read_text())
+    assert res["last_step"] == desc["step"] == 20  # no validation: the last step is exported
+    untuned = _test_auroc(base, data["bench"], tmp_path, split="train")
+    tuned = _test_auroc(f"lora:{res['adapter']}", data["bench"], tmp_path, split="train")
+    assert tuned >= 75 and tuned >= untuned + 10, (untuned, tuned)
 
 
 def test_nonfinite_loss_stops_before_the_next_save(data, tmp_path, monkeypatch):

@@ -92,7 +92,8 @@ def test_toy_task_logs_checkpoints_and_resumes_exactly(tmp_path, monkeypatch):
     assert all("train/loss" in x and "train/lr" in x and x["train/samples_per_s"] > 0 for x in a)
     assert [p.name for p in engine.complete_checkpoints(tmp_path / "a")] == ["step_000002", "step_000004",
                                                                            "step_000006"]
-    with _killed_after_checkpoint(monkeypatch, 4), pytest.raises(KeyboardInterrupt):
+    with _killed_after_checkpoint(monkeypatch, 4), pytest.raises(KeyboardInterrupt,
+                                                                 match="^simulated kill after step 4's checkpoint$"):
         engine.run(ToyTask(ToyConfig(out=str(tmp_path / "b"))))
     resumed = engine.run(ToyTask(ToyConfig(out=str(tmp_path / "b"), resume=True)))
     assert torch.equal(resumed["weight"], straight["weight"])  # optimizer, scheduler and data position restored
@@ -138,7 +139,8 @@ def test_caption_pretraining_resumes_like_a_straight_run(synth_world, tmp_path, 
 
     straight = pretrain_captioner(cfg("a"), show_progress=False)
     assert straight["samples"] > 0 and straight["loss_first"] > 0
-    with _killed_after_checkpoint(monkeypatch, 2), pytest.raises(KeyboardInterrupt):
+    with _killed_after_checkpoint(monkeypatch, 2), pytest.raises(KeyboardInterrupt,
+                                                                 match="^simulated kill after step 2's checkpoint$"):
         pretrain_captioner(cfg("b"), show_progress=False)
     assert not (tmp_path / "b_model").exists()
     pretrain_captioner(cfg("b", resume=True), show_progress=False)

@@ -1,0 +1,31 @@
+"""Rules the test suite keeps: every ``pytest.raises`` pins the message it expects (``match=``)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).parent
+
+
+def raises_without_match(source: str) -> list[int]:
+    """Line numbers of ``pytest.raises(...)`` calls (context-manager form) without a ``match=`` keyword."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "raises"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "pytest"
+                and len(node.args) == 1 and not any(k.arg == "match" for k in node.keywords)):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_every_pytest_raises_pins_its_message():
+    bad = [f"{p.relative_to(TESTS)}:{n}" for p in sorted(TESTS.rglob("*.py"))
+           for n in raises_without_match(p.read_text())]
+    assert bad == [], f"pytest.raises without match= (pin the expected message): {bad}"
+
+
+def test_the_check_sees_a_raises_without_match():
+    src = ("import pytest\nwith pytest.raises(ValueError):\n    pass\n"
+           "with pytest.raises(ValueError, match='x'):\n    pass\n")
+    assert raises_without_match(src) == [2]
