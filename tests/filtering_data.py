@@ -126,3 +126,14 @@ def remote_code_model(folder: Path, marker: Path) -> Path:
         f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
         "from transformers import PretrainedConfig\nclass EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n")
     return folder
+
+
+def write_png_shards(folder: Path, pairs, maxcount: int) -> Path:
+    """Shards of ``(png bytes, caption)`` pairs, keys ``s0000``..., captioner ``test`` (i2t), ``maxcount`` a shard."""
+    from halsift.corpus.shards import Sample, ShardWriter
+
+    with ShardWriter(folder, maxcount=maxcount) as w:
+        for i, (image, caption) in enumerate(pairs):
+            w.write(Sample(key=f"s{i:04d}", image=image, caption=caption, ext="png",
+                           meta={"captioner": "test", "source": "i2t"}))
+    return folder

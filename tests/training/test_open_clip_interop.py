@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from filtering_data import write_png_shards
 
-from halsift.corpus.shards import Sample, ShardWriter
 from halsift.launch.cli import main
 
 CAPTIONS = ["a red square at the top left", "a blue square on white", "two green squares"]
@@ -92,13 +92,13 @@ def shards(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("oc_shards")
     rng = np.random.default_rng(0)
-    with ShardWriter(root / "shards", maxcount=8) as w:
-        for i in range(16):
-            buf = io.BytesIO()
-            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, "PNG")
-            w.write(Sample(key=f"s{i:04d}", image=buf.getvalue(), caption=CAPTIONS[i % 3], ext="png",
-                           meta={"captioner": "test", "source": "i2t"}))
-    return root / "shards"
+
+    def png() -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, "PNG")
+        return buf.getvalue()
+
+    return write_png_shards(root / "shards", [(png(), CAPTIONS[i % 3]) for i in range(16)], maxcount=8)
 
 
 @pytest.mark.parametrize("loss", ["clip", "siglip"])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from filtering_data import write_png_shards
 
 from halsift.corpus.shards import Sample, ShardWriter
 from halsift.launch.cli import main
@@ -45,13 +46,9 @@ def tiny(tmp_path_factory) -> Path:
     """shards/: 4 shards x 16 samples (one with a corrupt image); retrieval/: 12 images x 2 captions."""
     root = tmp_path_factory.mktemp("tiny")
     rng = np.random.default_rng(0)
-    with ShardWriter(root / "shards", maxcount=16) as w:
-        for i in range(64):
-            img, cap, *_ = _pair(rng, i)
-            if i == 5:
-                img = b"\x89PNG not really"
-            w.write(Sample(key=f"s{i:04d}", image=img, caption=cap, ext="png",
-                           meta={"captioner": "test", "source": "i2t"}))
+    pairs = [_pair(rng, i)[:2] for i in range(64)]
+    pairs[5] = (b"\x89PNG not really", pairs[5][1])  # one corrupt image
+    write_png_shards(root / "shards", pairs, maxcount=16)
     (root / "retrieval" / "images").mkdir(parents=True)
     with open(root / "retrieval" / "retrieval.jsonl", "w") as f:
         for i in range(12):
