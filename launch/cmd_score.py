@@ -1,15 +1,21 @@
-"""``halsift score``: score every image–sentence pair of shards (or every row of a bench file) with a detector."""
+"""``halsift score``: score every image–sentence pair of shards (or every row of a bench file) with a detector.
+
+The rank-split run (one process, or every rank under ``halsift launch``) unless the scale-out flags ask for
+independent tasks (``--num-tasks``/``--task-index``, or a SLURM array task's environment) or Ray (``--engine
+ray``): :func:`run_tasks` runs those forms."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from halsift.corpus.units import Unit
 from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
 from halsift.launch.describe import add_describe_argument
-from halsift.launch.run_wandb import wandb_mode_field, wandb_project_field
+from halsift.launch.run_wandb import WandbFlag, wandb_mode_field, wandb_project_field
 
 _G = {"group": "scale-out (independent tasks, SLURM arrays, Ray)"}
 HELP = "score shards or a bench.jsonl with a detector spec (sharded over ranks, resumable)"
@@ -38,7 +44,7 @@ class ScoreConfig:
                                                 "parsable answer (a judge's reply, scored 50): checked after 200 "
                                                 "items and at the end; 1 turns the check off",
                                       cli={"metavar": "FRACTION"})
-    # scale-out: the task / Ray forms that replace the rank-split run (launch/score_engines.py)
+    # scale-out: the task / Ray forms that replace the rank-split run (run_tasks below)
     num_tasks: int | None = field(None, help="run as one of N independent tasks sharing --out (default: "
                                              "$SLURM_ARRAY_TASK_COUNT in an array job); the last task to finish "
                                              "writes the complete manifest", cli={**_G, "metavar": "N"})
@@ -54,7 +60,7 @@ class ScoreConfig:
     workers: int | None = field(None, help="--engine ray: number of scoring actors (default: one per GPU of the "
                                            "cluster, else per CPU)", cli=_G)
     # logging: once the folder is complete (launch/run_wandb.py)
-    wandb: Literal["offline", "online"] | None = wandb_mode_field()
+    wandb: WandbFlag | None = wandb_mode_field()
     wandb_project: str = wandb_project_field()
 
     def validate(self) -> None:
@@ -78,15 +84,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from halsift.launch.cli import UsageError
 
     cfg = config_from_args(ScoreConfig, args)  # typed and checked (ScoreConfig.validate), errors name the flag
     from halsift.filtering.detectors.base import DetectorError
     from halsift.filtering.scoring.parts import MANIFEST, RunMismatch
     from halsift.filtering.scoring.runner import score
-    from halsift.launch.score_engines import run_tasks, summary
 
     code = run_tasks(cfg)  # --num-tasks / a SLURM array task / --engine ray; None: the rank-split run below
     if code is not None:
@@ -104,3 +107,69 @@ def run(args: argparse.Namespace) -> int:
     if PartialState().is_main_process:
         summary(Path(out) / MANIFEST, cfg)
     return 0
+
+
+def run_tasks(cfg: ScoreConfig) -> int | None:
+    """Run the task / Ray form of ``score`` when asked for; ``None`` when the ordinary run applies."""
+    from halsift.filtering.detectors.base import DetectorError
+    from halsift.filtering.scoring.parts import MANIFEST, RunMismatch
+    from halsift.filtering.scoring.tasks import STALE_AFTER_S, TaskError, score_task, task_from_env
+    from halsift.launch.cli import UsageError
+
+    stale = STALE_AFTER_S if cfg.claim_timeout is None else cfg.claim_timeout
+    if cfg.decode_workers and (cfg.engine == "ray" or task_from_env(cfg.num_tasks, cfg.task_index) is not None):
+        raise UsageError("--decode-workers: not honoured by independent tasks (--num-tasks, a SLURM array) or "
+                         "--engine ray yet; drop it there (each task reads with its read-ahead thread)")
+    if cfg.engine != "ray" and (cfg.address is not None or cfg.workers is not None):
+        raise UsageError("--address/--workers: only with --engine ray")
+    try:
+        if cfg.engine == "ray":
+            if cfg.num_tasks is not None or cfg.task_index is not None or cfg.claim_timeout is not None:
+                raise UsageError("--engine ray: Ray deals the parts itself; drop --num-tasks/--task-index/"
+                                 "--claim-timeout")
+            if cfg.workers is not None and cfg.workers < 1:
+                raise UsageError(f"--workers: expected >= 1, got {cfg.workers}")
+            from halsift.filtering.scoring.ray_engine import score_ray
+
+            m = score_ray(cfg.detector, cfg.data, cfg.out, unit=cfg.unit, batch_size=cfg.batch_size,
+                          device=cfg.device, address=cfg.address, workers=cfg.workers,
+                          show_progress=not cfg.no_progress, max_parse_failures=cfg.max_parse_failures)
+            print(f"ray: {m['workers']} workers, {m['parts_redone']} parts redone after a worker died", flush=True)
+            summary(Path(cfg.out) / MANIFEST, cfg)
+            return 0
+        task = task_from_env(cfg.num_tasks, cfg.task_index)
+        if task is None:
+            if cfg.claim_timeout is not None:
+                raise UsageError("--claim-timeout: only with --num-tasks (or in a SLURM array task)")
+            return None
+        n, i = task
+        run = score_task(cfg.detector, cfg.data, cfg.out, n, i, unit=cfg.unit, batch_size=cfg.batch_size,
+                         device=cfg.device, show_progress=not cfg.no_progress, stale_after=stale,
+                         max_parse_failures=cfg.max_parse_failures)
+    except TaskError as e:
+        raise UsageError(str(e)) from None
+    except RunMismatch as e:
+        raise UsageError(f"--out: {e}") from e
+    except DetectorError as e:
+        raise UsageError(f"--detector: {e}") from e
+    print(f"task {i}/{n}: scored {run['parts_scored']} parts ({run['sentences']} items), "
+          f"{run['parts_skipped_done']} already done, {run['parts_taken_over']} taken over from dead tasks",
+          flush=True)
+    if run["complete"]:
+        summary(Path(cfg.out) / MANIFEST, cfg)
+    else:
+        print(f"task {i}/{n}: {run['parts_missing']} parts not written yet ({len(run['held_by_live_tasks'])} held "
+              f"by running tasks); the last task to finish completes {Path(cfg.out) / MANIFEST}", flush=True)
+    return 0
+
+
+def summary(manifest: Path, cfg: ScoreConfig | None = None) -> None:
+    """The one-line result of a finished score run (and its wandb run when ``cfg.wandb`` asks for one)."""
+    m = json.loads(manifest.read_text())
+    print(f"scored {m['sentences']} items of {m['samples']} samples in {m['parts']} parts "
+          f"({m['sentences_per_s']} items/s this run); skipped {m['skipped']['total']}, "
+          f"parse failures {m['parse_failures']} -> {manifest.parent}", flush=True)
+    if cfg is not None:
+        from halsift.launch.run_wandb import log_score
+
+        log_score(cfg, manifest)
