@@ -16,7 +16,7 @@ from typing import Literal
 from halsift.corpus.units import Agg, Unit
 from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
 from halsift.launch.describe import add_describe_argument
-from halsift.launch.run_wandb import wandb_mode_field, wandb_project_field
+from halsift.launch.run_wandb import WandbFlag, wandb_mode_field, wandb_project_field
 from halsift.launch.select_engines import captioner_field, source_field
 
 HELP = "select the top fraction / top-k / above-threshold units by score and write new shards"
@@ -68,7 +68,7 @@ class SelectConfig:
                                              "$SLURM_ARRAY_TASK_COUNT in an array)", cli={**_SCALE, "metavar": "N"})
     task_index: int | None = field(None, help="this process's index, 0..N-1", cli={**_SCALE, "metavar": "I"})
     memory_limit: str | None = field(None, help="DuckDB's memory limit for the keys, e.g. 1GB (default)", cli=_SCALE)
-    wandb: Literal["offline", "online"] | None = wandb_mode_field()
+    wandb: WandbFlag | None = wandb_mode_field()
     wandb_project: str = wandb_project_field()
 
     def validate(self) -> None:

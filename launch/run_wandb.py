@@ -16,15 +16,13 @@ unless the recipe's ``wandb.mode`` is ``disabled``.
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from halsift.corpus.config import field
 
-MODES = ("offline", "online")
 _G = {"group": "logging"}
+WandbFlag = Literal["offline", "online"]  # `--wandb [MODE]` of score and select (a command logs only when asked)
 
 
 def wandb_mode_field():
@@ -37,20 +35,6 @@ def wandb_mode_field():
 def wandb_project_field():
     """The ``--wandb-project`` setting, for a command's settings class (a new field each call)."""
     return field("halsift", help="wandb project", cli=_G)
-
-
-@dataclass
-class WandbSettings:
-    """``--wandb [MODE]`` and ``--wandb-project`` (off unless asked for)."""
-
-    wandb: Literal["offline", "online"] | None = wandb_mode_field()
-    wandb_project: str = wandb_project_field()
-
-
-def add_wandb_arguments(p: argparse.ArgumentParser) -> None:
-    from halsift.corpus.config import add_dataclass_arguments
-
-    add_dataclass_arguments(p, WandbSettings, config_file=False, defaults=True)
 
 
 def score_metrics(manifest: dict, out: Path) -> tuple[list[dict], dict]:
@@ -113,8 +97,9 @@ def log_run(kind: str, out: Path, summary: dict, history: list[dict], mode: str,
         run.finish()
 
 
-def log_score(args: argparse.Namespace, manifest_path: Path) -> None:
-    """After a complete ``halsift score`` (rank 0 / the last task), when ``--wandb`` was given."""
+def log_score(args: Any, manifest_path: Path) -> None:
+    """After a complete ``halsift score`` (rank 0 / the last task), when ``--wandb`` was given (``args``: its
+    ``ScoreConfig``)."""
     mode = getattr(args, "wandb", None)
     if not mode:
         return
@@ -127,8 +112,8 @@ def log_score(args: argparse.Namespace, manifest_path: Path) -> None:
     print(f"wandb ({mode}): {where}", flush=True)
 
 
-def log_select(args: argparse.Namespace, manifest: dict) -> None:
-    """After a complete ``halsift select``, when ``--wandb`` was given."""
+def log_select(args: Any, manifest: dict) -> None:
+    """After a complete ``halsift select``, when ``--wandb`` was given (``args``: its ``SelectConfig``)."""
     mode = getattr(args, "wandb", None)
     if not mode:
         return
