@@ -17,12 +17,13 @@ from halsift.corpus.units import AGGS, Unit, check_unit
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
 from halsift.launch.cmd_score import ScoreConfig
 from halsift.launch.select_engines import captioner_field, source_field
-from halsift.launch.stages import REGISTRY
 from halsift.synth.world_config import WorldSettings
 from halsift.training.clip_config import ClipTrainConfig
 
-# The stages in run order: launch/stages/ (one module each, with the recipe sections it reads).
-STAGES = tuple(REGISTRY)
+# The stages in run order, by name: each is a module of launch/stages/ (its body and the recipe sections it reads),
+# whose REGISTRY lists them in this order (tests/launch/test_recipe_stages.py checks the two agree). Declared here,
+# below the stages, so that the recipe's settings never import the code that runs them.
+STAGES = ("world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report")
 TRAINED_KINDS = ("lora", "world_judge")
 # the report's own rows (the base model, the whole corpus): no detector, ensemble or variant may take these names
 RESERVED_NAMES = ("no-tune", "unfiltered")

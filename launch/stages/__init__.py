@@ -2,8 +2,8 @@
 
 A stage module holds the stage's body and its own helpers and ends with ``STAGE = Stage(name, inputs, run)``
 (:class:`~halsift.launch.stages.base.Stage`); it may import the stages before it (what they made), never those
-after. Adding a stage: its module here, its line in :data:`REGISTRY` (where it runs), its recipe section
-(a field of ``recipe_config.Recipe``).
+after. Adding a stage: its module here, its line in :data:`REGISTRY` (where it runs) and its name at the same place
+in ``recipe_config.STAGES``, its recipe section (a field of ``recipe_config.Recipe``).
 """
 
 from __future__ import annotations
