@@ -21,13 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from halsift.corpus.errors import InputError
 from halsift.corpus.sample import CAPTION_INDEX, Item  # noqa: F401 - re-exported: the scored unit lives in corpus
 
-if TYPE_CHECKING:
-    from halsift.filtering.detectors.vlm_judge import VlmJudge
 
 @dataclass
 class Result:
@@ -110,7 +108,7 @@ class Detector:
     needs_image: ClassVar[bool] = True
     localizes: bool = False  # localization: results carry ``spans``
     set_level: bool = False  # set-level: scores depend on the whole set (``members`` + :meth:`combine_scores`)
-    judge: "VlmJudge | None" = None  # vlm-judge: the loaded VLM it lends for QA and likelihoods
+    judge: Any = None  # vlm-judge: the loaded VLM it lends (a vlm_judge.VlmJudge; not imported: it imports this)
     decode_size: int | None = None  # JPEGs may decode at a reduced scale down to this side (None: in full)
     image_arrays: bool = False  # items' images may come as uint8 [H, W, 3] RGB arrays instead of PIL images
 
@@ -147,7 +145,7 @@ class Detector:
         if capability not in self.capabilities():
             raise MissingCapability(self, capability, purpose)
 
-    def vlm_judge(self, purpose: str = "") -> "VlmJudge":
+    def vlm_judge(self, purpose: str = "") -> Any:
         """The :class:`~halsift.filtering.detectors.vlm_judge.VlmJudge` this detector lends (capability ``vlm-judge``)."""
         self.require(VLM_JUDGE, purpose)
         return self.judge  # type: ignore[return-value]

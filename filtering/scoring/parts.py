@@ -27,7 +27,6 @@ from halsift.filtering.scoring.part_records import PART_META_KEY, RECORDS, part_
 from halsift.filtering.scoring.prefetch import Prefetcher
 
 MANIFEST = "_manifest.json"
-_META_KEY = PART_META_KEY
 BENCH_CHUNK = 512  # captions per part when scoring a bench file
 
 
@@ -191,7 +190,7 @@ class PartRows:
                  "sentences": len(c["key"]), "parse_failures": c["parsed"].count(False), "skipped": skipped,
                  "time_model_s": round(self.t_model, 4), "time_data_s": round(wall - self.t_model, 4),
                  "time_decode_s": round(decode_s, 4), "wall_s": round(wall, 4), **(fingerprints or {})}
-        write_part_atomic(table.replace_schema_metadata({_META_KEY: json.dumps(stats).encode()}), out_path)
+        write_part_atomic(table.replace_schema_metadata({PART_META_KEY: json.dumps(stats).encode()}), out_path)
         return stats
 
 
@@ -232,7 +231,7 @@ def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_
 def part_stats(path: Path) -> dict:
     """The stats a finished part carries in its parquet metadata."""
     meta = pq.read_schema(path).metadata or {}
-    return json.loads(meta.get(_META_KEY, b"{}"))
+    return json.loads(meta.get(PART_META_KEY, b"{}"))
 
 
 def check_or_start(out: Path, ident: dict, state) -> None:

@@ -52,13 +52,17 @@ def test_an_upward_import_breaks_a_contract(tmp_path, folder, line, broken):
     # two modules of one package importing each other (one of them inside a function)
     ("filtering", {"cyc_a.py": "from halsift.filtering import cyc_b\n",
                    "cyc_b.py": "def f():\n    from halsift.filtering import cyc_a\n"}, "No cycles are allowed in halsift.filtering"),
+    # a cycle closed only by an import for type checkers
+    ("corpus", {"cyc_a.py": "from halsift.corpus import cyc_b\n",
+                "cyc_b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from halsift.corpus import cyc_a\n"},
+     "No cycles are allowed in halsift.corpus"),
     # two sibling packages through their modules: eval.metrics -> eval.report -> eval.metrics
     ("eval", {"metrics/cyc.py": "import halsift.eval.report.markdown\n",
               "report/cyc.py": "import halsift.eval.metrics.detection\n"}, "No cycles are allowed in halsift.eval"),
 ])
 def test_an_import_cycle_breaks_the_acyclic_contract(tmp_path, folder, files, cycle):
     """No import cycles at any level (import-linter's acyclic_siblings): a cycle between modules or between sibling
-    packages is reported; imports under TYPE_CHECKING do not count."""
+    packages is reported; imports under TYPE_CHECKING count too."""
     for f in FOLDERS:
         if f == folder:
             shutil.copytree(ROOT / f, tmp_path / f, ignore=shutil.ignore_patterns("__pycache__"))
