@@ -13,7 +13,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Literal
 
-from halsift.corpus.units import Agg, Unit
+from halsift.corpus.units import AGGS, Agg, Unit, check_unit
 from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
 from halsift.launch.describe import add_describe_argument
 from halsift.launch.run_wandb import WandbFlag, wandb_mode_field, wandb_project_field
@@ -31,10 +31,10 @@ class SelectConfig:
     data: str = field("", help="the shards that were scored (folder / glob / brace pattern)", cli={"required": True})
     out: str = field("", help="new folder: shards + sizes.json + manifest.json + kept.parquet (rerun the same "
                               "command into it to finish a killed select)", cli={"required": True})
-    keep: float | None = field(None, help="fraction of units to keep, e.g. 0.2",
-                               cli={"exclusive": "amount", "required": True})
-    top_k: int | None = field(None, help="number of units to keep", cli={"exclusive": "amount"})
-    threshold: float | None = field(None, help="keep units scoring at least this (0-100)",
+    keep: float = field(0.2, help="fraction of units to keep (the seeds' top 20%%); --top-k or --threshold "
+                                  "replaces it", cli={"exclusive": "amount"})
+    top_k: int | None = field(None, help="number of units to keep instead of a fraction", cli={"exclusive": "amount"})
+    threshold: float | None = field(None, help="keep units scoring at least this (0-100) instead of a fraction",
                                     cli={"exclusive": "amount"})
     unit: Unit = field("sentence", help="select image-sentence pairs (default) or whole "
                                                                   "captions")
@@ -72,8 +72,6 @@ class SelectConfig:
     wandb_project: str = wandb_project_field()
 
     def validate(self) -> None:
-        from halsift.launch.recipe_config import check_selection
-
         check_selection("", self.keep, self.unit, self.agg, self.top_k, self.threshold)
         if self.maxcount is not None and self.maxcount < 1:
             raise ValueError(f"maxcount: expected >= 1, got {self.maxcount}")
@@ -82,6 +80,35 @@ class SelectConfig:
         if self.keys_only and (self.html or self.export_keys):
             raise ValueError(f"--keys-only writes no shards; {'--html' if self.html else '--export-keys'} reads "
                              "them: drop one of the two")
+
+
+def check_selection(where: str, keep: float | None, unit: str, agg: str, top_k: int | None = None,
+                    threshold: float | None = None) -> None:
+    """Raise ValueError naming ``where.KEY`` (or ``KEY`` when ``where`` is '') on a bad selection setting."""
+    def key(name: str) -> str:
+        return f"{where}.{name}" if where else name
+
+    if keep is not None and not 0 < keep <= 1:
+        raise ValueError(f"{key('keep')}: expected a fraction in (0, 1], got {keep}")
+    check_unit(unit, key("unit"))
+    if agg not in AGGS:
+        raise ValueError(f"{key('agg')}: expected one of {', '.join(AGGS)}, got {agg!r}")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"{key('top_k')}: expected >= 0, got {top_k}")
+    if threshold is not None and not 0 <= threshold <= 100:  # also refuses nan
+        raise ValueError(f"{key('threshold')}: expected a score in [0, 100], got {threshold}")
+    if top_k and threshold is not None:
+        raise ValueError(f"{key('threshold')}: set top_k or threshold, not both")
+
+
+def amount(keep: float, top_k: int | None, threshold: float | None) -> dict:
+    """The one rule for how much to keep, for the command and recipes alike: ``top_k`` (when > 0) or ``threshold``
+    (when set) replaces ``keep``; returns select()'s ``keep``/``top_k``/``threshold``."""
+    if top_k:
+        return {"keep": None, "top_k": top_k, "threshold": None}
+    if threshold is not None:
+        return {"keep": None, "top_k": None, "threshold": threshold}
+    return {"keep": keep, "top_k": None, "threshold": None}
 
 
 CONFIG = SelectConfig  # the settings (docs/config.md, --describe)
@@ -119,7 +146,7 @@ def run_engine(cfg: SelectConfig) -> dict | None:
     why = refusal(cfg, engine)
     if why:
         raise UsageError(why)
-    common = dict(keep=cfg.keep, top_k=cfg.top_k, threshold=cfg.threshold, unit=cfg.unit, agg=cfg.agg, seed=cfg.seed,
+    common = dict(**amount(cfg.keep, cfg.top_k, cfg.threshold), unit=cfg.unit, agg=cfg.agg, seed=cfg.seed,
                   show_progress=not cfg.no_progress, meta_defaults={"captioner": cfg.captioner, "source": cfg.source},
                   detector=cfg.detector, allow_partial=cfg.allow_partial)
     n, i = task or (1, 0)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from halsift.corpus.config import ConfigError, WandbMode, field, fields_of
 from halsift.corpus.safe_paths import safe_component
-from halsift.corpus.units import AGGS, Unit, check_unit
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
 from halsift.launch.cmd_score import ScoreConfig
-from halsift.launch.select_engines import captioner_field, source_field
+from halsift.launch.cmd_select import SelectConfig, amount, check_selection
 from halsift.synth.world_config import WorldSettings
 from halsift.training.clip_config import ClipTrainConfig
 
@@ -170,34 +169,6 @@ def check_split(key: str, split: str) -> None:
         safe_component(split, key, is_key=False)
 
 
-def check_selection(where: str, keep: float | None, unit: str, agg: str, top_k: int | None = 0,
-                    threshold: float | None = None) -> None:
-    """Raise ValueError naming ``where.KEY`` (or ``KEY`` when ``where`` is '') on a bad selection setting."""
-    def key(name: str) -> str:
-        return f"{where}.{name}" if where else name
-
-    if keep is not None and not 0 < keep <= 1:
-        raise ValueError(f"{key('keep')}: expected a fraction in (0, 1], got {keep}")
-    check_unit(unit, key("unit"))
-    if agg not in AGGS:
-        raise ValueError(f"{key('agg')}: expected one of {', '.join(AGGS)}, got {agg!r}")
-    if top_k is not None and top_k < 0:
-        raise ValueError(f"{key('top_k')}: expected >= 0, got {top_k}")
-    if threshold is not None and not 0 <= threshold <= 100:  # also refuses nan
-        raise ValueError(f"{key('threshold')}: expected a score in [0, 100], got {threshold}")
-    if top_k and threshold is not None:
-        raise ValueError(f"{key('threshold')}: set top_k or threshold, not both")
-
-
-def _amount(keep: float, top_k: int, threshold: float | None) -> dict:
-    """select()'s ``keep``/``top_k``/``threshold``: top_k (when > 0) or threshold (when set) replaces keep."""
-    if top_k:
-        return {"keep": None, "top_k": top_k, "threshold": None}
-    if threshold is not None:
-        return {"keep": None, "top_k": None, "threshold": threshold}
-    return {"keep": keep, "top_k": None, "threshold": None}
-
-
 @dataclass
 class SelectVariantCfg:
     filter: str = field("", help="the detector or ensemble (a key of score.detectors / score.ensembles) whose "
@@ -213,20 +184,21 @@ class SelectVariantCfg:
         return bool(self.keep or self.top_k or self.threshold is not None)
 
 
+# SelectConfig fields a recipe sets itself (inputs and outputs per filter) or that only the command has (its engines,
+# baseline, page and wandb flags): the rest is the recipe's select section, with the command's names and defaults
+SELECT_SET = ("scores", "data", "out", "random", "seed", "export_keys", "detector", "allow_partial", "maxcount",
+              "no_progress", "html", "resumable", "keys_only", "num_tasks", "task_index", "memory_limit", "wandb",
+              "wandb_project")
+SelectSection = fields_of(SelectConfig, "SelectSection", SELECT_SET,
+                          "`halsift select`'s settings a recipe's select section takes (same names and defaults)")
+
+
 @dataclass
-class SelectCfg:
+class SelectCfg(SelectSection):
+    """A recipe's select section: SelectConfig's fields (one definition, one default, one validation) + variants."""
+
     RENAMED: ClassVar[dict[str, str]] = {"default_captioner": "captioner", "default_source": "source"}
 
-    keep: float = field(0.2, help="fraction of units kept per detector (the seeds' top 20%)")
-    top_k: int = field(0, help="keep this many units instead of the keep fraction (0 = keep a fraction)")
-    threshold: float | None = field(None, help="keep the units scoring at least this (0-100) instead of the keep "
-                                               "fraction (null = keep a fraction)")
-    unit: Unit = field("sentence", help="sentence (image-sentence pairs) | caption")
-    agg: str = field("min", help="caption unit: min | mean | prob (whole captions by aggregated score) | prune "
-                                 "(keep the top sentences, write each caption with only its kept sentences)")
-    per_captioner: bool = field(False, help="keep the same fraction within each captioner")
-    captioner: str = captioner_field()  # `halsift select --captioner`
-    source: Literal["i2t", "t2i"] = source_field()  # `halsift select --source`
     variants: dict[str, SelectVariantCfg] = field(
         default_factory=dict, help="extra selections, each fine-tuned, evaluated and reported like a filter: "
                                    "name -> {filter, keep, top_k, threshold, unit, agg} (a keep-fraction sweep, "
@@ -248,10 +220,10 @@ class SelectCfg:
         variant, or a filter with the section's settings."""
         v = self.variants.get(name)
         if v is None:
-            return name, {**_amount(self.keep, self.top_k, self.threshold), "unit": self.unit, "agg": self.agg}
-        amount = _amount(v.keep or self.keep, v.top_k, v.threshold) if v.sets_amount() else \
-            _amount(self.keep, self.top_k, self.threshold)
-        return v.filter, {**amount, "unit": v.unit or self.unit, "agg": v.agg or self.agg}
+            return name, {**amount(self.keep, self.top_k, self.threshold), "unit": self.unit, "agg": self.agg}
+        how_much = amount(v.keep or self.keep, v.top_k, v.threshold) if v.sets_amount() else \
+            amount(self.keep, self.top_k, self.threshold)
+        return v.filter, {**how_much, "unit": v.unit or self.unit, "agg": v.agg or self.agg}
 
 
 @dataclass

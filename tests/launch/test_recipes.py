@@ -121,7 +121,7 @@ def test_describe_and_list(capsys):
         main(["run", "--describe"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert "keep: 0.2" in out and "# fraction of units kept" in out
+    assert "keep: 0.2" in out and "# fraction of units to keep" in out
     assert "dry_run: false  # resolve and check the recipe" in out  # the command's own flags too
     assert main(["run", "--list"]) == 0
     assert "quickstart" in capsys.readouterr().out
