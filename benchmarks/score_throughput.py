@@ -111,7 +111,7 @@ def bare_rate(spec: str, data: Path, batch: int, device: str, repeats: int = 3) 
     det = load_detector(spec).to(device)
     parts, _ = plan_parts(str(data))
     batches = [b for part in parts for b in batches(iter_caption_groups(part, "sentence", SkipCounter()), batch)]
-    from halsift.filtering.detectors.clip import encode_text
+    from halsift.filtering.models.clip_models import encode_text
 
     dtype = next(det.model.parameters()).dtype
     ready = []

@@ -27,7 +27,7 @@ from pathlib import Path
 
 _WRAP = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; "
          "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True); sys.exit(rc)")
-_OPENCLIP = ("import sys; from halsift.filtering.detectors.clip import register_builtin_configs; "
+_OPENCLIP = ("import sys; from halsift.filtering.models.clip_models import register_builtin_configs; "
              "register_builtin_configs(); from open_clip_train.main import main; main(sys.argv[1:])")
 
 

@@ -47,4 +47,17 @@ def require_safetensors(path: str | os.PathLike, what: str = "weights") -> Path:
     return path
 
 
-__all__ = ["WeightsFormatError", "require_safetensors"]
+def read_safetensors(path: str | os.PathLike, what: str = "weights") -> dict:
+    """The tensors of a ``.safetensors`` file (checked by :func:`require_safetensors` first); a damaged file is a
+    ValueError naming ``what`` and the path. The one reader of weight files for every loader."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = require_safetensors(path, what)
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{what}={str(path)!r}: not a valid safetensors file ({e})") from None
+
+
+__all__ = ["WeightsFormatError", "read_safetensors", "require_safetensors"]

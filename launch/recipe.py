@@ -88,8 +88,8 @@ _FILE_OPTIONS = {"clip": ("checkpoint",), "lora": ("path",)}
 
 def _check_spec_files(key: str, nodes: list, run: Path) -> None:
     """Each local file option of a spec's ``(where, family, options)`` nodes (:func:`check_spec`) exists or is made
-    by this run; a clip spec names its weights (:func:`~halsift.filtering.detectors.clip.check_weights`)."""
-    from halsift.filtering.detectors.clip import check_weights
+    by this run; a clip spec names its weights (:func:`~halsift.filtering.models.clip_models.check_weights`)."""
+    from halsift.filtering.models.clip_models import check_weights
 
     for _, family, opts in nodes:
         if family == "clip":

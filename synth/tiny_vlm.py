@@ -291,7 +291,7 @@ def load_hf_vision(tower, sd: dict) -> None:
 
 def load_open_clip_visual(weights: str | os.PathLike, arch: str = "halsift-tiny"):
     """``(visual, preprocess)`` of an open_clip ``arch`` model with local ``weights`` (no download)."""
-    from halsift.filtering.detectors.clip import load_open_clip
+    from halsift.filtering.models.clip_models import load_open_clip
 
     model, _, preprocess = load_open_clip(arch, pretrained=str(weights))
     return model.visual.eval(), preprocess

@@ -72,13 +72,11 @@ class CaptionTask(Task):
         return {}
 
     def build(self, accelerator):
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-
         from halsift.filtering.detectors.vlm_judge import VlmJudge
+        from halsift.filtering.models.hf_vlm import load_vlm
 
         cfg = self.cfg
-        self.processor = AutoProcessor.from_pretrained(cfg.model)
-        model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=torch.float32)
+        model, self.processor = load_vlm(cfg.model, dtype="fp32")
         self.judge = VlmJudge(model, self.processor)  # its max_pixels cap and left-padded batch builder
         self.pairs = self._pairs()
         self.describe: dict[int, dict] = {}  # image index -> processor features: each image is processed once

@@ -2,7 +2,7 @@
 
 Validation lives in :meth:`ClipTrainConfig.validate`; unknown YAML keys are rejected by
 ``halsift.corpus.config.from_dict``. The built-in tiny architecture ``halsift-tiny`` (for tests and CPU runs;
-shipped with the clip detector in ``filtering/detectors/model_configs``) is registered by :func:`ensure_model_configs`.
+shipped with the clip detector in ``filtering/models/model_configs``) is registered by :func:`ensure_model_configs`.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class ClipTrainConfig:
 
 def ensure_model_configs() -> None:
     """Make halsift's built-in open_clip configs (``halsift-tiny``) known to open_clip."""
-    from halsift.filtering.detectors.clip import register_builtin_configs
+    from halsift.filtering.models.clip_models import register_builtin_configs
 
     register_builtin_configs()
 
@@ -98,7 +98,7 @@ def _packaged_model_names() -> set[str]:
     importing open_clip (and torch): the dry run's fast path. Empty when open_clip's files cannot be found."""
     import importlib.util
 
-    from halsift.filtering.detectors.clip import _CONFIG_DIR
+    from halsift.filtering.models.clip_models import _CONFIG_DIR
 
     spec = importlib.util.find_spec("open_clip")
     roots = [Path(d) / "model_configs" for d in (spec.submodule_search_locations or [])] if spec else []

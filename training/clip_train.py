@@ -57,11 +57,11 @@ def param_groups(model: torch.nn.Module, wd: float) -> list[dict]:
 
 
 def load_model(arch: str, pretrained: str | None = None, device="cpu", **kw):
-    """:func:`halsift.filtering.detectors.clip.load_open_clip` (SigLIP fine-tunes with a stored ``logit_bias``
+    """:func:`halsift.filtering.models.clip_models.load_open_clip` (SigLIP fine-tunes with a stored ``logit_bias``
     load too); a damaged safetensors file is an error naming it as ``pretrained``."""
     from safetensors import SafetensorError
 
-    from halsift.filtering.detectors.clip import load_open_clip
+    from halsift.filtering.models.clip_models import load_open_clip
 
     try:
         return load_open_clip(arch, pretrained, device=device, **kw)
@@ -140,7 +140,7 @@ class ContrastiveTask(Task):
         return {}
 
     def build(self, accelerator):
-        from halsift.filtering.detectors.clip_tokenizer import get_tokenizer
+        from halsift.filtering.models.clip_tokenizer import get_tokenizer
 
         cfg = self.cfg
         pretrained = cfg.pretrained or None

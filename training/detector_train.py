@@ -37,7 +37,7 @@ from halsift.corpus.parent_watch import ExitWithParent
 from halsift.corpus.shards import write_json_atomic
 from halsift.corpus.safe_paths import remove_tree, replace_path
 from halsift.filtering.detectors.base import Item
-from halsift.filtering.detectors.lora import FORMAT as EXPORT_FORMAT  # the adapter folder's format tag
+from halsift.filtering.models.lora_adapters import FORMAT as EXPORT_FORMAT  # the adapter folder's format tag
 from halsift.training.detector_config import DetectorTrainConfig
 from halsift.training.engine import Task, cosine_with_warmup, run
 
@@ -153,7 +153,7 @@ def build_task(cfg: DetectorTrainConfig):
 
 def _export(task, out: Path, name: str, meta: dict) -> Path:
     """Write the adapter folder ``out/name`` atomically (temp folder + rename)."""
-    from halsift.filtering.detectors.lora import write_description
+    from halsift.filtering.models.lora_adapters import write_description
 
     final = out / name
     tmp = out / f".{name}.tmp-{os.getpid()}"

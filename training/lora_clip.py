@@ -104,15 +104,16 @@ class ClipTask:
     def load_export(self, folder: Path) -> None:
         """Load an exported adapter + head back into this task's model (e.g. the best one before merging)."""
         from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
 
-        set_peft_model_state_dict(self.peft, load_file(str(folder / "adapter_model.safetensors")))
+        from halsift.corpus.weights import read_safetensors
+
+        set_peft_model_state_dict(self.peft, read_safetensors(folder / "adapter_model.safetensors", "adapter"))
         self.module.head.load_state_dict(load_head(folder / "head.safetensors").state_dict())
 
     def export_merged(self, folder: Path) -> None:
         """``merged/``: the adapter merged into the base (``open_clip_model.safetensors``, with
         ``open_clip_config.json``: ``local-dir:merged`` loads the CLIP in plain open_clip) + head, no peft needed."""
-        from halsift.filtering.detectors.lora import write_description
+        from halsift.filtering.models.lora_adapters import write_description
         from halsift.filtering.detectors.spec import format_spec, parse_spec
         from halsift.training.open_clip_folder import write_open_clip_folder
 

@@ -146,15 +146,16 @@ class VlmTask:
 
     def load_export(self, folder: Path) -> None:
         from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
 
-        set_peft_model_state_dict(self.peft, load_file(str(folder / "adapter_model.safetensors")))
+        from halsift.corpus.weights import read_safetensors
+
+        set_peft_model_state_dict(self.peft, read_safetensors(folder / "adapter_model.safetensors", "adapter"))
 
     def export_merged(self, folder: Path) -> None:
         """``merged/``: the merged model + processor (``save_pretrained``) and a detector.yaml without adapter."""
         import copy
 
-        from halsift.filtering.detectors.lora import write_description
+        from halsift.filtering.models.lora_adapters import write_description
         from halsift.filtering.detectors.spec import format_spec, parse_spec
 
         folder.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ def model_config(arch: str, model: torch.nn.Module | None = None) -> dict:
     ``init_logit_bias`` so that open_clip creates the parameter the weights fill."""
     import open_clip
 
-    from halsift.filtering.detectors.clip import register_builtin_configs
+    from halsift.filtering.models.clip_models import register_builtin_configs
 
     register_builtin_configs()
     cfg = open_clip.get_model_config(arch)

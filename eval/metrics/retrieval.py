@@ -170,7 +170,7 @@ def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.Pat
 
     from halsift.corpus.images import ImageDecodeError, load_image_file
     from halsift.corpus.retrieval import RetrievalFormatError
-    from halsift.filtering.detectors.clip import encode_text
+    from halsift.filtering.models.clip_models import encode_text
 
     rs = read_retrieval(retrieval_set)
     captions, t2i = rs.flat_captions()

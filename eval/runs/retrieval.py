@@ -59,8 +59,8 @@ def run_retrieval(config: RetrievalEvalConfig) -> EvalResult:
     from halsift.corpus.atomic import write_text_atomic
     from halsift.corpus.shards import write_json_atomic
     from halsift.eval.metrics.retrieval import evaluate_retrieval, retrieval_set_name, write_clip_benchmark
-    from halsift.filtering.detectors.clip import SCHEMAS, load_open_clip, register_builtin_configs
-    from halsift.filtering.detectors.clip_tokenizer import get_tokenizer
+    from halsift.filtering.models.clip_models import SCHEMAS, load_open_clip, register_builtin_configs
+    from halsift.filtering.models.clip_tokenizer import get_tokenizer
 
     register_builtin_configs()
     if not config.model.startswith(SCHEMAS) and config.model not in open_clip.list_models():

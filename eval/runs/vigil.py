@@ -83,7 +83,7 @@ def make_encoder(cfg: VigilEvalConfig) -> Any:
 
     if cfg.encoder == "colour-shape":
         return ColourShapeEncoder()
-    from halsift.filtering.detectors.clip import load_open_clip
+    from halsift.filtering.models.clip_models import load_open_clip
 
     model, _, preprocess = load_open_clip(cfg.clip_arch, cfg.clip_pretrained or None, device=cfg.device)
     return OpenClipEncoder(model.eval(), preprocess, cfg.device)

@@ -32,6 +32,7 @@ from torch import nn
 
 from halsift.filtering.detectors.base import Detector, Item, PreparedDetector, Result, preprocess_side
 from halsift.filtering.detectors.pixel_batch import PixelBatcher, image_text_inputs
+from halsift.filtering.models.lora_adapters import apply_adapter, read_description
 
 COS_SCALE = 10.0
 
@@ -135,47 +136,6 @@ def load_head(path: Path) -> ClipHead:
 
 
 # ---------------------------------------------------------------------------------------------- loading
-FORMAT = "halsift-lora-detector/1"
-KINDS = ("clip", "vlm")
-
-
-DESCRIPTION = "detector.yaml"  # an adapter (or merged) folder's description, read by read_description
-
-
-def write_description(folder: Path, fields: dict) -> Path:
-    """Write ``folder/detector.yaml``: the format tag first, then ``fields`` (kind, base, adapter, ...), in order."""
-    import yaml
-
-    from halsift.corpus.atomic import write_text_atomic
-
-    path = folder / DESCRIPTION
-    write_text_atomic(path, yaml.safe_dump({"format": FORMAT, **fields}, sort_keys=False))
-    return path
-
-
-def read_description(folder: Path) -> dict:
-    """``detector.yaml`` of an adapter folder, checked; errors name the file and the field."""
-    import yaml
-
-    from halsift.corpus.safe_yaml import safe_load_yaml, short_repr
-
-    path = folder / DESCRIPTION
-    if not path.is_file():
-        raise FileNotFoundError(f"lora detector: {path} is missing (expected the adapter/ folder written by "
-                                "`halsift train detector`)")
-    try:
-        desc = safe_load_yaml(path.read_text())  # alias expansion capped
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid YAML ({e})") from None
-    if not isinstance(desc, dict):
-        raise ValueError(f"{path}: expected a mapping with kind, base and adapter fields")
-    if desc.get("kind") not in KINDS:
-        raise ValueError(f"{path}: field 'kind' must be one of {KINDS}, got {short_repr(desc.get('kind'))}")
-    if not isinstance(desc.get("base"), str) or not desc["base"]:
-        raise ValueError(f"{path}: field 'base' must be a detector spec string (e.g. clip:arch=...)")
-    return desc
-
-
 def _resolve_base(spec: str, folder: Path) -> str:
     """Options of the base spec that are ``./relative`` paths are taken relative to the adapter folder."""
     from halsift.filtering.detectors.spec import format_spec, parse_spec
@@ -185,42 +145,6 @@ def _resolve_base(spec: str, folder: Path) -> str:
         if isinstance(v, str) and v.startswith("./"):
             opts[k] = str((folder / v).resolve())
     return format_spec(family, opts)
-
-
-def apply_adapter(model: nn.Module, folder: Path, merge: bool = False) -> nn.Module:
-    """Inject the peft LoRA adapter of ``folder`` into ``model`` (in place); returns the model to score with
-    (the merged, unwrapped model with ``merge``). Missing or corrupt files raise errors naming them."""
-    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    cfg_path, w_path = folder / "adapter_config.json", folder / "adapter_model.safetensors"
-    for p in (cfg_path, w_path):
-        if not p.is_file():
-            raise FileNotFoundError(f"lora detector: {p} is missing (an adapter folder holds adapter_config.json "
-                                    "and adapter_model.safetensors)")
-    try:
-        config = LoraConfig.from_pretrained(str(folder))
-    except Exception as e:  # json errors, unknown fields, wrong peft type
-        raise ValueError(f"{cfg_path}: not a valid peft LoRA config ({type(e).__name__}: {e})") from None
-    try:
-        state = load_file(str(w_path))
-    except Exception as e:  # SafetensorError on truncated / garbled files
-        raise ValueError(f"{w_path}: not a valid safetensors file ({type(e).__name__}: {e})") from None
-    try:
-        peft_model = get_peft_model(model, config)
-    except ValueError as e:
-        raise ValueError(f"{cfg_path}: its target modules do not fit the base model ({e})") from None
-    expected = set(get_peft_model_state_dict(peft_model))
-    if set(state) != expected:
-        miss, extra = sorted(expected - set(state)), sorted(set(state) - expected)
-        raise ValueError(f"{w_path}: does not match the base model and {cfg_path.name} "
-                         f"(missing {miss[:2]}, unexpected {extra[:2]})")
-    set_peft_model_state_dict(peft_model, state)
-    for p in peft_model.parameters():
-        p.requires_grad_(False)
-    if merge:
-        return peft_model.merge_and_unload()
-    return peft_model.base_model.model
 
 
 class LoraDetector(Detector):

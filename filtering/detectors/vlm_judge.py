@@ -57,16 +57,6 @@ def text_features(processor, text: str, image) -> dict:
     return dict(processor(text=[text], images=[image], return_tensors="pt", add_special_tokens=False))
 
 
-def _torch_dtype(dtype: str):
-    import torch
-
-    table = {"auto": "auto", "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in table:
-        raise ValueError(f"dtype={dtype!r}: expected one of {sorted(table)}")
-    return table[dtype]
-
-
 class EncodedPrefix:
     """Prefixes (a batch of processor features: image + prompt) run through the model once: their KV cache, their
     common length, the log-probabilities of the token after each, and their M-RoPE offsets (Qwen2-VL; else
@@ -111,22 +101,11 @@ class VlmJudge:
         """Load ``model`` (a local path or hub name); ``device`` auto|cpu|cuda|cuda:N (ignored with
         ``device_map``). A model that cannot be loaded raises ValueError naming it."""
         import torch
-        from transformers import AutoModelForImageTextToText, AutoProcessor
 
-        kw: dict[str, Any] = {"dtype": _torch_dtype(dtype), "trust_remote_code": bool(trust_remote_code)}
-        if device_map:
-            kw["device_map"] = device_map
-        if attn_implementation:
-            kw["attn_implementation"] = attn_implementation
-        try:
-            processor = AutoProcessor.from_pretrained(model, trust_remote_code=bool(trust_remote_code))
-            net, info = AutoModelForImageTextToText.from_pretrained(model, output_loading_info=True, **kw)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"model={model!r}: cannot load a vision-language model and processor ({e})") from e
-        missing = sorted(info.get("missing_keys") or [])
-        if missing:  # transformers would score with these initialised at random: never silently
-            raise ValueError(f"model={model!r}: {len(missing)} weight(s) are not in its checkpoint (e.g. "
-                             f"{', '.join(missing[:3])}) and would be randomly initialised; give a complete checkpoint")
+        from halsift.filtering.models.hf_vlm import load_vlm
+
+        net, processor = load_vlm(model, dtype=dtype, device_map=device_map, attn_implementation=attn_implementation,
+                                  trust_remote_code=trust_remote_code)
         judge = cls(net, processor, max_pixels)
         if device_map is None:
             judge.to("cuda" if device == "auto" and torch.cuda.is_available() else

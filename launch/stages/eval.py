@@ -23,8 +23,8 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
     from halsift.corpus.scores import read_scores_df
     from halsift.eval.runs.bench_eval import evaluate_bench
     from halsift.eval.metrics.retrieval import evaluate_retrieval, ranks_key, write_ranks
-    from halsift.filtering.detectors.clip import load_open_clip
-    from halsift.filtering.detectors.clip_tokenizer import get_tokenizer
+    from halsift.filtering.models.clip_models import load_open_clip
+    from halsift.filtering.models.clip_tokenizer import get_tokenizer
 
     out_dir = p.stage("eval")
     out_dir.mkdir(parents=True, exist_ok=True)

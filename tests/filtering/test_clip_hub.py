@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from halsift.filtering.detectors.clip import ClipDetector, register_builtin_configs
+from halsift.filtering.detectors.clip import ClipDetector
+from halsift.filtering.models.clip_models import register_builtin_configs
 from halsift.launch.cli import main
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from halsift.filtering.detectors.clip import ClipDetector
-from halsift.filtering.detectors.clip_tokenizer import FastClipTokenizer, fast_tokenizer, get_tokenizer
+from halsift.filtering.models.clip_tokenizer import FastClipTokenizer, fast_tokenizer, get_tokenizer
 from halsift.synth.captioners import PROFILES, caption
 from halsift.synth.scene import sample_scene
 

@@ -278,7 +278,7 @@ def test_siglip_checkpoint_loads_through_every_loader(tmp_path):
     import open_clip
     import torch
 
-    from halsift.filtering.detectors.clip import load_open_clip, register_builtin_configs
+    from halsift.filtering.models.clip_models import load_open_clip, register_builtin_configs
     from halsift.training.clip_train import load_model, save_state_dict_safetensors
 
     register_builtin_configs()

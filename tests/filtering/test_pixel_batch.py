@@ -7,7 +7,8 @@ from PIL import Image
 from torchvision import transforms as T
 
 from halsift.filtering.detectors.base import Item
-from halsift.filtering.detectors.clip import ClipDetector, encode_text
+from halsift.filtering.detectors.clip import ClipDetector
+from halsift.filtering.models.clip_models import encode_text
 from halsift.filtering.detectors.pixel_batch import PixelBatcher
 
 

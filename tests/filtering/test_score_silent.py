@@ -52,7 +52,7 @@ def nan_checkpoint(tmp_path):
     import open_clip
     import torch
 
-    from halsift.filtering.detectors.clip import register_builtin_configs
+    from halsift.filtering.models.clip_models import register_builtin_configs
     from halsift.training.engine import save_state_dict_safetensors
 
     register_builtin_configs()
