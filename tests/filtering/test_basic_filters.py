@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import sys
 
 import pyarrow as pa
@@ -53,10 +54,15 @@ def _fields(out) -> dict[str, dict]:
 
 
 def test_header_size_reads_no_pixels():
-    data = _png((123, 45))
-    assert header_size(data) == (123, 45)
-    assert header_size(data[:40]) == (123, 45)  # the header alone is enough: pixels are not read
-    assert header_size(data[:10]) is None
+    assert header_size(_png((123, 45))) == (123, 45)
+    rng = random.Random(0)
+    noise = Image.frombytes("RGB", (300, 200), bytes(rng.randrange(256) for _ in range(300 * 200 * 3)))
+    buf = io.BytesIO()
+    noise.save(buf, "JPEG")
+    head = buf.getvalue()[:2000]  # the header and the start of the scan: the pixels cannot be decoded
+    with pytest.raises(OSError, match="truncated|broken|image file"):
+        Image.open(io.BytesIO(head)).load()
+    assert header_size(head) == (300, 200)
     assert header_size(b"not an image") is None and header_size(b"") is None
 
 
