@@ -164,3 +164,14 @@ def test_expression_whitelist_and_sql():
                      ("x in y", "needs a list"), ("(1, 2)", "only allowed after")):
         with pytest.raises(SelectError, match=why):
             parse(bad, "where")
+
+
+def test_html_page_shows_each_clause(scored, tmp_path):
+    corpus, d, _ = scored
+    assert main(_args(corpus, d, tmp_path / "s", "--where", WHERE, "--keep", "1", "--html")) == 0
+    page = (tmp_path / "s" / "index.html").read_text()
+    acc = json.loads((tmp_path / "s" / "manifest.json").read_text())["composition"]
+    assert "<h2>Composed selection</h2>" in page and f"What each clause removed (of {acc['units']} units)" in page
+    judge = acc["clauses"][0]
+    assert (f'<th scope="row">judge &gt;= 50</th><td>{judge["removed"]}</td>' in page
+            and "Removed by two clauses" in page and f"<td>{acc['passed']}</td>" in page)
