@@ -62,3 +62,37 @@ def composition_lines(acc: dict) -> list[str]:
         if o["removed"]:
             lines.append(f"  {o['clauses'][0]} & {o['clauses'][1]}: {o['removed']} removed by both")
     return lines
+
+
+def basic_names() -> set[str]:
+    """The columns ``halsift basic`` writes (its fields and every preset's pass flag)."""
+    from halsift.filtering.curation.basic import FIELDS, PRESETS, pass_column
+
+    return (set(FIELDS) - {"key"}) | {pass_column(p) for p in PRESETS}
+
+
+def recipe_composition(select_cfg: Any, primary: str, scored: dict[str, str], corpus: str, basic_dir: str,
+                       show_progress: bool = True):
+    """The composition of one recipe selection (``None`` without ``select.where/rank/fields/exclude``): the
+    selection's filter first, then every other scored name; when the expressions name a ``halsift basic`` column
+    and ``select.fields`` gives none, the basic fields of the corpus are computed once into ``basic_dir``."""
+    from halsift.filtering.selection.compose import composition
+    from halsift.filtering.selection.expression import parse
+
+    c = select_cfg
+    if not (c.where or c.rank or c.fields or c.exclude):
+        return None
+    used = set()
+    for flag, text in (("select.where", c.where), ("select.rank", c.rank)):
+        if text:
+            used |= set(parse(text, flag).names)
+    fields = list(c.fields)
+    if used & basic_names() and not fields:
+        from halsift.filtering.curation.basic import PRESETS
+        from halsift.filtering.curation.basic_run import run_basic
+        from halsift.filtering.curation.language import make_detector
+
+        run_basic(corpus, basic_dir, presets=list(PRESETS), detector=make_detector(), show_progress=show_progress)
+        fields = [basic_dir]
+    named = [(primary, scored[primary])] + [(n, d) for n, d in scored.items() if n != primary and n.isidentifier()]
+    return composition(named, fields=fields, exclude=c.exclude, where=c.where, rank=c.rank, prefix="select.")

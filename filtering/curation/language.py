@@ -2,9 +2,11 @@
 ``lid.176.bin`` when the user gives that file.
 
 lingua is built once per run. Restricting it to the languages a corpus can hold (``languages``) is the big
-speed-up: measured on this machine's 2 shared cores, 2000 short captions: every language 269 captions/s, every
-language in low-accuracy mode 2077/s, four languages (en, de, fr, es) 6100/s (``/tmp``-free reproduction:
-``python -m halsift.filtering.curation.language``). A caption whose language is outside a restricted set is
+speed-up. Measured on this machine (2 cores shared with other jobs; the two numbers are two runs at different
+load), 2000 short captions in en/de/fr/es, one setting per process (``python -m
+halsift.filtering.curation.language all|low|four``): every language: the first call loads its models in 37-55 s,
+peak RSS 1065 MB, then 182-269 captions/s; every language in low-accuracy mode: 2.3 s, 85 MB, 667-2077/s; four
+languages (en, de, fr, es): 7.5 s, 195 MB, 3037-6100/s. A caption whose language is outside a restricted set is
 reported as the closest one in the set, so restrict only when the corpus is known to hold those languages.
 """
 
@@ -96,21 +98,28 @@ def make_detector(languages: Sequence[str] = (), low_accuracy: bool = False,
     return FastTextDetector(lid_model) if lid_model else LanguageDetector(languages, low_accuracy)
 
 
-def _benchmark(n: int = 2000) -> None:
-    """Captions per second of each lingua setting (the numbers in the module docstring)."""
+def _benchmark(setting: str, n: int = 2000) -> None:
+    """First-call seconds, captions per second and peak RSS of one lingua setting (the module docstring's numbers;
+    one setting per process: lingua's loaded models are shared by every detector of a process)."""
+    import resource
     import time
 
     texts = ["A red dog on the grass next to a blue car.", "Ein roter Hund auf dem Gras neben einem blauen Auto.",
              "Un chien rouge sur l'herbe à côté d'une voiture.", "Un perro rojo en la hierba junto a un coche."]
     texts = (texts * (n // len(texts) + 1))[:n]
-    for name, kw in (("all languages", {}), ("all, low accuracy", {"low_accuracy": True}),
-                     ("en,de,fr,es", {"languages": ["en", "de", "fr", "es"]})):
-        d = LanguageDetector(**kw)
-        d.detect(texts[:50])  # models load on first use
-        t = time.perf_counter()
-        d.detect(texts)
-        print(f"{name}: {n / (time.perf_counter() - t):.0f} captions/s")
+    kw = {"all": {}, "low": {"low_accuracy": True}, "four": {"languages": ["en", "de", "fr", "es"]}}[setting]
+    t = time.perf_counter()
+    d = LanguageDetector(**kw)
+    d.detect(texts[:8])  # models load on first use
+    load = time.perf_counter() - t
+    t = time.perf_counter()
+    d.detect(texts)
+    rate = n / (time.perf_counter() - t)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{setting}: first call {load:.1f} s, then {rate:.0f} captions/s, peak RSS {rss:.0f} MB")
 
 
 if __name__ == "__main__":
-    _benchmark()
+    import sys
+
+    _benchmark(sys.argv[1] if len(sys.argv) > 1 else "four")

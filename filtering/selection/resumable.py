@@ -237,10 +237,12 @@ def _complete_manifest(out: Path) -> dict | None:
 
 
 def reuse_or_clear(dest: str | os.PathLike, scores_dir, *, keep=None, top_k=None, threshold=None,
-                   unit: str = "sentence", agg: str = "min", per_captioner: bool = False, seed: int = 0) -> dict | None:
+                   unit: str = "sentence", agg: str = "min", per_captioner: bool = False, seed: int = 0,
+                   compose: dict | None = None) -> dict | None:
     """For a pipeline's select step: the manifest of ``dest`` when it holds a complete selection made with these
     arguments; otherwise remove whatever ``dest`` holds (a select killed mid-way, or other arguments) and return
-    ``None``, so the step runs again from scratch -- select is deterministic, so to the identical result."""
+    ``None``, so the step runs again from scratch -- select is deterministic, so to the identical result.
+    ``compose``: the composed selection's record (``Composition.record()``), ``None`` for a plain one."""
     dest = Path(dest)
     path = dest / "manifest.json"
     try:
@@ -250,7 +252,8 @@ def reuse_or_clear(dest: str | os.PathLike, scores_dir, *, keep=None, top_k=None
     if m is not None and m.get("status", "complete") == "complete":
         f = m.get("filter", {})
         want = {"scores": str(Path(scores_dir).resolve()), "keep": keep, "top_k": top_k, "threshold": threshold,
-                "unit": unit, "agg": agg if unit == "caption" else None, "per_captioner": per_captioner, "seed": seed}
+                "unit": unit, "agg": agg if unit == "caption" else None, "per_captioner": per_captioner, "seed": seed,
+                "compose": compose}
         if all(f.get(k) == v for k, v in want.items()):
             return m
     remove_tree(dest, ignore_errors=True)
