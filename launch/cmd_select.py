@@ -21,13 +21,15 @@ from halsift.launch.select_engines import captioner_field, source_field
 
 HELP = "select the top fraction / top-k / above-threshold units by score and write new shards"
 _SCALE = {"group": "at scale (out-of-core, resumable, parallel)"}
+_COMPOSE = {"group": "composed selection (several --scores NAME=DIR, fields, exclusions)"}
 
 
 @dataclass
 class SelectConfig:
     """``halsift select``'s settings: every flag, ``--describe`` and docs/config.md come from this class."""
 
-    scores: str = field("", help="score folder written by `halsift score`", cli={"required": True})
+    scores: str = field("", help="score folder written by `halsift score`; repeat as NAME=DIR to name several for "
+                                 "--where/--rank (the first is ranked by default)", cli={"required": True})
     data: str = field("", help="the shards that were scored (folder / glob / brace pattern)", cli={"required": True})
     out: str = field("", help="new folder: shards + sizes.json + manifest.json + kept.parquet (rerun the same "
                               "command into it to finish a killed select)", cli={"required": True})
@@ -70,6 +72,20 @@ class SelectConfig:
     memory_limit: str | None = field(None, help="DuckDB's memory limit for the keys, e.g. 1GB (default)", cli=_SCALE)
     wandb: WandbFlag | None = wandb_mode_field()
     wandb_project: str = wandb_project_field()
+    # composed selection (halsift.filtering.selection.compose); --scores NAME=DIR may repeat
+    where: str | None = field(None, help="keep only units where this holds, e.g. \"judge >= 60 and clip >= 25 and "
+                                         "lang == 'en'\": names are the --scores names and the --fields columns; "
+                                         "comparisons, and/or/not, + - * /, x in ('a', 'b')", cli=_COMPOSE)
+    rank: str | None = field(None, help="rank the units passing --where by this expression (default: the first "
+                                        "--scores) for --keep/--top-k/--threshold, e.g. \"judge + clip\"",
+                             cli=_COMPOSE)
+    fields: list[str] = field(default_factory=list, help="field tables joined on key (a `halsift basic` folder, or "
+                                                         "parquet with a key column): their columns are names in "
+                                                         "--where/--rank", cli={**_COMPOSE, "append": True,
+                                                                                "metavar": "DIR"})
+    exclude: list[str] = field(default_factory=list, help="drop these keys: a `halsift dedup` duplicates.parquet (or "
+                                                          "its folder) or a text file of keys, one a line",
+                               cli={**_COMPOSE, "append": True, "metavar": "FILE"})
 
     def validate(self) -> None:
         check_selection("", self.keep, self.unit, self.agg, self.top_k, self.threshold)
@@ -115,22 +131,28 @@ CONFIG = SelectConfig  # the settings (docs/config.md, --describe)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from halsift.launch.select_compose import repeatable_scores
+
     add_dataclass_arguments(p, SelectConfig, config_file=False, defaults=True)
     add_describe_argument(p, SelectConfig)
+    repeatable_scores(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    from halsift.launch.select_compose import named_scores
+
+    named = named_scores(args)  # --scores NAME=DIR ...: args.scores becomes the first folder
     cfg = config_from_args(SelectConfig, args)  # the checks of SelectConfig.validate, errors naming the flag
-    m = run_engine(cfg)
+    m = run_engine(cfg, named)
     if m is None:  # a task of several: the last one to finish writes the manifest and what follows from it
         return 0
     _after(cfg, m)
     return 0
 
 
-def run_engine(cfg: SelectConfig) -> dict | None:
+def run_engine(cfg: SelectConfig, named: list | None = None) -> dict | None:
     """Run the selection ``cfg`` asks for and print its summary; returns the complete manifest, or ``None`` for a
-    task of several that left the manifest to the last one."""
+    task of several that left the manifest to the last one. ``named``: the ``--scores`` folders as (name, path)."""
     from halsift.filtering.selection.select import SelectError, select
     from halsift.filtering.selection.out_of_core import MEMORY_LIMIT
     from halsift.filtering.selection.resumable import select_resumable
@@ -151,6 +173,9 @@ def run_engine(cfg: SelectConfig) -> dict | None:
                   detector=cfg.detector, allow_partial=cfg.allow_partial)
     n, i = task or (1, 0)
     try:
+        from halsift.launch.select_compose import composition_of
+
+        common["compose"] = composition_of(cfg, named)
         if engine == "memory":
             m = select(cfg.scores, cfg.data, cfg.out, per_captioner=cfg.per_captioner, random_baseline=cfg.random,
                        maxcount=cfg.maxcount or MAXCOUNT, **common)
@@ -168,6 +193,10 @@ def run_engine(cfg: SelectConfig) -> dict | None:
               f"{cfg.out}/kept.parquet", flush=True)
     else:
         print(f"{summary_line(m)} -> {cfg.out}", flush=True)
+    if m is not None and m.get("composition"):
+        from halsift.launch.select_compose import composition_lines
+
+        print("\n".join(composition_lines(m["composition"])), flush=True)
     return m
 
 

@@ -350,12 +350,14 @@ def template_env():
 
 def render_html(out_dir: str | os.PathLike, title: str, *, headline: str = "", table: dict | None = None,
                 notes: Sequence[str] = (), figures: Sequence[dict | None] = (), tables: Sequence[dict] = (),
-                samples: SampleSet | None = None, links: Mapping[str, str] | None = None) -> Path:
+                samples: SampleSet | None = None, links: Mapping[str, str] | None = None,
+                tables_title: str = "") -> Path:
     """Write ``out_dir/index.html`` (and the thumbnails under ``samples/``); returns its path.
 
     ``headline`` and ``notes`` are markdown; ``table`` is ``{"header", "rows": [{"cells", "filter"}]}`` where a
     row's ``filter`` (a name in ``samples.filters``) links it to that filter's kept/dropped samples; ``tables`` are
-    plain ``{"title", "header", "rows"}``; ``links``: other reports, name -> relative path.
+    plain ``{"title", "header", "rows"}`` (their section: ``tables_title``, default "Detection benchmark");
+    ``links``: other reports, name -> relative path.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -371,6 +373,7 @@ def render_html(out_dir: str | os.PathLike, title: str, *, headline: str = "", t
         title=title, headline=markdown_html(headline) if headline else "", table=table,
         notes=[markdown_html(n) for n in notes], figures=[f for f in figures if f], tables=list(tables),
         samples=samples, samples_json=samples.to_json(), filter_names=filter_names, links=dict(links or {}),
+        tables_title=tables_title,
         shown=Counter(samples.sets[s["s"]] for s in samples.samples))
     html = html.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate in a name (no UTF-8 for it): '?'
     return write_text_atomic(out / "index.html", html)
@@ -464,6 +467,9 @@ def write_select_html(out_dir: str | os.PathLike, scores_dir: str | os.PathLike,
     line = (f"**`{name}` kept {manifest.get('kept_units')} of {manifest.get('candidates')} units**"
             + (f"; precision {prec['input']:.1f}% → {prec['kept']:.1f}% (share of correct sentences)."
                if isinstance(prec.get("input"), (int, float)) and isinstance(prec.get("kept"), (int, float)) else "."))
+    from halsift.eval.report.compose_tables import composition_tables
+
     return render_html(out_dir, f"selection {Path(out_dir).name}", headline=line, samples=samples,
-                       links={"manifest.json": "manifest.json"})
+                       links={"manifest.json": "manifest.json"}, tables=composition_tables(manifest.get("composition")),
+                       tables_title="Composed selection")
 

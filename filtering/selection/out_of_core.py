@@ -86,12 +86,14 @@ def connect(spill_dir: Path, memory_limit: str = MEMORY_LIMIT, threads: int | No
 def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep: float | None = None,
              top_k: int | None = None, threshold: float | None = None, unit: str = "sentence", agg: str = "min",
              seed: int = 0, memory_limit: str = MEMORY_LIMIT, threads: int | None = None,
-             detector: str | None = None) -> dict:
+             detector: str | None = None, compose=None) -> dict:
     """Write ``out_dir/kept.parquet`` (``key``, ``sentence_index``, ``score``; sorted) and
     ``out_dir/_kept_by_part.parquet``; with ``detector``, only that detector's rows count.
     Returns the info :func:`select_keys` returns (``score_rows``, ``candidates``, ``selected``,
     ``threshold_used``). Files are written under temporary names and renamed when complete. The folder is not
-    checked here: callers run :func:`halsift.filtering.selection.score_folder.check_score_folder` first."""
+    checked here: callers run :func:`halsift.filtering.selection.score_folder.check_score_folder` first. With
+    ``compose`` (a :class:`halsift.filtering.selection.compose.Composition`), the units are its candidates and the
+    info holds its accounting (``composition``)."""
     if sum(x is not None for x in (keep, top_k, threshold)) != 1:
         raise SelectError("give exactly one of keep (fraction), top_k (count) or threshold (score)")
     if keep is not None and not 0 < keep <= 1:
@@ -108,10 +110,19 @@ def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep:
     work = out / ".select-work"
     remove_tree(work, ignore_errors=True)
     con = connect(work / "spill", memory_limit, threads)
-    files = "[" + ", ".join(_q(f) for f in score_files(scores_dir)) + "]"
-    con.execute(f"CREATE VIEW scores AS SELECT key, sentence_index, score, parse_filename(filename) AS part "
-                f"FROM read_parquet({files}, filename=true)"
-                + (f" WHERE detector = {_q(detector)}" if detector is not None else ""))
+    accounting = None
+    if compose is not None:
+        try:
+            accounting = compose.create_candidates(con, unit, agg, "scores")
+        except BaseException:
+            con.close()
+            remove_tree(work, ignore_errors=True)
+            raise
+    else:
+        files = "[" + ", ".join(_q(f) for f in score_files(scores_dir)) + "]"
+        con.execute(f"CREATE VIEW scores AS SELECT key, sentence_index, score, parse_filename(filename) AS part "
+                    f"FROM read_parquet({files}, filename=true)"
+                    + (f" WHERE detector = {_q(detector)}" if detector is not None else ""))
     n_rows, n_cap = con.execute(f"SELECT count(*), count(*) FILTER (sentence_index = {CAPTION_INDEX}) "
                                 "FROM scores").fetchall()[0]
     sentence_rows = f"SELECT * FROM scores WHERE sentence_index <> {CAPTION_INDEX}"
@@ -144,7 +155,8 @@ def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep:
     os.replace(work / BY_PART, out / BY_PART)
     os.replace(tmp_kept, out / "kept.parquet")
     remove_tree(work, ignore_errors=True)
-    return {"score_rows": int(n_rows), "candidates": int(n_units), "selected": int(n), "threshold_used": cut}
+    return {"score_rows": int(n_rows), "candidates": int(n_units), "selected": int(n), "threshold_used": cut,
+            **({"composition": accounting} if accounting is not None else {})}
 
 
 def _cut(con, n: int, n_units: int, seed: int) -> tuple[str, float | None]:

@@ -119,9 +119,10 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
                      task_index: int = 0, memory_limit: str = MEMORY_LIMIT,
                      stale_after: float = STALE_AFTER_S, show_progress: bool = True,
                      allow_partial: bool = False, meta_defaults: dict | None = None,
-                     detector: str | None = None) -> dict:
+                     detector: str | None = None, compose=None) -> dict:
     """Select out-of-core and reshard per input shard (see the module docstring); returns this run's stats, with
-    ``manifest`` when the selection is complete after it. Rerun the same call to resume."""
+    ``manifest`` when the selection is complete after it. Rerun the same call to resume. ``compose``: a composed
+    selection (:class:`halsift.filtering.selection.compose.Composition`, first folder ``scores_dir``)."""
     t0 = time.time()
     check_amount(keep, top_k, threshold, unit, agg)
     why = supported(unit, agg)
@@ -130,14 +131,15 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
     defaults = {**META_DEFAULTS, **(meta_defaults or {})}
     args = dict(keep=keep, top_k=top_k, threshold=threshold, unit=unit, agg=agg, seed=seed)
     prep = prepare(scores_dir, data, out_dir, {**args, "per_captioner": False, "random_baseline": False,
-                                               "engine": "resumable", "keys_only": keys_only, "maxcount": None},
+                                               "engine": "resumable", "keys_only": keys_only, "maxcount": None,
+                                               **({"compose": compose.record()} if compose is not None else {})},
                    detector=detector, allow_partial=allow_partial, meta_defaults=defaults)
     scores_dir, out, shards, filt, folder = Path(scores_dir), prep.out, prep.shards, prep.filt, prep.folder
     (out / STATE / "shards").mkdir(parents=True, exist_ok=True)
     board = ClaimBoard(out / STATE, f"select-{task_index}@{HOST}:{os.getpid()}", stale_after)
     try:
-        info = _keys(out, board, scores_dir, {**args, "detector": detector if folder.other_detectors else None},
-                     memory_limit)
+        info = _keys(out, board, scores_dir, {**args, "detector": detector if folder.other_detectors else None,
+                                              "compose": compose}, memory_limit)
     except SelectError:  # e.g. caption-level scores for unit=sentence: refused like the in-memory select, nothing left
         remove_selection(out, prep.created)
         raise
@@ -235,10 +237,12 @@ def _complete_manifest(out: Path) -> dict | None:
 
 
 def reuse_or_clear(dest: str | os.PathLike, scores_dir, *, keep=None, top_k=None, threshold=None,
-                   unit: str = "sentence", agg: str = "min", per_captioner: bool = False, seed: int = 0) -> dict | None:
+                   unit: str = "sentence", agg: str = "min", per_captioner: bool = False, seed: int = 0,
+                   compose: dict | None = None) -> dict | None:
     """For a pipeline's select step: the manifest of ``dest`` when it holds a complete selection made with these
     arguments; otherwise remove whatever ``dest`` holds (a select killed mid-way, or other arguments) and return
-    ``None``, so the step runs again from scratch -- select is deterministic, so to the identical result."""
+    ``None``, so the step runs again from scratch -- select is deterministic, so to the identical result.
+    ``compose``: the composed selection's record (``Composition.record()``), ``None`` for a plain one."""
     dest = Path(dest)
     path = dest / "manifest.json"
     try:
@@ -248,7 +252,8 @@ def reuse_or_clear(dest: str | os.PathLike, scores_dir, *, keep=None, top_k=None
     if m is not None and m.get("status", "complete") == "complete":
         f = m.get("filter", {})
         want = {"scores": str(Path(scores_dir).resolve()), "keep": keep, "top_k": top_k, "threshold": threshold,
-                "unit": unit, "agg": agg if unit == "caption" else None, "per_captioner": per_captioner, "seed": seed}
+                "unit": unit, "agg": agg if unit == "caption" else None, "per_captioner": per_captioner, "seed": seed,
+                "compose": compose}
         if all(f.get(k) == v for k, v in want.items()):
             return m
     remove_tree(dest, ignore_errors=True)

@@ -238,7 +238,7 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
            top_k: int | None = None, threshold: float | None = None, unit: str = "sentence", agg: str = "min",
            per_captioner: bool = False, random_baseline: bool = False, seed: int = 0, maxcount: int = 1000,
            show_progress: bool = True, meta_defaults: dict[str, str] | None = None, detector: str | None = None,
-           allow_partial: bool = False) -> dict:
+           allow_partial: bool = False, compose=None) -> dict:
     """Select from ``scores_dir`` and write the kept units of the shards ``data`` into ``out_dir``.
 
     Returns the manifest (also written to ``out_dir/manifest.json``). Keys present only in the scores or only
@@ -248,6 +248,8 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
     first failure when units were kept but not one sample could be written. On an error nothing this call wrote
     is left in ``out_dir``; after a kill, the same call writes the selection again (to the same bytes), and one
     that finds it complete returns its manifest as it is (:func:`halsift.filtering.selection.guard.prepare`).
+    ``compose``: a :class:`halsift.filtering.selection.compose.Composition` (its first folder is ``scores_dir``):
+    select among its candidates, ranked by its rank; the manifest's ``composition`` has its accounting.
     """
     defaults = {**META_DEFAULTS, **(meta_defaults or {})}
     t0 = time.perf_counter()
@@ -256,8 +258,13 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
         raise SelectError(f"maxcount={maxcount}: expected >= 1")
     args = dict(keep=keep, top_k=top_k, threshold=threshold, unit=unit, agg=agg, per_captioner=per_captioner,
                 random_baseline=random_baseline, seed=seed)
-    prep = prepare(scores_dir, data, out_dir, {**args, "engine": "memory", "keys_only": False, "maxcount": maxcount},
-                   detector=detector, allow_partial=allow_partial, meta_defaults=defaults)
+    if compose is not None and per_captioner:
+        raise SelectError("per_captioner: not with a composed selection (--where/--rank/--fields/--exclude or "
+                          "several --scores)")
+    extra = {"compose": compose.record()} if compose is not None else {}
+    prep = prepare(scores_dir, data, out_dir, {**args, "engine": "memory", "keys_only": False, "maxcount": maxcount,
+                                               **extra}, detector=detector, allow_partial=allow_partial,
+                   meta_defaults=defaults)
     if prep.done is not None:
         return prep.done  # this selection, complete: as it is
     out, shards, filt = prep.out, prep.shards, prep.filt
@@ -266,7 +273,12 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
         write_json_atomic(out / "manifest.json", {"status": "running", "filter": filt})
         table, source = load_scores(scores_dir, detector, allow_partial, captioner=per_captioner, folder=prep.folder)
         try:
-            kept, info = select_keys(table, **args)
+            if compose is not None:  # the composed candidates, ranked
+                cands, accounting = compose.candidates(unit, agg)
+                kept, info = select_keys(cands, **args)
+                info["composition"] = accounting
+            else:
+                kept, info = select_keys(table, **args)
         except SelectError as e:
             if not (per_captioner and "captioner" in str(e)):
                 raise

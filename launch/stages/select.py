@@ -22,17 +22,23 @@ def stage_select(r: Recipe, p: Paths) -> dict:
     from halsift.filtering.selection.select import select
     from halsift.filtering.selection.resumable import reuse_or_clear
 
+    from halsift.launch.select_compose import recipe_composition
+
     info = {}
+    folders = {n: str(scores_dir(p, n, "corpus")) for n in scored_names(r)}
     for name in filter_names(r):
         scored, how = r.select.resolved(name)
+        compose = recipe_composition(r.select, scored, folders, p.corpus, str(p.stage("basic") / "corpus"))
         done = reuse_or_clear(p.named("select", name), scores_dir(p, scored, "corpus"), **how,
-                              per_captioner=r.select.per_captioner, seed=r.seed)
+                              per_captioner=r.select.per_captioner, seed=r.seed,
+                              compose=compose.record() if compose is not None else None)
         if done is not None:  # finished before the stage was killed; a half-written one was cleared above
             info[name] = done
             continue
         manifest = select(scores_dir(p, scored, "corpus"), p.corpus, p.named("select", name), **how,
                           per_captioner=r.select.per_captioner, seed=r.seed,
-                          meta_defaults={"captioner": r.select.captioner, "source": r.select.source})
+                          meta_defaults={"captioner": r.select.captioner, "source": r.select.source},
+                          compose=compose)
         info[name] = manifest
     log_stage(r, p, "select", {name: p.named("select", name) for name in info})
     return {"selections": info}

@@ -1,0 +1,193 @@
+"""``halsift basic``: the basic-filter fields of every sample, one parquet part per input, resumable per part.
+
+Inputs: shards (halsift's or img2dataset's ``webdataset`` layout: sizes from the json's recorded size when it has
+one, else the image header), or parquet tables of captions (img2dataset's per-shard ``.parquet``, DataComp's
+metadata): a key column (``key``, else ``uid``), a caption column (``caption``, else ``text``) and the sizes
+(``original_width``/``original_height``, else ``width``/``height``), read in record batches, no image decoded.
+
+Output folder: ``part-<input>.parquet`` per input (:data:`~halsift.filtering.curation.basic.FIELDS` plus
+``pass_<preset>``; written atomically, so a killed run resumes at the first missing part), ``_basic.json`` (the
+settings: a rerun with other settings is refused) and ``manifest.json`` (counts per rule, merged from the parts'
+own counts, which each part keeps in its parquet metadata).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from halsift.corpus.errors import InputError
+from halsift.corpus.images import SkipCounter
+from halsift.corpus.progress import progress
+from halsift.corpus.scores import part_name, write_part_atomic
+from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, write_json_atomic
+from halsift.filtering.curation.basic import PRESETS, apply_presets, fields_table, header_size, merge_counts, \
+    recorded_size
+
+SETTINGS = "_basic.json"
+META_KEY = b"halsift_basic"
+BATCH = 1024
+KEY_COLUMNS = ("key", "uid")
+CAPTION_COLUMNS = ("caption", "text")
+SIZE_COLUMNS = (("original_width", "original_height"), ("width", "height"))
+
+
+class BasicError(InputError):
+    """Bad ``halsift basic`` input or output folder (one line naming it)."""
+
+
+def inputs_of(data: str) -> tuple[str, list[Path]]:
+    """``("table", parquet files)`` for a .parquet file / glob / folder of parquet without shards, else
+    ``("shards", tars)``."""
+    p = Path(data)
+    if p.suffix == ".parquet" or (p.is_dir() and not any(p.glob("*.tar")) and any(p.glob("*.parquet"))):
+        files = sorted(p.glob("*.parquet")) if p.is_dir() else sorted(Path(x) for x in glob.glob(data))
+        if not files:
+            raise BasicError(f"data: no parquet table matches {data}")
+        return "table", files
+    return "shards", expand_shards(data)
+
+
+def _pick(names: list[str], options: tuple, path: Path, what: str) -> str:
+    found = next((c for c in options if c in names), None)
+    if found is None:
+        raise BasicError(f"data: {path} has no {what} column (expected one of {', '.join(options)}; "
+                         f"it has {', '.join(names)})")
+    return found
+
+
+def _table_batches(path: Path) -> Iterator[tuple[list[str], list[str], list[tuple[int, int] | None], str]]:
+    """(keys, captions, sizes, size source) per record batch of a parquet table."""
+    try:
+        f = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise BasicError(f"data: {path} is not a readable parquet table ({e})") from None
+    names = f.schema_arrow.names
+    key, cap = _pick(names, KEY_COLUMNS, path, "key"), _pick(names, CAPTION_COLUMNS, path, "caption")
+    size = next((pair for pair in SIZE_COLUMNS if set(pair) <= set(names)), None)
+    if size is None:
+        raise BasicError(f"data: {path} has no size columns (expected original_width/original_height or "
+                         "width/height); give the shards instead to read sizes from the image headers")
+    for b in f.iter_batches(batch_size=BATCH, columns=[key, cap, *size]):
+        ws, hs = b.column(size[0]).to_pylist(), b.column(size[1]).to_pylist()
+        sizes = [(int(w), int(h)) if w and h and w > 0 and h > 0 else None for w, h in zip(ws, hs)]
+        yield ([str(k) for k in b.column(key).to_pylist()], [c or "" for c in b.column(cap).to_pylist()], sizes,
+               size[0])
+
+
+def _shard_batches(path: Path, skipped: SkipCounter, size_from: str):
+    """(keys, captions, sizes, size sources) per batch of a shard's samples."""
+    keys, caps, sizes, srcs = [], [], [], []
+    for s in iter_shard(path, skipped):
+        size = recorded_size(s.meta) if size_from == "auto" else None
+        src = "recorded" if size else "header"
+        if size is None:
+            size = header_size(s.image)
+            if size is None:
+                skipped.add(s.key, "no image, or its header is unreadable: sizes left null", "image_unreadable")
+                src = "none"
+        keys.append(s.key)
+        caps.append(s.caption)
+        sizes.append(size)
+        srcs.append(src)
+        if len(keys) == BATCH:
+            yield keys, caps, sizes, srcs
+            keys, caps, sizes, srcs = [], [], [], []
+    if keys:
+        yield keys, caps, sizes, srcs
+
+
+def _one_part(kind: str, path: Path, dest: Path, detector, presets: list[str], size_from: str, bar) -> dict:
+    """Compute and write one input's part; returns its counts (also stored in the part's metadata)."""
+    skipped = SkipCounter(max_examples=20)
+    tables, langs, size_src = [], Counter(), Counter()
+    corrupt = None
+    batches = _table_batches(path) if kind == "table" else _shard_batches(path, skipped, size_from)
+    try:
+        for keys, caps, sizes, src in batches:
+            detected = detector.detect(caps)
+            langs.update(lang for lang, _ in detected)
+            size_src.update([src] * len(keys) if isinstance(src, str) else src)
+            tables.append(fields_table(keys, detected, caps, sizes))
+            bar.update(len(keys))
+    except ShardFormatError as e:  # the samples read before the damage are kept
+        corrupt = str(e)
+        skipped.add(path.name, str(e), "corrupt_shard", n=e.lost or 1)
+    t = pa.concat_tables(tables) if tables else fields_table([], [], [], [])
+    t, counts = apply_presets(t, presets)
+    info = {"input": str(path), "rows": len(t), "presets": counts, "lang": dict(langs), "size_source": dict(size_src),
+            "skipped": skipped.to_json(), "corrupt": corrupt}
+    t = t.replace_schema_metadata({META_KEY: json.dumps(info).encode()})
+    write_part_atomic(t, dest)
+    return info
+
+
+def run_basic(data: str, out: str | os.PathLike, *, presets: list[str], detector, size_from: str = "auto",
+              show_progress: bool = True) -> dict:
+    """Write the field parts of every input in ``data`` to ``out`` (finished parts are kept) and the manifest."""
+    unknown = [p for p in presets if p not in PRESETS]
+    if unknown:
+        raise BasicError(f"preset: {unknown[0]!r} is not a preset (known: {', '.join(PRESETS)})")
+    kind, inputs = inputs_of(data)
+    out = Path(out)
+    names = [part_name(0, p.name.removesuffix(".parquet")) for p in inputs]
+    if len(set(names)) != len(names):
+        raise BasicError(f"data: two inputs share the name {next(n for n in names if names.count(n) > 1)}")
+    settings = {"data": [str(p.resolve()) for p in inputs], "kind": kind, "presets": presets,
+                "size_from": size_from, "language": detector.settings}
+    _open_out(out, settings)
+    t0 = time.perf_counter()
+    bar = progress(desc="basic", unit="sample", disable=not show_progress)
+    parts, done_before = [], 0
+    for path, name in zip(inputs, names):
+        dest = out / name
+        if dest.exists():
+            parts.append(json.loads(pq.read_schema(dest).metadata[META_KEY]))
+            done_before += 1
+            continue
+        parts.append(_one_part(kind, path, dest, detector, presets, size_from, bar))
+    bar.close()
+    wall = time.perf_counter() - t0
+    rows_now = sum(p["rows"] for p in parts[done_before:]) if done_before < len(parts) else 0
+    manifest = _manifest(parts, settings, names)
+    manifest.update(parts_done_before=done_before, wall_time_s=round(wall, 3),
+                    samples_per_s=round(rows_now / wall, 1) if wall > 0 and rows_now else None)
+    write_json_atomic(out / "manifest.json", manifest)
+    return manifest
+
+
+def _open_out(out: Path, settings: dict) -> None:
+    state = out / SETTINGS
+    if state.exists():
+        old = json.loads(state.read_text())
+        diff = next((k for k in settings if old.get(k) != settings[k]), None)
+        if diff:
+            raise BasicError(f"out: {out} holds basic fields made with a different {diff} ({old.get(diff)!r} vs "
+                             f"{settings[diff]!r}); choose a new folder")
+        return
+    if out.exists() and any(not p.name.startswith(".") for p in out.iterdir()):  # .halsift.lock
+        raise BasicError(f"out: {out} is not empty and holds no basic fields; choose a new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(state, settings)
+
+
+def _manifest(parts: list[dict], settings: dict, names: list[str]) -> dict:
+    counts: dict = {}
+    langs, src, skipped = Counter(), Counter(), SkipCounter(max_examples=20)
+    for p in parts:
+        merge_counts(counts, p["presets"])
+        langs.update(p["lang"])
+        src.update(p["size_source"])
+        skipped.merge(SkipCounter.from_json(p["skipped"]))
+    rules = {name: [{"rule": r.name, "text": r.text()} for r in PRESETS[name]] for name in settings["presets"]}
+    return {"status": "complete", "settings": settings, "parts": names, "samples": sum(p["rows"] for p in parts),
+            "presets": counts, "rules": rules, "lang": dict(langs.most_common(20)), "size_source": dict(src),
+            "skipped": skipped.to_json(), "corrupt_inputs": [p["corrupt"] for p in parts if p["corrupt"]]}
