@@ -28,8 +28,10 @@ _COMPOSE = {"group": "composed selection (several --scores NAME=DIR, fields, exc
 class SelectConfig:
     """``halsift select``'s settings: every flag, ``--describe`` and docs/config.md come from this class."""
 
-    scores: str = field("", help="score folder written by `halsift score`; repeat as NAME=DIR to name several for "
-                                 "--where/--rank (the first is ranked by default)", cli={"required": True})
+    scores: list[str] = field(default_factory=list, help="score folder written by `halsift score`; repeat as "
+                                                         "NAME=DIR to name several for --where/--rank (the first is "
+                                                         "ranked by default)",
+                              cli={"required": True, "append": True, "metavar": "[NAME=]DIR"})
     data: str = field("", help="the shards that were scored (folder / glob / brace pattern)", cli={"required": True})
     out: str = field("", help="new folder: shards + sizes.json + manifest.json + kept.parquet (rerun the same "
                               "command into it to finish a killed select)", cli={"required": True})
@@ -87,7 +89,16 @@ class SelectConfig:
                                                           "its folder) or a text file of keys, one a line",
                                cli={**_COMPOSE, "append": True, "metavar": "FILE"})
 
+    @property
+    def primary_scores(self) -> str:
+        """The folder of the first ``--scores`` (``NAME=DIR`` or ``DIR``): the one ranked unless ``--rank``."""
+        from halsift.filtering.selection.compose import split_scores
+
+        return split_scores(self.scores)[0][1]
+
     def validate(self) -> None:
+        if not self.scores:
+            raise ValueError("scores: give at least one score folder")
         check_selection("", self.keep, self.unit, self.agg, self.top_k, self.threshold)
         if self.maxcount is not None and self.maxcount < 1:
             raise ValueError(f"maxcount: expected >= 1, got {self.maxcount}")
@@ -131,28 +142,22 @@ CONFIG = SelectConfig  # the settings (docs/config.md, --describe)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from halsift.launch.select_compose import repeatable_scores
-
     add_dataclass_arguments(p, SelectConfig, config_file=False, defaults=True)
     add_describe_argument(p, SelectConfig)
-    repeatable_scores(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    from halsift.launch.select_compose import named_scores
-
-    named = named_scores(args)  # --scores NAME=DIR ...: args.scores becomes the first folder
     cfg = config_from_args(SelectConfig, args)  # the checks of SelectConfig.validate, errors naming the flag
-    m = run_engine(cfg, named)
+    m = run_engine(cfg)
     if m is None:  # a task of several: the last one to finish writes the manifest and what follows from it
         return 0
     _after(cfg, m)
     return 0
 
 
-def run_engine(cfg: SelectConfig, named: list | None = None) -> dict | None:
+def run_engine(cfg: SelectConfig) -> dict | None:
     """Run the selection ``cfg`` asks for and print its summary; returns the complete manifest, or ``None`` for a
-    task of several that left the manifest to the last one. ``named``: the ``--scores`` folders as (name, path)."""
+    task of several that left the manifest to the last one."""
     from halsift.filtering.selection.select import SelectError, select
     from halsift.filtering.selection.out_of_core import MEMORY_LIMIT
     from halsift.filtering.selection.resumable import select_resumable
@@ -173,14 +178,16 @@ def run_engine(cfg: SelectConfig, named: list | None = None) -> dict | None:
                   detector=cfg.detector, allow_partial=cfg.allow_partial)
     n, i = task or (1, 0)
     try:
+        from halsift.filtering.selection.compose import split_scores
         from halsift.launch.select_compose import composition_of
 
+        named = split_scores(cfg.scores)  # [(NAME or None, DIR)], the first is ranked by default
         common["compose"] = composition_of(cfg, named)
         if engine == "memory":
-            m = select(cfg.scores, cfg.data, cfg.out, per_captioner=cfg.per_captioner, random_baseline=cfg.random,
+            m = select(named[0][1], cfg.data, cfg.out, per_captioner=cfg.per_captioner, random_baseline=cfg.random,
                        maxcount=cfg.maxcount or MAXCOUNT, **common)
         else:
-            res = select_resumable(cfg.scores, cfg.data, cfg.out, keys_only=cfg.keys_only, num_tasks=n, task_index=i,
+            res = select_resumable(named[0][1], cfg.data, cfg.out, keys_only=cfg.keys_only, num_tasks=n, task_index=i,
                                    memory_limit=cfg.memory_limit or MEMORY_LIMIT, **common)
             m = res.get("manifest")
     except SelectError as e:
@@ -221,4 +228,4 @@ def _after(cfg: SelectConfig, m: dict) -> None:
     if cfg.html:
         from halsift.eval.report.html import write_select_html
 
-        print(f"wrote {write_select_html(cfg.out, cfg.scores, cfg.data, m)}")
+        print(f"wrote {write_select_html(cfg.out, cfg.primary_scores, cfg.data, m)}")

@@ -4,37 +4,7 @@ clause removed."""
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
-
-
-class _Repeated(argparse.Action):
-    """``--scores A --scores B`` -> ``[A, B]`` (one value: the list of one)."""
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        current = getattr(namespace, self.dest, None)
-        setattr(namespace, self.dest, (current if isinstance(current, list) else []) + [values])
-
-
-def repeatable_scores(parser: argparse.ArgumentParser) -> None:
-    """Let ``--scores`` repeat (``SelectConfig.scores`` stays the first folder; :func:`named_scores` splits)."""
-    for action in parser._actions:  # argparse has no public way to change a declared flag's action
-        if action.dest == "scores":
-            action.__class__ = _Repeated
-
-
-def named_scores(args: argparse.Namespace) -> list[tuple[str | None, str]]:
-    """Split ``args.scores`` into ``[(name or None, path)]`` and leave the first path in ``args.scores``."""
-    from halsift.filtering.selection.compose import split_scores
-    from halsift.filtering.selection.score_folder import SelectError
-    from halsift.launch.cli import UsageError
-
-    try:
-        named = split_scores(args.scores)
-    except SelectError as e:
-        raise UsageError(f"--{e}") from None
-    args.scores = named[0][1]
-    return named
 
 
 def composition_of(cfg: Any, named: list[tuple[str | None, str]] | None):
