@@ -174,7 +174,10 @@ class VllmDetector(PreparedDetector):
         if self.mode == "yes_prob":
             self.yes_ids, self.no_ids = yes_no_ids(tokenizer)
             kw: dict[str, Any] = {"max_tokens": 1, "temperature": 0.0}
-            if "logprob_token_ids" in param_names(self.vllm.SamplingParams):
+            names = param_names(self.vllm.SamplingParams)
+            if "detokenize" in names:  # the reply's text is not read
+                kw["detokenize"] = False
+            if "logprob_token_ids" in names:
                 kw["logprob_token_ids"] = [*self.yes_ids, *self.no_ids]
             else:
                 kw["logprobs"] = top_logprobs

@@ -347,3 +347,35 @@ def test_score_cli_with_decode_workers_and_resume(fake_vllm, tiny_vlm, tmp_path)
                  "--batch-size", "4"]) == 0
     assert sum(len(p) for p, _ in FakeLLM.record.calls) == tables[parts[1]].num_rows
     assert pq.read_table(tmp_path / "a" / parts[1]).equals(tables[parts[1]])
+
+
+def test_benchmark_plumbing_on_the_fake(fake_vllm, tiny_vlm):
+    """``benchmarks/vllm_judge_bench.measure`` (what judge_throughput.py --vllm runs on a GPU) on the fake: grouped
+    rounds submit requests grouped by image, shuffled rounds do not; one figure per mode, count and order."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+    import vllm_judge_bench
+
+    def make(n, seed):
+        return [Item(f"c{c}", i, f"sentence {i} of {c}", [], _image(c + seed % 3), f"c{c}-{seed}")
+                for c in range(4) for i in range(n)]
+
+    res = vllm_judge_bench.measure(str(tiny_vlm), make, [1, 5], batch_size=20, repeats=1)
+    assert sorted(res) == sorted([f"vllm/yes_prob/s{n}/{o}/sentences_per_s" for n in (1, 5)
+                                  for o in ("grouped", "shuffled")] + ["vllm/yes_prob/failed_requests"])
+    calls = FakeLLM.record.calls
+    grouped, shuffled = calls[-2][0], calls[-1][0]  # the s5 rounds: 20 requests each
+    runs = lambda ps: 1 + sum(a["multi_modal_uuids"] != b["multi_modal_uuids"] for a, b in zip(ps, ps[1:]))  # noqa
+    assert len(grouped) == len(shuffled) == 20 and runs(grouped) == 4 < runs(shuffled)
+
+
+@pytest.mark.gpu
+def test_real_vllm_matches_the_transformers_judge(tiny_vlm):
+    """On a GPU machine with vLLM: the real engine on the tiny Qwen2-VL gives the transformers judge's scores."""
+    pytest.importorskip("vllm")
+    items = _items()
+    ours = load_detector(f"vllm:model={tiny_vlm},dtype=float32,max_model_len=2048,gpu_memory_utilization=0.3")
+    theirs = load_detector(f"vlm:model={tiny_vlm},mode=yes_prob,dtype=float32,device=cpu")
+    a, b = [r.score for r in ours.score_batch(items)], [r.score for r in theirs.score_batch(items)]
+    assert max(abs(x - y) for x, y in zip(a, b)) < 0.5, (a, b)
