@@ -243,6 +243,8 @@ class VllmDetector(PreparedDetector):
             raise
         except Exception as e:  # an engine crash or out-of-memory, or a request the engine refuses
             if not isinstance(e, (ValueError, TypeError)):
+                if not self.engine_kwargs:  # an engine handed in (from_engine): this detector cannot rebuild it
+                    raise
                 self.llm = self.vllm.LLM(**self.engine_kwargs)
                 self.rebuilds += 1
             if len(requests) == 1:

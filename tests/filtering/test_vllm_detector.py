@@ -379,3 +379,15 @@ def test_real_vllm_matches_the_transformers_judge(tiny_vlm):
     theirs = load_detector(f"vlm:model={tiny_vlm},mode=yes_prob,dtype=float32,device=cpu")
     a, b = [r.score for r in ours.score_batch(items)], [r.score for r in theirs.score_batch(items)]
     assert max(abs(x - y) for x, y in zip(a, b)) < 0.5, (a, b)
+
+
+def test_trust_remote_code_only_from_your_own_spec(fake_vllm, tiny_vlm, tmp_path):
+    from halsift.filtering.detectors.trust import TrustWarning
+
+    load_detector(f"vllm:model={tiny_vlm},trust_remote_code=true")
+    assert FakeLLM.record.engines[-1]["trust_remote_code"] is True
+    spec = tmp_path / "judge.yaml"
+    spec.write_text(f"family: vllm\nmodel: {tiny_vlm}\ntrust_remote_code: true\n")
+    with pytest.warns(TrustWarning, match="trust_remote_code ignored"):
+        load_detector(str(spec))
+    assert FakeLLM.record.engines[-1]["trust_remote_code"] is False
