@@ -26,7 +26,8 @@ from PIL import Image  # noqa: E402
 
 from halsift.filtering.detectors.base import Item  # noqa: E402
 from halsift.filtering.detectors.spec import SpecError, check_spec, load_detector  # noqa: E402
-from halsift.filtering.detectors.vllm_judge import SCORE_REGEX, split_point, yes_no_score  # noqa: E402
+from halsift.filtering.detectors.vllm_judge import (SCORE_REGEX, expected_number, split_point,  # noqa: E402
+                                                    yes_no_score)
 
 
 # ---------------------------------------------------------------------------------------------- the fake API
@@ -244,17 +245,24 @@ def test_prompt_mode_structured_output_and_parse_failures_counted(fake_vllm, tin
     assert sum(not r.parsed for r in results) == sum("bird" in p["prompt"] for p in prompts) >= 1
 
 
-def test_same_score_definition_as_the_transformers_judge(fake_vllm, tiny_vlm):
+@pytest.mark.parametrize("mode", ["yes_prob", "logits"])
+def test_same_score_definition_as_the_transformers_judge(fake_vllm, tiny_vlm, mode):
     """A fake engine that computes the first position's log-probabilities with the tiny VLM itself, on the prompt
-    text and image the vllm detector sends: the scores equal ``vlm:mode=yes_prob``'s."""
+    (text, or token ids) and image the vllm detector sends: the scores equal ``vlm:mode=MODE``'s (the tiny
+    tokenizer splits numbers into digits, so ``logits`` takes the three-request digit path)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     model = AutoModelForImageTextToText.from_pretrained(str(tiny_vlm), dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(str(tiny_vlm))
+    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
 
     def logprob_table(p):
-        feats = processor(text=[p["prompt"]], images=[p["multi_modal_data"]["image"]], return_tensors="pt",
+        text = p.get("prompt") or processor.tokenizer.decode(p["prompt_token_ids"])
+        feats = processor(text=[text], images=[p["multi_modal_data"]["image"]], return_tensors="pt",
                           add_special_tokens=False)
+        if "prompt_token_ids" in p:  # the ids the detector sent, once the image placeholder is expanded
+            ids = feats["input_ids"][0].tolist()
+            assert [t for j, t in enumerate(ids) if t != pad or ids[j - 1] != pad] == p["prompt_token_ids"]
         with torch.inference_mode():
             return model(**feats).logits[0, -1].float().log_softmax(-1)
 
@@ -264,16 +272,23 @@ def test_same_score_definition_as_the_transformers_judge(fake_vllm, tiny_vlm):
         for p in prompts:
             lp = logprob_table(p)
             pos = {t: Logprob(float(lp[t])) for t in sampling_params.logprob_token_ids}
-            out.append(RequestOutput("0", p["prompt"], None, None, [CompletionOutput(0, "", [], None, [pos])]))
+            out.append(RequestOutput("0", p.get("prompt"), None, None, [CompletionOutput(0, "", [], None, [pos])]))
         return out
 
     fake_vllm.LLM = type("ModelLLM", (FakeLLM,), {"generate": generate})
     items = _items()
-    ours = [r.score for r in load_detector(f"vllm:model={tiny_vlm}").score_batch(items)]
-    theirs = [r.score for r in load_detector(f"vlm:model={tiny_vlm},mode=yes_prob,dtype=float32,device=cpu")
+    det = load_detector(f"vllm:model={tiny_vlm},mode={mode}")
+    ours = [r.score for r in det.score_batch(items)]
+    theirs = [r.score for r in load_detector(f"vlm:model={tiny_vlm},mode={mode},dtype=float32,device=cpu")
               .score_batch(items)]
     assert max(abs(a - b) for a, b in zip(ours, theirs)) < 1e-3
     assert max(theirs) - min(theirs) > 1  # the scores spread: the comparison can fail
+    (prompts, _), = FakeLLM.record.calls
+    assert len(prompts) == len(items) * (3 if mode == "logits" else 1)
+    if mode == "logits":
+        assert det.number_mode == "digits"
+        base = prompts[0]["prompt_token_ids"]
+        assert [p["prompt_token_ids"] for p in prompts[:3]] == [base, base + det.force[:1], base + det.force]
 
 
 def test_engine_failure_rebuilds_and_isolates_the_input(fake_vllm, tiny_vlm):
@@ -318,9 +333,18 @@ def test_spec_is_checked_without_vllm_and_a_missing_vllm_is_one_line(monkeypatch
     assert "\n" not in str(e.value)
 
 
-def test_mode_logits_names_yes_prob(fake_vllm, tiny_vlm):
-    with pytest.raises(SpecError, match="the yes/no log-probability reading is mode=yes_prob"):
-        load_detector(f"vllm:model={tiny_vlm},mode=logits")
+def test_expected_number_single_and_digit_paths():
+    ids = {n: [100 + n, 300 + n] for n in range(101)}
+    lp = lambda p: Logprob(math.log(p))  # noqa: E731
+    r = expected_number([{100 + 20: lp(0.3), 300 + 20: lp(0.1), 100 + 80: lp(0.4), 7: lp(0.2)}], "single", ids)
+    assert r.parsed and r.score == pytest.approx((20 * 0.4 + 80 * 0.4) / 0.8)
+    # digits: P1 over the digits, Q after "1" (0.5 on "0", 0.2 on "5", the rest ends), R after "10" (0.25 on "0")
+    first = {101: lp(0.6), 303: lp(0.2), 7: lp(0.2)}
+    q, r0 = {100: lp(0.5), 105: lp(0.2)}, {300: lp(0.25)}
+    v1 = 0.3 * 1 + 0.2 * 15 + 0.5 * (0.25 * 100 + 0.75 * 10)
+    got = expected_number([first, q, r0], "digits", ids)
+    assert got.parsed and got.score == pytest.approx((0.6 * v1 + 0.2 * 34.5) / 0.8)
+    assert expected_number([{7: lp(1.0)}, q, r0], "digits", ids).parsed is False
 
 
 def test_score_cli_with_decode_workers_and_resume(fake_vllm, tiny_vlm, tmp_path):
