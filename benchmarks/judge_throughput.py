@@ -17,7 +17,7 @@ achieved fraction of the bf16 dense peak (``--peak-tflops``, 989 for an H100 SXM
 machine (``OMP_NUM_THREADS`` / ``--threads``).
 
 ``--vllm`` also measures the ``vllm:`` detector on the same architecture (the model saved to a temporary folder,
-the transformers model freed first): ``mode=yes_prob`` at each ``--sentences`` count, requests grouped by image vs
+the transformers model freed first): ``--vllm-modes`` (yes_prob, logits) at each ``--sentences`` count, requests grouped by image vs
 shuffled, and the prefix-cache hit rate (``vllm_judge_bench.py``). Without vLLM or a CUDA device it prints why and
 skips that part.
 """
@@ -127,6 +127,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--vllm", action="store_true", help="also measure the vllm: detector (needs vLLM and CUDA)")
     ap.add_argument("--vllm-captions", type=int, default=None, help="captions per timed vllm round "
                                                                       "(default: --captions)")
+    ap.add_argument("--vllm-modes", nargs="+", default=["yes_prob", "logits"], help="vllm: detector modes measured")
     args = ap.parse_args(argv)
     import torch
 
@@ -216,7 +217,7 @@ def vllm_figures(args, model, processor) -> dict:
     captions = args.vllm_captions or args.captions
     return vllm_judge_bench.measure(folder, lambda n, seed: make_items(captions, n, args.image_size, seed),
                                     args.sentences, max(args.batch_size, captions), repeats=args.repeats,
-                                    max_pixels=args.image_size * args.image_size)
+                                    modes=args.vllm_modes, max_pixels=args.image_size * args.image_size)
 
 
 if __name__ == "__main__":
