@@ -17,8 +17,8 @@ achieved fraction of the bf16 dense peak (``--peak-tflops``, 989 for an H100 SXM
 machine (``OMP_NUM_THREADS`` / ``--threads``).
 
 ``--vllm`` also measures the ``vllm:`` detector on the same architecture (the model saved to a temporary folder,
-the transformers model freed first): ``--vllm-modes`` (yes_prob, logits) at each ``--sentences`` count, requests grouped by image vs
-shuffled, and the prefix-cache hit rate (``vllm_judge_bench.py``). Without vLLM or a CUDA device it prints why and
+the transformers model freed first): ``--vllm-modes`` (yes_prob, logits) at each ``--sentences`` count, requests
+grouped by image vs shuffled, and the prefix-cache hit rate (``vllm_judge_bench.py``). Without vLLM or a CUDA device it prints why and
 skips that part.
 """
 
