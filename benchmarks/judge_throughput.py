@@ -16,10 +16,10 @@ achieved fraction of the bf16 dense peak (``--peak-tflops``, 989 for an H100 SXM
 (2 x params x tokens; attention ignored). Prints numbers; never passes or fails on time. Measure on a quiet
 machine (``OMP_NUM_THREADS`` / ``--threads``).
 
-``--vllm`` also measures the ``vllm:`` detector on the same architecture (the model saved to a temporary folder,
-the transformers model freed first): ``--vllm-modes`` (yes_prob, logits) at each ``--sentences`` count, requests
-grouped by image vs shuffled, and the prefix-cache hit rate (``vllm_judge_bench.py``). Without vLLM or a CUDA device it prints why and
-skips that part.
+``--vllm`` also measures the ``vllm:`` detector on the same architecture (the model saved to a temporary folder, the
+transformers model freed first): ``--vllm-modes`` (yes_prob, logits) at each ``--sentences`` count, requests grouped
+by image vs shuffled, and the prefix-cache hit rate (``vllm_judge_bench.py``). Without vLLM or a CUDA device it
+prints why and skips that part.
 """
 
 from __future__ import annotations

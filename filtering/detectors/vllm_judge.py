@@ -25,12 +25,12 @@ built, and a missing vLLM is a one-line error). The score definitions are the ``
   a reply without a score scores 50 with ``parsed=false`` (counted by the runner, as for ``vlm:mode=prompt``).
 
 **Requests**: one per sentence (three on the digit path of ``logits``), the chat-templated ``[image, instruction +
-caption]`` user turn (the model's own processor template, as the ``vlm`` detector builds it), so every request of one image starts with the same image and
-instruction and ends with its sentence. A batch's requests are submitted in one ``generate`` call, grouped by image
-(first-appearance order), so vLLM's prefix cache and encoder cache serve a caption's sentences. The image's content
-hash (:func:`image_uuid`, after the ``max_pixels`` cap) is its ``multi_modal_uuids`` entry. ``max_pixels`` caps the
-image on the host (the ``vlm`` detector's cap) and is passed to the engine's processor (``mm_processor_kwargs``);
-``limit_mm_per_prompt`` is one image.
+caption]`` user turn (the model's own processor template, as the ``vlm`` detector builds it), so every request of
+one image starts with the same image and instruction and ends with its sentence. A batch's requests are submitted in
+one ``generate`` call, grouped by image (first-appearance order), so vLLM's prefix cache and encoder cache serve a
+caption's sentences. The image's content hash (:func:`image_uuid`, after the ``max_pixels`` cap) is its
+``multi_modal_uuids`` entry. ``max_pixels`` caps the image on the host (the ``vlm`` detector's cap) and is passed to
+the engine's processor (``mm_processor_kwargs``); ``limit_mm_per_prompt`` is one image.
 
 **CPU half** (:meth:`VllmDetector.prepare`): the cap, the hash and the prompt text run in ``score --decode-workers``
 processes (or the read-ahead thread); the scoring thread only submits requests.
