@@ -415,3 +415,26 @@ def test_trust_remote_code_only_from_your_own_spec(fake_vllm, tiny_vlm, tmp_path
     with pytest.warns(TrustWarning, match="trust_remote_code ignored"):
         load_detector(str(spec))
     assert FakeLLM.record.engines[-1]["trust_remote_code"] is False
+
+
+def test_structured_output_field_of_older_and_newer_vllm():
+    from halsift.filtering.detectors.vllm_judge import structured_regex
+
+    @dataclass
+    class GuidedDecodingParams:
+        regex: str | None = None
+
+    @dataclass
+    class OldParams:
+        max_tokens: int = 16
+        guided_decoding: GuidedDecodingParams | None = None
+
+    new = types.SimpleNamespace(SamplingParams=SamplingParams,
+                                sampling_params=types.SimpleNamespace(StructuredOutputsParams=StructuredOutputsParams))
+    old = types.SimpleNamespace(SamplingParams=OldParams,
+                                sampling_params=types.SimpleNamespace(GuidedDecodingParams=GuidedDecodingParams))
+    assert structured_regex(new, "x") == {"structured_outputs": StructuredOutputsParams(regex="x")}
+    assert structured_regex(old, "x") == {"guided_decoding": GuidedDecodingParams(regex="x")}
+    neither = types.SimpleNamespace(SamplingParams=OldSamplingParams, sampling_params=types.SimpleNamespace())
+    with pytest.raises(ValueError, match="has no structured output"):
+        structured_regex(neither, "x")
