@@ -14,6 +14,11 @@ Runs, each in its own process:
 3. ``train_throughput.py``: ``halsift train clip`` vs ``open_clip_train`` on the same shards, ViT-B/32, batch
    256, bf16: samples/s, peak memory and MFU.
 
+``--vllm`` adds a part ``vllm_judge``: ``judge_throughput.py --vllm`` on the same Qwen2-VL-2B architecture at 1/5/10/20
+sentences per image, the transformers judge (``logits`` with and without prefix reuse) next to the ``vllm:`` detector
+(``mode=yes_prob``, requests grouped by image vs shuffled, vLLM's prefix-cache hit rate). It needs vLLM
+(``pip install 'halsift[vllm]'``); without it the part records why it was skipped.
+
 The JSON holds each benchmark's figures under its name, with the device, the wall time of each part and the
 exit code of any that failed (the others still run). Paste its table into README.md's performance section.
 """
@@ -40,6 +45,11 @@ FULL = {
     "train": ["train_throughput.py", "--model", "ViT-B-32", "--batch-size", "256", "--steps", "60",
               "--precision", "bf16", "--workers", "6"],
 }
+VLLM = {"vllm_judge": ["judge_throughput.py", "--arch", "qwen2-vl-2b-config", "--device", "cuda", "--image-size", "448",
+                       "--captions", "64", "--batch-size", "64", "--sentences", "1", "5", "10", "20",
+                       "--prompt-captions", "4", "--cot-tokens", "0", "--repeats", "2", "--vllm"]}
+VLLM_SMOKE = {"vllm_judge": ["judge_throughput.py", "--size", "tiny", "--captions", "2", "--sentences", "1",
+                             "--repeats", "1", "--cot-tokens", "0", "--threads", "1", "--vllm"]}
 SMOKE = {
     "judge": ["judge_throughput.py", "--size", "tiny", "--captions", "2", "--sentences", "1", "3", "--repeats", "1",
               "--cot-tokens", "8", "--threads", "1"],
@@ -63,12 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="gpu_suite.json")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU settings (plumbing check, numbers mean nothing)")
-    ap.add_argument("--only", nargs="*", default=[], help="run only these parts (judge, score, train)")
+    ap.add_argument("--only", nargs="*", default=[], help="run only these parts (judge, score, train, vllm_judge)")
+    ap.add_argument("--vllm", action="store_true", help="add the vllm_judge part (the vllm: detector next to the "
+                                                         "transformers judge; needs vLLM)")
     args = ap.parse_args(argv)
     info = device_info()
     if not args.smoke and not info["cuda"]:
         raise SystemExit("gpu_suite: no CUDA device; run on a GPU machine, or pass --smoke for the CPU plumbing check")
     plan = SMOKE if args.smoke else FULL
+    if args.vllm:
+        plan = {**plan, **(VLLM_SMOKE if args.smoke else VLLM)}
     res: dict = {"device": info, "smoke": args.smoke, "parts": {}}
     work = Path(tempfile.mkdtemp(prefix="gpu_suite_"))
     for name, (script, *flags) in plan.items():

@@ -15,6 +15,11 @@ protocol; padding the reply to more tokens would inflate the ratios. On CUDA the
 achieved fraction of the bf16 dense peak (``--peak-tflops``, 989 for an H100 SXM) from a matmul FLOP estimate
 (2 x params x tokens; attention ignored). Prints numbers; never passes or fails on time. Measure on a quiet
 machine (``OMP_NUM_THREADS`` / ``--threads``).
+
+``--vllm`` also measures the ``vllm:`` detector on the same architecture (the model saved to a temporary folder, the
+transformers model freed first): ``--vllm-modes`` (yes_prob, logits) at each ``--sentences`` count, requests grouped
+by image vs shuffled, and the prefix-cache hit rate (``vllm_judge_bench.py``). Without vLLM or a CUDA device it
+prints why and skips that part.
 """
 
 from __future__ import annotations
@@ -119,6 +124,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=3, help="report the best of this many timed rounds")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", default="", help="also write the figures to this JSON file")
+    ap.add_argument("--vllm", action="store_true", help="also measure the vllm: detector (needs vLLM and CUDA)")
+    ap.add_argument("--vllm-captions", type=int, default=None, help="captions per timed vllm round "
+                                                                      "(default: --captions)")
+    ap.add_argument("--vllm-modes", nargs="+", default=["yes_prob", "logits"], help="vllm: detector modes measured")
     args = ap.parse_args(argv)
     import torch
 
@@ -173,12 +182,42 @@ def main(argv=None) -> dict:
         achieved = per_sentence * res[f"s{n_sent}/logits_reuse/sentences_per_s"]
         res["reuse/peak_fraction"] = round(achieved / (args.peak_tflops * 1e12), 4)
         res["gpu_peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    if args.vllm:
+        res.update(vllm_figures(args, model, processor))
     print(json.dumps(res, indent=1))
     if args.json:
         from pathlib import Path
 
         Path(args.json).write_text(json.dumps(res, indent=1))
     return res
+
+
+def vllm_figures(args, model, processor) -> dict:
+    """The vllm detector's figures on this model (saved, then freed from the GPU); skipped with the reason where
+    vLLM or CUDA is missing."""
+    import gc
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import vllm_judge_bench
+
+    why = vllm_judge_bench.unavailable()
+    if why:
+        print(f"vllm: skipped ({why})", flush=True)
+        return {"vllm/skipped": why}
+    folder = tempfile.mkdtemp(prefix="judge_bench_vllm_")
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    model.to("meta")
+    gc.collect()
+    torch.cuda.empty_cache()
+    captions = args.vllm_captions or args.captions
+    return vllm_judge_bench.measure(folder, lambda n, seed: make_items(captions, n, args.image_size, seed),
+                                    args.sentences, max(args.batch_size, captions), repeats=args.repeats,
+                                    modes=args.vllm_modes, max_pixels=args.image_size * args.image_size)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ on a shared CPU.
 
     python benchmarks/vlm_decode_workers.py [--arch qwen2-vl] [--samples 48] [--image-size 448] [--workers 0 1 2]
 
+``--vllm`` scores with ``vllm:model=...,mode=yes_prob`` instead (its CPU half: the cap, the image hash and the
+prompt text); it needs vLLM and a CUDA device and otherwise prints why and exits 0.
+
 Prints numbers; never passes or fails on time.
 """
 
@@ -30,7 +33,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--mode", default="yes_prob")
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--vllm", action="store_true", help="the vllm: detector instead (needs vLLM and CUDA)")
     args = ap.parse_args(argv)
+    if args.vllm:
+        import vllm_judge_bench
+
+        why = vllm_judge_bench.unavailable()
+        if why:
+            print(f"vllm: skipped ({why})")
+            return {"vllm/skipped": why}
     import pyarrow.parquet as pq
 
     from halsift.synth.tiny_vlm import build_tiny_vlm
@@ -41,6 +52,8 @@ def main(argv: list[str] | None = None) -> dict:
         model = build_tiny_vlm(args.arch, root / "vlm", seed=0, init_std=0.5)
         data = make_corpus(root / "data", args.samples, args.per_shard, args.image_size)
         spec = f"vlm:model={model},mode={args.mode},dtype=float32,device={args.device},batch_size={args.batch_size}"
+        if args.vllm:
+            spec = f"vllm:model={model},mode=yes_prob,max_model_len=4096,gpu_memory_utilization=0.5"
         tables = {}
         for w in args.workers:
             m = run_one(spec, data, root / f"out{w}", args.batch_size, args.device, workers=w)

@@ -279,6 +279,9 @@ class Recipe:
     detectors: dict[str, TrainedDetectorCfg] = field(
         default_factory=dict, help="detectors trained before scoring, into <run_dir>/detectors/NAME; a score spec "
                                    "names one as {trained.NAME}")
+    detector_jobs: int = field(0, help="detectors trained at once, each in its own process (0: one per GPU with 2 "
+                                       "or more GPUs, one at a time on one GPU, on CPU one per 4 cores; 1: one "
+                                       "after another)")
     score: ScoreCfg = field(default_factory=ScoreCfg, help="detectors scored on the corpus and the bench")
     select: SelectCfg = field(default_factory=SelectCfg, help="top-k selection per detector")
     finetune: FinetuneCfg = field(default_factory=FinetuneCfg, help="CLIP fine-tuning on each selection")
@@ -296,6 +299,8 @@ class Recipe:
             raise ConfigError(f"stages: unknown stage {bad[0]!r}; expected some of {STAGES}")
         if self.detectors and "detectors" not in self.stages:
             raise ConfigError(f"stages: 'detectors' is needed to train {sorted(self.detectors)}")
+        if self.detector_jobs < 0:
+            raise ConfigError(f"detector_jobs: expected >= 0, got {self.detector_jobs}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device: expected auto, cpu or cuda, got {self.device!r}")
         if not self.world.enabled:

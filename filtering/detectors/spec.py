@@ -56,6 +56,7 @@ _REGISTRY: dict[str, str | type] = {
     "vlm": "halsift.filtering.detectors.vlm:VlmDetector",
     "api": "halsift.filtering.detectors.api:ApiDetector",
     "lora": "halsift.filtering.detectors.lora:LoraDetector",
+    "vllm": "halsift.filtering.detectors.vllm_judge:VllmDetector",
 }
 # families whose first option may be given without its key: ``lora:DIR`` == ``lora:path=DIR``
 _POSITIONAL = {"lora": "path"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -69,24 +70,93 @@ def trained_configs(r: Recipe, p: Paths) -> dict:
     return out
 
 
-def stage_detectors(r: Recipe, p: Paths) -> dict:
-    """Train each ``detectors`` entry (a finished one is reused: its adapter, or the judge's cache record)."""
-    from halsift.training.detector_train import train_detector
-    from halsift.synth.world_judge import build_world_judge
+MIN_CORES_PER_JOB = 4  # a CPU training run below this many threads is slower than running the detectors in turn
 
-    info = {}
-    for name, cfg in trained_configs(r, p).items():
-        spec = trained_spec(r, p, name)
-        out = p.named("detectors", name)
-        started = time.time()
-        if r.detectors[name].kind == "world_judge":
-            built = build_world_judge(p.stage("world"), out, seed=r.seed, settings=cfg, show_progress=True)
-            assert built == spec, (built, spec)
-        elif not (out / "adapter" / "detector.yaml").exists():
-            train_detector(cfg)
-        print(f"[halsift run] detectors.{name}: {spec} ({time.time() - started:.1f}s)")
-        info[name] = spec
-    return {"trained": info}
+
+def plan_jobs(detectors: int, cores: int, gpus: int, jobs: int = 0) -> int:
+    """Detectors trained at once: ``jobs`` when set (>= 1), else one per GPU with two or more GPUs, one at a time
+    on one GPU, and on CPU one per :data:`MIN_CORES_PER_JOB` cores (so one at a time below 8 cores)."""
+    if jobs:
+        return max(1, min(jobs, detectors))
+    if gpus >= 2:
+        return max(1, min(detectors, gpus))
+    if gpus == 1:
+        return 1
+    return max(1, min(detectors, cores // MIN_CORES_PER_JOB))
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _train_one(r: Recipe, p: Paths, name: str, cfg) -> str:
+    """Train ``detectors.NAME`` (a finished one is reused) and return its spec."""
+    spec = trained_spec(r, p, name)
+    out = p.named("detectors", name)
+    started = time.time()
+    if r.detectors[name].kind == "world_judge":
+        from halsift.synth.world_judge import build_world_judge
+
+        built = build_world_judge(p.stage("world"), out, seed=r.seed, settings=cfg, show_progress=True)
+        assert built == spec, (built, spec)
+    elif not (out / "adapter" / "detector.yaml").exists():
+        from halsift.training.detector_train import train_detector
+
+        train_detector(cfg)
+    print(f"[halsift run] detectors.{name}: {spec} ({time.time() - started:.1f}s)", flush=True)
+    return spec
+
+
+def _init_worker(gpu_ids, threads: int) -> None:
+    """A spawned training process: its own GPU (``CUDA_VISIBLE_DEVICES``, claimed once per process before torch
+    starts CUDA) or its share of the cores."""
+    if gpu_ids is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_ids.get())
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+
+
+def _train_in_process(r: Recipe, p: Paths, name: str, cfg) -> str:
+    """:func:`_train_one` in a spawned worker; like the parent, it removes nothing outside the run folder."""
+    from halsift.corpus.safe_paths import confined_to
+
+    with confined_to(p.run):
+        return _train_one(r, p, name, cfg)
+
+
+def stage_detectors(r: Recipe, p: Paths) -> dict:
+    """Train each ``detectors`` entry (a finished one is reused: its adapter, or the judge's cache record), one
+    after another or, where the machine allows (:func:`plan_jobs`, ``detector_jobs``), several at once, each in
+    its own process; every run is seeded, so the adapters are the same either way (to floating-point rounding when
+    the thread counts differ)."""
+    from halsift.launch.stages.shared import run_device
+
+    configs = trained_configs(r, p)
+    gpus = 0
+    if run_device(r) == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count()
+    jobs = plan_jobs(len(configs), _cores(), gpus, r.detector_jobs)
+    if jobs == 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a multi-process launch trains in its ranks
+        return {"trained": {name: _train_one(r, p, name, cfg) for name, cfg in configs.items()}}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    threads = max(1, _cores() // jobs)
+    ctx = multiprocessing.get_context("spawn")
+    gpu_ids = None
+    if gpus >= 2:
+        visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+        gpu_ids = ctx.Queue()
+        for i in range(jobs):  # the parent's visible GPUs, in turn
+            gpu_ids.put(visible[i % len(visible)] if visible else i % gpus)
+    where = "one GPU each" if gpu_ids is not None else f"{threads} thread(s) each"
+    print(f"[halsift run] detectors: {len(configs)} trained {jobs} at a time ({where})", flush=True)
+    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(gpu_ids, threads)) as pool:
+        futures = {name: pool.submit(_train_in_process, r, p, name, cfg) for name, cfg in configs.items()}
+        return {"trained": {name: f.result() for name, f in futures.items()}}
 
 
 STAGE = Stage("detectors", ("detectors",), stage_detectors)

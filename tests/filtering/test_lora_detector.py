@@ -175,3 +175,25 @@ def test_bench_rows_sharing_an_image_encode_it_once(clip_adapter, tmp_path):
     alone = [det.score_batch([it])[0].score for it in items]
     together = [r.score for r in det.score_batch(items)]
     np.testing.assert_allclose(together, alone, atol=1e-4)
+
+
+def test_clip_adapter_prepare_in_decode_workers_gives_the_same_parts(clip_adapter, tmp_path):
+    """The clip kind's CPU half (preprocessing, tokenization) in ``score --decode-workers`` processes: the same
+    parts, bit for bit, as the in-process path."""
+    import pyarrow.parquet as pq
+    from filtering_data import make_corpus
+
+    from halsift.filtering.scoring.workers import supports_workers
+    from halsift.launch.cli import main
+
+    adapter, _ = clip_adapter
+    assert supports_workers(load_detector(f"lora:{adapter}"))
+    data = make_corpus(tmp_path / "data", shards=2, per_shard=3)
+    for out, extra in ((tmp_path / "a", []), (tmp_path / "b", ["--decode-workers", "2"])):
+        assert main(["score", "--detector", f"lora:{adapter}", "--data", str(data), "--out", str(out),
+                     "--no-progress", "--batch-size", "4", *extra]) == 0
+    parts = sorted(p.name for p in (tmp_path / "a").glob("part-*.parquet"))
+    assert len(parts) == 2 and parts == sorted(p.name for p in (tmp_path / "b").glob("part-*.parquet"))
+    for name in parts:
+        a, b = pq.read_table(tmp_path / "a" / name), pq.read_table(tmp_path / "b" / name)
+        assert a.num_rows > 0 and a.equals(b)
