@@ -50,17 +50,17 @@ def old_stage_fingerprints(r) -> dict[str, dict]:
 # is no input). They change, legitimately, when a field or default of a hashed section changes: then recompute them
 # with old_stage_fingerprints above and say so in the commit (existing run folders re-run from that stage).
 # Since 608b057: the score section gained `max_parse_failures` (issue 35), so score and every stage after it moved;
-# the select section became `halsift select`'s fields (top_k's default 0 -> null, the command's), so select onward.
+# the select section became `halsift select`'s fields (top_k's default 0 -> null, the command's) and gained the
+# composed-selection and guaranteed-selection keys (issues 31, 32), so select and every stage after it moved.
 QUICKSTART = {
     "world": ("1cb685049a0fdb3a", {"seed": "5feceb66ffc86f38", "world": "da17ca1e097bf1c8"}),
-    "pretrain": ("24c318468bdadd34", {"data": "5031051ce58909b3", "model": "980c750c33c77a7a",
-                                      "pretrain": "0ff8129adb5f1f21"}),
+    "pretrain": ("24c318468bdadd34", {"data": "5031051ce58909b3", "model": "980c750c33c77a7a", "pretrain": "0ff8129adb5f1f21"}),
     "detectors": ("bd753007d65003a8", {"detectors": "ffedc5abd8f933dc"}),
     "score": ("55c20d41bdd16d26", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
-    "select": ("0d5d0eda889a8517", {"select": "bca4102faf07721b"}),
-    "finetune": ("12e783cadc47f829", {"finetune": "326249b506be0f30"}),
-    "eval": ("6405629763a995f1", {"eval": "28726c73a4b4101b", "evals": "566be1eec8e9a06e"}),
-    "report": ("8fa0aa84665c403d", {"name": "9cff4eeb32be37bd"}),
+    "select": ("eca1bee988925323", {"select": "a83b743291bce9cf"}),
+    "finetune": ("5b014c7f7585c777", {"finetune": "326249b506be0f30"}),
+    "eval": ("55caf54b148f9329", {"eval": "28726c73a4b4101b", "evals": "566be1eec8e9a06e"}),
+    "report": ("08bfffe9316a93a7", {"name": "9cff4eeb32be37bd"}),
 }
 
 
