@@ -85,6 +85,8 @@ def load_calibration(path: str | os.PathLike, corpus_detector: dict, unit: str =
     if p.is_dir():
         m = _manifest(p / SCORE_MANIFEST)
         inputs = m.get("inputs") or {}
+        if not inputs and m.get("members"):  # an ensemble's folder: its members' inputs
+            inputs = _manifest(Path(m["members"][0]) / SCORE_MANIFEST).get("inputs") or {}
         if inputs.get("kind") != "bench":
             raise GuaranteeError(f"calibration: {p} holds no labels (its scores are of "
                                  f"{inputs.get('kind') or 'unknown'} data, not of a bench); score a labelled bench "

@@ -81,4 +81,28 @@ def guarantee_line(m: dict) -> str:
             f"kept {g['kept']:.2f}%)")
 
 
-__all__ = ["CORPUS_CAPTIONERS", "GuaranteeError", "plan_guarantee", "record_guarantee", "guarantee_line"]
+
+
+REPORT_LEVELS = (0.05, 0.1, 0.2)  # the compare report's guaranteed-selection row: kept share at these A
+
+
+def guaranteed_kept(scores_dir: str | os.PathLike, calibration: str | os.PathLike, confidence: float = 0.9,
+                    levels: tuple[float, ...] = REPORT_LEVELS, unit: str = "sentence", agg: str = "min",
+                    captioners: str | list[str] | None = None, splits: str | list[str] | None = None
+                    ) -> dict[str, float | None]:
+    """Per level A (keyed by its percentage, e.g. ``"5"``): the share (0-100) of the corpus's units a guaranteed
+    selection keeps, None where no threshold certifies A (the compare report's third way to compare filters)."""
+    from halsift.corpus.scores import read_scores
+    from halsift.filtering.selection.select import select_keys
+
+    t = read_scores(scores_dir, ["key", "sentence_index", "score"])
+    out: dict[str, float | None] = {}
+    for a in levels:
+        try:
+            g, _ = plan_guarantee(scores_dir, calibration, a, confidence, unit, agg, None, captioners, splits)
+        except GuaranteeError:
+            out[f"{100 * a:g}"] = None
+            continue
+        _, info = select_keys(t, threshold=g.threshold, unit=unit, agg=agg)
+        out[f"{100 * a:g}"] = percent(info["selected"] / info["candidates"], 4) if info["candidates"] else None
+    return out

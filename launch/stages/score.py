@@ -50,6 +50,7 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
     from halsift.filtering.scoring.runner import score, score_bench
     from halsift.filtering.detectors.spec import load_detector
     from halsift.launch.recipe_ranks import main_process_first
+    from halsift.launch.stages.guarantee import needs_calibration
 
     info = {}
     with main_process_first(ranks):  # rank 0 cuts the bench subset, the others then read it
@@ -61,12 +62,15 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
                   batch_size=r.score.batch_size, max_parse_failures=r.score.max_parse_failures)
         if bench:
             score_bench(detector, bench, scores_dir(p, name, "bench"), max_parse_failures=r.score.max_parse_failures)
+        if needs_calibration(r, p):  # the whole bench: guaranteed selection's train+val rows (stages/guarantee.py)
+            score_bench(detector, p.bench, scores_dir(p, name, "calibration"),
+                        max_parse_failures=r.score.max_parse_failures)
         info[name] = spec
         del detector
     if ranks is not None and not ranks.is_main:
         return {"detectors": info}
     for name, members in r.score.ensembles.items():
-        for what in ("corpus", "bench"):
+        for what in ("corpus", "bench", "calibration"):
             if not all(scores_dir(p, m, what).exists() for m in members):
                 continue
             write_ensemble(name, [scores_dir(p, m, what) for m in members], scores_dir(p, name, what))
