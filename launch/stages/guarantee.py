@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from halsift.launch.stages.base import Paths
-from halsift.launch.stages.score import scores_dir
+from halsift.launch.stages.score import needs_calibration, scores_dir  # noqa: F401 (needs_calibration: here too)
 
 if TYPE_CHECKING:
     from halsift.launch.recipe_config import Recipe
@@ -22,12 +22,6 @@ DEFAULT_SPLITS = "train,val"
 def calibration_scores(r: Recipe, p: Paths, name: str) -> Path:
     """The score folder of the bench rows a filter is calibrated on (module docstring)."""
     return scores_dir(p, name, "bench" if not r.eval.bench_split else "calibration")
-
-
-def needs_calibration(r: Recipe, p: Paths) -> bool:
-    """Whether the score stage scores the whole bench for calibration: a bench, a select stage, no user-given
-    calibration set, and an evaluated split (else the bench folder already holds every row)."""
-    return bool(p.bench) and "select" in r.stages and not r.select.calibration and bool(r.eval.bench_split)
 
 
 def calibration_args(r: Recipe, p: Paths, name: str) -> dict:

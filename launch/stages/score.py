@@ -50,7 +50,6 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
     from halsift.filtering.scoring.runner import score, score_bench
     from halsift.filtering.detectors.spec import load_detector
     from halsift.launch.recipe_ranks import main_process_first
-    from halsift.launch.stages.guarantee import needs_calibration
 
     info = {}
     with main_process_first(ranks):  # rank 0 cuts the bench subset, the others then read it
@@ -101,6 +100,13 @@ def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
                                                "part_files": ["part-ensemble.parquet"],
                                                "members": [str(d) for d in member_dirs],
                                                "rows": int(len(merged)), "complete": True})
+
+
+def needs_calibration(r: Recipe, p: Paths) -> bool:
+    """Whether to score the whole bench for a guaranteed selection's calibration (launch/stages/guarantee.py): a
+    bench, a select stage, no user-given calibration set, and an evaluated split (else the bench folder already
+    holds every row)."""
+    return bool(p.bench) and "select" in r.stages and not r.select.calibration and bool(r.eval.bench_split)
 
 
 def scored_names(r: Recipe) -> list[str]:
