@@ -66,6 +66,6 @@ def report_rows(r: Recipe, p: Paths, names: list[str]) -> dict[str, dict]:
             rows[n] = guaranteed_kept(corpus, a["calibration"], r.select.confidence, unit=r.select.unit,
                                       agg=r.select.agg if r.select.agg != "repair" else "prune",
                                       captioners=a["captioners"], splits=a["splits"])
-        except GuaranteeError as e:
+        except (GuaranteeError, ValueError) as e:  # e.g. no bench rows of the corpus's captioners: said in the row
             rows[n] = {"error": str(e)}
     return rows

@@ -154,3 +154,22 @@ def test_caption_guarantee_counts_a_caption_hallucinated_if_any_sentence_is(worl
     full = [labs for labs in caps.values() if "incorrect" in labs or all(x == "correct" for x in labs)]
     assert len(cal.scores) == len(full)
     assert int(cal.hallucinated.sum()) == sum("incorrect" in labs for labs in full)
+
+
+def test_the_report_row_is_the_kept_share_at_each_level(world):
+    from halsift.corpus.scores import read_scores
+    from halsift.eval.report.guaranteed import guaranteed_metrics, guaranteed_section
+    from halsift.filtering.selection.calibration import load_calibration
+    from halsift.filtering.selection.guaranteed import guaranteed_kept
+
+    _, scores, root = world
+    row = guaranteed_kept(scores, root / "cal", 0.9, levels=(0.05, 0.5))
+    cal = load_calibration(root / "cal", {"name": "random", "spec": "random:seed=1"})
+    t = certify(cal.scores, cal.hallucinated, 0.5, 0.9).threshold
+    s = read_scores(scores, ["score"])["score"].to_numpy()
+    assert row["5"] is None  # a random detector cannot certify 5 %
+    assert row["50"] == pytest.approx(100 * (s >= t).mean(), abs=1e-3)
+    assert guaranteed_metrics({"rand": row}) == {"rand/guaranteed_kept@50": row["50"]}
+    text = guaranteed_section({"rand": row})
+    assert "| filter | kept % at A = 5 % | kept % at A = 50 % |" in text
+    assert f"| rand | - | {row['50']:.1f} |" in text
