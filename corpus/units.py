@@ -8,7 +8,7 @@ from typing import Literal, get_args
 
 Unit = Literal["sentence", "caption"]
 UNITS: tuple[str, ...] = get_args(Unit)
-Agg = Literal["min", "mean", "prob", "prune"]
+Agg = Literal["min", "mean", "prob", "prune", "repair"]
 AGGS: tuple[str, ...] = get_args(Agg)
 
 

@@ -32,6 +32,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("score",): "halsift.launch.cmd_score",
     ("select",): "halsift.launch.cmd_select",
     ("basic",): "halsift.launch.cmd_basic",
+    ("annotate",): "halsift.launch.cmd_annotate",
     ("train", "clip"): "halsift.launch.cmd_train_clip",
     ("train", "detector"): "halsift.launch.cmd_train_detector",
     ("eval", "bench"): "halsift.launch.cmd_eval_bench",

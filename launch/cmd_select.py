@@ -22,6 +22,7 @@ from halsift.launch.select_engines import captioner_field, source_field
 HELP = "select the top fraction / top-k / above-threshold units by score and write new shards"
 _SCALE = {"group": "at scale (out-of-core, resumable, parallel)"}
 _COMPOSE = {"group": "composed selection (several --scores NAME=DIR, fields, exclusions)"}
+_GUARANTEE = "with a guarantee (bounded hallucination rate)"
 
 
 @dataclass
@@ -44,7 +45,8 @@ class SelectConfig:
                                                                   "captions")
     agg: Agg = field(
         "min", help="unit caption: aggregate sentence scores by min/mean/product of probabilities, or prune (drop "
-                    "low sentences, keep the rest of the caption)")
+                    "low sentences, keep the rest of the caption), or repair (as prune, and a flagged sentence a detector localized "
+                    "loses only its flagged words)")
     per_captioner: bool = field(False, help="apply --keep/--top-k within each captioner (in memory only)")
     random: bool = field(False, help="baseline: keep the same number of units at random (in memory only)")
     seed: int = field(0, help="seed of --random")
@@ -89,6 +91,22 @@ class SelectConfig:
                                                           "its folder) or a text file of keys, one a line",
                                cli={**_COMPOSE, "append": True, "metavar": "FILE"})
 
+    # selection with a guarantee (issue 32: halsift.filtering.selection.guaranteed)
+    max_hallucination: float | None = field(
+        None, help="keep as much as possible while the kept units' hallucination rate is at most this fraction "
+                   "(0-1) with --confidence, certified on --calibration (Learn-then-Test); replaces --keep",
+        cli={"group": _GUARANTEE, "metavar": "A"})
+    confidence: float = field(0.9, help="confidence (0-1) of the --max-hallucination bound",
+                              cli={"group": _GUARANTEE, "metavar": "C"})
+    calibration: str | None = field(None, help="labelled units scored by the same detector: the score folder of "
+                                               "a bench, or the labels .jsonl `halsift annotate` exports",
+                                    cli={"group": _GUARANTEE, "metavar": "CAL"})
+    calibration_captioners: str | None = field(None, help="use only the calibration bench's rows of these "
+                                                          "generators (comma-separated; 'corpus' = the captioners "
+                                                          "the corpus's scores name)", cli={"group": _GUARANTEE})
+    calibration_splits: str | None = field(None, help="use only these splits of the calibration bench "
+                                                      "(comma-separated, e.g. train,val)", cli={"group": _GUARANTEE})
+
     @property
     def primary_scores(self) -> str:
         """The folder of the first ``--scores`` (``NAME=DIR`` or ``DIR``): the one ranked unless ``--rank``."""
@@ -107,6 +125,8 @@ class SelectConfig:
         if self.keys_only and (self.html or self.export_keys):
             raise ValueError(f"--keys-only writes no shards; {'--html' if self.html else '--export-keys'} reads "
                              "them: drop one of the two")
+        check_guarantee("", self.max_hallucination, self.confidence, self.calibration, self.top_k, self.threshold,
+                        self.agg, self.random or self.per_captioner, composed=bool(self.where or self.rank))
 
 
 def check_selection(where: str, keep: float | None, unit: str, agg: str, top_k: int | None = None,
@@ -126,6 +146,36 @@ def check_selection(where: str, keep: float | None, unit: str, agg: str, top_k: 
         raise ValueError(f"{key('threshold')}: expected a score in [0, 100], got {threshold}")
     if top_k and threshold is not None:
         raise ValueError(f"{key('threshold')}: set top_k or threshold, not both")
+
+
+def check_guarantee(where: str, max_hallucination: float | None, confidence: float, calibration: str | None,
+                    top_k: int | None, threshold: float | None, agg: str, other: bool = False,
+                    calibration_default: bool = False, composed: bool = False) -> None:
+    """Raise ValueError naming the key on bad guarantee settings (``calibration_default``: a recipe fills it;
+    ``composed``: a ``where``/``rank`` is set, which keeps units by more than the one detector's threshold the
+    calibration certifies)."""
+    def key(name: str) -> str:
+        return f"{where}.{name}" if where else name
+
+    if not 0 < confidence < 1:
+        raise ValueError(f"{key('confidence')}: expected a fraction in (0, 1), got {confidence}")
+    if max_hallucination is None:
+        return
+    if not 0 < max_hallucination < 1:
+        raise ValueError(f"{key('max_hallucination')}: expected a fraction in (0, 1), got {max_hallucination}")
+    if not calibration and not calibration_default:
+        raise ValueError(f"{key('max_hallucination')}: needs {key('calibration')} (labelled units scored by the "
+                         "same detector)")
+    if top_k or threshold is not None:
+        raise ValueError(f"{key('max_hallucination')}: the guarantee chooses the threshold; drop "
+                         f"{key('top_k') if top_k else key('threshold')}")
+    if agg == "repair":
+        raise ValueError(f"{key('max_hallucination')}: not with agg repair (use prune, min, mean or prob)")
+    if other:
+        raise ValueError(f"{key('max_hallucination')}: not with --random or --per-captioner")
+    if composed:
+        raise ValueError(f"{key('max_hallucination')}: not with {key('where')}/{key('rank')} (the bound holds for "
+                         "units above one detector's threshold, not for a subset chosen by other scores)")
 
 
 def amount(keep: float, top_k: int | None, threshold: float | None) -> dict:
@@ -173,7 +223,9 @@ def run_engine(cfg: SelectConfig) -> dict | None:
     why = refusal(cfg, engine)
     if why:
         raise UsageError(why)
-    common = dict(**amount(cfg.keep, cfg.top_k, cfg.threshold), unit=cfg.unit, agg=cfg.agg, seed=cfg.seed,
+    guarantee = _plan_guarantee(cfg)
+    how_much = amount(cfg.keep, cfg.top_k, guarantee[0].threshold if guarantee else cfg.threshold)
+    common = dict(**how_much, unit=cfg.unit, agg=cfg.agg, seed=cfg.seed,
                   show_progress=not cfg.no_progress, meta_defaults={"captioner": cfg.captioner, "source": cfg.source},
                   detector=cfg.detector, allow_partial=cfg.allow_partial)
     n, i = task or (1, 0)
@@ -192,6 +244,11 @@ def run_engine(cfg: SelectConfig) -> dict | None:
             m = res.get("manifest")
     except SelectError as e:
         raise UsageError(str(e)) from None
+    if m is not None and guarantee:
+        from halsift.filtering.selection.guaranteed import guarantee_line, record_guarantee
+
+        m = record_guarantee(cfg.out, m, *guarantee)
+        print(guarantee_line(m), flush=True)
     if m is None:
         print(f"select task {i}/{n}: wrote {res['shards_written']} shards; {res['shards_missing']} not written "
               f"yet (other tasks hold them); the last task to finish writes {cfg.out}/manifest.json", flush=True)
@@ -205,6 +262,16 @@ def run_engine(cfg: SelectConfig) -> dict | None:
 
         print("\n".join(composition_lines(m["composition"])), flush=True)
     return m
+
+
+def _plan_guarantee(cfg: SelectConfig) -> tuple | None:
+    """``(Guarantee, Calibration)`` when ``--max-hallucination`` is set (the certified threshold), else None."""
+    if cfg.max_hallucination is None:
+        return None
+    from halsift.filtering.selection.guaranteed import plan_guarantee
+
+    return plan_guarantee(cfg.primary_scores, cfg.calibration, cfg.max_hallucination, cfg.confidence, cfg.unit, cfg.agg,
+                          cfg.detector, cfg.calibration_captioners, cfg.calibration_splits)
 
 
 def _after(cfg: SelectConfig, m: dict) -> None:

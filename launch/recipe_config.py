@@ -15,7 +15,7 @@ from halsift.corpus.config import ConfigError, WandbMode, field, fields_of
 from halsift.corpus.safe_paths import safe_component
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
 from halsift.launch.cmd_score import ScoreConfig
-from halsift.launch.cmd_select import SelectConfig, amount, check_selection
+from halsift.launch.cmd_select import SelectConfig, amount, check_guarantee, check_selection
 from halsift.synth.world_config import WorldSettings
 from halsift.training.clip_config import ClipTrainConfig
 
@@ -177,7 +177,7 @@ class SelectVariantCfg:
     top_k: int = field(0, help="number of units kept instead of a fraction (0 = as select)")
     threshold: float | None = field(None, help="keep units scoring at least this, 0-100 (null = as select)")
     unit: str = field("", help="sentence | caption ('' = select.unit)")
-    agg: str = field("", help="min | mean | prob | prune ('' = select.agg)")
+    agg: str = field("", help="min | mean | prob | prune | repair ('' = select.agg)")
 
     def sets_amount(self) -> bool:
         """Whether this variant chooses how much to keep itself (else select's keep/top_k/threshold apply)."""
@@ -206,6 +206,9 @@ class SelectCfg(SelectSection):
 
     def validate(self) -> None:
         check_selection("select", self.keep, self.unit, self.agg, self.top_k, self.threshold)
+        check_guarantee("select", self.max_hallucination, self.confidence, self.calibration, self.top_k,
+                        self.threshold, "min", self.per_captioner, calibration_default=True,
+                        composed=bool(self.where or self.rank))
         for name in self.variants:
             check_name("select.variants", name)
         for name, v in self.variants.items():

@@ -406,13 +406,15 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
                            filters: Sequence[str] | None = None,
                            extra_reports: Mapping[str, Path] | None = None, bench_split: str = "",
                            ranks: Mapping[str, np.ndarray] | None = None, n_boot: int = 1000, seed: int = 0,
-                           samples=None, html: bool = True) -> dict:
+                           samples=None, html: bool = True, guaranteed: Mapping[str, Mapping] | None = None) -> dict:
     """Write ``metrics.json``, ``report.md``, plots, ``index.html`` and (unless disabled) an offline wandb run;
     returns metrics.
 
     ``ranks``: the per-query ranks of ``eval/retrieval_ranks.npz`` (keys of ``halsift.eval.metrics.retrieval.ranks_key``
     and ``<set>/text_to_image``) for the bootstrap CIs; without them the deltas carry the seeds' std instead.
     ``samples``: a :class:`halsift.eval.report.html.SampleSet` for the page's sample browser and the wandb Table.
+    ``guaranteed``: per filter, the kept share (0-100) of a guaranteed selection at each A (percent key; None: not
+    certified): :mod:`halsift.eval.report.guaranteed`'s section and ``FILTER/guaranteed_kept@A`` metrics.
     """
     from halsift.corpus.shards import write_json_atomic
 
@@ -426,8 +428,14 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
     if np.isfinite(spearman[0]):
         metrics[f"spearman/kept_precision_vs_r@{k}"] = spearman[0]
         metrics[f"spearman/kept_precision_vs_r@{k}/p"] = spearman[1]
+    if guaranteed:
+        from halsift.eval.report.guaranteed import guaranteed_metrics, guaranteed_section
+
+        metrics.update(guaranteed_metrics(guaranteed))
     write_json_atomic(out / "metrics.json", metrics)
     text = render_markdown(title, rows, sets, _input_precision(selections), k, bench_split, n_boot, spearman)
+    if guaranteed:
+        text += guaranteed_section(guaranteed)
     bench_report = Path(out_dir).parent / "eval" / "bench" / "report.md"
     links = ({"detection benchmark": bench_report} if bench_report.exists() else {}) | dict(extra_reports or {})
     if links:

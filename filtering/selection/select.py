@@ -22,7 +22,8 @@ the manifest); an unreadable shard is counted with the number of samples lost.
 Units: ``sentence`` (one output sample per kept image–sentence pair, key ``<key>_s<idx>``) or ``caption``
 with ``agg``: ``min`` / ``mean`` of the sentence scores, ``prob`` (100 x product of score/100, i.e. the
 probability that every sentence is correct), or ``prune`` (select sentences, then write each caption with
-only its kept sentences).
+only its kept sentences), or ``repair`` (as prune, and a flagged sentence a detector localized is kept without its
+flagged words: :mod:`halsift.filtering.selection.repair`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ from halsift.filtering.detectors.baselines import hash_uniform
 from halsift.filtering.selection.score_folder import ScoreFolder, SelectError, check_score_folder, repeated_rows_error
 from halsift.filtering.selection.guard import (clear_outputs, prepare, remove_selection,
                                             write_outputs)
+
+SENTENCE_AGGS = ("prune", "repair")  # caption aggs that select sentences (then write captions of the kept ones)
 
 
 
@@ -190,7 +193,7 @@ def select_keys(scores: str | os.PathLike | pa.Table, *, keep: float | None = No
     n_rows = len(t)
     caption_level = pc.equal(t["sentence_index"], CAPTION_INDEX)
     n_caption_rows = pc.sum(caption_level).as_py() or 0
-    if unit == "sentence" or agg == "prune":
+    if unit == "sentence" or agg in SENTENCE_AGGS:
         if n_caption_rows:
             if n_caption_rows == n_rows:
                 raise SelectError("scores are caption-level (scored with unit=caption): use unit='caption' "
@@ -286,8 +289,13 @@ def select(scores_dir: str | os.PathLike, data, out_dir: str | os.PathLike, *, k
             pairs = [(smp.key, smp.captioner) for path in shards for smp in iter_shard(path, SkipCounter())]
             caps = pa.table({"key": [k for k, _ in pairs], "captioner": [c for _, c in pairs]})
             kept, info = select_keys(table, **args, captioners=caps)
+        repairs = None
+        if agg == "repair":
+            from halsift.filtering.selection.repair import flagged_spans
+
+            repairs = flagged_spans(scores_dir, kept)
         manifest = _write_selection(table, kept, info, source, filt, shards, out, unit, agg, maxcount, show_progress,
-                                    defaults)
+                                    defaults, repairs)
     except BaseException:
         remove_selection(out, prep.created)
         raise
@@ -409,7 +417,9 @@ class _SelectionWriter:
                  agg: str, defaults: dict) -> None:
         self.writer, self.want, self.source, self.filt = writer, want, source, filt
         self.unit, self.agg, self.defaults = unit, agg, defaults
-        self.counts = KeptCounts(unit == "sentence" or agg == "prune")
+        self.counts = KeptCounts(unit == "sentence" or agg in SENTENCE_AGGS)
+        self.repairs: dict | None = None  # agg repair: key -> {flagged sentence index: spans to cut}
+        self.repaired = 0
         self.skipped = SkipCounter(max_examples=1000)
         self.defaulted: Counter = Counter()
         self.corrupt_shards: list[str] = []
@@ -430,9 +440,9 @@ class _SelectionWriter:
     def sample(self, s: Sample, path: Path) -> None:
         texts, labels, gts = _labels(s.meta, s.caption)
         self.counts.add_source(s.captioner, labels)
-        if s.key not in self.want:
+        if s.key not in self.want and not (self.repairs and s.key in self.repairs):
             return
-        idxs = sorted(set(self.want[s.key]))
+        idxs = sorted(set(self.want.get(s.key, [])))
         if self.counts.sentence_level and any(not 0 <= i < len(texts) for i in idxs):
             bad = next(i for i in idxs if not 0 <= i < len(texts))
             held = parts_holding([Path(x) for x in self.source["parts"]], s.key, bad)
@@ -440,18 +450,37 @@ class _SelectionWriter:
                               f"{s.key!r}, whose caption in {path} has {len(texts)} sentence(s); were these scores "
                               "made from other shards?")
         self.defaulted.update(k for k in self.defaults if k not in s.meta)
+        if self.repairs is not None:
+            self._repair(s, idxs, texts, labels, gts)
+            return
         if write_outputs(self.writer, unit_outputs(s, idxs, self.unit, self.agg, texts, gts, self.defaults),
                          self.skipped):
             self.counts.add_kept(s.captioner, labels, idxs)
 
 
+    def _repair(self, s: Sample, idxs: list[int], texts: list[str], labels: list, gts: list | None) -> None:
+        from halsift.filtering.selection.repair import repair_outputs
+
+        missing = {k: v for k, v in self.defaults.items() if k not in s.meta}
+        base = {**missing, **{k: v for k, v in s.meta.items() if k not in ("key", "sentences")}}
+        outs, written, new_labels = repair_outputs(s, idxs, self.repairs.get(s.key, {}), texts, gts, base)
+        if outs and write_outputs(self.writer, outs, self.skipped):
+            full = list(labels)
+            for i, lab in zip(written, new_labels or [None] * len(written)):
+                full[i] = lab
+            self.counts.add_kept(s.captioner, full, written)
+            self.repaired += len(outs[0].meta["repaired_sentence_indices"])
+
+
 def _write_selection(table: pa.Table, kept: pa.Table, info: dict, source: dict, filt: dict, shards: list[Path],
-                     out: Path, unit: str, agg: str, maxcount: int, show_progress: bool, defaults: dict) -> dict:
+                     out: Path, unit: str, agg: str, maxcount: int, show_progress: bool, defaults: dict,
+                     repairs: dict | None = None) -> dict:
     """Stream the shards once, writing the kept units (json fields a sample lacks taken from ``defaults``);
     returns the manifest (without wall time)."""
     bar = progress(desc="select", unit="sample", disable=not show_progress)
     with ShardWriter(out, maxcount=maxcount) as writer:
         w = _SelectionWriter(writer, kept_by_key(kept), source, filt, unit, agg, defaults)
+        w.repairs = repairs
         for path in shards:
             w.shard(path, bar)
     bar.close()
@@ -466,7 +495,8 @@ def _write_selection(table: pa.Table, kept: pa.Table, info: dict, source: dict, 
     return {"status": "complete", "engine": "memory", "filter": filt, **info, "samples_written": writer.total,
             **w.counts.manifest_fields(), "keys": key_overlap(shard_keys, pc.unique(table["key"])),
             "skipped": w.skipped.to_json(), "corrupt_shards": w.corrupt_shards,
-            "meta_defaults": {"values": defaults, "samples": dict(sorted(w.defaulted.items()))}}
+            "meta_defaults": {"values": defaults, "samples": dict(sorted(w.defaulted.items()))},
+            **({"repaired_sentences": w.repaired} if repairs is not None else {})}
 
 
 def read_kept(out_dir: str | os.PathLike) -> pa.Table:

@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING
 
 from halsift.launch.stages.base import Paths, Stage
+from halsift.launch.stages.guarantee import report_rows
 from halsift.launch.stages.score import scored_names, scores_dir
 from halsift.launch.stages.select import filter_names
 from halsift.launch.stages.shared import bench_subset, retrieval_sets
@@ -34,7 +35,7 @@ def stage_report(r: Recipe, p: Paths) -> dict:
                                      filters=[n for n in scored_names(r) if p.named("score", n).exists()],
                                      extra_reports={n: p.stage("eval") / n / "report.md" for n in r.evals.enabled()},
                                      bench_split=r.eval.bench_split, ranks=ranks, seed=r.seed,
-                                     samples=report_samples(r, p))
+                                     samples=report_samples(r, p), guaranteed=report_rows(r, p, scored_names(r)))
     return {"metrics": metrics}
 
 

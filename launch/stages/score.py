@@ -61,12 +61,15 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
                   batch_size=r.score.batch_size, max_parse_failures=r.score.max_parse_failures)
         if bench:
             score_bench(detector, bench, scores_dir(p, name, "bench"), max_parse_failures=r.score.max_parse_failures)
+        if needs_calibration(r, p):  # the whole bench: guaranteed selection's train+val rows (stages/guarantee.py)
+            score_bench(detector, p.bench, scores_dir(p, name, "calibration"),
+                        max_parse_failures=r.score.max_parse_failures)
         info[name] = spec
         del detector
     if ranks is not None and not ranks.is_main:
         return {"detectors": info}
     for name, members in r.score.ensembles.items():
-        for what in ("corpus", "bench"):
+        for what in ("corpus", "bench", "calibration"):
             if not all(scores_dir(p, m, what).exists() for m in members):
                 continue
             write_ensemble(name, [scores_dir(p, m, what) for m in members], scores_dir(p, name, what))
@@ -97,6 +100,13 @@ def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
                                                "part_files": ["part-ensemble.parquet"],
                                                "members": [str(d) for d in member_dirs],
                                                "rows": int(len(merged)), "complete": True})
+
+
+def needs_calibration(r: Recipe, p: Paths) -> bool:
+    """Whether to score the whole bench for a guaranteed selection's calibration (launch/stages/guarantee.py): a
+    bench, a select stage, no user-given calibration set, and an evaluated split (else the bench folder already
+    holds every row)."""
+    return bool(p.bench) and "select" in r.stages and not r.select.calibration and bool(r.eval.bench_split)
 
 
 def scored_names(r: Recipe) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from halsift.launch.stages.base import Paths, Stage
+from halsift.launch.stages.guarantee import plan as plan_guarantee
 from halsift.launch.stages.score import scored_names, scores_dir
 from halsift.launch.stages.shared import log_stage
 
@@ -29,6 +30,7 @@ def stage_select(r: Recipe, p: Paths) -> dict:
     for name in filter_names(r):
         scored, how = r.select.resolved(name)
         compose = recipe_composition(r.select, scored, folders, p.corpus, str(p.stage("basic") / "corpus"))
+        how, guarantee = plan_guarantee(r, p, scored, how)  # select.max_hallucination: the certified threshold
         done = reuse_or_clear(p.named("select", name), scores_dir(p, scored, "corpus"), **how,
                               per_captioner=r.select.per_captioner, seed=r.seed,
                               compose=compose.record() if compose is not None else None)
@@ -39,6 +41,10 @@ def stage_select(r: Recipe, p: Paths) -> dict:
                           per_captioner=r.select.per_captioner, seed=r.seed,
                           meta_defaults={"captioner": r.select.captioner, "source": r.select.source},
                           compose=compose)
+        if guarantee is not None:
+            from halsift.filtering.selection.guaranteed import record_guarantee
+
+            manifest = record_guarantee(p.named("select", name), manifest, *guarantee)
         info[name] = manifest
     log_stage(r, p, "select", {name: p.named("select", name) for name in info})
     return {"selections": info}

@@ -57,10 +57,10 @@ QUICKSTART = {
     "pretrain": ("24c318468bdadd34", {"data": "5031051ce58909b3", "model": "980c750c33c77a7a", "pretrain": "0ff8129adb5f1f21"}),
     "detectors": ("bd753007d65003a8", {"detectors": "ffedc5abd8f933dc"}),
     "score": ("55c20d41bdd16d26", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
-    "select": ("eca1bee988925323", {"select": "a83b743291bce9cf"}),
-    "finetune": ("5b014c7f7585c777", {"finetune": "326249b506be0f30"}),
-    "eval": ("55caf54b148f9329", {"eval": "28726c73a4b4101b", "evals": "566be1eec8e9a06e"}),
-    "report": ("08bfffe9316a93a7", {"name": "9cff4eeb32be37bd"}),
+    "select": ("fb917496abee4ab5", {"select": "f3463167872114d3"}),
+    "finetune": ("a22b11bbdffe6a8a", {"finetune": "326249b506be0f30"}),
+    "eval": ("683f752590879653", {"eval": "28726c73a4b4101b", "evals": "566be1eec8e9a06e"}),
+    "report": ("9cd7c89ac4dee9bd", {"name": "9cff4eeb32be37bd"}),
 }
 
 

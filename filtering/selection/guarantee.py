@@ -1,0 +1,209 @@
+"""Selection with a guarantee: the loosest score threshold whose kept units are at most ``A`` hallucinated, with
+confidence ``C``, certified on labelled calibration units scored by the same detector.
+
+The method is Learn-then-Test (Angelopoulos, Bates, Candès, Jordan, Lei 2021, "Learn then Test: Calibrating
+Predictive Algorithms to Achieve Risk Control", arXiv:2110.01052) with fixed-sequence testing: each candidate
+threshold ``t`` (the distinct calibration scores) has the null hypothesis "the hallucination rate of the units
+scoring >= t exceeds A"; the thresholds are tested from the strictest to the loosest at level ``delta = 1 - C`` and
+the sequence stops at the first that is not rejected; the loosest rejected one is chosen. A null is rejected when the
+exact one-sided Clopper-Pearson upper bound on the kept units' rate is <= A, i.e. when the binomial tail p-value
+``P(Binomial(n_t, A) <= k_t)`` is <= delta (``n_t`` calibration units kept, ``k_t`` of them hallucinated).
+Thresholds that keep so few calibration units that even zero hallucinations could not certify A are skipped before
+testing (that depends on the scores only, never on the labels), so the sequence does not stop at its first step.
+
+Assumption, stated plainly: the calibration units and the corpus units are exchangeable (drawn from the same
+distribution, e.g. a uniform sample of the corpus, or a bench of the corpus's captioners on the corpus's image
+distribution). A bench from other images or captioners gives a bound about that bench, not about the corpus.
+
+A stratified sample (``halsift annotate``: strata of the corpus's score, each sampled uniformly, denser near likely
+thresholds) is a sample of the corpus itself: the bound is then on the corpus's kept units as a finite population,
+``sum_h (N_ht / N_t) * UCB_h``, each stratum's Clopper-Pearson bound at confidence ``1 - delta / H`` (Bonferroni over
+the ``H`` strata), ``N_ht`` the corpus units of stratum ``h`` scoring >= t (counted from the corpus's scores). The
+binomial bound is conservative for sampling without replacement (Hoeffding 1963). The point estimate reported beside
+it is the inclusion-weighted (Horvitz-Thompson) rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from scipy.stats import beta
+
+from halsift.corpus.errors import InputError
+
+MIN_LABELS_SEARCH = 10_000_000  # the largest number of labels :func:`labels_needed` searches up to
+
+
+class GuaranteeError(InputError):
+    """No threshold certifies the asked rate, or bad guarantee settings (one line for the user)."""
+
+
+def check_levels(max_hallucination: float, confidence: float) -> None:
+    """Raise :class:`GuaranteeError` unless both are fractions in (0, 1)."""
+    for name, v in (("max_hallucination", max_hallucination), ("confidence", confidence)):
+        if not (isinstance(v, (int, float)) and 0 < v < 1):  # also refuses nan
+            raise GuaranteeError(f"{name}: expected a fraction in (0, 1), got {v}")
+
+
+def upper_bound(k: np.ndarray | int, n: np.ndarray | int, confidence: float) -> np.ndarray:
+    """Exact one-sided Clopper-Pearson upper confidence bound on a binomial rate (``k`` of ``n``); 1 where
+    ``n`` is 0 or ``k == n``."""
+    k, n = np.asarray(k, np.float64), np.asarray(n, np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        b = beta.ppf(confidence, k + 1, np.maximum(n - k, 1e-300))
+    return np.where((n <= 0) | (k >= n), 1.0, b)
+
+
+@dataclass
+class Strata:
+    """A stratified calibration sample: each calibration unit's stratum and, per stratum, the corpus counts
+    ``population[h]`` (all units) and the score edges ``[lo, hi)`` that define it."""
+
+    stratum: np.ndarray  # per calibration unit, 0..H-1
+    edges: list[float]  # H + 1 increasing score edges (the last one closes the top stratum)
+    population: list[int]  # corpus units per stratum when the sample was drawn
+
+
+@dataclass
+class Guarantee:
+    """What the calibration certifies (fractions 0-1 here; :meth:`manifest` writes percentages)."""
+
+    max_hallucination: float
+    confidence: float
+    calibration_units: int
+    threshold: float | None = None  # the loosest certified threshold (None: none)
+    bound: float | None = None  # the upper bound on the kept units' hallucination rate at ``threshold``
+    estimate: float | None = None  # the point estimate of that rate (weighted where the sample is stratified)
+    calibration_kept: int | None = None  # calibration units scoring >= threshold
+    tested: int = 0  # thresholds tested in the fixed sequence (rejections + the failure that stopped it)
+    design: str = "exchangeable"  # or "stratified"
+    best_bound: float | None = None  # the lowest bound any threshold reaches (for the refusal line)
+    best_threshold: float | None = None
+    labels_needed: int | None = None  # about how many labels would certify A (None: no number would)
+    steps: list[dict] = field(default_factory=list)
+
+    def manifest(self) -> dict:
+        """The manifest's ``guarantee`` block: levels and rates as percentages (0-100)."""
+        pct = lambda x: None if x is None else round(100 * x, 4)  # noqa: E731
+        d = asdict(self)
+        d.pop("steps")
+        for k in ("max_hallucination", "confidence", "bound", "estimate", "best_bound"):
+            d[k] = pct(d[k])
+        return {**d, "scale": 100}
+
+
+def _zero_free(n: int, alpha: float, delta: float) -> bool:
+    """Whether ``n`` units with no hallucination at all certify ``alpha`` at level ``delta``."""
+    return n > 0 and (1 - alpha) ** n <= delta
+
+
+def certify(scores: np.ndarray, hallucinated: np.ndarray, max_hallucination: float, confidence: float,
+            strata: Strata | None = None, corpus_scores: np.ndarray | None = None) -> Guarantee:
+    """Learn-then-Test with fixed-sequence testing (module docstring): the loosest threshold whose kept
+    calibration units certify ``max_hallucination`` at ``confidence``. ``strata`` (with the corpus's
+    ``corpus_scores``): the stratified sample's bound. ``Guarantee.threshold`` is None when none certifies."""
+    check_levels(max_hallucination, confidence)
+    s = np.asarray(scores, np.float64)
+    y = np.asarray(hallucinated, bool)
+    alpha, delta = float(max_hallucination), 1.0 - float(confidence)
+    g = Guarantee(max_hallucination, confidence, len(s), design="stratified" if strata is not None else "exchangeable")
+    if not len(s):
+        return g
+    order = np.argsort(-s, kind="stable")
+    s_sorted, y_sorted = s[order], y[order]
+    thresholds = np.unique(s)[::-1]  # strictest first
+    # n_t and k_t for every threshold: units scoring >= t
+    n_t = np.searchsorted(-s_sorted, -thresholds, side="right")
+    k_t = np.concatenate([[0], np.cumsum(y_sorted)])[n_t]
+    if strata is None:
+        bounds = upper_bound(k_t, n_t, confidence)
+        possible = np.array([_zero_free(int(n), alpha, delta) for n in n_t])
+        est = k_t / np.maximum(n_t, 1)
+    else:
+        bounds, possible, est = _stratified(s, y, thresholds, strata, corpus_scores, confidence, alpha)
+    chosen = None
+    for i in np.flatnonzero(possible):
+        g.tested += 1
+        ok = bool(bounds[i] <= alpha)
+        g.steps.append({"threshold": float(thresholds[i]), "kept": int(n_t[i]), "hallucinated": int(k_t[i]),
+                        "bound": float(bounds[i]), "rejected": ok})
+        if not ok:
+            break
+        chosen = i
+    best = int(np.argmin(bounds))
+    g.best_bound, g.best_threshold = float(bounds[best]), float(thresholds[best])
+    if chosen is not None:
+        g.threshold, g.bound = float(thresholds[chosen]), float(bounds[chosen])
+        g.estimate, g.calibration_kept = float(est[chosen]), int(n_t[chosen])
+    else:
+        g.labels_needed = labels_needed(k_t, n_t, len(s), alpha, confidence)
+    return g
+
+
+def _stratified(s: np.ndarray, y: np.ndarray, thresholds: np.ndarray, strata: Strata, corpus: np.ndarray | None,
+                confidence: float, alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per threshold: the finite-population bound (module docstring), whether zero hallucinations could certify
+    ``alpha``, and the weighted estimate."""
+    if corpus is None:
+        raise GuaranteeError("calibration: a stratified sample needs the corpus's scores")
+    h_count = len(strata.population)
+    edges = np.asarray(strata.edges, np.float64)
+    corpus_h = np.clip(np.searchsorted(edges, corpus, side="right") - 1, 0, h_count - 1)
+    per = 1 - (1 - confidence) / h_count
+    bounds, possible, est = [], [], []
+    for t in thresholds:
+        total, b, b0, num, den = 0, 0.0, 0.0, 0.0, 0.0
+        for h in range(h_count):
+            big_n = int(((corpus_h == h) & (corpus >= t)).sum())
+            if not big_n:
+                continue
+            in_h = (strata.stratum == h) & (s >= t)
+            n, k = int(in_h.sum()), int(y[in_h].sum())
+            total += big_n
+            b += big_n * float(upper_bound(k, n, per))
+            b0 += big_n * float(upper_bound(0, n, per))
+            if n:
+                num += big_n * k / n
+                den += big_n
+        bounds.append(b / total if total else 1.0)
+        possible.append(bool(total) and b0 / total <= alpha)
+        est.append(num / den if den else math.nan)
+    return np.array(bounds), np.array(possible), np.array(est)
+
+
+def labels_needed(k_t: np.ndarray, n_t: np.ndarray, total: int, alpha: float, confidence: float) -> int | None:
+    """About how many calibration labels would certify ``alpha``: for each threshold whose observed rate is below
+    it, the smallest sample whose kept units, at the same kept share and rate, bound the rate by ``alpha``; the
+    least over thresholds. None when every threshold's observed rate is >= ``alpha`` (no number would do)."""
+    best = None
+    for k, n in zip(k_t, n_t):
+        if n == 0 or k / n >= alpha:
+            continue
+        rate, share = k / n, n / total
+        lo, hi = 1, MIN_LABELS_SEARCH  # bisect on the kept count m: the bound at (rate * m, m) falls with m
+        if upper_bound(math.floor(rate * hi), hi, confidence) > alpha:
+            continue
+        while lo < hi:
+            m = (lo + hi) // 2
+            if upper_bound(math.floor(rate * m), m, confidence) <= alpha:
+                hi = m
+            else:
+                lo = m + 1
+        need = math.ceil(lo / share)
+        best = need if best is None else min(best, need)
+    return best
+
+
+def refusal(g: Guarantee, source: str) -> str:
+    """The one line when no threshold certifies ``A``: the best bound reachable and the labels that would do."""
+    a, c = 100 * g.max_hallucination, 100 * g.confidence
+    head = (f"--max-hallucination {g.max_hallucination:g}: no threshold certifies a hallucination rate <= {a:g}% at "
+            f"{c:g}% confidence on the {g.calibration_units} calibration units of {source}")
+    if g.best_bound is None:
+        return head + " (none)"
+    best = f"; the best bound reachable is {100 * g.best_bound:.1f}% (threshold {g.best_threshold:g})"
+    if g.labels_needed is None:
+        return head + best + "; no number of labels would do: the observed rate of every kept set is >= A"
+    return head + best + f"; about {g.labels_needed} labelled units (at this rate and score spread) would certify it"
