@@ -6,7 +6,7 @@ import json
 from typing import TYPE_CHECKING
 
 from halsift.launch.stages.base import Paths, Stage
-from halsift.launch.stages.guarantee import report_rows
+from halsift.launch.stages.select import report_rows
 from halsift.launch.stages.score import scored_names, scores_dir
 from halsift.launch.stages.select import filter_names
 from halsift.launch.stages.shared import bench_subset, retrieval_sets

@@ -54,6 +54,7 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
     info = {}
     with main_process_first(ranks):  # rank 0 cuts the bench subset, the others then read it
         bench = bench_subset(p.bench, r.eval.bench_split, p.run)  # only the rows the eval stage reads
+        calibration = bench_subset(p.bench, calibration_splits(r), p.run) if needs_calibration(r, p) else ""
     for name, spec in detector_specs(r, p).items():
         detector = load_detector(spec)
         if p.corpus and "select" in r.stages:
@@ -61,8 +62,8 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
                   batch_size=r.score.batch_size, max_parse_failures=r.score.max_parse_failures)
         if bench:
             score_bench(detector, bench, scores_dir(p, name, "bench"), max_parse_failures=r.score.max_parse_failures)
-        if needs_calibration(r, p):  # the whole bench: guaranteed selection's train+val rows (stages/guarantee.py)
-            score_bench(detector, p.bench, scores_dir(p, name, "calibration"),
+        if calibration:  # the bench's train+val rows: guaranteed selection's calibration (stages/select.py)
+            score_bench(detector, calibration, scores_dir(p, name, "calibration"),
                         max_parse_failures=r.score.max_parse_failures)
         info[name] = spec
         del detector
@@ -102,8 +103,13 @@ def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
                                                "rows": int(len(merged)), "complete": True})
 
 
+def calibration_splits(r: Recipe) -> str:
+    """The bench splits a guaranteed selection calibrates on by default: train and val, never the evaluated one."""
+    return ",".join(s for s in ("train", "val") if s != r.eval.bench_split)
+
+
 def needs_calibration(r: Recipe, p: Paths) -> bool:
-    """Whether to score the whole bench for a guaranteed selection's calibration (launch/stages/guarantee.py): a
+    """Whether to score the whole bench for a guaranteed selection's calibration (launch/stages/select.py): a
     bench, a select stage, no user-given calibration set, and an evaluated split (else the bench folder already
     holds every row)."""
     return bool(p.bench) and "select" in r.stages and not r.select.calibration and bool(r.eval.bench_split)

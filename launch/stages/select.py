@@ -1,16 +1,76 @@
-"""The select stage: one selection per scored name and per ``select.variants`` entry."""
+"""The select stage: one selection per scored name and per ``select.variants`` entry.
+
+Guaranteed selection (issue 32): ``select.max_hallucination`` / ``select.confidence`` /
+``select.calibration``, and the compare report's guaranteed-selection row.
+
+The default calibration of a filter is the bench scored by its detector (``<run>/score/NAME/calibration``, the
+train and val rows of the bench; the bench's own score folder when ``eval.bench_split`` is '' and it already holds
+every row), restricted to the train and val splits (never the evaluated split) and to the captioners the corpus's
+scores name."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from halsift.launch.stages.base import Paths, Stage
-from halsift.launch.stages.guarantee import plan as plan_guarantee
-from halsift.launch.stages.score import scored_names, scores_dir
+from halsift.launch.stages.score import calibration_splits, scored_names, scores_dir
 from halsift.launch.stages.shared import log_stage
 
 if TYPE_CHECKING:
     from halsift.launch.recipe_config import Recipe
+
+
+def calibration_scores(r: Recipe, p: Paths, name: str) -> Path:
+    """The score folder of the bench rows a filter is calibrated on (module docstring)."""
+    return scores_dir(p, name, "bench" if not r.eval.bench_split else "calibration")
+
+
+def calibration_args(r: Recipe, p: Paths, name: str) -> dict:
+    """``plan_guarantee``'s calibration, captioners and splits for filter ``name``."""
+    if r.select.calibration:
+        return {"calibration": r.select.calibration, "captioners": r.select.calibration_captioners,
+                "splits": r.select.calibration_splits}
+    from halsift.filtering.selection.guaranteed import CORPUS_CAPTIONERS
+
+    return {"calibration": calibration_scores(r, p, name),
+            "captioners": r.select.calibration_captioners or CORPUS_CAPTIONERS,
+            "splits": r.select.calibration_splits or calibration_splits(r)}
+
+
+def plan_guarantee(r: Recipe, p: Paths, scored: str, how: dict):
+    """``(how, guarantee)``: the selection arguments with the certified threshold, and ``(Guarantee, Calibration)``
+    (None without ``select.max_hallucination``, and for a repair selection, which keeps its amount)."""
+    if r.select.max_hallucination is None or how.get("agg") == "repair":
+        return how, None
+    from halsift.filtering.selection.guaranteed import plan_guarantee
+
+    a = calibration_args(r, p, scored)
+    g = plan_guarantee(scores_dir(p, scored, "corpus"), a["calibration"], r.select.max_hallucination,
+                       r.select.confidence, how.get("unit", "sentence"), how.get("agg", "min"), None,
+                       a["captioners"], a["splits"])
+    return {**how, "keep": None, "top_k": None, "threshold": g[0].threshold}, g
+
+
+def report_rows(r: Recipe, p: Paths, names: list[str]) -> dict[str, dict]:
+    """Per scored filter with calibration scores: the kept share (0-100) at A = 5 / 10 / 20 % (None: not
+    certified); the report's guaranteed-selection row."""
+    from halsift.filtering.selection.guarantee import GuaranteeError
+    from halsift.filtering.selection.guaranteed import guaranteed_kept
+
+    rows = {}
+    for n in names:
+        a = calibration_args(r, p, n)
+        corpus = scores_dir(p, n, "corpus")
+        if not corpus.exists() or not Path(a["calibration"]).exists():
+            continue
+        try:
+            rows[n] = guaranteed_kept(corpus, a["calibration"], r.select.confidence, unit=r.select.unit,
+                                      agg=r.select.agg if r.select.agg != "repair" else "prune",
+                                      captioners=a["captioners"], splits=a["splits"])
+        except (GuaranteeError, ValueError) as e:  # e.g. no bench rows of the corpus's captioners: said in the row
+            rows[n] = {"error": str(e)}
+    return rows
 
 
 def filter_names(r: Recipe) -> list[str]:

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 
 def bench_subset(bench: str, split: str, out: Path) -> str:
-    """``bench`` restricted to one split, written under ``out`` with absolute image paths ('' if none left), and
-    the folders they may be in (the bench's own and its ``image_roots.json``'s) in the subset's ``image_roots.json``.
+    """``bench`` restricted to one split (or several, comma-separated: ``train,val``), written under ``out`` with
+    absolute image paths ('' if none left), and the folders they may be in (the bench's own and its
+    ``image_roots.json``'s) in the subset's ``image_roots.json``.
 
     The cached subset records the fingerprint of the bench it was cut from (``source.json``); it is rebuilt
     whenever that bench (path or content) changed, so a new ``data.bench`` never meets the old rows."""
@@ -39,9 +40,9 @@ def bench_subset(bench: str, split: str, out: Path) -> str:
         remove_file(source)
         remove_file(target)
         root = image_roots(bench)[0]  # normalised as the image check normalises it (symlinks kept)
-        rows = []
+        rows, wanted = [], {s.strip() for s in split.split(",")}
         for row in iter_bench(bench):
-            if row.split == split:
+            if row.split in wanted:
                 row.image = os.path.normpath(root / row.image)
                 rows.append(row)
         if not rows:
