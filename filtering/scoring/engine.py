@@ -103,8 +103,6 @@ class Engine(ABC):
 
 
 _RAY_ONLY = "--address/--workers: only with --engine ray"
-_NO_DECODE = ("--decode-workers: not honoured by independent tasks (--num-tasks, a SLURM array) or --engine ray yet; "
-              "drop it there (each task reads with its read-ahead thread)")
 
 
 class LocalEngine(Engine):
@@ -136,11 +134,9 @@ class TaskEngine(Engine):
     array task's environment."""
 
     name = "tasks"
-    honours = (COMMON - {"decode_workers"}) | {"num_tasks", "task_index", "claim_timeout"}
+    honours = COMMON | {"num_tasks", "task_index", "claim_timeout"}
 
     def refusal(self, setting: str) -> str:
-        if setting == "decode_workers":
-            return _NO_DECODE
         return _RAY_ONLY if setting in ("address", "workers") else super().refusal(setting)
 
     def run(self, job: ScoreJob) -> EngineSummary:
@@ -154,7 +150,7 @@ class TaskEngine(Engine):
         stale = STALE_AFTER_S if job.claim_timeout is None else job.claim_timeout
         run = score_task(job.detector, job.data, job.out, n, i, unit=job.unit, batch_size=job.batch_size,
                          device=job.device, show_progress=job.show_progress, stale_after=stale,
-                         max_parse_failures=job.max_parse_failures)
+                         max_parse_failures=job.max_parse_failures, decode_workers=job.decode_workers)
         lines = [f"task {i}/{n}: scored {run['parts_scored']} parts ({run['sentences']} items), "
                  f"{run['parts_skipped_done']} already done, {run['parts_taken_over']} taken over from dead tasks"]
         if not run["complete"]:
@@ -168,11 +164,9 @@ class RayEngine(Engine):
     """Actors on a Ray cluster (:func:`.ray_engine.score_ray`)."""
 
     name = "ray"
-    honours = (COMMON - {"decode_workers"}) | {"address", "workers"}
+    honours = COMMON | {"address", "workers"}
 
     def refusal(self, setting: str) -> str:
-        if setting == "decode_workers":
-            return _NO_DECODE
         if setting in ("num_tasks", "task_index", "claim_timeout"):
             return "--engine ray: Ray deals the parts itself; drop --num-tasks/--task-index/--claim-timeout"
         return super().refusal(setting)
@@ -185,7 +179,7 @@ class RayEngine(Engine):
 
         m = score_ray(job.detector, job.data, job.out, unit=job.unit, batch_size=job.batch_size, device=job.device,
                       address=job.address, workers=job.workers, show_progress=job.show_progress,
-                      max_parse_failures=job.max_parse_failures)
+                      max_parse_failures=job.max_parse_failures, decode_workers=job.decode_workers)
         return EngineSummary(self.name, Path(job.out), True, True,
                              [f"ray: {m['workers']} workers, {m['parts_redone']} parts redone after a worker died"], m)
 

@@ -57,7 +57,7 @@ def test_each_engine_refuses_what_it_does_not_honour(engine, setting, value, mes
 
 def test_every_engine_honours_the_common_settings():
     for e in ENGINES.values():
-        assert COMMON - {"decode_workers"} <= e.honours, e.name
+        assert COMMON <= e.honours and "decode_workers" in e.honours, e.name
         e.check(dataclasses.replace(ScoreJob("random:seed=0", "d", "o"), unit="caption", batch_size=3,
                                     device="cpu", max_parse_failures=0.5, show_progress=False))
 
