@@ -40,7 +40,8 @@ class ScoreConfig:
     decode_workers: int = field(0, help="read, decode and preprocess in N processes per rank (detectors with a CPU "
                                         "half, e.g. clip); 0: one read-ahead thread (default). Use the cores per "
                                         "rank minus one: the model's process needs a core of its own. Honoured "
-                                        "by every --engine; torch then runs on the cores left (unless OMP_NUM_THREADS is set)",
+                                        "by every --engine; torch then runs on the cores left (unless "
+                                        "OMP_NUM_THREADS is set)",
                                 cli={"metavar": "N"})
     max_parse_failures: float = field(0.2, help="stop (exit 2) when more than this share of the scored items got no "
                                                 "parsable answer (a judge's reply, scored 50): checked after 200 "
