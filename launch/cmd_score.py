@@ -43,6 +43,9 @@ class ScoreConfig:
                                         "by every --engine; torch then runs on the cores left (unless "
                                         "OMP_NUM_THREADS is set)",
                                 cli={"metavar": "N"})
+    embeddings: str | None = field(None, help="a folder written by `halsift embed`: every CLIP-family detector of "
+                                              "--detector reads its image and text vectors from it instead of "
+                                              "encoding (the same model, else exit 2)", cli={"metavar": "DIR"})
     max_parse_failures: float = field(0.2, help="stop (exit 2) when more than this share of the scored items got no "
                                                 "parsable answer (a judge's reply, scored 50): checked after 200 "
                                                 "items and at the end; 1 turns the check off",
@@ -95,7 +98,8 @@ def job_of(cfg: ScoreConfig):
     return ScoreJob(detector=cfg.detector, data=cfg.data, out=cfg.out, unit=cfg.unit, batch_size=cfg.batch_size,
                     device=cfg.device, decode_workers=cfg.decode_workers, max_parse_failures=cfg.max_parse_failures,
                     show_progress=not cfg.no_progress, num_tasks=cfg.num_tasks, task_index=cfg.task_index,
-                    claim_timeout=cfg.claim_timeout, address=cfg.address, workers=cfg.workers)
+                    claim_timeout=cfg.claim_timeout, address=cfg.address, workers=cfg.workers,
+                    embeddings=cfg.embeddings)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,10 +23,13 @@ import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from halsift.corpus.errors import InputError
 from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES
+
+if TYPE_CHECKING:
+    from halsift.filtering.scoring.embed import EmbedJob
 
 EngineName = Literal["local", "tasks", "ray"]  # the registry's names (a test keeps them in step with ENGINES)
 
@@ -57,9 +60,24 @@ class ScoreJob:
     address: str | None = None
     workers: int | None = None  # scoring actors
 
+    embeddings: str | None = None  # a `halsift embed` folder that every CLIP-family detector reads
+
     def given(self) -> set[str]:
         """The settings set away from their defaults (what an engine must honour or refuse)."""
-        return {f.name for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
+        return given(self)
+
+    def spec(self) -> Any:
+        """The detector to build: ``detector``, with ``embeddings=`` given to every CLIP-family detector in it."""
+        if not self.embeddings:
+            return self.detector
+        from halsift.filtering.detectors.embeddings_spec import with_embeddings
+
+        return with_embeddings(self.detector, self.embeddings)
+
+
+def given(job: Any) -> set[str]:
+    """The fields of a job dataclass set away from their defaults."""
+    return {f.name for f in dataclasses.fields(job) if getattr(job, f.name) != f.default}
 
 
 @dataclass
@@ -77,7 +95,8 @@ class EngineSummary:
 
 
 COMMON = frozenset({"detector", "data", "out", "unit", "batch_size", "device", "decode_workers",
-                    "max_parse_failures", "show_progress"})  # honoured by every engine
+                    "max_parse_failures", "show_progress", "embeddings"})  # honoured by every engine
+EMBED = frozenset({"model", "data", "out", "batch_size", "device", "show_progress"})  # halsift embed's job, anywhere
 
 
 class Engine(ABC):
@@ -90,16 +109,21 @@ class Engine(ABC):
         """The one line refusing ``setting`` (overridden to say where the setting belongs)."""
         return f"--{setting.replace('_', '-')}: not honoured by --engine {self.name}"
 
-    def check(self, job: ScoreJob) -> None:
+    def check(self, job: Any, honours: frozenset[str] | None = None) -> None:
         """Raise :class:`EngineError` for the first setting ``job`` gives that this engine does not honour."""
+        honours = self.honours if honours is None else honours
         for name in (f.name for f in dataclasses.fields(job)):
-            if name in job.given() and name not in self.honours:
+            if name in given(job) and name not in honours:
                 raise EngineError(self.refusal(name))
 
     @abstractmethod
     def run(self, job: ScoreJob) -> EngineSummary:
         """Score ``job`` (after :meth:`check`); raises ``ScoreError``/``RunMismatch``/``DetectorError`` as the
         part store and the detectors do."""
+
+    def embed(self, job: "EmbedJob") -> EngineSummary:
+        """``halsift embed``'s job (:mod:`.embed`): the same parts, split the way this engine splits score's."""
+        raise EngineError(f"--engine {self.name}: halsift embed runs on --engine local or tasks")
 
 
 _RAY_ONLY = "--address/--workers: only with --engine ray"
@@ -123,10 +147,17 @@ class LocalEngine(Engine):
 
         from halsift.filtering.scoring.runner import score
 
-        out = score(job.detector, job.data, job.out, unit=job.unit, batch_size=job.batch_size, device=job.device,
+        out = score(job.spec(), job.data, job.out, unit=job.unit, batch_size=job.batch_size, device=job.device,
                     show_progress=job.show_progress, workers=job.decode_workers,
                     max_parse_failures=job.max_parse_failures)
         return EngineSummary(self.name, Path(out), True, PartialState().is_main_process)
+
+    def embed(self, job: "EmbedJob") -> EngineSummary:
+        self.check(job, EMBED)
+        from halsift.filtering.scoring.embed import embed_local
+
+        m = embed_local(job)
+        return EngineSummary(self.name, Path(job.out), bool(m.get("complete")), bool(m), [], m)
 
 
 class TaskEngine(Engine):
@@ -148,7 +179,7 @@ class TaskEngine(Engine):
             raise EngineError("--engine tasks: give --num-tasks (or run it as a SLURM array task)")
         n, i = task
         stale = STALE_AFTER_S if job.claim_timeout is None else job.claim_timeout
-        run = score_task(job.detector, job.data, job.out, n, i, unit=job.unit, batch_size=job.batch_size,
+        run = score_task(job.spec(), job.data, job.out, n, i, unit=job.unit, batch_size=job.batch_size,
                          device=job.device, show_progress=job.show_progress, stale_after=stale,
                          max_parse_failures=job.max_parse_failures, decode_workers=job.decode_workers)
         lines = [f"task {i}/{n}: scored {run['parts_scored']} parts ({run['sentences']} items), "
@@ -158,6 +189,20 @@ class TaskEngine(Engine):
                          f"({len(run['held_by_live_tasks'])} held by running tasks); the last task to finish "
                          f"completes {Path(job.out) / '_manifest.json'}")
         return EngineSummary(self.name, Path(job.out), run["complete"], True, lines, run)
+
+    def embed(self, job: "EmbedJob") -> EngineSummary:
+        self.check(job, EMBED | {"num_tasks", "task_index", "claim_timeout"})
+        from halsift.filtering.scoring.embed import embed_task
+        from halsift.filtering.scoring.tasks import STALE_AFTER_S, task_from_env
+
+        task = task_from_env(job.num_tasks, job.task_index)
+        if task is None:
+            raise EngineError("--engine tasks: give --num-tasks (or run it as a SLURM array task)")
+        n, i = task
+        m = embed_task(job, n, i, STALE_AFTER_S if job.claim_timeout is None else job.claim_timeout)
+        lines = [] if m["complete"] else [f"task {i}/{n}: {m['parts'] - m['parts_written']} parts not written yet; "
+                                          f"the last task to finish completes {Path(job.out) / '_manifest.json'}"]
+        return EngineSummary(self.name, Path(job.out), bool(m["complete"]), True, lines, m)
 
 
 class RayEngine(Engine):
@@ -177,7 +222,7 @@ class RayEngine(Engine):
             raise EngineError(f"--workers: expected >= 1, got {job.workers}")
         from halsift.filtering.scoring.ray_engine import score_ray
 
-        m = score_ray(job.detector, job.data, job.out, unit=job.unit, batch_size=job.batch_size, device=job.device,
+        m = score_ray(job.spec(), job.data, job.out, unit=job.unit, batch_size=job.batch_size, device=job.device,
                       address=job.address, workers=job.workers, show_progress=job.show_progress,
                       max_parse_failures=job.max_parse_failures, decode_workers=job.decode_workers)
         return EngineSummary(self.name, Path(job.out), True, True,
@@ -204,7 +249,7 @@ def get_engine(name: str) -> Engine:
         raise EngineError(f"--engine: expected one of {', '.join(ENGINES)}, got {name!r}") from None
 
 
-def resolve_engine(name: str, job: ScoreJob, env: dict | None = None) -> Engine:
+def resolve_engine(name: str, job: Any, env: dict | None = None) -> Engine:
     """The engine ``halsift score --engine NAME`` runs ``job`` on: ``local`` becomes ``tasks`` when the job names a
     task (``num_tasks``/``task_index``) or the process is a SLURM array task (the README's scale-out path)."""
     if name == "local":
@@ -215,9 +260,10 @@ def resolve_engine(name: str, job: ScoreJob, env: dict | None = None) -> Engine:
     return get_engine(name)
 
 
-def run_job(job: ScoreJob, engine: str = "local") -> EngineSummary:
-    """Resolve ``engine`` for ``job`` and run it."""
-    return resolve_engine(engine, job).run(job)
+def run_job(job: Any, engine: str = "local") -> EngineSummary:
+    """Resolve ``engine`` for ``job`` (a :class:`ScoreJob` or an ``EmbedJob``) and run it."""
+    e = resolve_engine(engine, job)
+    return e.run(job) if isinstance(job, ScoreJob) else e.embed(job)
 
 
 __all__ = ["ENGINES", "Engine", "EngineError", "EngineName", "EngineSummary", "LocalEngine", "RayEngine",
