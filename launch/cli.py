@@ -30,6 +30,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("convert",): "halsift.launch.cmd_convert",
     ("export",): "halsift.launch.cmd_export",
     ("score",): "halsift.launch.cmd_score",
+    ("embed",): "halsift.launch.cmd_embed",
     ("select",): "halsift.launch.cmd_select",
     ("basic",): "halsift.launch.cmd_basic",
     ("annotate",): "halsift.launch.cmd_annotate",

@@ -1,8 +1,9 @@
 """``halsift score``: score every image–sentence pair of shards (or every row of a bench file) with a detector.
 
-The rank-split run (one process, or every rank under ``halsift launch``) unless the scale-out flags ask for
-independent tasks (``--num-tasks``/``--task-index``, or a SLURM array task's environment) or Ray (``--engine
-ray``): :func:`run_tasks` runs those forms."""
+The settings (:class:`ScoreConfig`) become one :class:`~halsift.filtering.scoring.engine.ScoreJob`, run by the
+engine ``--engine`` names (:mod:`halsift.filtering.scoring.engine`): the rank-split run (one process, or every rank
+under ``halsift launch``), independent tasks (``--num-tasks``/``--task-index``, or a SLURM array task's
+environment) or Ray (``--engine ray``)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from halsift.corpus.units import Unit
 from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
+from halsift.filtering.scoring.engine import EngineName
 from halsift.launch.describe import add_describe_argument
 from halsift.launch.run_wandb import WandbFlag, wandb_mode_field, wandb_project_field
 
@@ -38,13 +39,18 @@ class ScoreConfig:
     no_progress: bool = field(False, help="no progress bar")
     decode_workers: int = field(0, help="read, decode and preprocess in N processes per rank (detectors with a CPU "
                                         "half, e.g. clip); 0: one read-ahead thread (default). Use the cores per "
-                                        "rank minus one: the model's process needs a core of its own",
+                                        "rank minus one: the model's process needs a core of its own. Honoured "
+                                        "by every --engine; torch then runs on the cores left (unless "
+                                        "OMP_NUM_THREADS is set)",
                                 cli={"metavar": "N"})
+    embeddings: str | None = field(None, help="a folder written by `halsift embed`: every CLIP-family detector of "
+                                              "--detector reads its image and text vectors from it instead of "
+                                              "encoding (the same model, else exit 2)", cli={"metavar": "DIR"})
     max_parse_failures: float = field(0.2, help="stop (exit 2) when more than this share of the scored items got no "
                                                 "parsable answer (a judge's reply, scored 50): checked after 200 "
                                                 "items and at the end; 1 turns the check off",
                                       cli={"metavar": "FRACTION"})
-    # scale-out: the task / Ray forms that replace the rank-split run (run_tasks below)
+    # scale-out: the task / Ray engines that replace the rank-split run
     num_tasks: int | None = field(None, help="run as one of N independent tasks sharing --out (default: "
                                              "$SLURM_ARRAY_TASK_COUNT in an array job); the last task to finish "
                                              "writes the complete manifest", cli={**_G, "metavar": "N"})
@@ -52,9 +58,11 @@ class ScoreConfig:
                                               "$SLURM_ARRAY_TASK_MIN)", cli={**_G, "metavar": "I"})
     claim_timeout: float | None = field(None, help="take over a part whose claim has had no heartbeat for S seconds "
                                                    "(a dead node; default 600)", cli={**_G, "metavar": "S"})
-    engine: Literal["local", "ray"] = field("local", help="ray: score the parts on a Ray cluster, one actor per GPU, "
-                                                          "parts dealt as actors free up (pip install "
-                                                          "'halsift[ray]')", cli=_G)
+    engine: EngineName = field("local", help="local: this process, or every rank under `halsift launch` (tasks when "
+                                             "--num-tasks or a SLURM array task's environment is given); tasks: one "
+                                             "of --num-tasks independent tasks; ray: score the parts on a Ray "
+                                             "cluster, one actor per GPU, parts dealt as actors free up (pip install "
+                                             "'halsift[ray]')", cli=_G)
     address: str | None = field(None, help="--engine ray: the cluster to join, e.g. auto or ray://head:10001 "
                                            "(default: a local one)", cli=_G)
     workers: int | None = field(None, help="--engine ray: number of scoring actors (default: one per GPU of the "
@@ -83,83 +91,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_describe_argument(p, ScoreConfig, detectors=True)
 
 
+def job_of(cfg: ScoreConfig):
+    """The engine's job, built once from the settings (library code never sees argv)."""
+    from halsift.filtering.scoring.engine import ScoreJob
+
+    return ScoreJob(detector=cfg.detector, data=cfg.data, out=cfg.out, unit=cfg.unit, batch_size=cfg.batch_size,
+                    device=cfg.device, decode_workers=cfg.decode_workers, max_parse_failures=cfg.max_parse_failures,
+                    show_progress=not cfg.no_progress, num_tasks=cfg.num_tasks, task_index=cfg.task_index,
+                    claim_timeout=cfg.claim_timeout, address=cfg.address, workers=cfg.workers,
+                    embeddings=cfg.embeddings)
+
+
 def run(args: argparse.Namespace) -> int:
-    from halsift.launch.cli import UsageError
-
     cfg = config_from_args(ScoreConfig, args)  # typed and checked (ScoreConfig.validate), errors name the flag
+    return run_config(cfg)
+
+
+def run_config(cfg: ScoreConfig) -> int:
+    """Run ``halsift score`` with settings ``cfg`` on the engine ``cfg.engine`` resolves to
+    (:func:`~halsift.filtering.scoring.engine.resolve_engine`); one line and exit 2 for bad input."""
     from halsift.filtering.detectors.base import DetectorError
+    from halsift.filtering.scoring.engine import EngineError, resolve_engine
     from halsift.filtering.scoring.parts import MANIFEST, RunMismatch
-    from halsift.filtering.scoring.runner import score
-
-    code = run_tasks(cfg)  # --num-tasks / a SLURM array task / --engine ray; None: the rank-split run below
-    if code is not None:
-        return code
-    try:
-        out = score(cfg.detector, cfg.data, cfg.out, unit=cfg.unit, batch_size=cfg.batch_size,
-                    device=cfg.device, show_progress=not cfg.no_progress, workers=cfg.decode_workers,
-                    max_parse_failures=cfg.max_parse_failures)
-    except RunMismatch as e:
-        raise UsageError(f"--out: {e}") from e
-    except DetectorError as e:
-        raise UsageError(f"--detector: {e}") from e
-    from accelerate import PartialState
-
-    if PartialState().is_main_process:
-        summary(Path(out) / MANIFEST, cfg)
-    return 0
-
-
-def run_tasks(cfg: ScoreConfig) -> int | None:
-    """Run the task / Ray form of ``score`` when asked for; ``None`` when the ordinary run applies."""
-    from halsift.filtering.detectors.base import DetectorError
-    from halsift.filtering.scoring.parts import MANIFEST, RunMismatch
-    from halsift.filtering.scoring.tasks import STALE_AFTER_S, TaskError, score_task, task_from_env
+    from halsift.filtering.scoring.tasks import TaskError
     from halsift.launch.cli import UsageError
 
-    stale = STALE_AFTER_S if cfg.claim_timeout is None else cfg.claim_timeout
-    if cfg.decode_workers and (cfg.engine == "ray" or task_from_env(cfg.num_tasks, cfg.task_index) is not None):
-        raise UsageError("--decode-workers: not honoured by independent tasks (--num-tasks, a SLURM array) or "
-                         "--engine ray yet; drop it there (each task reads with its read-ahead thread)")
-    if cfg.engine != "ray" and (cfg.address is not None or cfg.workers is not None):
-        raise UsageError("--address/--workers: only with --engine ray")
+    job = job_of(cfg)
     try:
-        if cfg.engine == "ray":
-            if cfg.num_tasks is not None or cfg.task_index is not None or cfg.claim_timeout is not None:
-                raise UsageError("--engine ray: Ray deals the parts itself; drop --num-tasks/--task-index/"
-                                 "--claim-timeout")
-            if cfg.workers is not None and cfg.workers < 1:
-                raise UsageError(f"--workers: expected >= 1, got {cfg.workers}")
-            from halsift.filtering.scoring.ray_engine import score_ray
-
-            m = score_ray(cfg.detector, cfg.data, cfg.out, unit=cfg.unit, batch_size=cfg.batch_size,
-                          device=cfg.device, address=cfg.address, workers=cfg.workers,
-                          show_progress=not cfg.no_progress, max_parse_failures=cfg.max_parse_failures)
-            print(f"ray: {m['workers']} workers, {m['parts_redone']} parts redone after a worker died", flush=True)
-            summary(Path(cfg.out) / MANIFEST, cfg)
-            return 0
-        task = task_from_env(cfg.num_tasks, cfg.task_index)
-        if task is None:
-            if cfg.claim_timeout is not None:
-                raise UsageError("--claim-timeout: only with --num-tasks (or in a SLURM array task)")
-            return None
-        n, i = task
-        run = score_task(cfg.detector, cfg.data, cfg.out, n, i, unit=cfg.unit, batch_size=cfg.batch_size,
-                         device=cfg.device, show_progress=not cfg.no_progress, stale_after=stale,
-                         max_parse_failures=cfg.max_parse_failures)
-    except TaskError as e:
+        result = resolve_engine(cfg.engine, job).run(job)
+    except (TaskError, EngineError) as e:
         raise UsageError(str(e)) from None
     except RunMismatch as e:
         raise UsageError(f"--out: {e}") from e
     except DetectorError as e:
         raise UsageError(f"--detector: {e}") from e
-    print(f"task {i}/{n}: scored {run['parts_scored']} parts ({run['sentences']} items), "
-          f"{run['parts_skipped_done']} already done, {run['parts_taken_over']} taken over from dead tasks",
-          flush=True)
-    if run["complete"]:
+    for line in result.lines:
+        print(line, flush=True)
+    if result.complete and result.report:
         summary(Path(cfg.out) / MANIFEST, cfg)
-    else:
-        print(f"task {i}/{n}: {run['parts_missing']} parts not written yet ({len(run['held_by_live_tasks'])} held "
-              f"by running tasks); the last task to finish completes {Path(cfg.out) / MANIFEST}", flush=True)
     return 0
 
 

@@ -9,7 +9,9 @@ Score maps (option ``map``):
   scale (≈100 for trained CLIP) and ``center`` (default 0.25): spreads typical cosines over the full range.
 
 Each distinct image in a batch (same ``image_id``, or ``key`` when it is empty, and the same image object) is
-encoded once; all of its sentences are scored against that embedding.
+encoded once; all of its sentences are scored against that embedding. With ``embeddings=DIR`` (a folder written by
+``halsift embed`` with the same model) nothing is encoded: each item's image and text vectors are read from it
+(:mod:`~halsift.filtering.detectors.embedding_lookup`), and the cosine of the stored float16 vectors is scored.
 ``arch=halsift-tiny`` is a built-in 2-layer config (no download) for tests and CPU smoke runs. ``arch`` may also
 be open_clip's ``hf-hub:org/repo`` (config and weights from the Hugging Face cache; with ``HF_HUB_OFFLINE=1`` only
 what is cached) or ``local-dir:/path`` (a folder with ``open_clip_config.json`` and the weights, e.g. ``train clip``'s
@@ -57,22 +59,35 @@ class ClipDetector(Detector):
         "delay": "seconds to sleep per batch (interruption tests only)",
         "fast_decode": "decode JPEGs at 1/2-1/8 scale, never below the model's input side (faster on large "
                        "photos; pixels differ slightly from a full decode)",
+        "embeddings": "a folder written by `halsift embed` with this model: read the image and text vectors "
+                      "from it instead of encoding (scores equal up to their float16 rounding)",
     }
 
     def __init__(self, arch: str = "ViT-B-32", pretrained: str | None = None, checkpoint: str | None = None,
                  seed: int = 0, device: str = "cpu", precision: str = "auto", map: str = "linear",
-                 center: float = 0.25, delay: float = 0.0, fast_decode: bool = False) -> None:
+                 center: float = 0.25, delay: float = 0.0, fast_decode: bool = False,
+                 embeddings: str | None = None) -> None:
         super().__init__()
         if map not in ("linear", "sigmoid"):
             raise ValueError(f"map={map!r}: expected 'linear' or 'sigmoid'")
         if precision not in ("auto", "fp32", "bf16", "fp16"):
             raise ValueError(f"precision={precision!r}: expected auto, fp32, bf16 or fp16")
+        from halsift.filtering.detectors.spec import format_spec
+
+        # what the vectors depend on: the model and its weights, and the decoded pixels (fast_decode)
+        self.encoder_id = format_spec("clip", {"arch": arch, "pretrained": pretrained, "checkpoint": checkpoint,
+                                               "seed": int(seed), "fast_decode": bool(fast_decode)})
         model, preprocess, tokenizer = load_clip(arch, pretrained, checkpoint, seed)
         self._setup(model, preprocess, tokenizer, map=map, center=center, delay=delay,
                     precision=precision)
         self.arch = arch  # the open_clip name the model was built from (a merged LoRA's open_clip_config.json)
         self.decode_size = preprocess_side(preprocess) if fast_decode else None
         self.to(device)
+        self.lookup = None
+        if embeddings:
+            from halsift.filtering.detectors.embedding_lookup import EmbeddingLookup
+
+            self.lookup = EmbeddingLookup(embeddings, self.encoder_id, self.embed_dim())
 
     @classmethod
     def from_model(cls, model: Any, preprocess: Any, tokenizer: Any, *, map: str = "linear",
@@ -81,6 +96,7 @@ class ClipDetector(Detector):
         self = cls.__new__(cls)
         Detector.__init__(self, name)
         self._setup(model, preprocess, tokenizer, map=map, center=center, delay=0.0, precision="fp32")
+        self.encoder_id = name
         self.device = next(model.parameters()).device
         return self
 
@@ -95,6 +111,7 @@ class ClipDetector(Detector):
         self.delay = float(delay)
         self.precision = precision
         self.device = "cpu"
+        self.lookup = None  # an EmbeddingLookup (embeddings=DIR): vectors read, not encoded
 
     def to(self, device: Any) -> "ClipDetector":
         import torch
@@ -110,10 +127,20 @@ class ClipDetector(Detector):
         self.device = device
         return self
 
+    def embed_dim(self) -> int:
+        """The width of the model's embeddings (one text encoded)."""
+        import torch
+
+        with torch.inference_mode():
+            return int(self.model.encode_text(self.tokenizer(["a"]).to(self.device)).shape[-1])
+
     def prepare(self, items: Sequence[Item]) -> dict:
         """Preprocessed images (each distinct image once; 8-bit, normalized where the model runs: see
         :class:`~halsift.filtering.detectors.pixel_batch.PixelBatcher`), the row of each item's image, and the tokenized
-        sentences, on the CPU: what :meth:`cosines` feeds the model."""
+        sentences, on the CPU: what :meth:`cosines` feeds the model. With ``embeddings=DIR``: each item's stored
+        image and text vectors instead (``{"image_vectors", "text_vectors"}``)."""
+        if self.lookup is not None:
+            return self.lookup.vectors(items)
         return image_text_inputs(items, self.pixels, self.tokenizer, "clip detector", self.device)
 
     def cosines(self, items: Sequence[Item], prepared: dict | None = None):
@@ -122,6 +149,19 @@ class ClipDetector(Detector):
         import torch
 
         prepared = prepared if prepared is not None else self.prepare(items)
+        if "image_vectors" in prepared:  # read from an embeddings folder: float16 vectors, cosine in float32
+            img, txt = (torch.as_tensor(prepared[k]).float() for k in ("image_vectors", "text_vectors"))
+            return (img * txt).sum(-1)
+        img, txt, idx = self.encode(prepared)
+        with torch.inference_mode():
+            return (img[idx] * txt).sum(-1).cpu()
+
+    def encode(self, prepared: dict):
+        """The L2-normalised float32 embeddings of :meth:`prepare`'s output: ``(images [distinct, D], texts
+        [items, D], rows)`` on the model's device, ``rows[i]`` the image of item ``i`` (what ``halsift embed``
+        stores and :meth:`cosines` scores)."""
+        import torch
+
         dtype = next(self.model.parameters()).dtype
         with torch.inference_mode():
             pix = self.pixels.finish(prepared["pixels"], self.device, dtype)
@@ -129,8 +169,7 @@ class ClipDetector(Detector):
             idx = prepared["rows"].to(self.device)
             img = torch.nn.functional.normalize(self.model.encode_image(pix).float(), dim=-1)
             txt = torch.nn.functional.normalize(encode_text(self.model, tok).float(), dim=-1)
-            cos = (img[idx] * txt).sum(-1)
-        return cos.cpu()
+        return img, txt, idx
 
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
         return self.score_prepared(items, None)

@@ -256,8 +256,9 @@ def check_or_start(out: Path, ident: dict, state) -> None:
 
 def finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, scored_now: int,
                      resumed: int, world: int, t_scoring: float | None = None,
-                     max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> dict:
-    """Aggregate the parts' own stats into ``_manifest.json`` (rank 0, after all parts exist). A folder that fails
+                     max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES, extra: dict | None = None) -> dict:
+    """Aggregate the parts' own stats into ``_manifest.json`` (rank 0, after all parts exist); ``extra``: more
+    entries of the run (e.g. ``torch_threads``, :mod:`.threads`). A folder that fails
     :func:`~halsift.filtering.scoring.guard.final_check` (nothing scored, too many parse failures) is written with
     ``status: failed`` and its ``error``, then :class:`ScoreError` is raised."""
     stats = [part_stats(out / p.name) for p in parts]
@@ -288,6 +289,7 @@ def finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, scor
                        "data": round(t_data / max(t_model + t_data, 1e-9), 4),
                        "decode": round(sum(s.get("time_decode_s", 0.0) for s in stats)
                                        / max(t_model + t_data, 1e-9), 4)},
+        **(extra or {}),
     }
     error = final_check(ident.get("detector_name", ident["detector"]), sentences, manifest["parse_failures"],
                         manifest["skipped"], max_parse_failures)

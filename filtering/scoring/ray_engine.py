@@ -37,21 +37,44 @@ def _ray():
 
 
 class PartScorer:
-    """A Ray actor's body: one detector, loaded once, scoring whole parts."""
+    """A Ray actor's body: one detector, loaded once, scoring whole parts. ``decode_workers`` > 0: each call's parts
+    are read, decoded and prepared in that many processes (:mod:`.workers`), with torch's threads set to the
+    actor's other cores (:mod:`.threads`; the actor reserves ``1 + decode_workers`` CPUs, or ``decode_workers``
+    beside a GPU, and Ray's own ``OMP_NUM_THREADS`` for it is not the user's choice)."""
 
     def __init__(self, spec: str, unit: str, batch_size: int, device: str | None, out: str, index: int,
-                 max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> None:
+                 max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES, decode_workers: int = 0,
+                 cores: int = 1) -> None:
+        from halsift.filtering.scoring.threads import torch_threads
+        from halsift.filtering.scoring.workers import supports_workers
+
         self.detector = load_detector(spec)
         self.detector.to(device or task_device())
         self.unit, self.batch_size, self.out, self.index = unit, batch_size, Path(out), index
         self.guard = ScoreGuard(self.detector.name, max_parse_failures)
+        self.decode_workers = decode_workers if supports_workers(self.detector) else 0
+        self._threads = torch_threads(self.decode_workers, cores=cores, respect_env=False)
+        self.threads = self._threads.__enter__()  # for the actor's life
 
     def pid(self) -> int:
         return os.getpid()
 
-    def score(self, part: Part, workers: int, fingerprints: dict) -> dict:
-        return score_part(self.detector, part, self.out / part.name, self.unit, self.batch_size, None, self.index,
-                          workers, fingerprints=fingerprints, guard=self.guard)
+    def score(self, parts: list[Part], workers: int, fingerprints: dict) -> dict:
+        """Score ``parts`` (one, or up to one per decode worker); returns their stats by part name and the
+        actor's ``torch_threads``."""
+        stats: dict[str, dict] = {}
+        if self.decode_workers:
+            from halsift.filtering.scoring.workers import score_parts_in_workers
+
+            score_parts_in_workers(self.detector, parts, self.out, self.unit, self.batch_size, self.decode_workers,
+                                   None, self.index, workers, fingerprints, self.guard,
+                                   on_part=lambda name, s: stats.__setitem__(name, s))
+        else:
+            for part in parts:
+                stats[part.name] = score_part(self.detector, part, self.out / part.name, self.unit, self.batch_size,
+                                              None, self.index, workers, fingerprints=fingerprints[part.name],
+                                              guard=self.guard)
+        return {"parts": stats, "torch_threads": self.threads, "decode_workers": self.decode_workers}
 
 
 def actor_spec(spec, detector: Detector):
@@ -69,10 +92,14 @@ def actor_spec(spec, detector: Detector):
 def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence", batch_size: int = 64,
               device: str | None = None, address: str | None = None, workers: int | None = None,
               max_failures: int = 3, show_progress: bool = True, on_start=None,
-              max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> dict:
+              max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES, decode_workers: int = 0) -> dict:
     """Score ``data`` into ``out_dir`` on Ray; returns the manifest. Joins ``address`` (or the cluster this process
     is already connected to, or a new local one). A part whose actor died is retried up to ``max_failures`` times.
+    ``decode_workers`` > 0: each actor reads its parts in that many processes (:class:`PartScorer`) and is dealt up
+    to that many parts at a time.
     ``on_start(actors)`` is called once the actors exist (tests use it to kill one)."""
+    if decode_workers < 0:
+        raise TaskError(f"--decode-workers: expected >= 0, got {decode_workers}")
     ray = _ray()
     t0 = time.perf_counter()
     max_parse_failures = check_rate(max_parse_failures)
@@ -86,45 +113,52 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
     if n < 1:
         raise TaskError(f"--workers: expected >= 1, got {n}")
     n = max(1, min(n, len(todo))) if todo else 0
-    Actor = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1)(PartScorer)
+    cpus = (0 if gpus else 1) + decode_workers  # the model's core (none beside a GPU) and one per decode worker
+    Actor = ray.remote(num_gpus=1 if gpus else 0, num_cpus=cpus)(PartScorer)
 
     def start(i: int):
-        return Actor.remote(actor_spec(spec, detector), unit, batch_size, device, str(out), i, max_parse_failures)
+        return Actor.remote(actor_spec(spec, detector), unit, batch_size, device, str(out), i, max_parse_failures,
+                            decode_workers, max(1, cpus))
 
     actors = {i: start(i) for i in range(n)}
     if on_start is not None:
         on_start(actors)
     queue, running, failures, redone = list(todo), {}, {}, 0
-    scored, t_scoring = 0, time.perf_counter()
+    scored, t_scoring, threads = 0, time.perf_counter(), {}
+    per_call = max(1, decode_workers)  # with decode workers an actor reads one part per worker at a time
 
     def give(i: int) -> None:
         if queue:
-            part = queue.pop(0)
-            running[actors[i].score.remote(part, n, fps[part.name])] = (i, part)
+            chunk, queue[:per_call] = queue[:per_call], []
+            running[actors[i].score.remote(chunk, n, {p.name: fps[p.name] for p in chunk})] = (i, chunk)
 
     bar = progress(desc=f"score ray ({n} workers)", unit="part", total=len(todo), disable=not show_progress)
     for i in actors:
         give(i)
     while running:
         done, _ = ray.wait(list(running), num_returns=1)
-        i, part = running.pop(done[0])
+        i, chunk = running.pop(done[0])
         try:
-            stats = ray.get(done[0])
+            result = ray.get(done[0])
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
-            failures[part.name] = failures.get(part.name, 0) + 1
-            if failures[part.name] > max_failures:
-                raise RuntimeError(f"part {part.name}: its worker died {failures[part.name]} times ({e}); rerun the "
-                                   "same command to finish the other parts") from e
-            redone += 1
-            queue.insert(0, part)
+            lost = [p for p in chunk if not part_done(out, p, fps[p.name])]  # parts it wrote before dying stay
+            for part in lost:
+                failures[part.name] = failures.get(part.name, 0) + 1
+                if failures[part.name] > max_failures:
+                    raise RuntimeError(f"part {part.name}: its worker died {failures[part.name]} times ({e}); rerun "
+                                       "the same command to finish the other parts") from e
+            redone += len(lost)
+            queue[:0] = lost
+            bar.update(len(chunk) - len(lost))
             actors[i] = start(i)  # a replacement for the dead actor
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, ScoreError):  # a guard stopped the run: its one line, not Ray's traceback
                 raise ScoreError(str(e.cause)) from None
             raise
         else:
-            scored += stats["sentences"]
-            bar.update(1)
+            scored += sum(s["sentences"] for s in result["parts"].values())
+            threads = {"decode_workers": result["decode_workers"], "torch_threads": result["torch_threads"]}
+            bar.update(len(chunk))
             bar.set_postfix(sentences=scored, redone=redone)
         give(i)
     bar.close()
@@ -133,7 +167,7 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
     if missing:
         raise RuntimeError(f"{out}: parts {missing[:5]} were not written; rerun the same command to finish")
     m = finish_manifest(out, ident, parts, time.perf_counter() - t0, scored, resumed, n, t_scoring,
-                         max_parse_failures=max_parse_failures)
+                         max_parse_failures=max_parse_failures, extra=threads)
     m.update(engine="ray", workers=n, parts_redone=redone)
     write_json_atomic(out / MANIFEST, m)
     return m

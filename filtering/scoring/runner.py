@@ -92,23 +92,26 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
     todo = [p for p in mine if not reusable(out / p.name, fps[p.name]["source_fp"], det_fp)]
     resumed = int(_reduce(state, len(mine) - len(todo), "sum"))
     scored_now, t_scoring = 0, 0.0
-    if todo:
-        detector.to(device or state.device)
-        pa.array([])  # pyarrow imports pandas on its first array (~0.2 s): start-up work, not the first part's write
-        ts = time.perf_counter()
-        bar = progress(desc=f"score rank {rank}", unit="sent", disable=not show_progress)
-        from halsift.filtering.scoring.workers import score_parts_in_workers, supports_workers
+    from halsift.filtering.scoring.threads import torch_threads
+    from halsift.filtering.scoring.workers import score_parts_in_workers, supports_workers
 
-        guard = ScoreGuard(detector.name, max_parse_failures)
-        if workers and supports_workers(detector):
-            scored_now = score_parts_in_workers(detector, todo, out, unit, batch_size, workers, bar, rank, world, fps,
-                                                guard)
-        else:
-            for p in todo:
-                scored_now += score_part(detector, p, out / p.name, unit, batch_size, bar, rank, world,
-                                         fps[p.name], guard)["sentences"]
-        bar.close()
-        t_scoring = time.perf_counter() - ts
+    use_workers = bool(workers and todo and supports_workers(detector))
+    with torch_threads(workers if use_workers else 0) as threads:
+        if todo:
+            detector.to(device or state.device)
+            pa.array([])  # pyarrow imports pandas on its first array (~0.2 s): start-up work, not the first part's
+            ts = time.perf_counter()
+            bar = progress(desc=f"score rank {rank}", unit="sent", disable=not show_progress)
+            guard = ScoreGuard(detector.name, max_parse_failures)
+            if use_workers:
+                scored_now = score_parts_in_workers(detector, todo, out, unit, batch_size, workers, bar, rank, world,
+                                                    fps, guard)
+            else:
+                for p in todo:
+                    scored_now += score_part(detector, p, out / p.name, unit, batch_size, bar, rank, world,
+                                             fps[p.name], guard)["sentences"]
+            bar.close()
+            t_scoring = time.perf_counter() - ts
     scored_now = int(_reduce(state, scored_now, "sum"))
     t_scoring = _reduce(state, t_scoring, "max")
     state.wait_for_everyone()
@@ -119,7 +122,8 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
             raise RuntimeError(f"{out}: parts {missing[:5]} were not written; rerun the same command to finish")
         try:
             finish_manifest(out, {**ident, "detector_fp": det_fp}, parts, time.perf_counter() - t0, scored_now,
-                             resumed, world, t_scoring, max_parse_failures)
+                             resumed, world, t_scoring, max_parse_failures,
+                             extra={"decode_workers": workers if use_workers else 0, "torch_threads": threads})
         except ScoreError as e:  # raised after the barrier, so the other ranks are not left waiting
             failed = e
     state.wait_for_everyone()

@@ -38,6 +38,7 @@ from halsift.corpus.fingerprint import spec_fingerprint
 from halsift.filtering.scoring.parts import MANIFEST, Part, check_or_start, finish_manifest, part_fingerprints, plan_parts, reusable, score_part
 from halsift.filtering.detectors.spec import load_detector
 from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreGuard, check_rate
+from halsift.filtering.scoring.threads import torch_threads
 
 CLAIMS = "_claims"
 TASKS = "_tasks"
@@ -262,14 +263,18 @@ def start_solo_run(spec_or_detector, data, out_dir: str | os.PathLike, unit: str
 def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: int, task_index: int, *,
                unit: str = "sentence", batch_size: int = 64, device: str | None = None, show_progress: bool = True,
                stale_after: float = STALE_AFTER_S, steal: bool = True,
-               max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> dict:
+               max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES, decode_workers: int = 0) -> dict:
     """Run task ``task_index`` of ``num_tasks`` over ``data`` into ``out_dir``; returns this run's stats.
+    ``decode_workers`` > 0: the task's input pipeline runs in that many processes (:mod:`.workers`), one claimed
+    part per worker at a time, with torch's threads set beside them (:mod:`.threads`), as in the rank-split run.
 
     ``complete`` in the result is true when every part exists after this task (then ``_manifest.json`` is
     complete); ``held_by_live_tasks`` lists the missing parts that running tasks hold.
     """
     if unit not in UNITS:
         raise TaskError(f"unit={unit!r}: expected one of {', '.join(UNITS)}")
+    if decode_workers < 0:
+        raise TaskError(f"--decode-workers: expected >= 0, got {decode_workers}")
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise TaskError("--num-tasks: each task is one process; do not run it under torchrun/accelerate launch")
     t0 = time.perf_counter()
@@ -282,35 +287,61 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     board = ClaimBoard(out, f"{name}@{HOST}:{os.getpid()}", stale_after)
     run = {"task_index": task_index, "num_tasks": num_tasks, "host": HOST, "pid": os.getpid(), "start": time.time(),
            "parts_scored": 0, "parts_skipped_done": 0, "parts_held_elsewhere": 0, "sentences": 0}
+    from halsift.filtering.scoring.workers import score_parts_in_workers, supports_workers
+
+    use_workers = decode_workers > 0 and supports_workers(detector)
+    # with decode workers, up to one claimed part per worker is scored at a time (a part is read by one worker)
+    window = decode_workers if use_workers else 1
     loaded, bar = False, None
     ts = time.perf_counter()
-    for p in task_order(parts, num_tasks, task_index, steal):
-        if part_done(out, p, fps[p.name]):
-            run["parts_skipped_done"] += 1
-            continue
-        claim = board.try_claim(p.name)
-        if claim is None:
-            run["parts_held_elsewhere"] += 1
-            continue
-        try:
-            if part_done(out, p, fps[p.name]):  # finished between our check and our claim
-                run["parts_skipped_done"] += 1
-                continue
+    order = iter(task_order(parts, num_tasks, task_index, steal))
+    with torch_threads(decode_workers if use_workers else 0) as threads:
+        while True:
+            claimed: dict[str, tuple[Part, Claim]] = {}
+            for p in order:
+                if part_done(out, p, fps[p.name]):
+                    run["parts_skipped_done"] += 1
+                    continue
+                claim = board.try_claim(p.name)
+                if claim is None:
+                    run["parts_held_elsewhere"] += 1
+                    continue
+                if part_done(out, p, fps[p.name]):  # finished between our check and our claim
+                    board.finish(p.name, claim)
+                    run["parts_skipped_done"] += 1
+                    continue
+                claimed[p.name] = (p, claim)
+                if len(claimed) == window:
+                    break
+            if not claimed:
+                break
             if not loaded:
                 detector.to(device or task_device())
                 bar = progress(desc=f"score task {task_index}/{num_tasks}", unit="sent", disable=not show_progress)
                 loaded = True
-            stats = score_part(detector, p, out / p.name, unit, batch_size, bar, task_index, num_tasks,
-                               fingerprints=fps[p.name], guard=guard)
-        finally:
-            board.finish(p.name, claim)
-        run["parts_scored"] += 1
-        run["sentences"] += stats["sentences"]
-        bar.set_postfix(parts_scored=run["parts_scored"], parts=len(parts))
+
+            def written(name: str, stats: dict) -> None:
+                board.finish(name, claimed.pop(name)[1])
+                run["parts_scored"] += 1
+                run["sentences"] += stats["sentences"]
+                bar.set_postfix(parts_scored=run["parts_scored"], parts=len(parts))
+
+            try:
+                if use_workers:
+                    score_parts_in_workers(detector, [p for p, _ in claimed.values()], out, unit, batch_size,
+                                           decode_workers, bar, task_index, num_tasks, fps, guard, on_part=written)
+                else:
+                    (p, _), = claimed.values()
+                    written(p.name, score_part(detector, p, out / p.name, unit, batch_size, bar, task_index,
+                                               num_tasks, fingerprints=fps[p.name], guard=guard))
+            finally:
+                for name, (_, claim) in claimed.items():  # parts not written (an error): release their claims
+                    board.finish(name, claim)
     if bar is not None:
         bar.close()
     run.update(end=time.time(), parts_taken_over=board.taken_over,
-               scoring_time_s=round(time.perf_counter() - ts, 3))
+               scoring_time_s=round(time.perf_counter() - ts, 3), decode_workers=decode_workers if use_workers else 0,
+               torch_threads=threads)
     tasks_dir = out / TASKS
     tasks_dir.mkdir(exist_ok=True)
     write_json_atomic(tasks_dir / f"{name}.{HOST}.{os.getpid()}.json", run)
@@ -319,19 +350,22 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     run["parts_missing"] = len(missing)
     run["held_by_live_tasks"] = board.held(missing)
     if not missing:
-        finish_task_manifest(out, ident, parts, time.perf_counter() - t0, num_tasks, resumed, guard_limit)
+        finish_task_manifest(out, ident, parts, time.perf_counter() - t0, num_tasks, resumed, guard_limit,
+                             extra={"decode_workers": run["decode_workers"], "torch_threads": threads})
     return run
 
 
 def finish_task_manifest(out: Path, ident: dict, parts: list[Part], wall: float, num_tasks: int,
-                         resumed: int = 0, max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> dict:
+                         resumed: int = 0, max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES,
+                         extra: dict | None = None) -> dict:
     """The complete manifest: the parts' own stats (:func:`parts.finish_manifest`) plus every task run's.
-    ``parts_resumed`` counts the parts that existed when the finishing task started."""
+    ``parts_resumed`` counts the parts that existed when the finishing task started; ``extra``: the finishing
+    task's ``decode_workers`` and ``torch_threads``."""
     runs = [json.loads(p.read_text()) for p in sorted((out / TASKS).glob("task-*.json"))]
     scored = sum(r["sentences"] for r in runs)
     span = (max(r["end"] for r in runs) - min(r["start"] for r in runs)) if runs else wall
     m = finish_manifest(out, ident, parts, wall, scored, resumed, num_tasks, t_scoring=span,
-                         max_parse_failures=max_parse_failures)
+                         max_parse_failures=max_parse_failures, extra=extra)
     m.update(engine="tasks", num_tasks=num_tasks, task_runs=len(runs),
              parts_taken_over=sum(r.get("parts_taken_over", 0) for r in runs),
              tasks={f"{r['task_index']}@{r['host']}:{r['pid']}": {k: r[k] for k in (

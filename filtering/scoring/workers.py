@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from pathlib import Path
 
 import torch
@@ -106,9 +106,11 @@ class _PartStream(IterableDataset):
 
 def score_parts_in_workers(detector: Detector, parts: Sequence[Part], out: Path, unit: str, batch_size: int,
                            workers: int, bar=None, rank: int = 0, world: int = 1,
-                           fingerprints: dict | None = None, guard: ScoreGuard | None = None) -> int:
+                           fingerprints: dict | None = None, guard: ScoreGuard | None = None,
+                           on_part: Callable[[str, dict], None] | None = None) -> int:
     """Score ``parts`` into ``out`` with ``workers`` input processes; returns the number of sentences scored.
-    ``guard``: checks every batch's results (:class:`~halsift.filtering.scoring.guard.ScoreGuard`)."""
+    ``guard``: checks every batch's results (:class:`~halsift.filtering.scoring.guard.ScoreGuard`); ``on_part(name,
+    stats)``: called as each part is written (the task engine releases its claim there)."""
     guard = guard if guard is not None else ScoreGuard(detector.name)
     pin = torch.cuda.is_available()
     loader = DataLoader(_PartStream(detector, parts, unit, batch_size), batch_size=None, num_workers=workers,
@@ -125,6 +127,8 @@ def score_parts_in_workers(detector: Detector, parts: Sequence[Part], out: Path,
                                time.perf_counter() - started, msg["decode_s"], (fingerprints or {}).get(name))
             scored += stats["sentences"]
             del open_parts[name]
+            if on_part is not None:
+                on_part(name, stats)
             continue
         tm = time.perf_counter()
         results = detector.score_prepared(msg["rows"], msg["prepared"] if pin else _unpack(msg["prepared"]))

@@ -1,0 +1,225 @@
+"""``halsift embed``: one encoding pass whose vectors every CLIP-family filter reads (the layout:
+:mod:`halsift.corpus.embedding_store`).
+
+Per input shard, one part (named like its score part, :func:`halsift.corpus.scores.part_name`) holding, per valid
+sample (the one reader, :func:`halsift.corpus.sample.read_shard`: the samples ``score`` scores), its image vector, its
+whole-caption vector and one vector per sentence, L2-normalised float16. A part records in its footer the
+fingerprints of its shard and of the model (:func:`halsift.corpus.fingerprint.spec_fingerprint` of the encoder's
+identity, checkpoint content included) and its counts; a rerun reuses a part only when both still match, as score
+parts are reused, so a killed ``embed`` resumes at the parts it had not written. The parts are split like
+``score``'s, by the same engines (:mod:`.engine`): ``local`` (this process, or the ranks of a launch, round-robin)
+and ``tasks`` (independent tasks claiming parts, :class:`.tasks.ClaimBoard`); the manifest says ``complete`` once
+every part exists. The encoder is a detector that can :meth:`encode` (``clip:...``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from halsift.corpus.embedding_store import (CAPTION, FORMAT, IMAGE, MANIFEST, EmbeddingStoreError, embedding_table,
+                                            part_meta, write_embedding_part)
+from halsift.corpus.fingerprint import spec_fingerprint
+from halsift.corpus.images import SkipCounter
+from halsift.corpus.progress import progress
+from halsift.corpus.sample import CAPTION_INDEX, read_shard, sample_items
+from halsift.corpus.shards import write_json_atomic
+from halsift.filtering.scoring.parts import Part, plan_parts, source_fingerprint
+
+
+@dataclass(frozen=True)
+class EmbedJob:
+    """What ``halsift embed`` asks an engine to do (built from ``EmbedConfig``)."""
+
+    model: str
+    data: str | os.PathLike
+    out: str | os.PathLike
+    batch_size: int = 64
+    device: str | None = None
+    show_progress: bool = True
+    num_tasks: int | None = None
+    task_index: int | None = None
+    claim_timeout: float | None = None
+
+
+def load_encoder(spec):
+    """The detector of ``spec`` if it can encode (a CLIP-family detector), else an error naming the spec."""
+    from halsift.filtering.detectors.spec import load_detector
+
+    det = load_detector(spec)
+    if not (callable(getattr(det, "encode", None)) and getattr(det, "encoder_id", "")):
+        raise EmbeddingStoreError(f"--model {det.spec}: {det.family} detectors do not expose image and text "
+                                  "embeddings; give a CLIP-family spec (clip:arch=...,pretrained=...)")
+    if getattr(det, "lookup", None) is not None:
+        raise EmbeddingStoreError(f"--model {det.spec}: drop embeddings= (embed encodes)")
+    return det
+
+
+def embed_part(encoder, part: Part, out_path: Path, batch_size: int, meta: dict, bar=None) -> dict:
+    """Embed one shard into one part, written atomically; returns its meta (fingerprints, counts)."""
+    t0 = time.perf_counter()
+    skipped = SkipCounter(max_examples=1000)
+    keys: list[str] = []
+    index: list[int] = []
+    vectors: list[np.ndarray] = []
+    batch: list = []
+    samples = 0
+
+    def flush() -> None:
+        if not batch:
+            return
+        img, txt, rows = encoder.encode(encoder.prepare(batch))
+        img, txt, rows = img.float().cpu().numpy(), txt.float().cpu().numpy(), rows.cpu().numpy()
+        seen: set[int] = set()
+        for i, it in enumerate(batch):
+            r = int(rows[i])
+            if r not in seen:  # the image vector, once per image, before its texts
+                seen.add(r)
+                keys.append(it.key)
+                index.append(IMAGE)
+                vectors.append(img[r])
+            keys.append(it.key)
+            index.append(CAPTION if it.sentence_index == CAPTION_INDEX else it.sentence_index)
+            vectors.append(txt[i])
+        if bar is not None:
+            bar.update(len(batch))
+        batch.clear()
+
+    for sample in read_shard(part.source, skipped, draft=encoder.decode_size, arrays=encoder.image_arrays):
+        items = sample_items(sample, "caption") + sample_items(sample, "sentence")  # one image: encoded once
+        if batch and len(batch) + len(items) > batch_size:
+            flush()
+        batch.extend(items)
+        samples += 1
+    flush()
+    table = embedding_table(keys, index, np.stack(vectors) if vectors
+                            else np.empty((0, int(encoder.embed_dim())), np.float32))
+    stats = {**meta, "samples": samples, "images": index.count(IMAGE), "texts": len(index) - index.count(IMAGE),
+             "skipped": skipped.to_json(), "wall_s": round(time.perf_counter() - t0, 3)}
+    write_embedding_part(table, out_path, stats)
+    return stats
+
+
+def _reusable(path: Path, meta: dict) -> bool:
+    if not path.exists():
+        return False
+    got = part_meta(path)
+    return got.get("source_fp") == meta["source_fp"] and got.get("model_fp") == meta["model_fp"]
+
+
+def start(job: EmbedJob):
+    """Load the encoder, plan the parts, check or start the folder's manifest; returns
+    ``(encoder, out, parts, ident, metas)``."""
+    if job.batch_size < 1:
+        raise EmbeddingStoreError(f"--batch-size: expected >= 1, got {job.batch_size}")
+    if os.fspath(job.data).endswith(".jsonl"):
+        raise EmbeddingStoreError(f"--data {job.data}: embed reads shards (a folder, glob or brace pattern of .tar "
+                                  "files), not a bench file")
+    encoder = load_encoder(job.model)
+    out = Path(job.out)
+    out.mkdir(parents=True, exist_ok=True)
+    parts, inputs = plan_parts(job.data)
+    model_fp = spec_fingerprint(encoder.encoder_id)
+    ident = {"format": FORMAT, "model": encoder.encoder_id, "model_spec": encoder.spec, "model_fp": model_fp,
+             "dim": int(encoder.embed_dim()), "dtype": "float16", "normalized": True, "inputs": inputs["paths"]}
+    path = out / MANIFEST
+    if path.exists():
+        import json
+
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise EmbeddingStoreError(f"--out: {path} is not JSON ({e}); use a new --out folder") from e
+        for k in ("format", "model", "dim", "inputs"):
+            if old.get(k) != ident[k]:
+                raise EmbeddingStoreError(f"--out: {out} holds embeddings with a different {k} "
+                                          f"({str(old.get(k))[:200]} vs {str(ident[k])[:200]}); use a new --out folder")
+    elif any(out.glob("part-*.parquet")):
+        raise EmbeddingStoreError(f"--out: {out} holds parts but no {MANIFEST}; use a new --out folder")
+    metas = {p.name: {"source": p.source, "source_fp": source_fingerprint(p), "model_fp": model_fp} for p in parts}
+    return encoder, out, parts, ident, metas
+
+
+def finish(out: Path, ident: dict, parts: list[Part], metas: dict, wall: float, embedded: int,
+           resumed: int) -> dict:
+    """Write the manifest: ``complete`` when every part is written (and reusable), with the parts' summed counts."""
+    have = [p for p in parts if _reusable(out / p.name, metas[p.name])]
+    metas = [part_meta(out / p.name) for p in have]
+    skipped = SkipCounter(max_examples=10_000)
+    for m in metas:
+        skipped.merge(SkipCounter.from_json(m["skipped"]))
+    manifest = {**ident, "complete": len(have) == len(parts), "parts": len(parts), "parts_written": len(have),
+                "part_files": [p.name for p in parts], "parts_resumed": resumed, "parts_embedded_this_run": embedded,
+                "samples": sum(m["samples"] for m in metas), "images": sum(m["images"] for m in metas),
+                "texts": sum(m["texts"] for m in metas), "skipped": skipped.to_json(), "wall_time_s": round(wall, 3)}
+    write_json_atomic(out / MANIFEST, manifest)
+    return manifest
+
+
+def embed_local(job: EmbedJob) -> dict:
+    """Embed on this process, or on every rank of a launch (parts round-robin); rank 0 writes the manifest."""
+    from halsift.filtering.scoring.runner import _reduce, _state
+
+    t0 = time.perf_counter()
+    encoder, out, parts, ident, metas = start(job)
+    state = _state(job.device)
+    state.wait_for_everyone()
+    if state.is_main_process and not (out / MANIFEST).exists():
+        write_json_atomic(out / MANIFEST, {**ident, "complete": False})
+    rank, world = state.process_index, state.num_processes
+    mine = parts[rank::world]
+    todo = [p for p in mine if not _reusable(out / p.name, metas[p.name])]
+    if todo:
+        encoder.to(job.device or state.device)
+        bar = progress(desc=f"embed rank {rank}", unit="item", disable=not job.show_progress)
+        for p in todo:
+            embed_part(encoder, p, out / p.name, job.batch_size, metas[p.name], bar)
+        bar.close()
+    embedded = int(_reduce(state, len(todo), "sum"))
+    state.wait_for_everyone()
+    m = {}
+    if state.is_main_process:
+        m = finish(out, ident, parts, metas, time.perf_counter() - t0, embedded, len(parts) - embedded)
+    state.wait_for_everyone()
+    return m
+
+
+def embed_task(job: EmbedJob, num_tasks: int, task_index: int, stale_after: float) -> dict:
+    """One of ``num_tasks`` independent tasks: claim parts (:class:`.tasks.ClaimBoard`), embed them; the task that
+    finds every part written completes the manifest."""
+    from halsift.filtering.scoring.tasks import HOST, ClaimBoard, task_device, task_order
+
+    t0 = time.perf_counter()
+    encoder, out, parts, ident, metas = start(job)
+    if not (out / MANIFEST).exists():
+        write_json_atomic(out / MANIFEST, {**ident, "complete": False})
+    board = ClaimBoard(out, f"embed-{task_index}@{HOST}:{os.getpid()}", stale_after)
+    done = sum(_reusable(out / p.name, metas[p.name]) for p in parts)
+    embedded, bar = 0, None
+    for p in task_order(parts, num_tasks, task_index):
+        if _reusable(out / p.name, metas[p.name]):
+            continue
+        claim = board.try_claim(p.name)
+        if claim is None:
+            continue
+        try:
+            if _reusable(out / p.name, metas[p.name]):
+                continue
+            if bar is None:
+                encoder.to(job.device or task_device())
+                bar = progress(desc=f"embed task {task_index}/{num_tasks}", unit="item",
+                               disable=not job.show_progress)
+            embed_part(encoder, p, out / p.name, job.batch_size, metas[p.name], bar)
+            embedded += 1
+        finally:
+            board.finish(p.name, claim)
+    if bar is not None:
+        bar.close()
+    return finish(out, ident, parts, metas, time.perf_counter() - t0, embedded, done)
+
+
+__all__ = ["EmbedJob", "embed_local", "embed_part", "embed_task", "load_encoder"]

@@ -1,0 +1,92 @@
+"""The scoring Engine interface: a registry by name that ``halsift score --engine`` resolves, one typed job built
+from the command's settings, and every engine honouring or refusing (one line) each setting of the job."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+from filtering_data import make_corpus
+
+from halsift.corpus.images import SkipCounter
+from halsift.corpus.sample import read_shard, sample_items
+from halsift.corpus.scores import read_scores_df
+from halsift.filtering.scoring.engine import (ENGINES, COMMON, Engine, EngineError, EngineName, EngineSummary,
+                                              ScoreJob, get_engine, resolve_engine, run_job)
+from halsift.launch.cmd_score import ScoreConfig, job_of
+
+
+def test_registry_names_are_the_engine_flag_choices():
+    assert list(ENGINES) == ["local", "tasks", "ray"] == list(typing.get_args(EngineName))
+    assert typing.get_type_hints(ScoreConfig)["engine"] == EngineName
+    assert all(isinstance(e, Engine) and e.name == n for n, e in ENGINES.items())
+    with pytest.raises(EngineError, match="--engine: expected one of local, tasks, ray, got 'spark'"):
+        get_engine("spark")
+
+
+def test_job_carries_every_scoring_setting_of_score_config():
+    """Every ScoreConfig field reaches the job (under its name; ``no_progress`` as ``show_progress``), except the
+    engine choice itself and the wandb logging, which stay in launch."""
+    cfg = ScoreConfig(detector="random:seed=0", data="d", out="o", unit="caption", batch_size=7, device="cpu",
+                      no_progress=True, decode_workers=3, max_parse_failures=0.5, num_tasks=4, task_index=2,
+                      claim_timeout=9.0, address="auto", workers=5, embeddings="emb")
+    job = job_of(cfg)
+    cfg_names = {f.name for f in dataclasses.fields(ScoreConfig)} - {"engine", "wandb", "wandb_project",
+                                                                      "no_progress"}
+    assert cfg_names | {"show_progress"} == {f.name for f in dataclasses.fields(ScoreJob)}
+    assert all(getattr(job, n) == getattr(cfg, n) for n in cfg_names) and job.show_progress is False
+    assert ScoreJob("s", "d", "o").given() == {"detector", "data", "out"}
+    assert job.given() == {f.name for f in dataclasses.fields(ScoreJob)}
+
+
+@pytest.mark.parametrize("engine,setting,value,message", [
+    ("local", "claim_timeout", 5.0, "--claim-timeout: only with --num-tasks (or in a SLURM array task)"),
+    ("local", "workers", 2, "--address/--workers: only with --engine ray"),
+    ("local", "address", "auto", "--address/--workers: only with --engine ray"),
+    ("tasks", "workers", 2, "--address/--workers: only with --engine ray"),
+    ("ray", "num_tasks", 2, "--engine ray: Ray deals the parts itself"),
+    ("ray", "claim_timeout", 5.0, "--engine ray: Ray deals the parts itself"),
+])
+def test_each_engine_refuses_what_it_does_not_honour(engine, setting, value, message):
+    job = dataclasses.replace(ScoreJob("random:seed=0", "d", "o"), **{setting: value})
+    assert setting not in ENGINES[engine].honours
+    with pytest.raises(EngineError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ENGINES[engine].check(job)
+
+
+def test_every_engine_honours_the_common_settings():
+    for e in ENGINES.values():
+        assert COMMON <= e.honours and "decode_workers" in e.honours, e.name
+        e.check(dataclasses.replace(ScoreJob("random:seed=0", "d", "o"), unit="caption", batch_size=3,
+                                    device="cpu", max_parse_failures=0.5, show_progress=False))
+
+
+def test_local_resolves_to_tasks_when_a_task_is_named_or_in_a_slurm_array():
+    job = ScoreJob("random:seed=0", "d", "o")
+    assert resolve_engine("local", job, env={}).name == "local"
+    assert resolve_engine("local", dataclasses.replace(job, num_tasks=2), env={}).name == "tasks"
+    assert resolve_engine("local", job, env={"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "2"}).name == "tasks"
+    assert resolve_engine("ray", job, env={}).name == "ray"
+    with pytest.raises(EngineError, match="--engine tasks: give --num-tasks"):
+        ENGINES["tasks"].run(job)
+
+
+def test_local_and_task_engines_write_the_same_scores(tmp_path, monkeypatch):
+    for k in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN"):
+        monkeypatch.delenv(k, raising=False)
+    data = make_corpus(tmp_path / "c", shards=3, per_shard=3, seed=2)
+    base = ScoreJob("random:seed=0", data, tmp_path / "local", batch_size=4, show_progress=False)
+    a = run_job(base)
+    assert isinstance(a, EngineSummary) and (a.engine, a.complete, a.report, a.lines) == ("local", True, True, [])
+    runs = [run_job(dataclasses.replace(base, out=tmp_path / "tasks", num_tasks=2, task_index=i)) for i in (0, 1)]
+    assert [r.engine for r in runs] == ["tasks", "tasks"] and [r.complete for r in runs] == [True, True]
+    assert runs[0].stats["parts_scored"] == 3 and runs[1].stats["parts_skipped_done"] == 3  # task 0 stole all
+    assert runs[1].lines == ["task 1/2: scored 0 parts (0 items), 3 already done, 0 taken over from dead tasks"]
+    cols = ["key", "sentence_index", "score"]
+    want = read_scores_df(tmp_path / "local")[cols].sort_values(cols[:2]).reset_index(drop=True)
+    got = read_scores_df(tmp_path / "tasks")[cols].sort_values(cols[:2]).reset_index(drop=True)
+    skipped = SkipCounter()
+    n = sum(len(sample_items(s)) 
+            for shard in sorted(data.glob("*.tar")) for s in read_shard(shard, skipped))
+    assert len(want) == n > 0 and want.equals(got)
