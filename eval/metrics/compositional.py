@@ -42,4 +42,5 @@ def compositional_metrics(correct: Mapping[str, np.ndarray]) -> dict[str, float]
 def sugarcrepe_result(metrics: Mapping[str, float]) -> dict[str, float]:
     """What SugarCrepe's ``main_eval.py`` writes: ``{category: accuracy}`` on its 0-1 scale."""
     return {k.split("/", 1)[1]: v / 100.0 for k, v in metrics.items()
-            if k.startswith("compositional/") and k != "compositional/mean" and k.count("/") == 1}
+            if k.startswith("compositional/") and k.count("/") == 1
+            and k not in ("compositional/mean", "compositional/pairs")}

@@ -113,6 +113,67 @@ def test_equals_clip_benchmark(tmp_path, monkeypatch):
         ref_logits, ref_target = zsc.run_classification(model, clf, dl, "cpu", amp=False)
         assert np.array_equal(ref_target.numpy(), target)
         np.testing.assert_allclose(logits, ref_logits.numpy(), atol=1e-3)
-        print("reference", ref)
+        assert ref == pytest.approx(REFERENCE)  # the stored value is what the reference gives
     for k in ("acc1", "acc5", "mean_per_class_recall"):
         assert ours[f"zeroshot/{k}"] == pytest.approx(100 * ref[k], abs=0.1), k
+
+
+def _run(args: list[str], capsys) -> tuple[int, str]:
+    code = main(["eval", "zeroshot", "--model", "halsift-tiny", "--device", "cpu", *args])
+    return code, capsys.readouterr().err.strip()
+
+
+def test_cli_writes_metrics_and_clip_benchmark_json(tmp_path, capsys):
+    root = wds_fixture(tmp_path / "fix")
+    assert _run(["--data", str(root), "--out", str(tmp_path / "o"), "--batch-size", "5"], capsys)[0] == 0
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert set(m) == {"zeroshot/acc1", "zeroshot/acc5", "zeroshot/mean_per_class_recall", "zeroshot/images",
+                      "zeroshot/classes"} and (m["zeroshot/images"], m["zeroshot/classes"]) == (24, 6)
+    cb = json.loads((tmp_path / "o" / "clip_benchmark.json").read_text())
+    assert cb["task"] == "zeroshot_classification" and cb["dataset"] == "wds/fix"
+    assert cb["metrics"]["acc1"] == pytest.approx(m["zeroshot/acc1"] / 100)
+
+
+def test_imagefolder_layout_gives_the_same_metrics(tmp_path, capsys):
+    """The fixture's images as an ImageFolder (class folders in label order) score exactly as the wds folder."""
+    import tarfile
+
+    root = wds_fixture(tmp_path / "fix")
+    folder = tmp_path / "folder"
+    for shard in sorted((root / "test").glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar}
+        for name, data in members.items():
+            if name.endswith(".png"):
+                label = int(members[name[:-4] + ".cls"])
+                (folder / f"c{label}").mkdir(parents=True, exist_ok=True)
+                (folder / f"c{label}" / name).write_bytes(data)
+    (folder / "classnames.txt").write_text("\n".join(CLASSES) + "\n")
+    (folder / "zeroshot_classification_templates.txt").write_text("\n".join(TEMPLATES) + "\n")
+    for data, out in ((root, "a"), (folder, "b")):
+        assert _run(["--data", str(data), "--out", str(tmp_path / out)], capsys)[0] == 0
+    a, b = (json.loads((tmp_path / o / "metrics.json").read_text()) for o in "ab")
+    assert a == pytest.approx(b)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no classnames", r"classnames\.txt: missing \(class names"),
+    ("empty classnames", r"classnames\.txt: empty"),
+    ("label out of range", r"0\.tar: sample 's0000000': label 9 is not in \[0, 6\)"),
+    ("no templates", r"zeroshot_classification_templates\.txt: missing"),
+])
+def test_bad_input_is_one_line_naming_the_file(tmp_path, capsys, case, message):
+    import re
+
+    root = wds_fixture(tmp_path / "fix", classnames=case != "no classnames")
+    if case == "empty classnames":
+        (root / "classnames.txt").write_text("\n")
+    if case == "no templates":
+        (root / "zeroshot_classification_templates.txt").unlink()
+    if case == "label out of range":
+        from halsift.corpus.clip_benchmark_wds import _tar_bytes
+
+        (root / "test" / "0.tar").write_bytes(_tar_bytes([("s0000000.png", b"x"), ("s0000000.cls", b"9")]))
+    code, err = _run(["--data", str(root), "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and re.search(message, err), err
+    assert not (tmp_path / "o" / "metrics.json").exists()
