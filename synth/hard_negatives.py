@@ -6,7 +6,8 @@ category a negative that the scene graph makes false:
 
 * ``replace_obj``: A's shape -> a shape not in the scene;  ``replace_att``: A's colour -> one no group of A's shape has;
 * ``replace_rel``: REL -> its opposite;  ``swap_obj``: "B REL A" (relations are antisymmetric);
-* ``swap_att``: A and B swap colours (skipped for the image when both swapped objects exist or the colours match);
+* ``swap_att``: A and B swap colours (another pair where A and B share a colour or both swapped objects exist; no
+  pair for the image when none can);
 * ``add_obj``: "..., and a <colour> <shape>" with a shape not in the scene;
 * ``add_att``: true caption "A' REL B" with A's colour left out, negative with a colour no group of A's shape has.
 
@@ -56,8 +57,13 @@ def hard_negatives(scene, rng: random.Random) -> dict[str, tuple[str, str]]:
         "add_att": (f"{noun_phrase(a, colour=None)} {rel} {noun_phrase(b)}",
                     f"{noun_phrase(a, colour=other_colour)} {rel} {noun_phrase(b)}"),
     }
-    if a.colour != b.colour and not ((a.shape, b.colour) in used and (b.shape, a.colour) in used):
-        out["swap_att"] = (pos, f"{noun_phrase(a, colour=b.colour)} {rel} {noun_phrase(b, colour=a.colour)}")
+    swappable = [(x, y) for x in scene.groups for y in scene.groups if x is not y and x.colour != y.colour
+                 and not ((x.shape, y.colour) in used and (y.shape, x.colour) in used)]
+    if swappable:  # A and B when they can swap colours, else another pair that can
+        x, y = (a, b) if (a, b) in swappable else rng.choice(swappable)
+        r = relation(x, y)
+        out["swap_att"] = (f"{noun_phrase(x)} {r} {noun_phrase(y)}",
+                           f"{noun_phrase(x, colour=y.colour)} {r} {noun_phrase(y, colour=x.colour)}")
     return {cat: (_sentence(p), _sentence(n)) for cat, (p, n) in out.items()}
 
 
