@@ -27,7 +27,7 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
     from halsift.eval.metrics.retrieval import evaluate_retrieval, ranks_key, write_ranks
     from halsift.filtering.detectors.clip import load_open_clip
     from halsift.filtering.detectors.clip_tokenizer import get_tokenizer
-    from halsift.launch.stages.beyond import evaluate_beyond, hits_key, load_beyond_sets, write_beyond
+    from halsift.launch.eval_beyond import evaluate_beyond, hits_key, load_beyond_sets, write_beyond
 
     out_dir = p.stage("eval")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -91,4 +91,4 @@ def run_extra_evals(r: Recipe, out_dir: Path) -> dict:
     return done
 
 
-STAGE = Stage("eval", ("eval", "evals", "data.zeroshot", "data.compositional"), stage_eval)
+STAGE = Stage("eval", ("eval", "evals"), stage_eval)  # data.zeroshot / .compositional: "data" feeds pretrain
