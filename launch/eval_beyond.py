@@ -11,39 +11,38 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from halsift.launch.stages.base import Paths
-
 if TYPE_CHECKING:
     from halsift.launch.recipe_config import Recipe
 
 MEASURES = ("acc1", "acc5", "mean_per_class_recall")
 
 
-def zeroshot_sets(r: Recipe, p: Paths) -> dict[str, str]:
+def zeroshot_sets(r: Recipe, world: Path) -> dict[str, str]:
     """Task name -> classification folder: ``data.zeroshot``, else the world's tasks (none when turned off)."""
     if not r.eval.zeroshot:
         return {}
     if r.data.zeroshot:
         return dict(r.data.zeroshot)
-    root = p.stage("world") / "zeroshot"
+    root = world / "zeroshot"
     return {d.name: str(d) for d in sorted(root.iterdir()) if d.is_dir()} if r.world.enabled and root.is_dir() else {}
 
 
-def compositional_set(r: Recipe, p: Paths) -> str:
+def compositional_set(r: Recipe, world: Path) -> str:
     """The SugarCrepe folder: ``data.compositional``, else the world's ('' when there is none or it is off)."""
     if not r.eval.compositional:
         return ""
-    world = p.stage("world") / "compositional"
-    return r.data.compositional or (str(world) if r.world.enabled and world.is_dir() else "")
+    comp = world / "compositional"
+    return r.data.compositional or (str(comp) if r.world.enabled and comp.is_dir() else "")
 
 
-def load_beyond_sets(r: Recipe, p: Paths) -> tuple[dict, dict]:
-    """The classification sets and SugarCrepe pairs the stage evaluates (read and checked once, before any model)."""
+def load_beyond_sets(r: Recipe, world: Path) -> tuple[dict, dict]:
+    """The classification sets and SugarCrepe pairs the stage evaluates (read and checked once, before any model);
+    ``world``: the run's world folder."""
     from halsift.corpus.classification import read_classification
     from halsift.corpus.sugarcrepe import read_sugarcrepe
 
-    tasks = {name: read_classification(path) for name, path in zeroshot_sets(r, p).items()}
-    comp = compositional_set(r, p)
+    tasks = {name: read_classification(path) for name, path in zeroshot_sets(r, world).items()}
+    comp = compositional_set(r, world)
     return tasks, (read_sugarcrepe(comp) if comp else {})
 
 

@@ -45,7 +45,7 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
             models[name] = [str(d / "final" / "open_clip_model.safetensors") for d in runs]
     retrieval: dict[str, list[dict]] = {}
     ranks = {}  # per-query ranks of every model, for the report's bootstrap CIs
-    tasks, pairs = load_beyond_sets(r, p) if models else ({}, {})
+    tasks, pairs = load_beyond_sets(r, p.stage("world")) if models else ({}, {})
     beyond: dict[str, list[dict]] = {}
     beyond_hits = {}
     for name, weights in models.items():
