@@ -54,14 +54,16 @@ def evaluate_compositional(model, preprocess, tokenizer, pairs: dict, device="cp
             except ImageDecodeError as e:
                 raise SugarCrepeFormatError(f"{p}: cannot read image ({e.reason})") from None
 
+    texts = sorted({t for ps in pairs.values() for p in ps for t in (p.caption, p.negative)})
+    tindex = {t: i for i, t in enumerate(texts)}  # a caption shared by several categories is encoded once
     correct = {}
     with eval_mode(model):
         img = encode_images(model, images(), device, batch_size, precision, total=len(paths), desc="compositional")
-        for cat, ps in pairs.items():
-            rows = img[[index[p.image] for p in ps]]
-            pos = encode_texts(model, tokenizer, [p.caption for p in ps], device, batch_size, precision)
-            neg = encode_texts(model, tokenizer, [p.negative for p in ps], device, batch_size, precision)
-            correct[cat] = pair_correct(cosine_scores(rows, pos), cosine_scores(rows, neg))
+        txt = encode_texts(model, tokenizer, texts, device, batch_size, precision)
+    for cat, ps in pairs.items():
+        rows = img[[index[p.image] for p in ps]]
+        pos, neg = txt[[tindex[p.caption] for p in ps]], txt[[tindex[p.negative] for p in ps]]
+        correct[cat] = pair_correct(cosine_scores(rows, pos), cosine_scores(rows, neg))
     m = compositional_metrics(correct) | {"compositional/pairs": float(sum(len(ps) for ps in pairs.values()))}
     return (m, correct) if return_correct else m
 
