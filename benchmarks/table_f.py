@@ -114,7 +114,7 @@ def findings(m: dict) -> dict[str, float]:
     out = {}
     for key, label in (("zeroshot/acc1", "zero-shot top-1"), ("compositional/mean", "compositional")):
         rnd = m.get(f"random/{key}", float("nan"))
-        best = max((m.get(f"{t}/{key}", float("nan")) for t in TRAINED), default=float("nan"))
+        best = max((v for t in TRAINED if (v := m.get(f"{t}/{key}", float("nan"))) == v), default=float("nan"))
         out[f"oracle - random, {label}"] = m.get(f"oracle/{key}", float("nan")) - rnd
         out[f"best trained - random, {label}"] = best - rnd
     return out
