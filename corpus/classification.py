@@ -70,7 +70,8 @@ class ClassificationSet:
                 where = f"{shard}: sample {key!r}"
                 ext = next((e for e in WDS_IMAGE_EXTS if e in members), None)
                 if ext is None:
-                    raise ClassificationFormatError(f"{where}: no image (expected one of .{', .'.join(WDS_IMAGE_EXTS)})")
+                    raise ClassificationFormatError(f"{where}: no image (expected one of "
+                                                    f".{', .'.join(WDS_IMAGE_EXTS)})")
                 if "cls" not in members:
                     raise ClassificationFormatError(f"{where}: no .cls label")
                 try:

@@ -71,7 +71,7 @@ def category_files(data: str | os.PathLike) -> dict[str, Path]:
         raise SugarCrepeFormatError(f"{data}: missing (expected a SugarCrepe category JSON or a folder of them)")
     files = {p.stem: p for p in sorted(data.glob("*.json"))}
     if not files:
-        raise SugarCrepeFormatError(f"{data}: no category JSON files (e.g. {', '.join(c + '.json' for c in CATEGORIES[:2])})")
+        raise SugarCrepeFormatError(f"{data}: no category JSON files (e.g. {CATEGORIES[0]}.json)")
     return files
 
 

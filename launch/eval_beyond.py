@@ -72,7 +72,8 @@ def evaluate_beyond(model, preprocess, tokenizer, tasks: dict, pairs: dict, devi
 
 
 def hits_key(model: str, seed_index: int, name: str) -> str:
-    """Name of one model's per-sample hits in ``beyond_hits.npz``: ``<model>/<seed_index>/<zeroshot|compositional>/<set>``."""
+    """Name of one model's per-sample hits in ``beyond_hits.npz``:
+    ``<model>/<seed_index>/<zeroshot|compositional>/<set>``."""
     return f"{model}/{seed_index}/{name}"
 
 

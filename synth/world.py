@@ -7,7 +7,8 @@ prompt drawn by all three t2i generators; train/val/test split by image), ``retr
 ``retrieval/images/`` (held-out images, five captions each by captioners that do not write the corpus),
 ``pretrain/`` shards of web alt-text pairs (json ``detailed``: a clean detailed caption for the VLM captioner),
 ``zeroshot/<task>/`` zero-shot classification tasks in CLIP_benchmark's wds layout (:mod:`.zeroshot_tasks`),
-``compositional/`` SugarCrepe's seven hard-negative categories (:mod:`.hard_negatives`), and ``world.json`` (seed, sizes, designed rates of every generator).
+``compositional/`` SugarCrepe's seven hard-negative categories (:mod:`.hard_negatives`),
+and ``world.json`` (seed, sizes, designed rates of every generator).
 
 Every item is drawn from its own ``random.Random(f"{seed}/{stream}/{index}")``, so items are independent of
 generation order (parallelisable) and the same seed gives byte-identical files. The world is built in a
@@ -193,7 +194,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     ``t2i_prompts`` (default ``max(12, bench_images // 2)``) prompts drawn by the three t2i generators; ``retrieval_images`` (default ``max(20, images // 10)``); ``pretrain_images`` (default
     ``images``) clean pairs; ``zeroshot_images`` per zero-shot task and ``compositional_images`` (each default
     ``max(12, images // 30)``; 0 = not written). Those two sets come from their own random streams, after
-    everything else, and are not in ``world.json``: the other parts are the same bytes with or without them. Raises ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
+    everything else, and are not in ``world.json``: the other parts are the same bytes with or without
+    them. Raises ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
     """
     if images < 1:
         raise ValueError(f"images must be >= 1, got {images}")

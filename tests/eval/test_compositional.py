@@ -33,8 +33,10 @@ def sugarcrepe_fixture(root, missing: bool = False):
     (root / "images").mkdir(parents=True)
     for i, colour in enumerate(("red", "blue", "green")):
         Image.new("RGB", (32, 32), colour).save(root / "images" / f"{i}.png")
-    pairs = {"replace_att": {"0": {"filename": "0.png", "caption": "a red square", "negative_caption": "a blue square"},
-                             "1": {"filename": "1.png", "caption": "a blue square", "negative_caption": "a red square"}},
+    pairs = {"replace_att": {"0": {"filename": "0.png", "caption": "a red square",
+                                   "negative_caption": "a blue square"},
+                             "1": {"filename": "1.png", "caption": "a blue square",
+                                   "negative_caption": "a red square"}},
              "add_obj": {"7": {"filename": "9.png" if missing else "2.png", "caption": "a green square",
                                "negative_caption": "a green square and a star"}}}
     for cat, d in pairs.items():

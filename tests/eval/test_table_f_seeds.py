@@ -25,7 +25,8 @@ def test_per_finetune_seed_claims_and_findings(tmp_path):
           "clip-lora": [21.0, 24.0], "clip": [19.0, 20.0]}
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "retrieval.json").write_text(json.dumps(
-        {n: [{"s/i2t/r@5": v - 1, "s/t2i/r@5": v + 1, "s/retrieval/images": 20.0} for v in vs] for n, vs in r5.items()}))
+        {n: [{"s/i2t/r@5": v - 1, "s/t2i/r@5": v + 1, "s/retrieval/images": 20.0} for v in vs]
+         for n, vs in r5.items()}))
     (tmp_path / "eval" / "beyond.json").write_text(json.dumps(
         {"random": [{"zeroshot/acc1": 40.0, "compositional/mean": 50.0}] * 2,
          "oracle": [{"zeroshot/acc1": 41.0, "compositional/mean": 56.0}, {"zeroshot/acc1": 38.0,
