@@ -148,13 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         per_seed[s], walls[s], per_ft[s] = run_seed(s, out, sets)
         print(f"world seed {s}: {time.time() - t0:.0f}s this call", flush=True)
-    cells = [m for s in args.seeds for m in per_ft[s]]  # every world x fine-tuning seed
+    grid = [m for s in args.seeds for m in per_ft[s]]  # every world x fine-tuning seed
 
     names = sorted({k.removesuffix("/seeds") for m in per_seed.values() for k in m if k.endswith("/seeds")},
                    key=lambda n: (n != "no-tune", -statistics.mean(r5(m, n) for m in per_seed.values())))
-    n_ft = len(cells) // len(args.seeds)
+    n_ft = len(grid) // len(args.seeds)
     print(f"\nR@5 (mean of i2t and t2i) per world seed (mean over {n_ft} fine-tuning seed{'s' * (n_ft != 1)}), "
-          f"mean ± std over the {len(cells)} worlds x fine-tuning seeds; kept precision and bench AUROC (mean over "
+          f"mean ± std over the {len(grid)} worlds x fine-tuning seeds; kept precision and bench AUROC (mean over "
           "worlds); zero-shot top-1 and compositional accuracy (mean ± std over worlds x fine-tuning seeds)\n")
     print(f"| filter | {' | '.join(f'seed {s}' for s in args.seeds)} | mean ± std | kept precision | AUROC | "
           "zero-shot top-1 | compositional |")
@@ -171,9 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         prec = [per_seed[s].get(f"{n}/kept_precision") for s in args.seeds]
         auc = [per_seed[s].get(f"{n}/auroc/mean") for s in args.seeds]
         fmt = (lambda xs: f"{statistics.mean(xs):.1f}" if all(x is not None for x in xs) else "–")
-        print(f"| {n} | {' | '.join(f'{v:.1f}' for v in vals)} | {mean_sd([r5(m, n) for m in cells])} | "
-              f"{fmt(prec)} | {fmt(auc)} | {mean_sd([m.get(f'{n}/zeroshot/acc1') for m in cells])} | "
-              f"{mean_sd([m.get(f'{n}/compositional/mean') for m in cells])} |")
+        print(f"| {n} | {' | '.join(f'{v:.1f}' for v in vals)} | {mean_sd([r5(m, n) for m in grid])} | "
+              f"{fmt(prec)} | {fmt(auc)} | {mean_sd([m.get(f'{n}/zeroshot/acc1') for m in grid])} | "
+              f"{mean_sd([m.get(f'{n}/compositional/mean') for m in grid])} |")
     print("\nstage wall time (s)\n")
     stages = list(next(iter(walls.values())))
     print(f"| seed | {' | '.join(stages)} | total |")
@@ -184,15 +184,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {s} | {cells} | {sum(w.values()):.0f} |")
     print("\nclaims (every world x fine-tuning seed must hold; margin over the bar: mean ± std (min))\n")
     ok = True
-    for claim in claim_margins(cells[0]):
-        held = [claim_margins(m)[claim][0] for m in cells]
+    for claim in claim_margins(grid[0]):
+        held = [claim_margins(m)[claim][0] for m in grid]
         ok &= all(held)
         print(f"{'PASS' if all(held) else 'FAIL'}  {claim}  ({sum(held)}/{len(held)} worlds x seeds; margin "
-              f"{spread([claim_margins(m)[claim][1] for m in cells])})")
+              f"{spread([claim_margins(m)[claim][1] for m in grid])})")
     print("\nbeyond retrieval (findings, not claims): gain over random in points, mean ± std (min) over worlds x "
           "seeds\n")
-    for name in findings(cells[0]):
-        print(f"{name}: {spread([findings(m)[name] for m in cells])}")
+    for name in findings(grid[0]):
+        print(f"{name}: {spread([findings(m)[name] for m in grid])}")
     return 0 if ok else 1
 
 
