@@ -177,3 +177,20 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, capsys, case, message):
     code, err = _run(["--data", str(root), "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and re.search(message, err), err
     assert not (tmp_path / "o" / "metrics.json").exists()
+
+
+def test_imagefolder_without_classnames_uses_folder_names_and_counts_must_match(tmp_path):
+    from PIL import Image
+
+    from halsift.corpus.classification import ClassificationFormatError, read_classification
+
+    for name in ("b_dog", "a_cat"):
+        (tmp_path / name).mkdir()
+        Image.new("RGB", (8, 8)).save(tmp_path / name / "x.png")
+    (tmp_path / "zeroshot_classification_templates.txt").write_text("a {c}\n")
+    cset = read_classification(tmp_path)
+    assert cset.layout == "imagefolder" and cset.classnames == ["a_cat", "b_dog"]  # sorted, as torchvision
+    assert [label for _, _, label in cset.iter_items()] == [0, 1] and cset.prompts("cat") == ["a cat"]
+    (tmp_path / "classnames.txt").write_text("cat\n")
+    with pytest.raises(ClassificationFormatError, match=r"classnames\.txt: 1 class names for 2 class folders"):
+        read_classification(tmp_path)
