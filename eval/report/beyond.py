@@ -160,7 +160,8 @@ def plot_gain_over_random(rows: list[dict], out: Path, k: int = 5) -> Path | Non
     import matplotlib.pyplot as plt
 
     measures = [(f"r@{k}", f"R@{k}", f"delta_random/r@{k}")]
-    measures += [(m, label, f"delta_random/{m}") for m, (label, _) in MEASURES.items()
+    measures += [(m, label + ("" if group else " (no CI)"), f"delta_random/{m}")
+                 for m, (label, group) in MEASURES.items()
                  if any(np.isfinite(r.get(f"delta_random/{m}", float("nan"))) for r in rows)]
     shown = [r for r in rows if r["filter"] != REFERENCE]
     path = out / "gain_over_random.png"
@@ -175,7 +176,7 @@ def plot_gain_over_random(rows: list[dict], out: Path, k: int = 5) -> Path | Non
         lo = np.array([r.get(f"{key}/ci_low" if m != f"r@{k}" else "delta_random/ci_low", np.nan) for r in shown])
         hi = np.array([r.get(f"{key}/ci_high" if m != f"r@{k}" else "delta_random/ci_high", np.nan) for r in shown])
         err = np.where(np.isfinite(lo) & np.isfinite(hi), np.abs(np.stack([y - lo, hi - y])), 0.0)
-        ax.bar(x + i * width, np.nan_to_num(y), width, yerr=err, capsize=2, label=label)
+        ax.bar(x + i * width, np.nan_to_num(y), width, yerr=err if err.any() else None, capsize=2, label=label)
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xticks(x + width * (len(measures) - 1) / 2, [r["filter"] for r in shown], rotation=20)
     ax.set_ylabel("gain over random (points)")
