@@ -12,10 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from halsift.eval.runs.bench import BenchEvalConfig, run_bench
+from halsift.eval.runs.compositional import CompositionalEvalConfig, run_compositional
 from halsift.eval.runs.ihalla import IhallaEvalConfig, run_ihalla
 from halsift.eval.runs.retrieval import RetrievalEvalConfig, run_retrieval
 from halsift.eval.runs.vigil import VigilEvalConfig, run_vigil
 from halsift.eval.runs.vope import VopeEvalConfig, run_vope
+from halsift.eval.runs.zeroshot import ZeroshotEvalConfig, run_zeroshot
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,12 @@ EVALS: dict[str, EvalEntry] = {
                                                    "localization, ensembles, report and plots"),
     "retrieval": EvalEntry(RetrievalEvalConfig, run_retrieval, "image<->text retrieval recall (R@1/5/10, both "
                                                                "directions) of an open_clip model"),
+    "zeroshot": EvalEntry(ZeroshotEvalConfig, run_zeroshot, "zero-shot classification (top-1/top-5 accuracy, mean "
+                                                            "per-class recall) of an open_clip model, as "
+                                                            "CLIP_benchmark"),
+    "compositional": EvalEntry(CompositionalEvalConfig, run_compositional, "compositional hard negatives "
+                                                                           "(SugarCrepe): true caption vs negative "
+                                                                           "per category"),
     "ihalla": EvalEntry(IhallaEvalConfig, run_ihalla, "I-HallA: multiple-choice VQA score of text-to-image "
                                                       "generators (synthetic world or QA + predictions files)"),
     "vope": EvalEntry(VopeEvalConfig, run_vope, "VOPE: hallucination in factual description (Hal-D) vs voluntary "

@@ -38,6 +38,8 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("train", "detector"): "halsift.launch.cmd_train_detector",
     ("eval", "bench"): "halsift.launch.cmd_eval_bench",
     ("eval", "retrieval"): "halsift.launch.cmd_eval_retrieval",
+    ("eval", "zeroshot"): "halsift.launch.cmd_eval_zeroshot",
+    ("eval", "compositional"): "halsift.launch.cmd_eval_compositional",
     ("eval", "ihalla"): "halsift.launch.cmd_eval_ihalla",
     ("eval", "vope"): "halsift.launch.cmd_eval_vope",
     ("eval", "vigil"): "halsift.launch.cmd_eval_vigil",
@@ -46,7 +48,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
 }
 GROUP_HELP = {
     "train": "train a CLIP model on shards or a detector on an annotated bench",
-    "eval": "evaluate: detection benchmark, retrieval, I-HallA, VOPE, VIGIL",
+    "eval": "evaluate: detection benchmark, retrieval, zero-shot, compositional, I-HallA, VOPE, VIGIL",
 }
 
 

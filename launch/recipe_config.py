@@ -49,6 +49,11 @@ class DataCfg:
                                       help="retrieval sets name -> retrieval.jsonl (COCO, Flickr8k ...); "
                                            "empty = the synthetic world's")
     pretrain: str = field("", help="clean shards to pre-train the base CLIP on; '' = the world's (if pretrain runs)")
+    zeroshot: dict[str, str] = field(default_factory=dict,
+                                     help="zero-shot classification sets name -> CLIP_benchmark wds folder or "
+                                          "ImageFolder (`halsift eval zeroshot --data`); empty = the world's tasks")
+    compositional: str = field("", help="SugarCrepe folder (CATEGORY.json + images/, `halsift eval compositional`); "
+                                        "'' = the world's")
 
 
 @dataclass
@@ -234,6 +239,9 @@ class EvalCfg:
     keep: float = field(0.2, help="top fraction whose precision is reported on the bench")
     bench_split: str = field("", help="evaluate detectors on this bench split only ('' = all rows)")
     batch_size: int = field(128, help="evaluation batch size")
+    zeroshot: bool = field(True, help="zero-shot classification of every model (data.zeroshot or the world's tasks)")
+    compositional: bool = field(True, help="compositional hard negatives (SugarCrepe) of every model "
+                                           "(data.compositional or the world's)")
 
     def validate(self) -> None:
         check_split("bench_split", self.bench_split)

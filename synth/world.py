@@ -6,6 +6,8 @@ in the json), ``bench/bench.jsonl`` + ``bench/images/`` (every bench image capti
 prompt drawn by all three t2i generators; train/val/test split by image), ``retrieval/retrieval.jsonl`` +
 ``retrieval/images/`` (held-out images, five captions each by captioners that do not write the corpus),
 ``pretrain/`` shards of web alt-text pairs (json ``detailed``: a clean detailed caption for the VLM captioner),
+``zeroshot/<task>/`` zero-shot classification tasks in CLIP_benchmark's wds layout (:mod:`.zeroshot_tasks`),
+``compositional/`` SugarCrepe's seven hard-negative categories (:mod:`.hard_negatives`),
 and ``world.json`` (seed, sizes, designed rates of every generator).
 
 Every item is drawn from its own ``random.Random(f"{seed}/{stream}/{index}")``, so items are independent of
@@ -25,13 +27,16 @@ from halsift.corpus.progress import progress
 from halsift.corpus.shards import Sample, ShardWriter, write_json_atomic
 from halsift.corpus.safe_paths import remove_file, remove_tree, replace_path
 from .captioners import PROFILE_BY_NAME, PROFILES, caption, check_captioner_names
+from .hard_negatives import write_compositional
 from .render import png_bytes, render
 from .scene import sample_scene
 from .styles import RETRIEVAL_STYLES, alt_text, human_caption, scene_family
 from .t2i import T2I_PROFILES, make_prompt, sample_prompt_scene, t2i_sample
 from .world_config import check_corpus_sentences
+from .zeroshot_tasks import TASKS as ZEROSHOT_TASKS, write_zeroshot_tasks
 
-PARTS = ("corpus", "bench", "retrieval", "pretrain", "world.json")
+PARTS = ("corpus", "bench", "retrieval", "pretrain", "zeroshot", "compositional", "world.json")
+EVAL_SETS = ("zeroshot", "compositional")  # written only when their size is > 0; world.json does not list them
 SPLIT_P = (("train", 0.6), ("val", 0.1), ("test", 0.3))
 RETRIEVAL_FAMILY = 5  # retrieval_style human: images per family of look-alikes (same shapes, new places and counts)
 
@@ -178,7 +183,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
                    pretrain_images: int | None = None, t2i_prompts: int | None = None, shard_size: int = 256,
                    overwrite: bool = False, show_progress: bool = False,
                    captioners: tuple[str, ...] | list[str] = (), retrieval_style: str = "captioners",
-                   corpus_sentences: tuple[int, int] | list[int] = ()) -> dict:
+                   corpus_sentences: tuple[int, int] | list[int] = (), zeroshot_images: int | None = None,
+                   compositional_images: int | None = None) -> dict:
     """Write a synthetic world under ``out`` and return what ``world.json`` holds.
 
     ``images`` corpus pairs, captioned by ``captioners`` (profile names; empty = all six: HalDec Table F's corpus
@@ -186,7 +192,10 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     retrieval captions in ``retrieval_style`` (:func:`retrieval_item`);
     ``bench_images`` (default ``max(24, images // 4)``) bench images, each captioned by the six captioners;
     ``t2i_prompts`` (default ``max(12, bench_images // 2)``) prompts drawn by the three t2i generators; ``retrieval_images`` (default ``max(20, images // 10)``); ``pretrain_images`` (default
-    ``images``) clean pairs. Raises ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
+    ``images``) clean pairs; ``zeroshot_images`` per zero-shot task and ``compositional_images`` (each default
+    ``max(12, images // 30)``; 0 = not written). Those two sets come from their own random streams, after
+    everything else, and are not in ``world.json``: the other parts are the same bytes with or without
+    them. Raises ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
     """
     if images < 1:
         raise ValueError(f"images must be >= 1, got {images}")
@@ -204,8 +213,11 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     t2i_prompts = max(12, bench_images // 2) if t2i_prompts is None else t2i_prompts
     retrieval_images = max(20, images // 10) if retrieval_images is None else retrieval_images
     pretrain_images = images if pretrain_images is None else pretrain_images
+    zeroshot_images = max(12, images // 30) if zeroshot_images is None else zeroshot_images
+    compositional_images = max(12, images // 30) if compositional_images is None else compositional_images
     for name, v in (("bench_images", bench_images), ("t2i_prompts", t2i_prompts),
-                    ("retrieval_images", retrieval_images), ("pretrain_images", pretrain_images)):
+                    ("retrieval_images", retrieval_images), ("pretrain_images", pretrain_images),
+                    ("zeroshot_images", zeroshot_images), ("compositional_images", compositional_images)):
         if v < 0:
             raise ValueError(f"{name} must be >= 0, got {v}")
 
@@ -221,10 +233,15 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     (tmp / "retrieval" / "images").mkdir(parents=True)
 
     total = images + bench_images + t2i_prompts + retrieval_images + pretrain_images
+    total += compositional_images + zeroshot_images * len(ZEROSHOT_TASKS)
     bar = progress(total=total, desc="synth", unit="img", disable=not show_progress)
     try:
         n_rows = _write_parts(tmp, bar, seed, image_size, shard_size, images, captioners, bench_images,
                               t2i_prompts, retrieval_images, retrieval_style, held_out, pretrain_images, window)
+        if zeroshot_images:
+            write_zeroshot_tasks(tmp / "zeroshot", seed, zeroshot_images, image_size, bar)
+        if compositional_images:
+            write_compositional(tmp / "compositional", seed, compositional_images, image_size, bar)
     except BaseException:
         remove_tree(tmp, ignore_errors=True)
         raise
@@ -247,6 +264,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
             remove_tree(target)
         elif target.exists():
             remove_file(target)
+        if part in EVAL_SETS and not (tmp / part).exists():
+            continue
         replace_path(tmp / part, target)
     remove_tree(tmp, ignore_errors=True)
     return world

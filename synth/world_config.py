@@ -44,12 +44,18 @@ class WorldSettings:
                                                     "write the corpus (default), or short human-style captions over "
                                                     "families of look-alike scenes",
                                  cli={"choices": RETRIEVAL_STYLES})
+    zeroshot_images: int | None = field(None, help="images per zero-shot task (shape, colour, count of the main "
+                                                   "object; CLIP_benchmark wds layout in zeroshot/TASK); 0 = none "
+                                                   "(default max(12, images/30))")
+    compositional_images: int | None = field(None, help="images with SugarCrepe's seven hard-negative categories "
+                                                        "(compositional/); 0 = none (default max(12, images/30))")
 
     def validate(self) -> None:
         from halsift.synth.captioners import check_captioner_names
 
         for name, lo in (("images", 1), ("image_size", 32), ("shard_size", 1), ("bench_images", 0),
-                         ("t2i_prompts", 0), ("retrieval_images", 0), ("pretrain_images", 0)):
+                         ("t2i_prompts", 0), ("retrieval_images", 0), ("pretrain_images", 0),
+                         ("zeroshot_images", 0), ("compositional_images", 0)):
             v = getattr(self, name)
             if v is not None and v < lo:
                 raise ValueError(f"{name}: got {v}, expected an integer >= {lo}")

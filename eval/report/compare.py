@@ -16,10 +16,12 @@ import numpy as np
 
 from halsift.corpus.atomic import write_text_atomic
 from halsift.eval.metrics.retrieval import ranks_key
+from halsift.eval.report.beyond import add_beyond, beyond_keys, beyond_markdown, plot_gain_over_random
 from halsift.filtering.selection.manifest_scale import on_percent_scale
 
 NOT_DETECTORS = ("oracle", "random", "no-tune", "unfiltered")  # bounds and baselines: never the "best filter"
 REFERENCES = (("random", "delta_random"), ("no-tune", "delta_no_tune"))  # what the best filter is compared with
+BEYOND_COLUMNS = (("zeroshot/acc1", "zero-shot top-1"), ("compositional/mean", "compositional"))
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -276,6 +278,12 @@ def table_cells(rows: list[dict], sets: Sequence[str], k: int = 5) -> tuple[list
         cells += [_fmt(row["auroc/mean"]), _fmt(row["kept_precision"]),
                   str(row["kept"]) if row["kept"] is not None else "–", str(row["seeds"])]
         body.append(cells)
+    extra = [(m, label) for m, label in BEYOND_COLUMNS if any(m in r for r in rows)]  # beyond retrieval, if measured
+    if extra:
+        at = head.index("Δ vs random") + 1
+        head[at:at] = [label for _, label in extra]
+        for row, cells in zip(rows, body):
+            cells[at:at] = [_fmt(row.get(m), row.get(f"{m}/std")) for m, _ in extra]
     return head, body
 
 
@@ -314,8 +322,11 @@ def render_markdown(title: str, rows: list[dict], sets: Sequence[str], input_pre
     lines += ["", spearman_sentence(rows, k, spearman)]
     lines += ["", "Plots: `r_at_k.png` (R@k per filter), `auroc_vs_recall.png` (detector AUROC vs what its "
               f"filter buys), `dose_response.png` (ΔR@{k} over random vs the kept precision of each filter's "
-              "selection, with 95% CIs; no-tune dashed).", ""]
-    return "\n".join(lines)
+              "selection, with 95% CIs; no-tune dashed)"
+              + (", `gain_over_random.png` (each filter's gain over random per measure)." if beyond_keys(rows) else
+                 "."), ""]
+    section = beyond_markdown(rows, beyond_keys(rows), n_boot)
+    return "\n".join(lines) + ("\n" + section if section else "")
 
 
 def plot_rows(rows: list[dict], sets: Sequence[str], out: Path, k: int = 5) -> list[Path]:
@@ -406,7 +417,9 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
                            filters: Sequence[str] | None = None,
                            extra_reports: Mapping[str, Path] | None = None, bench_split: str = "",
                            ranks: Mapping[str, np.ndarray] | None = None, n_boot: int = 1000, seed: int = 0,
-                           samples=None, html: bool = True, guaranteed: Mapping[str, Mapping] | None = None) -> dict:
+                           samples=None, html: bool = True, guaranteed: Mapping[str, Mapping] | None = None,
+                           beyond: Mapping[str, list[dict]] | None = None,
+                           beyond_hits: Mapping[str, np.ndarray] | None = None) -> dict:
     """Write ``metrics.json``, ``report.md``, plots, ``index.html`` and (unless disabled) an offline wandb run;
     returns metrics.
 
@@ -415,6 +428,8 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
     ``samples``: a :class:`halsift.eval.report.html.SampleSet` for the page's sample browser and the wandb Table.
     ``guaranteed``: per filter, the kept share (0-100) of a guaranteed selection at each A (percent key; None: not
     certified): :mod:`halsift.eval.report.guaranteed`'s section and ``FILTER/guaranteed_kept@A`` metrics.
+    ``beyond``: ``eval/beyond.json`` (zero-shot and compositional metrics per model and seed) and ``beyond_hits``
+    its per-sample hits (``eval/beyond_hits.npz``), for :mod:`halsift.eval.report.beyond`.
     """
     from halsift.corpus.shards import write_json_atomic
 
@@ -422,6 +437,7 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
     out.mkdir(parents=True, exist_ok=True)
     rows = compare_table(retrieval, bench, selections, sets, k, filters)
     add_deltas(rows, ranks, sets, k, n_boot, seed)
+    add_beyond(rows, beyond or {}, beyond_hits, n_boot, seed)
     metrics = {f"{r['filter']}/{key}": v for r in rows for key, v in r.items()
                if key not in ("filter", "variant") and isinstance(v, (int, float)) and np.isfinite(v)}
     spearman = kept_precision_spearman(rows, k)
@@ -448,6 +464,7 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
     write_text_atomic(out / "report.md", text)
     plot_rows(rows, sets, out, k)
     plot_dose_response(rows, out, k)
+    plot_gain_over_random(rows, out, k)
     if html:
         write_html(title, rows, sets, out, k, bench, _input_precision(selections), bench_split, n_boot, spearman,
                    samples, links)
@@ -459,7 +476,9 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
 PLOTS = {"r_at_k.png": "Fine-tuned CLIP retrieval R@{k} per filter (mean ± std over seeds)",
          "auroc_vs_recall.png": "Detector AUROC on the bench vs the retrieval R@{k} its filter bought",
          "dose_response.png": "Dose-response: ΔR@{k} over random vs the kept precision of each filter's selection "
-                              "(95% CIs; no-tune dashed)"}
+                              "(95% CIs; no-tune dashed)",
+         "gain_over_random.png": "Gain over random per measure: R@{k}, zero-shot top-1 and mean per-class recall, "
+                                 "compositional mean (95% CIs)"}
 
 
 def write_html(title: str, rows: list[dict], sets: Sequence[str], out: Path, k: int, bench: Mapping[str, float],

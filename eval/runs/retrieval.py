@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Literal
 from pathlib import Path
@@ -24,13 +23,11 @@ class RetrievalEvalConfig:
                                                                       "(the same rule as training's in-loop eval)")
 
     def validate(self) -> None:
-        for name in ("model", "data"):
-            if not getattr(self, name):
-                raise ValueError(f"{name}: required")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
-        if self.pretrained and os.sep in self.pretrained and not os.path.isfile(self.pretrained):
-            raise ValueError(f"pretrained: {self.pretrained} is not a file")
+        from halsift.eval.runs.clip_model import check_model_settings
+
+        if not self.data:
+            raise ValueError("data: required")
+        check_model_settings(self.model, self.pretrained, self.batch_size)
 
 
 def render_report(metrics: dict, model: str, pretrained: str, data: str) -> str:
@@ -52,25 +49,12 @@ def run_retrieval(config: RetrievalEvalConfig) -> EvalResult:
     if not config.out:
         raise ConfigError("out: an output folder is required")
     read_retrieval(config.data)  # validate the set (errors name file:line:field) before building the model
-    import open_clip
-    import torch
-    from safetensors import SafetensorError
-
     from halsift.corpus.atomic import write_text_atomic
     from halsift.corpus.shards import write_json_atomic
     from halsift.eval.metrics.retrieval import evaluate_retrieval, retrieval_set_name, write_clip_benchmark
-    from halsift.filtering.models.clip_models import SCHEMAS, load_open_clip, register_builtin_configs
-    from halsift.filtering.models.clip_tokenizer import get_tokenizer
+    from halsift.eval.runs.clip_model import load_eval_model
 
-    register_builtin_configs()
-    if not config.model.startswith(SCHEMAS) and config.model not in open_clip.list_models():
-        raise ConfigError(f"model: {config.model!r} is not an open_clip architecture; see open_clip.list_models()")
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
-    try:
-        model, _, preprocess = load_open_clip(config.model, config.pretrained or None, device=device)
-    except SafetensorError as e:
-        raise SafetensorError(f"pretrained: {e}") from None
-    tokenizer = get_tokenizer(config.model)
+    model, preprocess, tokenizer, device = load_eval_model(config.model, config.pretrained, config.device)
     metrics = evaluate_retrieval(model, preprocess, tokenizer, config.data, device, config.batch_size,
                                  precision=config.precision)
     out = Path(config.out)

@@ -1,4 +1,5 @@
-"""The eval stage: detectors on the bench, retrieval of every fine-tuned model, the extra evaluations."""
+"""The eval stage: detectors on the bench, retrieval, zero-shot classification and compositional hard negatives of
+every fine-tuned model, the extra evaluations."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 
 
 def stage_eval(r: Recipe, p: Paths) -> dict:
-    """Detector AUROC on the bench split, retrieval of every model (base, each fine-tune), the `evals:`."""
+    """Detector AUROC on the bench split, retrieval, zero-shot and compositional accuracy of every model (base, each
+    fine-tune), the `evals:`."""
     import torch
 
     from halsift.corpus.scores import read_scores_df
@@ -25,6 +27,7 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
     from halsift.eval.metrics.retrieval import evaluate_retrieval, ranks_key, write_ranks
     from halsift.filtering.models.clip_models import load_open_clip
     from halsift.filtering.models.clip_tokenizer import get_tokenizer
+    from halsift.launch.eval_beyond import evaluate_beyond, hits_key, load_beyond_sets, write_beyond
 
     out_dir = p.stage("eval")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -42,6 +45,9 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
             models[name] = [str(d / "final" / "open_clip_model.safetensors") for d in runs]
     retrieval: dict[str, list[dict]] = {}
     ranks = {}  # per-query ranks of every model, for the report's bootstrap CIs
+    tasks, pairs = load_beyond_sets(r, p.stage("world")) if models else ({}, {})
+    beyond: dict[str, list[dict]] = {}
+    beyond_hits = {}
     for name, weights in models.items():
         for i, w in enumerate(weights):
             model, _, preprocess = load_open_clip(r.model.arch, pretrained=w, device=device)
@@ -56,7 +62,13 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
                 ranks.update({ranks_key(name, i, set_name, d): rk[d] for d in ("i2t", "t2i")})
                 ranks[f"{set_name}/text_to_image"] = rk["text_to_image"]
             retrieval.setdefault(name, []).append(res)
+            if tasks or pairs:
+                m, hits = evaluate_beyond(model, preprocess, tokenizer, tasks, pairs, device, r.eval.batch_size,
+                                          r.finetune.precision)
+                beyond.setdefault(name, []).append(m)
+                beyond_hits |= {hits_key(name, i, k): v for k, v in hits.items()}
     write_json_atomic(out_dir / "retrieval.json", retrieval)
+    write_beyond(out_dir, beyond, beyond_hits)
     if ranks:
         write_ranks(out_dir / "retrieval_ranks.npz", ranks)
     extra = run_extra_evals(r, out_dir)
@@ -79,4 +91,4 @@ def run_extra_evals(r: Recipe, out_dir: Path) -> dict:
     return done
 
 
-STAGE = Stage("eval", ("eval", "evals"), stage_eval)
+STAGE = Stage("eval", ("eval", "evals"), stage_eval)  # data.zeroshot / .compositional: "data" feeds pretrain

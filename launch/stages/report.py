@@ -26,6 +26,9 @@ def stage_report(r: Recipe, p: Paths) -> dict:
     ranks = read_ranks(ranks_file) if ranks_file.exists() else None
     bench_file = p.stage("eval") / "bench" / "metrics.json"
     bench = json.loads(bench_file.read_text()) if bench_file.exists() else {}
+    beyond_file, hits_file = p.stage("eval") / "beyond.json", p.stage("eval") / "beyond_hits.npz"
+    beyond = json.loads(beyond_file.read_text()) if beyond_file.exists() else {}
+    beyond_hits = read_ranks(hits_file) if hits_file.exists() else None
     selections = {}
     for name in filter_names(r):
         mpath = p.named("select", name) / "manifest.json"
@@ -35,7 +38,8 @@ def stage_report(r: Recipe, p: Paths) -> dict:
                                      filters=[n for n in scored_names(r) if p.named("score", n).exists()],
                                      extra_reports={n: p.stage("eval") / n / "report.md" for n in r.evals.enabled()},
                                      bench_split=r.eval.bench_split, ranks=ranks, seed=r.seed,
-                                     samples=report_samples(r, p), guaranteed=report_rows(r, p, scored_names(r)))
+                                     samples=report_samples(r, p), guaranteed=report_rows(r, p, scored_names(r)),
+                                     beyond=beyond, beyond_hits=beyond_hits)
     return {"metrics": metrics}
 
 

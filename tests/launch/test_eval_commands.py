@@ -17,6 +17,8 @@ OLD_FLAGS = {  # the flags of each command before they were generated from the c
     "ihalla": "--out --synthetic --answerer --answer-mode --prompts --seed --qa --predictions --reference",
     "vope": "--out --synthetic --images --seed --responses --unparsed --vocab",
     "vigil": "--out --synthetic --per-category --seed --annotations --root",
+    "zeroshot": "--model --pretrained --data --out",  # the flags issue 33 names
+    "compositional": "--model --pretrained --data --images --out",
 }
 
 

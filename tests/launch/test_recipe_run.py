@@ -96,6 +96,13 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     metrics = json.loads((run / "report" / "metrics.json").read_text())
     assert metrics["oracle/auroc/mean"] == 100.0 and metrics["oracle/kept_precision"] == 100.0
     _check_retrieval(run, ["no-tune", *filters])
+    # zero-shot and compositional accuracy of every model, on the world's sets, in the report (issue 33)
+    beyond = json.loads((run / "eval" / "beyond.json").read_text())
+    assert set(beyond) == {"no-tune", *filters, "oracle@0.5"}
+    measures = {"zeroshot/shape/acc1", "zeroshot/acc1", "compositional/swap_obj", "compositional/mean"}
+    assert measures <= set(beyond["judge"][0])
+    assert metrics["oracle/compositional/mean"] == beyond["oracle"][0]["compositional/mean"]
+    assert "| zero-shot top-1 | compositional |" in report and (run / "report" / "gain_over_random.png").exists()
     for png in (run / "report").glob("*.png"):
         Image.open(png).verify()
     for extra in ("ihalla", "vope", "vigil"):

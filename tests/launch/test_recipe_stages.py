@@ -51,16 +51,19 @@ def old_stage_fingerprints(r) -> dict[str, dict]:
 # with old_stage_fingerprints above and say so in the commit (existing run folders re-run from that stage).
 # Since 608b057: the score section gained `max_parse_failures` (issue 35), so score and every stage after it moved;
 # the select section became `halsift select`'s fields (top_k's default 0 -> null, the command's) and gained the
-# composed-selection and guaranteed-selection keys (issues 31, 32), so select and every stage after it moved.
+# composed-selection and guaranteed-selection keys (issues 31, 32), so select and every stage after it moved;
+# issue 33: world gained zeroshot_images / compositional_images, data gained zeroshot / compositional, eval gained
+# zeroshot / compositional: every stage moved (existing runs re-run from the world stage, which writes the new sets).
 QUICKSTART = {
-    "world": ("1cb685049a0fdb3a", {"seed": "5feceb66ffc86f38", "world": "da17ca1e097bf1c8"}),
-    "pretrain": ("24c318468bdadd34", {"data": "5031051ce58909b3", "model": "980c750c33c77a7a", "pretrain": "0ff8129adb5f1f21"}),
-    "detectors": ("bd753007d65003a8", {"detectors": "ffedc5abd8f933dc"}),
-    "score": ("55c20d41bdd16d26", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
-    "select": ("fb917496abee4ab5", {"select": "f3463167872114d3"}),
-    "finetune": ("a22b11bbdffe6a8a", {"finetune": "326249b506be0f30"}),
-    "eval": ("683f752590879653", {"eval": "28726c73a4b4101b", "evals": "566be1eec8e9a06e"}),
-    "report": ("9cd7c89ac4dee9bd", {"name": "9cff4eeb32be37bd"}),
+    "world": ("9fee5a4311743fbc", {"seed": "5feceb66ffc86f38", "world": "d9ac65e84e64c57f"}),
+    "pretrain": ("9502a66d8a253946", {"data": "cef95a3a080af27b",
+                                      "model": "980c750c33c77a7a", "pretrain": "0ff8129adb5f1f21"}),
+    "detectors": ("22d21ef3ef63c039", {"detectors": "ffedc5abd8f933dc"}),
+    "score": ("8614074c3097c64d", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
+    "select": ("cea72ae21a150646", {"select": "f3463167872114d3"}),
+    "finetune": ("bd3750cd31a9c12d", {"finetune": "326249b506be0f30"}),
+    "eval": ("f8fab944e5ab29e4", {"eval": "2a954114747a80c9", "evals": "566be1eec8e9a06e"}),
+    "report": ("11341ab59ad83aaa", {"name": "9cff4eeb32be37bd"}),
 }
 
 
