@@ -96,7 +96,7 @@ def clip_benchmark_result(metrics: dict, dataset: str, model: str, pretrained: s
     for k in ks:
         out[f"image_retrieval_recall@{k}"] = metrics[f"t2i/r@{k}"] / 100.0
         out[f"text_retrieval_recall@{k}"] = metrics[f"i2t/r@{k}"] / 100.0
-    return {"dataset": dataset, "model": model, "pretrained": pretrained or "random-init",
+    return {"dataset": dataset, "model": model, "pretrained": "random-init" if pretrained in ("", "random") else pretrained,
             "task": "zeroshot_retrieval", "metrics": out, "language": "en"}
 
 

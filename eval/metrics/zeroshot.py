@@ -64,5 +64,5 @@ def clip_benchmark_result(metrics: dict, dataset: str, model: str, pretrained: s
     for k in ("acc1", "acc5", "mean_per_class_recall"):
         v = metrics.get(f"zeroshot/{k}", float("nan"))
         out[k] = v / 100.0 if np.isfinite(v) else None
-    return {"dataset": dataset, "model": model, "pretrained": pretrained or "random-init",
+    return {"dataset": dataset, "model": model, "pretrained": "random-init" if pretrained in ("", "random") else pretrained,
             "task": "zeroshot_classification", "metrics": out, "language": "en"}

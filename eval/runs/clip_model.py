@@ -22,23 +22,19 @@ def check_model_settings(model: str, pretrained: str, batch_size: int) -> None:
 
 
 def load_eval_model(model: str, pretrained: str, device: str):
-    """``(model, preprocess, tokenizer, device)`` as ``eval retrieval`` loads them (``auto`` device resolved)."""
-    import open_clip
+    """``(model, preprocess, tokenizer, device)`` through the one open_clip loader
+    (:func:`halsift.filtering.models.clip_models.load_clip`: random weights only when asked for by name,
+    ``--pretrained random``, seeded; ``.safetensors`` files only), the ``auto`` device resolved."""
     import torch
-    from safetensors import SafetensorError
 
-    from halsift.filtering.models.clip_models import SCHEMAS, load_open_clip, register_builtin_configs
-    from halsift.filtering.models.clip_tokenizer import get_tokenizer
+    from halsift.filtering.models.clip_models import load_clip
 
-    register_builtin_configs()
-    if not model.startswith(SCHEMAS) and model not in open_clip.list_models():
-        raise ConfigError(f"model: {model!r} is not an open_clip architecture; see open_clip.list_models()")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     try:
-        m, _, preprocess = load_open_clip(model, pretrained or None, device=device)
-    except SafetensorError as e:
-        raise SafetensorError(f"pretrained: {e}") from None
-    return m, preprocess, get_tokenizer(model), device
+        m, preprocess, tokenizer = load_clip(model, pretrained or None)
+    except ValueError as e:
+        raise ConfigError(str(e).replace("pretrained=", "--pretrained ").replace("arch=", "model=")) from None
+    return m.to(device), preprocess, tokenizer, device
 
 
 def encode_images(model, images: Iterable, device, batch_size: int, precision: str = "auto",

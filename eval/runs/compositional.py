@@ -16,7 +16,8 @@ from halsift.eval.result import EvalResult
 @dataclass
 class CompositionalEvalConfig:
     model: str = field("", help="open_clip architecture (or halsift-tiny)")
-    pretrained: str = field("", help="pretrained tag or weights file (e.g. RUN/final/open_clip_model.safetensors)")
+    pretrained: str = field("", help="pretrained tag, weights file (e.g. RUN/final/open_clip_model.safetensors) or "
+                                     "random (a seeded random init, asked for by name)")
     data: str = field("", help="SugarCrepe category JSON ({id: {filename, caption, negative_caption}}, named "
                                "CATEGORY.json) or a folder of them")
     images: str = field("", help="the image folder the JSON filenames are relative to ('' = DATA's folder/images)")

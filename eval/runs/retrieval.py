@@ -13,7 +13,8 @@ from halsift.eval.result import EvalResult
 @dataclass
 class RetrievalEvalConfig:
     model: str = field("", help="open_clip architecture (or halsift-tiny)")
-    pretrained: str = field("", help="pretrained tag or weights file (e.g. RUN/final/open_clip_model.safetensors)")
+    pretrained: str = field("", help="pretrained tag, weights file (e.g. RUN/final/open_clip_model.safetensors) or "
+                                     "random (a seeded random init, asked for by name)")
     data: str = field("", help="retrieval set: retrieval.jsonl or its folder")
     out: str = field("", help="writes metrics.json, report.md and clip_benchmark.json (CLIP_benchmark's result "
                               "layout, for `clip_benchmark build`) here")

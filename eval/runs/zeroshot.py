@@ -18,7 +18,8 @@ METRICS = ("acc1", "acc5", "mean_per_class_recall")
 @dataclass
 class ZeroshotEvalConfig:
     model: str = field("", help="open_clip architecture (or halsift-tiny)")
-    pretrained: str = field("", help="pretrained tag or weights file (e.g. RUN/final/open_clip_model.safetensors)")
+    pretrained: str = field("", help="pretrained tag, weights file (e.g. RUN/final/open_clip_model.safetensors) or "
+                                     "random (a seeded random init, asked for by name)")
     data: str = field("", help="a CLIP_benchmark wds folder (SPLIT/nshards.txt, SPLIT/*.tar, classnames.txt, "
                                "zeroshot_classification_templates.txt) or an ImageFolder (one folder per class)")
     out: str = field("", help="writes metrics.json, report.md and clip_benchmark.json (CLIP_benchmark's result "

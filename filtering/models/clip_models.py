@@ -181,7 +181,11 @@ def load_clip(arch: str, pretrained: str | None = None, checkpoint: str | None =
             tokenizer = get_tokenizer(arch)
     except WeightsFormatError:
         raise
-    except (RuntimeError, OSError, ValueError, SafetensorError) as e:  # hub misses, missing/bad files, a bad config
+    except SafetensorError as e:  # a damaged local weights file: name it, no hub advice
+        if pretrained and os.path.isfile(pretrained):
+            raise ValueError(f"pretrained={pretrained!r}: {e}") from None
+        raise ValueError(_load_error(what, e)) from e
+    except (RuntimeError, OSError, ValueError) as e:  # hub misses, missing/bad files, a bad config
         raise ValueError(_load_error(what, e)) from e
     if checkpoint:
         state = read_safetensors(checkpoint, "checkpoint")

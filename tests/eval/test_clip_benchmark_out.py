@@ -61,7 +61,8 @@ def two_runs(tmp_path_factory) -> tuple[list[str], list[dict]]:
     outs, ours = [], []
     for name in ("a", "b"):
         out = tmp / name
-        assert main(["eval", "retrieval", "--model", "halsift-tiny", "--data", str(tmp / "flickr_mini"),
+        assert main(["eval", "retrieval", "--model", "halsift-tiny", "--pretrained", "random", "--data",
+                     str(tmp / "flickr_mini"),
                      "--out", str(out), "--device", "cpu"]) == 0
         outs.append(str(out / "clip_benchmark.json"))
         ours.append(json.loads((out / "metrics.json").read_text()))

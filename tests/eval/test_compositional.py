@@ -46,7 +46,8 @@ def sugarcrepe_fixture(root, missing: bool = False):
 
 def test_cli_writes_metrics_and_sugarcrepe_json(tmp_path, capsys):
     root = sugarcrepe_fixture(tmp_path / "sc")
-    assert main(["eval", "compositional", "--model", "halsift-tiny", "--device", "cpu", "--data", str(root),
+    assert main(["eval", "compositional", "--model", "halsift-tiny", "--pretrained", "random", "--device", "cpu",
+                 "--data", str(root),
                  "--images", str(root / "images"), "--out", str(tmp_path / "o")]) == 0
     m = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert set(m) == {"compositional/replace_att", "compositional/add_obj", "compositional/mean",
@@ -69,7 +70,8 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, capsys, case, message):
         (root / "replace_att.json").write_text(json.dumps({"0": {"filename": "0.png", "caption": "a"}}))
     if case == "not json":
         (root / "replace_att.json").write_text("{")
-    code = main(["eval", "compositional", "--model", "halsift-tiny", "--device", "cpu", "--data", str(root),
+    code = main(["eval", "compositional", "--model", "halsift-tiny", "--pretrained", "random", "--device", "cpu",
+                 "--data", str(root),
                  "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and re.search(message, err), err

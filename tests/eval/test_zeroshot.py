@@ -119,7 +119,7 @@ def test_equals_clip_benchmark(tmp_path, monkeypatch):
 
 
 def _run(args: list[str], capsys) -> tuple[int, str]:
-    code = main(["eval", "zeroshot", "--model", "halsift-tiny", "--device", "cpu", *args])
+    code = main(["eval", "zeroshot", "--model", "halsift-tiny", "--pretrained", "random", "--device", "cpu", *args])
     return code, capsys.readouterr().err.strip()
 
 
@@ -194,3 +194,15 @@ def test_imagefolder_without_classnames_uses_folder_names_and_counts_must_match(
     (tmp_path / "classnames.txt").write_text("cat\n")
     with pytest.raises(ClassificationFormatError, match=r"classnames\.txt: 1 class names for 2 class folders"):
         read_classification(tmp_path)
+
+
+def test_no_weights_is_refused_unless_random_is_asked_for_by_name(tmp_path, capsys):
+    """The one open_clip loader's rule holds for evaluations too: no silent, unseeded random init."""
+    root = wds_fixture(tmp_path / "fix")
+    code = main(["eval", "zeroshot", "--model", "halsift-tiny", "--device", "cpu", "--data", str(root),
+                 "--out", str(tmp_path / "o")])
+    assert code == 2 and "would score with random weights" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "metrics.json").exists()
+    runs = [json.loads(((tmp_path / o) / "metrics.json").read_text()) for o in ("a", "b")
+            if _run(["--data", str(root), "--out", str(tmp_path / o)], capsys)[0] == 0]
+    assert len(runs) == 2 and runs[0] == runs[1]  # pretrained=random is seeded: the same model twice
