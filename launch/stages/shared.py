@@ -29,7 +29,8 @@ def bench_subset(bench: str, split: str, out: Path) -> str:
         return ""
     if not split:
         return bench
-    target = out / f"bench_{safe_component(split, 'bench_split', is_key=False)}" / "bench.jsonl"
+    folder = "+".join(s.strip() for s in split.split(","))  # train,val -> bench_train+val
+    target = out / f"bench_{safe_component(folder, 'bench_split', is_key=False)}" / "bench.jsonl"
     source = target.with_name("source.json")
     ident = {"bench": str(Path(bench).resolve()), "split": split, "fingerprint": path_fingerprint(bench)}
     try:
