@@ -57,6 +57,7 @@ def run_retrieval(config: RetrievalEvalConfig) -> EvalResult:
     from safetensors import SafetensorError
 
     from halsift.corpus.atomic import write_text_atomic
+    from halsift.corpus.percent import mark_percent
     from halsift.corpus.shards import write_json_atomic
     from halsift.eval.metrics.retrieval import evaluate_retrieval, retrieval_set_name, write_clip_benchmark
     from halsift.filtering.models.clip_models import SCHEMAS, load_open_clip, register_builtin_configs
@@ -75,7 +76,7 @@ def run_retrieval(config: RetrievalEvalConfig) -> EvalResult:
                                  precision=config.precision)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "metrics.json", metrics)
+    write_json_atomic(out / "metrics.json", mark_percent(metrics))  # R@k: percentages
     write_clip_benchmark(out / "clip_benchmark.json", metrics, retrieval_set_name(config.data), config.model,
                          config.pretrained)
     report = write_text_atomic(out / "report.md", render_report(metrics, config.model, config.pretrained,
