@@ -57,18 +57,21 @@ def write_outputs(out_dir: str | os.PathLike, metrics: Mapping[str, float], md: 
     return EvalResult(flat, out, Path(report), out / "metrics.json", [p for _, p in plots], dict(files))
 
 
-def older_scale_note(out_dir: str | os.PathLike) -> str:
-    """A markdown line for a report folder whose ``metrics.json`` lacks ``"scale": 100`` (an earlier halsift's:
-    its rates and F1 are shares, 0–1); '' when it is marked or absent."""
+def with_scale_note(report: str, out_dir: str | os.PathLike) -> str:
+    """``report`` (markdown) with a note under its first line when ``out_dir/metrics.json`` lacks
+    ``"scale": 100`` (an earlier halsift's: its rates and F1 are shares, 0–1); as it is when marked or absent."""
     import json
 
     path = Path(out_dir) / "metrics.json"
     try:
         marked = json.loads(path.read_text()).get(SCALE_KEY) == SCALE
     except (OSError, ValueError, AttributeError):
-        return ""
-    return "" if marked else (f"> Written by an earlier halsift (`{path}` has no `scale: 100`): its rates and F1 "
-                              "are shares (0–1), not percentages; rerun the evaluation for percentages.\n\n")
+        return report
+    if marked:
+        return report
+    head, _, rest = report.partition("\n")
+    return (f"{head}\n\n> Written by an earlier halsift (`{path}` has no `scale: 100`): its rates and F1 are shares "
+            f"(0–1), not percentages; rerun the evaluation for percentages.\n{rest}")
 
 
-__all__ = ["NA", "older_scale_note", "EvalResult", "fmt", "md_table", "write_text_atomic", "flat_metrics", "save_plot", "write_outputs"]
+__all__ = ["NA", "with_scale_note", "EvalResult", "fmt", "md_table", "write_text_atomic", "flat_metrics", "save_plot", "write_outputs"]
