@@ -160,7 +160,8 @@ def records_frame(records: Sequence[VopeRecord]) -> pd.DataFrame:
 
 def vope_metrics(records: Sequence[VopeRecord]) -> dict[str, float]:
     """Flat metrics per (model, task) and per model: ``<model>/<task>/{hal_d,hal_i,exp,chair_i}``, set sizes,
-    ``unparsed_rate``, ``defaulted_rate`` (rates in %, 0–100; of the objects mentioned); relevance score counts ``<model>/<task>/relevance/{D_H,I_T}/{1,2,3}`` when judged."""
+    ``unparsed_rate``, ``defaulted_rate`` (rates in %, 0–100; of the objects mentioned); relevance score counts
+    ``<model>/<task>/relevance/{D_H,I_T}/{1,2,3}`` when judged."""
     if not records:
         raise ValueError("vope_metrics: no records")
     df = records_frame(records)

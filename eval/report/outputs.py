@@ -44,8 +44,8 @@ def save_plot(out_dir: Path, name: str, draw: Callable, figsize: tuple[float, fl
 
 def write_outputs(out_dir: str | os.PathLike, metrics: Mapping[str, float], md: Sequence[str],
                   plots: Sequence[tuple[str, Path]] = (), **files: Path) -> EvalResult:
-    """Write ``metrics.json`` (marked ``"scale": 100``) and ``report.md`` (markdown lines + an embedded plot section) under ``out_dir``;
-    ``files`` names the other outputs already written there (for the result)."""
+    """Write ``metrics.json`` (marked ``"scale": 100``) and ``report.md`` (markdown lines + an embedded plot
+    section) under ``out_dir``; ``files`` names the other outputs already written there (for the result)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     flat = mark_percent(flat_metrics(metrics))  # every share in it is a percentage
@@ -74,4 +74,5 @@ def with_scale_note(report: str, out_dir: str | os.PathLike) -> str:
             f"(0–1), not percentages; rerun the evaluation for percentages.\n{rest}")
 
 
-__all__ = ["NA", "with_scale_note", "EvalResult", "fmt", "md_table", "write_text_atomic", "flat_metrics", "save_plot", "write_outputs"]
+__all__ = ["NA", "EvalResult", "fmt", "md_table", "write_text_atomic", "flat_metrics", "save_plot", "write_outputs",
+           "with_scale_note"]
