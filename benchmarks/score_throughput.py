@@ -184,7 +184,7 @@ def main(argv=None) -> int:
                                 "bare_sentences_per_s": round(bare[b], 2), "pipeline_efficiency": round(eff, 3),
                                 "time_share": ts, **({"cpu_ms_per_sentence": cpu} if cpu else {})})
             print(f"{procs:>5} {b:>6} {m['sentences_per_s']:>10.1f} {bare[b]:>10.1f} {eff:>7.2f} "
-                  f"{100 * ts['data']:>7.1f} {100 * ts['model']:>8.1f} {100 * ts.get('decode', 0):>9.1f}"
+                  f"{ts['data']:>7.1f} {ts['model']:>8.1f} {ts.get('decode', 0):>9.1f}"  # the manifest's %
                   + (f"  {cpu['main']:.3f} + {cpu['workers']:.3f}" if cpu else ""), flush=True)
     one = {r["batch"]: r["sentences_per_s"] for r in res["runs"] if r["procs"] == 1}
     for r in res["runs"]:

@@ -5,7 +5,7 @@
 
 Prints the median per-step samples/s (first steps dropped as warm-up) and the peak memory of each, and the
 ratio halsift / open_clip; on a GPU also the model FLOP utilisation (MFU: training FLOPs per sample, counted by
-``torch.utils.flop_counter`` on one forward + backward, times samples/s, over ``--peak-tflops``). Peak memory is the largest process's RSS on CPU, and ``nvidia-smi``'s peak
+``torch.utils.flop_counter`` on one forward + backward, times samples/s, over ``--peak-tflops``, in %). Peak memory is the largest process's RSS on CPU, and ``nvidia-smi``'s peak
 ``used_memory`` on GPU. open_clip_train is run through ``open_clip_train.main.main(argv)`` in a child process
 (after registering halsift's tiny config, which its CLI cannot add); its own data loader, loss and loop are used.
 Never pass/fail: it prints numbers.
@@ -24,6 +24,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from halsift.corpus.percent import percent
 
 _WRAP = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; "
          "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True); sys.exit(rc)")
@@ -155,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         flops = train_flops_per_sample(args.model, args.batch_size)
         res.update({"train_gflops_per_sample": round(flops / 1e9, 2), "halsift_gpu_peak_mib": hs_gpu,
                     "open_clip_gpu_peak_mib": oc_gpu,
-                    "halsift_mfu": round(flops * hs_rate / (args.peak_tflops * 1e12), 4),
-                    "open_clip_mfu": round(flops * oc_rate / (args.peak_tflops * 1e12), 4)})
-        print(f"MFU: halsift {res['halsift_mfu']:.3f}, open_clip_train {res['open_clip_mfu']:.3f} "
+                    "halsift_mfu": percent(flops * hs_rate / (args.peak_tflops * 1e12), 2),  # %
+                    "open_clip_mfu": percent(flops * oc_rate / (args.peak_tflops * 1e12), 2)})
+        print(f"MFU: halsift {res['halsift_mfu']:.1f}%, open_clip_train {res['open_clip_mfu']:.1f}% "
               f"({res['train_gflops_per_sample']} GFLOP per sample, peak {args.peak_tflops} TFLOP/s)")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
             tables[w] = [pq.read_table(p) for p in sorted((root / f"out{w}").glob("part-*.parquet"))]
             res[f"workers{w}/sentences_per_s"] = m["sentences_per_s"]
             res[f"workers{w}/time_share"] = m["time_share"]
-            print(f"decode workers {w}: {m['sentences_per_s']:.1f} sentences/s  time share {m['time_share']}",
+            print(f"decode workers {w}: {m['sentences_per_s']:.1f} sentences/s  time share (%) {m['time_share']}",
                   flush=True)
         first = tables[args.workers[0]]
         res["identical_scores"] = all(len(t) == len(first) and all(a.equals(b) for a, b in zip(first, t))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from .scene import SHAPES, Scene, sample_scene
 from .ihalla import SynthImage
+from halsift.corpus.percent import percent
 from halsift.eval.metrics.vope import ObjectVocabulary, VopeRecord, evaluate_response
 from halsift.eval.runs.vope import VopeRecords
 
@@ -143,10 +144,11 @@ def run_synthetic(n_images: int = 100, seed: int = 0, profiles: Sequence[Respond
 
 
 def designed_rates(profile: ResponderProfile, task: str) -> dict[str, float]:
-    """The expected Hal-D, Hal-I, Exp and CHAIR_i of a profile on a task."""
+    """The expected Hal-D, Hal-I, Exp and CHAIR_i of a profile on a task, in % (0–100) like the measured ones."""
     e = profile.exp(task)
-    return {"hal_d": profile.hal_d, "hal_i": profile.hal_i, "exp": e,
-            "chair_i": (1 - e) * profile.hal_d + e * (1 - profile.hal_i)}
+    shares = {"hal_d": profile.hal_d, "hal_i": profile.hal_i, "exp": e,
+              "chair_i": (1 - e) * profile.hal_d + e * (1 - profile.hal_i)}
+    return {k: percent(v) for k, v in shares.items()}
 
 
 def synthetic_records(cfg) -> VopeRecords:

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from halsift.corpus.errors import InputError
+from halsift.corpus.percent import percent
 
 COUNT_COLUMNS = ("n_correct", "n_incorrect", "n_unknown")
 
@@ -51,7 +52,8 @@ def has_counts(df: pd.DataFrame) -> bool:
 def bench_agreement(df: pd.DataFrame) -> dict[str, float]:
     """Fleiss' kappa over the bench rows (columns n_correct, n_incorrect, n_unknown), overall and per generator.
 
-    Returns flat keys ``agreement/kappa``, ``agreement/p_bar`` and ``agreement/kappa/<generator>``. Rows without
+    Returns flat keys ``agreement/kappa``, ``agreement/p_bar`` (observed agreement, %, 0–100) and
+    ``agreement/kappa/<generator>`` (kappa is a coefficient, -1..1, not a share). Rows without
     counts are skipped; a generator whose kappa is undefined (e.g. all one label) is left out.
     """
     missing = [col for col in COUNT_COLUMNS if col not in df.columns]
@@ -59,7 +61,7 @@ def bench_agreement(df: pd.DataFrame) -> dict[str, float]:
         raise AgreementError(f"agreement: bench rows lack the count field(s) {missing}")
     d = df.dropna(subset=list(COUNT_COLUMNS))
     overall = fleiss_kappa(d[list(COUNT_COLUMNS)].to_numpy())
-    out = {"agreement/kappa": overall["kappa"], "agreement/p_bar": overall["p_bar"]}
+    out = {"agreement/kappa": overall["kappa"], "agreement/p_bar": percent(overall["p_bar"])}
     if "generator" in d.columns:
         for gen, g in d.groupby("generator", sort=True):
             try:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from halsift.corpus.percent import percent, ratio_percent
 from halsift.filtering.detectors.marked_spans import Span, parse_marked, unwrap_output  # noqa: F401 (re-exported)
 
 IOU_THRESHOLD = 0.3
@@ -59,6 +60,5 @@ def localization_metrics(preds: Sequence[Sequence[Sequence[int]]], gts: Sequence
             n_pred += 1
             n_hit += max(span_iou(span, gs) for gs in g) >= threshold - 1e-12  # 0.3 inclusive despite float error
         ious.append(set_iou(p, g))
-    return {"ap": 100.0 * n_hit / n_pred if n_pred else float("nan"),
-            "miou": 100.0 * float(np.mean(ious)) if ious else float("nan"),
+    return {"ap": ratio_percent(n_hit, n_pred), "miou": percent(np.mean(ious)) if ious else float("nan"),
             "n_sentences": n, "n_pred": n_pred, "n_hit": n_hit}

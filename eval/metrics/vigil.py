@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from halsift.corpus.errors import InputError
+from halsift.corpus.percent import percent
 
 TYPES = ("objects", "background", "object_omission")
 
@@ -348,12 +349,12 @@ def label_matrix(items: Sequence[dict[str, bool]]) -> np.ndarray:
 
 
 def multilabel_f1(y_true: np.ndarray, y_pred: np.ndarray, categories: Sequence[str] | None = None) -> dict[str, float]:
-    """F1 per type (sklearn, zero_division=0) and its macro over types; with ``categories`` also the macro per
-    category and the macro over categories."""
+    """F1 per type (sklearn, zero_division=0, in % like the paper's tables: 0–100) and its macro over types; with
+    ``categories`` also the macro per category and the macro over categories."""
     from sklearn.metrics import f1_score
 
     def per_type(t: np.ndarray, p: np.ndarray) -> dict[str, float]:
-        f = {ty: float(f1_score(t[:, k], p[:, k], zero_division=0)) for k, ty in enumerate(TYPES)}
+        f = {ty: percent(f1_score(t[:, k], p[:, k], zero_division=0)) for k, ty in enumerate(TYPES)}
         f["macro"] = float(np.mean([f[ty] for ty in TYPES]))
         return f
 

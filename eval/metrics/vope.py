@@ -10,6 +10,8 @@ ground-truth presence every object falls in one set:
     Hal-D = |D_H| / (|D_T| + |D_H|)      Hal-I = |I_H| / (|I_T| + |I_H|)
     Exp   = (|I_T| + |I_H|) / all        CHAIR_i = (|D_H| + |I_T|) / all   (Eqs. 1-4)
 
+All four, and the unparsed and defaulted rates, are percentages (0–100), like the paper's tables.
+
 Objects are counted once per response. A re-check answer is read as yes/no from its start ("Yes, ...", "No.") or
 from a clear free-form statement ("There is a dog ...", "There is no dog", "I don't see a dog"). One that is neither
 is a parse failure: by default the object is left out of the four sets and counted in ``unparsed``; with
@@ -26,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pandas as pd
+
+from halsift.corpus.percent import ratio_percent
 
 SETS = ("D_T", "D_H", "I_T", "I_H")
 
@@ -138,12 +142,12 @@ def evaluate_response(model: str, task: str, image_id: str, image: Any, response
 
 
 def vope_rates(counts: Mapping[str, int]) -> dict[str, float]:
-    """Hal-D, Hal-I, Exp and CHAIR_i from the sizes of D_T, D_H, I_T, I_H (NaN where a denominator is 0)."""
+    """Hal-D, Hal-I, Exp and CHAIR_i (%, 0–100) from the sizes of D_T, D_H, I_T, I_H (NaN where a denominator
+    is 0)."""
     dt, dh, it, ih = (int(counts.get(s, 0)) for s in SETS)
-    nan = float("nan")
     allc = dt + dh + it + ih
-    return {"hal_d": dh / (dt + dh) if dt + dh else nan, "hal_i": ih / (it + ih) if it + ih else nan,
-            "exp": (it + ih) / allc if allc else nan, "chair_i": (dh + it) / allc if allc else nan}
+    return {"hal_d": ratio_percent(dh, dt + dh), "hal_i": ratio_percent(ih, it + ih),
+            "exp": ratio_percent(it + ih, allc), "chair_i": ratio_percent(dh + it, allc)}
 
 
 def records_frame(records: Sequence[VopeRecord]) -> pd.DataFrame:
@@ -156,7 +160,8 @@ def records_frame(records: Sequence[VopeRecord]) -> pd.DataFrame:
 
 def vope_metrics(records: Sequence[VopeRecord]) -> dict[str, float]:
     """Flat metrics per (model, task) and per model: ``<model>/<task>/{hal_d,hal_i,exp,chair_i}``, set sizes,
-    ``unparsed_rate``, ``defaulted_rate``; relevance score counts ``<model>/<task>/relevance/{D_H,I_T}/{1,2,3}`` when judged."""
+    ``unparsed_rate``, ``defaulted_rate`` (rates in %, 0–100; of the objects mentioned); relevance score counts
+    ``<model>/<task>/relevance/{D_H,I_T}/{1,2,3}`` when judged."""
     if not records:
         raise ValueError("vope_metrics: no records")
     df = records_frame(records)
@@ -170,8 +175,8 @@ def vope_metrics(records: Sequence[VopeRecord]) -> dict[str, float]:
         for s in SETS:
             m[f"{prefix}/n/{s}"] = counts[s]
         mentioned = sum(counts.values()) + int(g["unparsed"].sum())
-        m[f"{prefix}/unparsed_rate"] = int(g["unparsed"].sum()) / mentioned if mentioned else float("nan")
-        m[f"{prefix}/defaulted_rate"] = int(g["defaulted"].sum()) / mentioned if mentioned else float("nan")
+        m[f"{prefix}/unparsed_rate"] = ratio_percent(int(g["unparsed"].sum()), mentioned)
+        m[f"{prefix}/defaulted_rate"] = ratio_percent(int(g["defaulted"].sum()), mentioned)
     judged = [r for r in records if r.relevance]
     for r in judged:
         for s in ("D_H", "I_T"):
@@ -183,15 +188,15 @@ def vope_metrics(records: Sequence[VopeRecord]) -> dict[str, float]:
 
 
 def chair_i(records: Sequence[VopeRecord], present: Mapping[str, Iterable[str]]) -> float:
-    """CHAIR_i computed directly (objects mentioned but absent from the image / objects mentioned), ignoring the
-    re-check answers: the quantity Eq. 4 rewrites as (|D_H| + |I_T|) / all."""
+    """CHAIR_i (%, 0–100) computed directly (objects mentioned but absent from the image / objects mentioned),
+    ignoring the re-check answers: the quantity Eq. 4 rewrites as (|D_H| + |I_T|) / all."""
     absent = total = 0
     for r in records:
         truth = set(present[r.image_id])
         objs = [o for s in SETS for o in r.objects[s]]
         total += len(objs)
         absent += sum(o not in truth for o in objs)
-    return absent / total if total else float("nan")
+    return ratio_percent(absent, total)
 
 
 def read_responses(path) -> list[dict]:

@@ -317,7 +317,7 @@ def write_report(out_dir: str | os.PathLike, bench: pd.DataFrame, results: Seque
     if "agreement/kappa" in metrics:
         md += ["## Inter-annotator agreement", "",
                f"Fleiss' kappa = {metrics['agreement/kappa']:.3f}, observed agreement P̄ = "
-               f"{metrics['agreement/p_bar']:.3f}.", ""]
+               f"{metrics['agreement/p_bar']:.1f}%.", ""]
     notes = [f"- {r.name}: {n}" for r in results for n in r.notes]
     if notes:
         md += ["## Notes (n/a cells and data problems)", ""] + notes + [""]

@@ -17,6 +17,7 @@ import numpy as np
 from halsift.corpus.atomic import write_text_atomic
 from halsift.eval.metrics.retrieval import ranks_key
 from halsift.eval.report.beyond import add_beyond, beyond_keys, beyond_markdown, plot_gain_over_random
+from halsift.eval.report.outputs import with_scale_note
 from halsift.filtering.selection.manifest_scale import on_percent_scale
 
 NOT_DETECTORS = ("oracle", "random", "no-tune", "unfiltered")  # bounds and baselines: never the "best filter"
@@ -459,7 +460,8 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
             f"- {name}: `{os.path.relpath(path, out)}`\n" for name, path in links.items()) + "\n"
         for name, path in (extra_reports or {}).items():
             if Path(path).exists():
-                text += "\n---\n\n" + Path(path).read_text().replace("\n# ", "\n## ", 1) + "\n"
+                text += "\n---\n\n" + with_scale_note(Path(path).read_text().replace("\n# ", "\n## ", 1),
+                                                       Path(path).parent) + "\n"
 
     write_text_atomic(out / "report.md", text)
     plot_rows(rows, sets, out, k)

@@ -8,7 +8,8 @@ Metric keys (DESIGN.md "Metrics"); ``P`` is empty with one detector and ``<detec
 ``P position/<i>/correct|incorrect``, ``P localization/ap|miou`` (mean over generators) and
 ``P localization/ap|miou/<generator>``, ``<ensemble>/auroc_gain/<generator>|mean``,
 ``self_preference/<detector>/<generator>``, ``bench/...`` (sizes, incorrect rate by position),
-and percentages (precision, base rate, failure and incorrect rates) on the 0–100 scale of AUROC,
+and percentages (precision, base rate, failure and incorrect rates, ``agreement/p_bar``) on the 0–100 scale of
+AUROC, marked ``"scale": 100`` (an unmarked metrics.json of an earlier halsift is read by :func:`read_bench_metrics`),
 ``agreement/kappa`` when the bench carries annotator counts, ``likelihood/...`` with a likelihood table
 (:mod:`halsift.eval.metrics.likelihood`).
 """
@@ -25,10 +26,23 @@ import numpy as np
 import pandas as pd
 
 from halsift.corpus.bench import TYPES, read_bench
+from halsift.corpus.percent import mark_percent, read_on_percent_scale
 from halsift.eval.metrics import detection as det
 from halsift.eval.metrics.agreement import AgreementError, bench_agreement, has_counts
 from halsift.eval.metrics.bootstrap import bootstrap_auroc
 from halsift.eval.metrics.localization import localization_metrics, parse_marked
+
+
+# metrics.json keys that held shares (0–1) before halsift marked its percentages with "scale": 100
+SHARES_BEFORE_SCALE = ("*precision@*", "*base_rate/*", "failure_rate", "failure_rate/*", "bench/incorrect_rate/*",
+                       "agreement/p_bar")
+
+
+def read_bench_metrics(path: str | os.PathLike) -> dict:
+    """An ``eval bench`` metrics.json with its percentages on 0–100, whatever halsift wrote it."""
+    import json
+
+    return read_on_percent_scale(json.loads(Path(path).read_text()), SHARES_BEFORE_SCALE, f"{path}")
 
 
 @dataclass
@@ -240,7 +254,7 @@ def evaluate_bench(bench_path: str | os.PathLike, scores: Mapping[str, pd.DataFr
     (the self-preference diagonal). ``ensembles`` are ``"A+B"`` specs over the detector names. ``likelihood`` (a
     :func:`halsift.eval.metrics.likelihood.likelihood_table`) adds the ``likelihood/...`` metrics and the Fig. 7 section.
     ``html`` also writes ``index.html`` with a browser of the bench's captions (:mod:`halsift.eval.report.html`).
-    Returns the flat metrics.
+    Returns the flat metrics (with ``"scale": 100``, as written).
     """
     from halsift.corpus.shards import write_json_atomic
     from halsift.eval.report.bench import write_report
@@ -270,6 +284,7 @@ def evaluate_bench(bench_path: str | os.PathLike, scores: Mapping[str, pd.DataFr
         from halsift.eval.metrics.likelihood import likelihood_metrics
 
         metrics.update(likelihood_metrics(likelihood))
+    metrics = mark_percent(metrics)
     write_json_atomic(out_dir / "metrics.json", metrics)
     write_report(out_dir, bench, list(results.values()), metrics, keep=keep, self_pref=self_pref,
                  self_pref_map=self_pref_map, plots=plots, likelihood=likelihood)

@@ -84,9 +84,9 @@ def _report(metrics: dict, scores, coi, cats, true_error: dict | None, source: s
     from halsift.eval.report.markdown import fmt, md_table
 
     rows = [[g, fmt(r["ihalla"]), fmt(r["strict"]), int(r["prompts"]), fmt(r["failure_rate"], 1)]
-            + ([fmt(true_error[g])] if true_error else []) for g, r in scores.iterrows()]
+            + ([fmt(metrics[f"true_error/{g}"], 1)] if true_error else []) for g, r in scores.iterrows()]
     header = ["Generator", "I-HallA", "I-HallA†", "prompts", "parse failures %"] + (
-        ["true error rate"] if true_error else [])
+        ["true error rate %"] if true_error else [])
     md = ["# I-HallA report", "", f"Source: {source}. I-HallA = mean over prompts of the fraction of questions answered "
           "correctly (Eq. 1); I-HallA† counts a prompt only when all its questions are right. Unparsed answers count "
           "as wrong.", "", "## Scores per generator (Table 3)", "", md_table(header, rows), ""]
@@ -134,6 +134,7 @@ def run_ihalla(config: IhallaEvalConfig, data: IhallaAnswers | None = None) -> E
     ``data``: answers built elsewhere (the synthetic world's); by default those recorded in ``config.qa`` /
     ``config.predictions``.
     """
+    from halsift.corpus.percent import percent
     from halsift.eval.report.outputs import write_outputs
     from halsift.eval.metrics.ihalla import correlations, ihalla_metrics, ihalla_scores, prompt_scores
 
@@ -144,7 +145,7 @@ def run_ihalla(config: IhallaEvalConfig, data: IhallaAnswers | None = None) -> E
     if true_error:
         c = correlations(scores["ihalla"], [-true_error[g] for g in scores.index])
         metrics["rank/spearman"] = c["spearman"]
-        metrics.update({f"true_error/{g}": v for g, v in true_error.items()})
+        metrics.update({f"true_error/{g}": percent(v) for g, v in true_error.items()})
     coi = answers.pivot_table(index="generator", columns="coi", values="correct", aggfunc="mean")
     cats = prompt_scores(answers).pivot_table(index="generator", columns="category", values="score", aggfunc="mean")
     out = Path(config.out)

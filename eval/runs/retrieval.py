@@ -51,6 +51,7 @@ def run_retrieval(config: RetrievalEvalConfig) -> EvalResult:
         raise ConfigError("out: an output folder is required")
     read_retrieval(config.data)  # validate the set (errors name file:line:field) before building the model
     from halsift.corpus.atomic import write_text_atomic
+    from halsift.corpus.percent import mark_percent
     from halsift.corpus.shards import write_json_atomic
     from halsift.eval.metrics.retrieval import evaluate_retrieval, retrieval_set_name, write_clip_benchmark
     from halsift.eval.runs.clip_model import load_eval_model
@@ -60,7 +61,7 @@ def run_retrieval(config: RetrievalEvalConfig) -> EvalResult:
                                  precision=config.precision)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "metrics.json", metrics)
+    write_json_atomic(out / "metrics.json", mark_percent(metrics))  # R@k: percentages
     write_clip_benchmark(out / "clip_benchmark.json", metrics, retrieval_set_name(config.data), config.model,
                          config.pretrained)
     report = write_text_atomic(out / "report.md", render_report(metrics, config.model, config.pretrained,

@@ -106,10 +106,11 @@ def load_inputs(cfg: VigilEvalConfig) -> VigilInputs:
 
 
 def score_records(data: VigilInputs) -> tuple[dict, list, list, Any, Any]:
-    """Analyse every record, run the LOCO search and compute F1 against the trivial baselines; returns
-    (metrics, analyses, splits, labels, baselines)."""
+    """Analyse every record, run the LOCO search and compute F1 against the trivial baselines (F1 and
+    ``prevalence/<type>`` in %, 0–100); returns (metrics, analyses, splits, labels, baselines)."""
     import numpy as np
 
+    from halsift.corpus.percent import percent
     from halsift.corpus.progress import progress
     from halsift.eval.metrics.vigil import TYPES, analyze, label_matrix, loco_search, multilabel_f1
 
@@ -125,7 +126,7 @@ def score_records(data: VigilInputs) -> tuple[dict, list, list, Any, Any]:
         metrics.update({f"baseline/{name}/{k[3:]}": v for k, v in multilabel_f1(y, p, cats).items()})
     metrics["records"] = len(records)
     for k, t in enumerate(TYPES):
-        metrics[f"prevalence/{t}"] = float(y[:, k].mean())
+        metrics[f"prevalence/{t}"] = percent(y[:, k].mean())
     return metrics, analyses, splits, y, baselines
 
 
@@ -150,18 +151,18 @@ def _report(metrics: dict, splits: list, methods: dict, records: list, source: s
     from halsift.eval.metrics.vigil import TYPES
 
     cfg_by_cat = {s["category"]: s["config"] for s in splits}
-    rows = [[m] + [fmt(metrics[f"{pre}/{t}"]) for t in (*TYPES, "macro", "macro_categories")]
+    rows = [[m] + [fmt(metrics[f"{pre}/{t}"], 1) for t in (*TYPES, "macro", "macro_categories")]
             for m, pre in methods.items()]
     cats_sorted = sorted({r.category for r in records})
-    return ["# VIGIL report", "", f"Source: {source}; {len(records)} records. Multi-label F1 per type (sklearn, "
+    return ["# VIGIL report", "", f"Source: {source}; {len(records)} records. Multi-label F1 (%) per type (sklearn, "
             "zero_division=0), macro over types and over categories; parameters chosen leave-one-category-out.", "",
             "## F1 per hallucination type", "",
             md_table(["Method", *TYPES, "macro", "macro over categories"], rows), "",
             "## Macro F1 per category (held out)", "",
             md_table(["Category", "macro F1", "always-present", "chosen tau / margin / boxes", "train macro F1"],
-                     [[c, fmt(metrics[f"f1/{c}/macro"]), fmt(metrics[f"baseline/always-present/{c}/macro"]),
+                     [[c, fmt(metrics[f"f1/{c}/macro"], 1), fmt(metrics[f"baseline/always-present/{c}/macro"], 1),
                        f"{cfg_by_cat[c]['tau']} / {cfg_by_cat[c]['margin']} / {cfg_by_cat[c]['boxes']}",
-                       fmt(next(s['train_f1'] for s in splits if s['category'] == c))] for c in cats_sorted]), "",
+                       fmt(next(s['train_f1'] for s in splits if s['category'] == c), 1)] for c in cats_sorted]), "",
             "Per-record findings with explanations: `findings.jsonl`.", ""]
 
 
@@ -176,8 +177,8 @@ def _plot(out: Path, metrics: dict, methods: dict) -> tuple[str, Path]:
         for i, (m, pre) in enumerate(methods.items()):
             ax.bar(x + (i - 1) * 0.27, [metrics[f"{pre}/{t}"] for t in (*TYPES, "macro")], 0.27, label=m)
         ax.set_xticks(x, [*TYPES, "macro"])
-        ax.set_ylim(0, 1)
-        ax.set_ylabel("F1")
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("F1 (%)")
         ax.legend(fontsize=7)
 
     return "F1 per type: pipeline vs trivial baselines", save_plot(out, "vigil_f1.png", bars)
@@ -198,7 +199,7 @@ def run_vigil(config: VigilEvalConfig, data: VigilInputs | None = None) -> EvalR
     methods = {"VIGIL pipeline (LOCO)": "f1", **{f"{n} baseline": f"baseline/{n}" for n in baselines}}
     result = write_outputs(out, metrics, _report(metrics, splits, methods, data.records, data.source),
                            [_plot(out, metrics, methods)], findings=findings)
-    result.summary = (f"macro F1 {metrics['f1/macro']:.3f} (always-present "
-                      f"{metrics['baseline/always-present/macro']:.3f}, never-present "
-                      f"{metrics['baseline/never-present/macro']:.3f})")
+    result.summary = (f"macro F1 {metrics['f1/macro']:.1f}% (always-present "
+                      f"{metrics['baseline/always-present/macro']:.1f}%, never-present "
+                      f"{metrics['baseline/never-present/macro']:.1f}%)")
     return result

@@ -104,12 +104,13 @@ def _report(metrics: dict, data: VopeRecords, pairs: list, n_responses: int) -> 
         k = f"{mo}/{t}"
         cells = [mo, t] + [int(metrics[f"{k}/n/{s}"]) for s in ("D_T", "D_H", "I_T", "I_H")]
         for name in ("hal_d", "hal_i", "exp", "chair_i"):
-            v = fmt(metrics[f"{k}/{name}"])
-            cells.append(f"{v} ({fmt(designed[(mo, t)][name])})" if designed else v)
+            v = fmt(metrics[f"{k}/{name}"], 1)
+            cells.append(f"{v} ({fmt(designed[(mo, t)][name], 1)})" if designed else v)
         rows.append(cells)
     md = ["# VOPE report", "", f"Source: {data.source}; {n_responses} responses.",
           "Hal-D = |D_H|/(|D_T|+|D_H|), Hal-I = |I_H|/(|I_T|+|I_H|), Exp = (|I_T|+|I_H|)/all, "
-          "CHAIR_i = (|D_H|+|I_T|)/all." + (" Designed values in parentheses." if designed else ""), "",
+          "CHAIR_i = (|D_H|+|I_T|)/all, all in %." + (" Designed values in parentheses." if designed else ""),
+          "",
           "## Metrics per model and task (Table 1)", "", md_table(header, rows), ""]
     rel = [(mo, s, [int(metrics.get(f"{mo}/all/relevance/{s}/{k}", 0)) for k in (1, 2, 3)])
            for mo in sorted({m for m, _ in pairs}) for s in ("D_H", "I_T")]
@@ -130,7 +131,8 @@ def _plot(out: Path, metrics: dict, pairs: list) -> tuple[str, Path]:
             ax.bar(x + (i - 1.5) * 0.2, [np.nan_to_num(metrics[f"{m}/{t}/{name}"]) for m, t in pairs], 0.2,
                    label=name)
         ax.set_xticks(x, [f"{m}\n{t}" for m, t in pairs], rotation=45, ha="right", fontsize=7)
-        ax.set_ylim(0, 1)
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("%")
         ax.legend(fontsize=7)
 
     return "Hal-D, Hal-I, Exp and CHAIR_i per model and task", save_plot(out, "vope_rates.png", bars, (9, 4.5))
@@ -151,6 +153,6 @@ def run_vope(config: VopeEvalConfig, data: VopeRecords | None = None) -> EvalRes
     out = Path(config.out)
     md = _report(metrics, data, pairs, len(records_frame(data.records)))
     result = write_outputs(out, metrics, md, [_plot(out, metrics, pairs)])
-    result.summary = " ".join(f"{m}/{t}: hal_d={metrics[f'{m}/{t}/hal_d']:.3f} hal_i={metrics[f'{m}/{t}/hal_i']:.3f}"
+    result.summary = " ".join(f"{m}/{t}: hal_d={metrics[f'{m}/{t}/hal_d']:.1f}% hal_i={metrics[f'{m}/{t}/hal_i']:.1f}%"
                               for m, t in pairs[:3])
     return result

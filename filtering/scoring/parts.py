@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.fingerprint import file_fingerprint, path_fingerprint
 from halsift.corpus.images import ImageDecodeError, SkipCounter, load_image_file
+from halsift.corpus.percent import percent
 from halsift.corpus.sample import bench_items, read_shard, sample_items
 from halsift.corpus.scores import part_name, scores_table, write_part_atomic
 from halsift.corpus.shards import expand_shards, write_json_atomic
@@ -284,11 +285,11 @@ def finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, scor
         "sentences_per_s": round(scored_now / (t_scoring or wall), 2) if (t_scoring or wall) > 0 else None,
         # of the scoring loop's wall time: in the detector (its forward, plus its preprocessing and tokenization
         # when it has no prepare step) vs waiting for input and writing; "decode" is the reader thread's busy
-        # time (tar, image decoding, the detector's prepare step), which overlaps the model
-        "time_share": {"model": round(t_model / max(t_model + t_data, 1e-9), 4),
-                       "data": round(t_data / max(t_model + t_data, 1e-9), 4),
-                       "decode": round(sum(s.get("time_decode_s", 0.0) for s in stats)
-                                       / max(t_model + t_data, 1e-9), 4)},
+        # time (tar, image decoding, the detector's prepare step), which overlaps the model; in % (0–100)
+        "time_share": {"model": percent(t_model / max(t_model + t_data, 1e-9), 2),
+                       "data": percent(t_data / max(t_model + t_data, 1e-9), 2),
+                       "decode": percent(sum(s.get("time_decode_s", 0.0) for s in stats)
+                                         / max(t_model + t_data, 1e-9), 2)},
         **(extra or {}),
     }
     error = final_check(ident.get("detector_name", ident["detector"]), sentences, manifest["parse_failures"],

@@ -19,13 +19,14 @@ def stage_report(r: Recipe, p: Paths) -> dict:
     """The compare-filters report (markdown, metrics, plots, index.html) from what the run wrote."""
     from halsift.eval.report.compare import compare_filters_report
     from halsift.eval.metrics.retrieval import read_ranks
+    from halsift.eval.runs.bench_eval import read_bench_metrics
 
     rfile = p.stage("eval") / "retrieval.json"
     retrieval = json.loads(rfile.read_text()) if rfile.exists() else {}
     ranks_file = p.stage("eval") / "retrieval_ranks.npz"  # absent in runs from before it was written: no CIs
     ranks = read_ranks(ranks_file) if ranks_file.exists() else None
     bench_file = p.stage("eval") / "bench" / "metrics.json"
-    bench = json.loads(bench_file.read_text()) if bench_file.exists() else {}
+    bench = read_bench_metrics(bench_file) if bench_file.exists() else {}  # an earlier halsift's: shares
     beyond_file, hits_file = p.stage("eval") / "beyond.json", p.stage("eval") / "beyond_hits.npz"
     beyond = json.loads(beyond_file.read_text()) if beyond_file.exists() else {}
     beyond_hits = read_ranks(hits_file) if hits_file.exists() else None

@@ -34,6 +34,7 @@ def test_bench_columns_and_skipped_rows():
     out = bench_agreement(df)
     assert out["agreement/kappa"] == pytest.approx(fleiss_kappa(three)["kappa"])
     assert out["agreement/kappa/a"] == pytest.approx(fleiss_kappa(three[:5])["kappa"])
+    assert out["agreement/p_bar"] == pytest.approx(100 * fleiss_kappa(three)["p_bar"])  # observed agreement in %
     r = fleiss_kappa([[1, 0, 0], [2, 1, 0], [0, 3, 0]])
     assert r["n_skipped"] == 1 and r["n_subjects"] == 2
     with pytest.raises(AgreementError, match="two or more"):

@@ -19,11 +19,11 @@ def test_multilabel_f1_hand_computed():
     y = np.array([[1, 0, 1], [1, 1, 0], [0, 0, 0], [0, 1, 0]])
     p = np.array([[1, 0, 0], [0, 1, 0], [1, 0, 0], [0, 1, 1]])
     m = multilabel_f1(y, p, ["a", "a", "b", "b"])
-    # objects: tp 1 fp 1 fn 1 -> 0.5; background: tp 2 -> 1.0; omission: tp 0 -> 0
-    assert m["f1/objects"] == pytest.approx(0.5) and m["f1/background"] == 1.0 and m["f1/object_omission"] == 0
-    assert m["f1/macro"] == pytest.approx(0.5)
+    # in %: objects: tp 1 fp 1 fn 1 -> 50; background: tp 2 -> 100; omission: tp 0 -> 0
+    assert (m["f1/objects"], m["f1/background"], m["f1/object_omission"], m["f1/macro"]) == (50.0, 100.0, 0.0, 50.0)
     # category a: objects 2/3, background 1, omission 0 -> 5/9; b: objects 0, background 1, omission 0 -> 1/3
-    assert m["f1/a/macro"] == pytest.approx(5 / 9) and m["f1/macro_categories"] == pytest.approx((5 / 9 + 1 / 3) / 2)
+    assert m["f1/a/macro"] == pytest.approx(500 / 9)
+    assert m["f1/macro_categories"] == pytest.approx((500 / 9 + 100 / 3) / 2)
 
 
 def test_read_vigil_layout(tmp_path):
@@ -86,7 +86,7 @@ def test_synthetic_pipeline_beats_trivial_baselines():
     f = multilabel_f1(y, pred, cats)
     always = multilabel_f1(y, np.ones_like(y), cats)
     never = multilabel_f1(y, np.zeros_like(y), cats)
-    assert f["f1/macro"] > always["f1/macro"] + 0.2 and f["f1/macro"] > never["f1/macro"]
+    assert f["f1/macro"] > always["f1/macro"] + 20 and f["f1/macro"] > never["f1/macro"]
     assert f["f1/macro_categories"] > always["f1/macro_categories"]
     assert len(splits) == 5 and all(s["config"]["tau"] == 0.4 for s in splits)  # tau 0.8 loses mutated objects
 
@@ -110,7 +110,7 @@ def test_cli_annotation_files(tmp_path):
     out = tmp_path / "o"
     assert main(["eval", "vigil", "--annotations", str(ann), "--out", str(out)]) == 0
     m = json.loads((out / "metrics.json").read_text())
-    assert m["f1/object_omission"] == 1.0 and m["records"] == 2
+    assert m["f1/object_omission"] == 100.0 and m["records"] == 2 and m["prevalence/object_omission"] == 50.0
 
 
 def _annotation_files(tmp_path) -> Path:
@@ -135,7 +135,7 @@ def test_real_annotations_use_the_given_vocabulary_not_the_synthetic_worlds(tmp_
 
     ann = _annotation_files(tmp_path)
     res = run_vigil(VigilEvalConfig(annotations=str(ann), out=str(tmp_path / "words")))
-    assert res.metrics["f1/object_omission"] == 1.0 and res.files["findings"].exists()
+    assert res.metrics["f1/object_omission"] == 100.0 and res.files["findings"].exists()
     gone = [json.loads(x) for x in res.files["findings"].read_text().splitlines()][1]
     assert "reference object 1 (red)" in gone["explanations"][0]  # the prompt's first content word
     (tmp_path / "vocab.json").write_text(json.dumps({"box": ["crate"], "shelf": []}))
@@ -155,7 +155,7 @@ def test_open_clip_encoder_and_bad_settings(tmp_path, capsys):
     assert main(["eval", "vigil", "--annotations", str(ann), "--encoder", "open_clip", "--clip-arch", "halsift-tiny",
                  "--out", str(tmp_path / "clip")]) == 0
     m = json.loads((tmp_path / "clip" / "metrics.json").read_text())
-    assert m["records"] == 2 and 0 <= m["f1/macro"] <= 1
+    assert m["records"] == 2 and 0 <= m["f1/macro"] <= 100
     capsys.readouterr()
     for flags, name in ((["--encoder", "sam"], "--encoder"), (["--encoder", "open_clip"], "--clip-arch"),
                         (["--min-area", "0"], "--min-area"), (["--synthetic"], "--synthetic")):

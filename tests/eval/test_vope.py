@@ -15,8 +15,8 @@ from halsift.launch.cli import main
 
 def test_rates_hand_computed():
     r = vope_rates({"D_T": 6, "D_H": 2, "I_T": 3, "I_H": 1})
-    assert r["hal_d"] == pytest.approx(2 / 8) and r["hal_i"] == pytest.approx(1 / 4)
-    assert r["exp"] == pytest.approx(4 / 12) and r["chair_i"] == pytest.approx(5 / 12)
+    assert (r["hal_d"], r["hal_i"]) == (25.0, 25.0)  # percentages: 2 of 8, 1 of 4
+    assert r["exp"] == 100 * 4 / 12 and r["chair_i"] == 100 * 5 / 12
     assert math.isnan(vope_rates({"D_T": 3})["hal_i"])
 
 
@@ -36,14 +36,14 @@ def test_synthetic_recovers_designed_rates_and_chair_identity():
     records, truth = run_synthetic(120, seed=0)
     m = vope_metrics(records)
     for p in PROFILES:
-        assert m[f"{p.name}/all/hal_d"] == pytest.approx(p.hal_d, abs=0.04)
-        assert m[f"{p.name}/all/hal_i"] == pytest.approx(p.hal_i, abs=0.06)
+        assert m[f"{p.name}/all/hal_d"] == pytest.approx(100 * p.hal_d, abs=4)
+        assert m[f"{p.name}/all/hal_i"] == pytest.approx(100 * p.hal_i, abs=6)
         for t in TASKS:
             d = designed_rates(p, t)
-            assert m[f"{p.name}/{t}/exp"] == pytest.approx(d["exp"], abs=0.07)
+            assert m[f"{p.name}/{t}/exp"] == pytest.approx(d["exp"], abs=7)
             sub = [r for r in records if r.model == p.name and r.task == t]
             # CHAIR_i computed from the ground truth alone equals (|D_H| + |I_T|) / all (Eq. 4)
-            assert chair_i(sub, truth) == pytest.approx(m[f"{p.name}/{t}/chair_i"], abs=1e-12)
+            assert chair_i(sub, truth) == pytest.approx(m[f"{p.name}/{t}/chair_i"], abs=1e-10)
     # CHAIR_i overstates hallucination where imagination is voluntary (story), Hal-D does not
     careful = PROFILES[0].name
     assert m[f"{careful}/story/chair_i"] > 3 * m[f"{careful}/story/hal_d"]
@@ -56,7 +56,7 @@ def test_unparsed_rechecks_are_excluded_and_counted():
 
     records, _ = run_synthetic(20, seed=1, profiles=PROFILES[:1], judge=False, unparsed=0.2)
     m = vope_metrics(records)
-    assert m[f"{PROFILES[0].name}/all/unparsed_rate"] == pytest.approx(0.2, abs=0.08)
+    assert m[f"{PROFILES[0].name}/all/unparsed_rate"] == pytest.approx(20, abs=8)
     n = sum(m[f"{PROFILES[0].name}/all/n/{s}"] for s in ("D_T", "D_H", "I_T", "I_H"))
     assert n == sum(len(o) for r in records for o in r.objects.values())
 
@@ -71,7 +71,7 @@ def test_cli_synthetic_and_file(tmp_path, capsys):
     out = tmp_path / "vope"
     assert main(["eval", "vope", "--synthetic", "--images", "15", "--out", str(out)]) == 0
     m = json.loads((out / "metrics.json").read_text())
-    assert 0 <= m["sloppy-vlm/story/hal_d"] <= 1 and "careful-vlm/all/chair_i" in m
+    assert m["scale"] == 100 and 0 <= m["sloppy-vlm/story/hal_d"] <= 100 and "careful-vlm/all/chair_i" in m
     assert "Hal-D" in (out / "report.md").read_text()
     with Image.open(out / "plots" / "vope_rates.png") as im:
         assert im.size[0] > 100
@@ -90,8 +90,8 @@ def test_cli_synthetic_and_file(tmp_path, capsys):
     assert main(["eval", "vope", "--responses", str(f), "--vocab", vocab, "--out", str(tmp_path / "u")]) == 0
     m = json.loads((tmp_path / "u" / "metrics.json").read_text())
     # D_T = {circle, tree}, D_H = {star}, I_T = {dog}, I_H = {cat}
-    assert m["m/story/hal_d"] == pytest.approx(1 / 3) and m["m/story/hal_i"] == pytest.approx(1 / 2)
-    assert m["m/story/exp"] == pytest.approx(2 / 5) and m["m/story/chair_i"] == pytest.approx(2 / 5)
+    assert m["m/story/hal_d"] == pytest.approx(100 / 3) and m["m/story/hal_i"] == 50.0
+    assert m["m/story/exp"] == 40.0 and m["m/story/chair_i"] == 40.0
     assert m["m/story/relevance/I_T/2"] == 1 and m["parse/no_punct_replies"] == 1
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"model": "m"}\n')
@@ -117,7 +117,7 @@ def test_free_form_rechecks_and_the_unparsed_default(tmp_path):
                      "--out", str(tmp_path / mode)]) == 0
         got[mode] = json.loads((tmp_path / mode / "metrics.json").read_text())
     # default yes: dog (absent, unparsed -> believed present) is D_H; circle D_T; cat I_T
-    assert got["yes"]["m/story/n/D_H"] == 1 and got["yes"]["m/story/defaulted_rate"] == pytest.approx(1 / 3)
+    assert got["yes"]["m/story/n/D_H"] == 1 and got["yes"]["m/story/defaulted_rate"] == pytest.approx(100 / 3)
     assert got["yes"]["m/story/unparsed_rate"] == 0
-    assert got["exclude"]["m/story/n/D_H"] == 0 and got["exclude"]["m/story/unparsed_rate"] == pytest.approx(1 / 3)
+    assert got["exclude"]["m/story/n/D_H"] == 0 and got["exclude"]["m/story/unparsed_rate"] == pytest.approx(100 / 3)
     assert "counted as yes (as the official code)" in (tmp_path / "yes" / "report.md").read_text()
