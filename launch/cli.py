@@ -31,6 +31,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("export",): "halsift.launch.cmd_export",
     ("score",): "halsift.launch.cmd_score",
     ("select",): "halsift.launch.cmd_select",
+    ("dedup",): "halsift.launch.cmd_dedup",
     ("train", "clip"): "halsift.launch.cmd_train_clip",
     ("train", "detector"): "halsift.launch.cmd_train_detector",
     ("eval", "bench"): "halsift.launch.cmd_eval_bench",

@@ -44,12 +44,18 @@ class WorldSettings:
                                                     "write the corpus (default), or short human-style captions over "
                                                     "families of look-alike scenes",
                                  cli={"choices": RETRIEVAL_STYLES})
+    leaks: int = field(0, help="planted evaluation leaks: near copies (cropped <= 10%, resized, colour-jittered, "
+                               "JPEG re-encoded) of this many distinct retrieval images put into the corpus, "
+                               "captioned by the corpus captioner; world.json 'leaks' records them")
+    exact_copies: int = field(0, help="planted byte-identical copies of corpus samples (new keys); world.json "
+                                      "'exact_copies' records them")
 
     def validate(self) -> None:
         from halsift.synth.captioners import check_captioner_names
 
         for name, lo in (("images", 1), ("image_size", 32), ("shard_size", 1), ("bench_images", 0),
-                         ("t2i_prompts", 0), ("retrieval_images", 0), ("pretrain_images", 0)):
+                         ("t2i_prompts", 0), ("retrieval_images", 0), ("pretrain_images", 0),
+                        ("leaks", 0), ("exact_copies", 0)):
             v = getattr(self, name)
             if v is not None and v < lo:
                 raise ValueError(f"{name}: got {v}, expected an integer >= {lo}")
