@@ -406,13 +406,14 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
                            filters: Sequence[str] | None = None,
                            extra_reports: Mapping[str, Path] | None = None, bench_split: str = "",
                            ranks: Mapping[str, np.ndarray] | None = None, n_boot: int = 1000, seed: int = 0,
-                           samples=None, html: bool = True) -> dict:
+                           samples=None, html: bool = True, curation: Mapping | None = None) -> dict:
     """Write ``metrics.json``, ``report.md``, plots, ``index.html`` and (unless disabled) an offline wandb run;
     returns metrics.
 
     ``ranks``: the per-query ranks of ``eval/retrieval_ranks.npz`` (keys of ``halsift.eval.metrics.retrieval.ranks_key``
     and ``<set>/text_to_image``) for the bootstrap CIs; without them the deltas carry the seeds' std instead.
     ``samples``: a :class:`halsift.eval.report.html.SampleSet` for the page's sample browser and the wandb Table.
+    ``curation``: the dedup stage's manifest (its removed counts are stated under the table).
     """
     from halsift.corpus.shards import write_json_atomic
 
@@ -428,6 +429,8 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
         metrics[f"spearman/kept_precision_vs_r@{k}/p"] = spearman[1]
     write_json_atomic(out / "metrics.json", metrics)
     text = render_markdown(title, rows, sets, _input_precision(selections), k, bench_split, n_boot, spearman)
+    if curation:
+        text += "\n" + curation_sentence(curation) + "\n"
     bench_report = Path(out_dir).parent / "eval" / "bench" / "report.md"
     links = ({"detection benchmark": bench_report} if bench_report.exists() else {}) | dict(extra_reports or {})
     if links:
@@ -446,6 +449,14 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
     if wandb_mode != "disabled":
         _log_wandb(title, rows, metrics, out, wandb_mode, wandb_project, samples)
     return metrics
+
+
+def curation_sentence(m: Mapping) -> str:
+    """What decontamination removed from the corpus before scoring, in one sentence (a dedup manifest)."""
+    c = m.get("counts", {})
+    return (f"Before scoring, {m.get('removed', 0)} of {m.get('samples', 0)} corpus samples were removed: "
+            f"{c.get('eval', 0)} leaks of the evaluation images, {c.get('exact', 0)} exact and {c.get('near', 0)} "
+            "near duplicates (`dedup/manifest.json`).")
 
 
 PLOTS = {"r_at_k.png": "Fine-tuned CLIP retrieval R@{k} per filter (mean ± std over seeds)",
