@@ -17,13 +17,13 @@ from halsift.launch.recipe import stage_fingerprints
 from halsift.launch.stages import REGISTRY, Stage
 
 STAGES_DIR = Path(__file__).parents[2] / "launch" / "stages"
-ORDER = ["world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report"]
+ORDER = ["world", "pretrain", "detectors", "dedup", "score", "select", "finetune", "eval", "report"]
 
 # launch/recipe_config.STAGE_INPUTS and launch/recipe.stage_fingerprints at 608b057, before the stages became
 # objects, copied here only to compare: the registry must hash the same sections in the same chain, or every
 # existing run folder would re-run from its first stage.
 OLD_STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "pretrain"), "detectors": ("detectors",),
-                    "score": ("score", "eval.bench_split"), "select": ("select",), "finetune": ("finetune",),
+                    "dedup": ("dedup",), "score": ("score", "eval.bench_split"), "select": ("select",), "finetune": ("finetune",),
                     "eval": ("eval", "evals"), "report": ("name",)}
 
 
@@ -49,17 +49,19 @@ def old_stage_fingerprints(r) -> dict[str, dict]:
 # `stage_fingerprints(load_recipe("quickstart", ["run_dir=/tmp/x"]))` printed by the old runner at 608b057 (run_dir
 # is no input). They change, legitimately, when a field or default of a hashed section changes: then recompute them
 # with old_stage_fingerprints above and say so in the commit (existing run folders re-run from that stage).
-# Since 608b057: the score section gained `max_parse_failures` (issue 35), so score and every stage after it moved.
+# Since 608b057: the score section gained `max_parse_failures` (issue 35), so score and every stage after it moved;
+# issue 31: the world gained leaks/exact_copies (quickstart plants them) and the dedup stage runs before score.
 QUICKSTART = {
-    "world": ("1cb685049a0fdb3a", {"seed": "5feceb66ffc86f38", "world": "da17ca1e097bf1c8"}),
-    "pretrain": ("24c318468bdadd34", {"data": "5031051ce58909b3", "model": "980c750c33c77a7a",
+    "world": ("fcafbd431511372b", {"seed": "5feceb66ffc86f38", "world": "962ef15840acc563"}),
+    "pretrain": ("61d44bfb2c24c15b", {"data": "5031051ce58909b3", "model": "980c750c33c77a7a",
                                       "pretrain": "0ff8129adb5f1f21"}),
-    "detectors": ("bd753007d65003a8", {"detectors": "ffedc5abd8f933dc"}),
-    "score": ("55c20d41bdd16d26", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
-    "select": ("c435cc833b0f4f16", {"select": "7dc89c31378d2f2a"}),
-    "finetune": ("fe9706a866dcc71a", {"finetune": "326249b506be0f30"}),
-    "eval": ("de8c72baa309582f", {"eval": "28726c73a4b4101b", "evals": "566be1eec8e9a06e"}),
-    "report": ("7c2f732cdfebf1c3", {"name": "9cff4eeb32be37bd"}),
+    "detectors": ("d95e42f5dbe323e0", {"detectors": "ffedc5abd8f933dc"}),
+    "dedup": ("e0a0b3d46f700295", {"dedup": "7a7d14c4e128d0c7"}),
+    "score": ("5ed97b074a47e702", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
+    "select": ("063773d1318875cc", {"select": "7dc89c31378d2f2a"}),
+    "finetune": ("4b50400c7117c92c", {"finetune": "326249b506be0f30"}),
+    "eval": ("045dac6ac150723a", {"eval": "28726c73a4b4101b", "evals": "566be1eec8e9a06e"}),
+    "report": ("7e8013efcd8d9111", {"name": "9cff4eeb32be37bd"}),
 }
 
 
