@@ -24,8 +24,8 @@ from halsift.corpus.bench import BenchRow, write_bench
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import Sample, ShardWriter, write_json_atomic
 from halsift.corpus.safe_paths import remove_file, remove_tree, replace_path
-from .leaks import copy_key, exact_copy, leak_key, near_copy, plan
 from .captioners import PROFILE_BY_NAME, PROFILES, caption, check_captioner_names
+from .leaks import copy_key, exact_copy, leak_key, near_copy, plan
 from .render import png_bytes, render
 from .scene import sample_scene
 from .styles import RETRIEVAL_STYLES, alt_text, human_caption, scene_family
@@ -213,7 +213,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     ``bench_images`` (default ``max(24, images // 4)``) bench images, each captioned by the six captioners;
     ``t2i_prompts`` (default ``max(12, bench_images // 2)``) prompts drawn by the three t2i generators; ``retrieval_images`` (default ``max(20, images // 10)``); ``pretrain_images`` (default
     ``images``) clean pairs; ``leaks`` near copies of distinct retrieval images and ``exact_copies`` byte-identical
-    copies of corpus samples planted in the corpus (:mod:`.leaks`; recorded in ``world.json``). Raises ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
+    copies of corpus samples planted in the corpus (:mod:`.leaks`; recorded in ``world.json``). Raises
+    ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
     """
     if images < 1:
         raise ValueError(f"images must be >= 1, got {images}")

@@ -61,6 +61,10 @@ class WorldSettings:
                 raise ValueError(f"{name}: got {v}, expected an integer >= {lo}")
         if self.retrieval_style not in RETRIEVAL_STYLES:
             raise ValueError(f"retrieval_style: expected one of {RETRIEVAL_STYLES}, got {self.retrieval_style!r}")
+        retrieval = max(20, self.images // 10) if self.retrieval_images is None else self.retrieval_images
+        if self.leaks > retrieval:
+            raise ValueError(f"leaks: {self.leaks} exceeds retrieval_images ({retrieval}); each leak copies a "
+                             "different retrieval image")
         check_captioner_names(self.captioners, "captioners")
         check_corpus_sentences(self.corpus_sentences)
 

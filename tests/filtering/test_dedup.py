@@ -166,3 +166,24 @@ def test_hamming_pairs_equal_brute_force():
         a, b, d = hamming_pairs(hashes, t)
         assert set(zip(a.tolist(), b.tolist())) == want
         assert all(dist[x, y] == z for x, y, z in zip(a, b, d))
+
+
+def test_embeddings_of_another_width_are_one_line(tmp_path, capsys):
+    """A store whose model encodes --against images at another width than its vectors: one line, exit 2."""
+    from halsift.corpus.embedding_store import IMAGE, embedding_table, write_embedding_part
+
+    data = _corpus(tmp_path)
+    emb = tmp_path / "emb"
+    emb.mkdir()
+    keys = [f"c{i:02d}" for i in range(20)]
+    write_embedding_part(embedding_table(keys, [IMAGE] * 20, np.eye(20, 8, dtype=np.float32) + 0.1),
+                         emb / "part-000000.parquet")
+    (emb / "_manifest.json").write_text(json.dumps({"format": "halsift-embeddings/1", "dim": 8, "complete": True,
+                                                    "model": "clip:arch=halsift-tiny,pretrained=random,seed=1"}))
+    evals = tmp_path / "evals"
+    evals.mkdir()
+    (evals / "e.png").write_bytes(_png(5))
+    assert main(["dedup", "--data", str(data), "--out", str(tmp_path / "d"), "--embeddings", str(emb),
+                 "--against", str(evals), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--against images" in err[0] and "expected 8" in err[0], err
