@@ -67,7 +67,7 @@ def main() -> None:
     ap.add_argument("--evals", type=int, default=5000)
     ap.add_argument("--noise", type=float, default=0.25, help="planted copy = unit(v + noise * g / sqrt(dim))")
     ap.add_argument("--cosine", type=float, default=0.95)
-    ap.add_argument("--nprobe", type=int, default=4)
+    ap.add_argument("--nprobe", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     from halsift.filtering.curation.search import best_matches, cosine_pairs, default_nlist

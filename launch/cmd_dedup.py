@@ -38,7 +38,7 @@ class DedupConfig:
     eval_thumbnail: float = field(0.92, help="leaks: thumbnail cosine to a crop variant of an --against image at "
                                              "least this", cli=_T)
     cosine: float = field(0.95, help="with embeddings: near duplicates and leaks at cosine at least this", cli=_T)
-    nprobe: int = field(4, help="with embeddings: k-means cells searched per vector (more: higher recall, slower)",
+    nprobe: int = field(8, help="with embeddings: k-means cells searched per vector (more: higher recall, slower)",
                         cli=_T)
     no_progress: bool = field(False, help="no progress bars")
 

@@ -148,7 +148,7 @@ def _embedding_rows(folder: Path, row_of: dict[str, int]):
 def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: str | None = None,
               model: str | None = None, exact_on: str = "image", phash_distance: int = 4,
               near_thumbnail: float = 0.97, eval_thumbnail: float = 0.92, cosine: float = 0.95,
-              nprobe: int = 4, show_progress: bool = True) -> dict:
+              nprobe: int = 8, show_progress: bool = True) -> dict:
     """Write ``out/duplicates.parquet`` and ``out/manifest.json``; returns the manifest (module docstring)."""
     from halsift.filtering.curation.against import kind_of
 

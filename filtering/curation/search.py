@@ -60,7 +60,7 @@ def default_nlist(n: int) -> int:
 
 
 def cosine_pairs(chunks: Callable[[], Iterable[np.ndarray]], n: int, dim: int, threshold: float,
-                 nlist: int | None = None, nprobe: int = 4, seed: int = 0,
+                 nlist: int | None = None, nprobe: int = 8, seed: int = 0,
                  bar=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pairs ``i < j`` (global row numbers in ``chunks()`` order) with cosine >= ``threshold``: ``(i, j, cos)``.
 
@@ -75,7 +75,9 @@ def cosine_pairs(chunks: Callable[[], Iterable[np.ndarray]], n: int, dim: int, t
     index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
     index.cp.seed = seed
     index.cp.spherical = True
-    index.train(_training_sample(chunks, n, dim, max(nlist * 64, 10000), seed))
+    index.cp.niter = 10  # cells only route the search (nprobe covers boundaries): a rough k-means is enough
+    index.cp.max_points_per_centroid = 40
+    index.train(_training_sample(chunks, n, dim, max(nlist * 40, 10000), seed))
     for c in chunks():
         index.add(np.ascontiguousarray(c, dtype=np.float32))
     index.nprobe = min(nprobe, nlist)

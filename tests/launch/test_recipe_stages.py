@@ -56,12 +56,12 @@ QUICKSTART = {
     "pretrain": ("61d44bfb2c24c15b", {"data": "5031051ce58909b3", "model": "980c750c33c77a7a",
                                       "pretrain": "0ff8129adb5f1f21"}),
     "detectors": ("d95e42f5dbe323e0", {"detectors": "ffedc5abd8f933dc"}),
-    "dedup": ("e0a0b3d46f700295", {"dedup": "7a7d14c4e128d0c7"}),
-    "score": ("5ed97b074a47e702", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
-    "select": ("063773d1318875cc", {"select": "7dc89c31378d2f2a"}),
-    "finetune": ("4b50400c7117c92c", {"finetune": "326249b506be0f30"}),
-    "eval": ("045dac6ac150723a", {"eval": "28726c73a4b4101b", "evals": "566be1eec8e9a06e"}),
-    "report": ("7e8013efcd8d9111", {"name": "9cff4eeb32be37bd"}),
+    "dedup": ("398ebe5d3927dda6", {"dedup": "8133a4627afecaf5"}),
+    "score": ("4c980e9144c2ac5f", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
+    "select": ("1faf79f01dda3918", {"select": "7dc89c31378d2f2a"}),
+    "finetune": ("ce650691b9937a24", {"finetune": "326249b506be0f30"}),
+    "eval": ("62cb6fc9d10854b9", {"eval": "28726c73a4b4101b", "evals": "566be1eec8e9a06e"}),
+    "report": ("77f76e2406e1c96f", {"name": "9cff4eeb32be37bd"}),
 }
 
 
