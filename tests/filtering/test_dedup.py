@@ -98,18 +98,41 @@ def test_leaks_of_an_image_folder(tmp_path):
     assert [r for r in rows if r["reason"] != "eval"] == []
 
 
-def test_world_leaks_and_copies_are_found(tmp_path):
+@pytest.fixture(scope="module")
+def leaky_world(tmp_path_factory):
     from halsift.synth.world import generate_world
 
-    world = generate_world(tmp_path / "w", images=120, seed=11, leaks=12, exact_copies=5, retrieval_images=30,
+    root = tmp_path_factory.mktemp("leaky")
+    world = generate_world(root / "w", images=120, seed=11, leaks=12, exact_copies=5, retrieval_images=30,
                            bench_images=4, t2i_prompts=0, pretrain_images=0, shard_size=50)
-    assert main(["dedup", "--data", str(tmp_path / "w" / "corpus"), "--out", str(tmp_path / "d"),
-                 "--against", str(tmp_path / "w" / "retrieval"), "--no-progress"]) == 0
+    return root / "w", world
+
+
+def test_world_leaks_and_copies_are_found(leaky_world, tmp_path):
+    w, world = leaky_world
+    assert main(["dedup", "--data", str(w / "corpus"), "--out", str(tmp_path / "d"),
+                 "--against", str(w / "retrieval"), "--against", str(w / "bench" / "bench.jsonl"),
+                 "--no-progress"]) == 0
     rows = pq.read_table(tmp_path / "d" / "duplicates.parquet").to_pylist()
     leaks = {r["key"]: r["matched"] for r in rows if r["reason"] == "eval"}
-    assert all(leaks.get(k) == v for k, v in world["leaks"].items()) and len(world["leaks"]) == 12
+    assert leaks == world["leaks"] and len(leaks) == 12  # every leak, nothing clean
     exact = {r["key"]: r["matched"] for r in rows if r["reason"] == "exact"}
     assert exact == world["exact_copies"]
+    m = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert [a["images"] for a in m["against"]] == [30, 4] and m["samples"] == 137
+
+
+def test_leaks_of_a_clip_benchmark_export(leaky_world, tmp_path):
+    from halsift.corpus.clip_benchmark_wds import export_retrieval
+
+    w, world = leaky_world
+    export_retrieval(w / "retrieval", tmp_path / "wds", maxcount=7)
+    assert main(["dedup", "--data", str(w / "corpus"), "--out", str(tmp_path / "d"), "--against",
+                 str(tmp_path / "wds"), "--no-progress"]) == 0
+    rows = pq.read_table(tmp_path / "d" / "duplicates.parquet").to_pylist()
+    leaks = {r["key"]: r["matched"] for r in rows if r["reason"] == "eval"}
+    want = {k: f"test/s{int(v[len('images/r'):-len('.png')]):07d}" for k, v in world["leaks"].items()}
+    assert leaks == want
 
 
 def test_world_without_leaks_is_unchanged(tmp_path):
