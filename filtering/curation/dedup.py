@@ -24,7 +24,7 @@ from halsift.corpus.scores import write_part_atomic
 from halsift.corpus.shards import expand_shards, write_json_atomic
 from halsift.filtering.curation import DUPLICATES
 from halsift.filtering.curation.descriptors import THUMB_DIM, crop_variants, thumb_vectors, thumbnail
-from halsift.filtering.curation.hash_parts import hash_shard, part_path, read_part
+from halsift.filtering.curation.hash_parts import hash_shard, part_is_current, part_path, read_part
 from halsift.filtering.curation.search import best_matches, cosine_pairs, hamming_pairs
 
 EXACT, NEAR = 0, 1
@@ -38,7 +38,7 @@ def _corpus_descriptors(shards: list[Path], out: Path, show: bool) -> tuple[pa.T
     with progress(total=len(shards), desc="dedup: hash", unit="shard", disable=not show) as bar:
         for shard in shards:
             path = part_path(parts_dir, shard)
-            if path.exists():
+            if part_is_current(path, shard):
                 reused += 1
             else:
                 hash_shard(shard, path)

@@ -2,7 +2,8 @@
 
 Columns: key, image_sha, caption_sha (hex sha256 of the bytes / normalized caption), phash (8 bytes), thumb
 (12x12x3 uint8 bytes). A part is written atomically once its shard is read, with the shard's skipped samples in
-its footer, so a killed ``dedup`` resumes at the first missing part.
+its footer, so a killed ``dedup`` resumes at the first missing part (a part whose shard changed since, by size or
+modification time, is made again).
 """
 
 from __future__ import annotations
@@ -37,10 +38,27 @@ def hash_shard(shard: Path, out: Path) -> SkipCounter:
         cols["phash"].append(phash_bytes(s.image))
         cols["thumb"].append(thumbnail(s.image))
     table = pa.table(cols, schema=SCHEMA)
-    meta = {"shard": str(shard), "skipped": skipped.to_json()}
+    meta = {"shard": str(shard), "stamp": shard_stamp(shard), "skipped": skipped.to_json()}
     table = table.replace_schema_metadata({b"halsift": json.dumps(meta, sort_keys=True).encode()})
     write_part_atomic(table, out)
     return skipped
+
+
+def shard_stamp(shard: Path) -> list[int]:
+    """``[size, mtime_ns]`` of a shard: a part made from another version of it is made again."""
+    st = Path(shard).stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def part_is_current(path: Path, shard: Path) -> bool:
+    """The part exists and was made from this version of ``shard``."""
+    if not path.exists():
+        return False
+    try:
+        meta = json.loads((pq.read_schema(path).metadata or {}).get(b"halsift", b"{}"))
+    except (pa.ArrowInvalid, OSError, ValueError):
+        return False
+    return meta.get("stamp") == shard_stamp(shard)
 
 
 def read_part(path: Path) -> tuple[pa.Table, SkipCounter]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 BATCH = 16384
+EXACT_REFS = 50_000  # evaluation vectors searched exactly (e.g. 1.4k images x 36 crop variants)
 
 
 def _empty() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -110,8 +111,8 @@ def _training_sample(chunks: Callable[[], Iterable[np.ndarray]], n: int, dim: in
 def best_matches(chunks: Iterable[np.ndarray], refs: np.ndarray, owner: np.ndarray, threshold: float,
                  bar=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each query row (global order of ``chunks``) whose best cosine to a reference vector reaches
-    ``threshold``: ``(row, owner[best ref], cos)``. ``refs`` (the evaluation side, small) is searched exactly
-    (IVF above 200k references)."""
+    ``threshold``: ``(row, owner[best ref], cos)``. ``refs`` (the evaluation side) is searched exactly up to
+    :data:`EXACT_REFS` vectors, above in an IVF index probing 16 cells."""
     import faiss
 
     refs = np.ascontiguousarray(refs, dtype=np.float32)
@@ -121,11 +122,11 @@ def best_matches(chunks: Iterable[np.ndarray], refs: np.ndarray, owner: np.ndarr
                 bar.update(len(c))
         return _empty()
     dim = refs.shape[1]
-    if len(refs) > 200_000:
+    if len(refs) > EXACT_REFS:
         nlist = default_nlist(len(refs))
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
         index.train(refs)
-        index.nprobe = 8
+        index.nprobe = 16
     else:
         index = faiss.IndexFlatIP(dim)
     index.add(refs)

@@ -64,6 +64,14 @@ def test_exact_and_reencoded_copies_and_bad_samples(tmp_path, capsys):
     assert main(["dedup", "--data", str(data), "--out", str(tmp_path / "d"), "--no-progress"]) == 0
     m2 = json.loads((tmp_path / "d" / "manifest.json").read_text())
     assert m2["shards_reused"] == 3 and m2["counts"] == m["counts"]
+    # a shard changed since (here: its modification time) has its part made again
+    import os
+
+    shard = sorted(data.glob("*.tar"))[1]
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))
+    assert main(["dedup", "--data", str(data), "--out", str(tmp_path / "d"), "--no-progress"]) == 0
+    m3 = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert m3["shards_reused"] == 2 and m3["counts"] == m["counts"]
 
 
 def test_exact_on_pair_needs_the_caption_too(tmp_path):
