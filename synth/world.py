@@ -203,7 +203,7 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
                    pretrain_images: int | None = None, t2i_prompts: int | None = None, shard_size: int = 256,
                    overwrite: bool = False, show_progress: bool = False,
                    captioners: tuple[str, ...] | list[str] = (), retrieval_style: str = "captioners",
-                   corpus_sentences: tuple[int, int] | list[int] = (), leaks: int = 0,
+                   corpus_sentences: tuple[int, int] | list[int] = (), leaks: float = 0.0,
                    exact_copies: int = 0) -> dict:
     """Write a synthetic world under ``out`` and return what ``world.json`` holds.
 
@@ -212,9 +212,9 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     retrieval captions in ``retrieval_style`` (:func:`retrieval_item`);
     ``bench_images`` (default ``max(24, images // 4)``) bench images, each captioned by the six captioners;
     ``t2i_prompts`` (default ``max(12, bench_images // 2)``) prompts drawn by the three t2i generators; ``retrieval_images`` (default ``max(20, images // 10)``); ``pretrain_images`` (default
-    ``images``) clean pairs; ``leaks`` near copies of distinct retrieval images and ``exact_copies`` byte-identical
-    copies of corpus samples planted in the corpus (:mod:`.leaks`; recorded in ``world.json``). Raises
-    ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
+    ``images``) clean pairs; near copies of ``round(leaks * retrieval_images)`` distinct retrieval images and
+    ``exact_copies`` byte-identical copies of corpus samples planted in the corpus (:mod:`.leaks`; recorded in
+    ``world.json``). Raises ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
     """
     if images < 1:
         raise ValueError(f"images must be >= 1, got {images}")
@@ -232,7 +232,9 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     t2i_prompts = max(12, bench_images // 2) if t2i_prompts is None else t2i_prompts
     retrieval_images = max(20, images // 10) if retrieval_images is None else retrieval_images
     pretrain_images = images if pretrain_images is None else pretrain_images
-    for name, v in (("leaks", leaks), ("exact_copies", exact_copies), ("bench_images", bench_images),
+    if not 0 <= leaks <= 1:
+        raise ValueError(f"leaks must be a share of the retrieval images in [0, 1], got {leaks}")
+    for name, v in (("exact_copies", exact_copies), ("bench_images", bench_images),
                     ("t2i_prompts", t2i_prompts),
                     ("retrieval_images", retrieval_images), ("pretrain_images", pretrain_images)):
         if v < 0:
@@ -249,7 +251,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     (tmp / "bench" / "images").mkdir(parents=True)
     (tmp / "retrieval" / "images").mkdir(parents=True)
 
-    extras = plan(seed, images, retrieval_images, leaks, exact_copies)
+    n_leaks = round(leaks * retrieval_images)
+    extras = plan(seed, images, retrieval_images, n_leaks, exact_copies)
     total = images + bench_images + t2i_prompts + retrieval_images + pretrain_images
     bar = progress(total=total, desc="synth", unit="img", disable=not show_progress)
     try:
@@ -270,8 +273,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
                   "shard_size": shard_size},
         "generators": {**{p.name: p.design() for p in PROFILES}, **{p.name: p.design() for p in T2I_PROFILES}},
     }
-    if leaks or exact_copies:  # ground truth of the planted duplicates (absent otherwise: old worlds unchanged)
-        world["sizes"]["corpus_total"] = images + leaks + exact_copies
+    if n_leaks or exact_copies:  # ground truth of the planted duplicates (absent otherwise: old worlds unchanged)
+        world["sizes"]["corpus_total"] = images + n_leaks + exact_copies
         world["leaks"] = {leak_key(j): f"images/r{r:06d}.png" for v in extras.values() for kind, j, r in v
                           if kind == "leak"}
         world["exact_copies"] = {copy_key(j): f"c{src:07d}" for v in extras.values() for kind, j, src in v

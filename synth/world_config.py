@@ -44,9 +44,9 @@ class WorldSettings:
                                                     "write the corpus (default), or short human-style captions over "
                                                     "families of look-alike scenes",
                                  cli={"choices": RETRIEVAL_STYLES})
-    leaks: int = field(0, help="planted evaluation leaks: near copies (cropped <= 10%, resized, colour-jittered, "
-                               "JPEG re-encoded) of this many distinct retrieval images put into the corpus, "
-                               "captioned by the corpus captioner; world.json 'leaks' records them")
+    leaks: float = field(0.0, help="planted evaluation leaks: the share (0-1) of retrieval images with a near copy "
+                                   "(cropped <= 10%, resized, colour-jittered, JPEG re-encoded) put into the corpus, "
+                                   "captioned by the corpus captioner; world.json 'leaks' records them")
     exact_copies: int = field(0, help="planted byte-identical copies of corpus samples (new keys); world.json "
                                       "'exact_copies' records them")
 
@@ -55,16 +55,14 @@ class WorldSettings:
 
         for name, lo in (("images", 1), ("image_size", 32), ("shard_size", 1), ("bench_images", 0),
                          ("t2i_prompts", 0), ("retrieval_images", 0), ("pretrain_images", 0),
-                        ("leaks", 0), ("exact_copies", 0)):
+                         ("exact_copies", 0)):
             v = getattr(self, name)
             if v is not None and v < lo:
                 raise ValueError(f"{name}: got {v}, expected an integer >= {lo}")
         if self.retrieval_style not in RETRIEVAL_STYLES:
             raise ValueError(f"retrieval_style: expected one of {RETRIEVAL_STYLES}, got {self.retrieval_style!r}")
-        retrieval = max(20, self.images // 10) if self.retrieval_images is None else self.retrieval_images
-        if self.leaks > retrieval:
-            raise ValueError(f"leaks: {self.leaks} exceeds retrieval_images ({retrieval}); each leak copies a "
-                             "different retrieval image")
+        if not 0 <= self.leaks <= 1:
+            raise ValueError(f"leaks: got {self.leaks}, expected a share of the retrieval images in [0, 1]")
         check_captioner_names(self.captioners, "captioners")
         check_corpus_sentences(self.corpus_sentences)
 

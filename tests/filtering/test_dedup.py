@@ -111,7 +111,7 @@ def leaky_world(tmp_path_factory):
     from halsift.synth.world import generate_world
 
     root = tmp_path_factory.mktemp("leaky")
-    world = generate_world(root / "w", images=120, seed=11, leaks=12, exact_copies=5, retrieval_images=30,
+    world = generate_world(root / "w", images=120, seed=11, leaks=0.4, exact_copies=5, retrieval_images=30,
                            bench_images=4, t2i_prompts=0, pretrain_images=0, shard_size=50)
     return root / "w", world
 
@@ -149,7 +149,7 @@ def test_world_without_leaks_is_unchanged(tmp_path):
     a = generate_world(tmp_path / "a", images=20, seed=3, bench_images=2, t2i_prompts=0, retrieval_images=3,
                        pretrain_images=0)
     b = generate_world(tmp_path / "b", images=20, seed=3, bench_images=2, t2i_prompts=0, retrieval_images=3,
-                       pretrain_images=0, leaks=0, exact_copies=0)
+                       pretrain_images=0, leaks=0.0, exact_copies=0)
     assert "leaks" not in a and a == b
     for f in sorted((tmp_path / "a").rglob("*")):
         if f.is_file():

@@ -10,7 +10,7 @@ from PIL import Image
 from halsift.launch.cli import main
 
 TINY = ["world.images=60", "world.bench_images=12", "world.pretrain_images=60", "world.retrieval_images=20",
-        "world.leaks=4", "world.exact_copies=2", "pretrain.steps=3",
+        "world.leaks=0.2", "world.exact_copies=2", "pretrain.steps=3",
         "pretrain.batch_size=16", "finetune.steps=2", "finetune.batch_size=16", "finetune.seeds=[0]",
         "score.batch_size=32", "evals.ihalla={synthetic: true, prompts: 6}", "evals.vope={synthetic: true, images: 6}",
         "evals.vigil={synthetic: true, per_category: 4}", "wandb.mode=disabled",

@@ -52,16 +52,16 @@ def old_stage_fingerprints(r) -> dict[str, dict]:
 # Since 608b057: the score section gained `max_parse_failures` (issue 35), so score and every stage after it moved;
 # issue 31: the world gained leaks/exact_copies (quickstart plants them) and the dedup stage runs before score.
 QUICKSTART = {
-    "world": ("fcafbd431511372b", {"seed": "5feceb66ffc86f38", "world": "962ef15840acc563"}),
-    "pretrain": ("61d44bfb2c24c15b", {"data": "5031051ce58909b3", "model": "980c750c33c77a7a",
+    "world": ("62c55028d000a96d", {"seed": "5feceb66ffc86f38", "world": "1842db77c07c2178"}),
+    "pretrain": ("e15263d036bf1a9b", {"data": "5031051ce58909b3", "model": "980c750c33c77a7a",
                                       "pretrain": "0ff8129adb5f1f21"}),
-    "detectors": ("d95e42f5dbe323e0", {"detectors": "ffedc5abd8f933dc"}),
-    "dedup": ("398ebe5d3927dda6", {"dedup": "8133a4627afecaf5"}),
-    "score": ("4c980e9144c2ac5f", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
-    "select": ("1faf79f01dda3918", {"select": "7dc89c31378d2f2a"}),
-    "finetune": ("ce650691b9937a24", {"finetune": "326249b506be0f30"}),
-    "eval": ("62cb6fc9d10854b9", {"eval": "28726c73a4b4101b", "evals": "566be1eec8e9a06e"}),
-    "report": ("77f76e2406e1c96f", {"name": "9cff4eeb32be37bd"}),
+    "detectors": ("108d10d9e39eb2b7", {"detectors": "ffedc5abd8f933dc"}),
+    "dedup": ("2a429c1379a75924", {"dedup": "8133a4627afecaf5"}),
+    "score": ("531526c3f318a166", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
+    "select": ("843f3028b767d464", {"select": "7dc89c31378d2f2a"}),
+    "finetune": ("095ef0c3eb6818f6", {"finetune": "326249b506be0f30"}),
+    "eval": ("e578febd19b2b279", {"eval": "28726c73a4b4101b", "evals": "566be1eec8e9a06e"}),
+    "report": ("6c7b3bd14c57dc4e", {"name": "9cff4eeb32be37bd"}),
 }
 
 
