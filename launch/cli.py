@@ -34,6 +34,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("select",): "halsift.launch.cmd_select",
     ("basic",): "halsift.launch.cmd_basic",
     ("annotate",): "halsift.launch.cmd_annotate",
+    ("dedup",): "halsift.launch.cmd_dedup",
     ("train", "clip"): "halsift.launch.cmd_train_clip",
     ("train", "detector"): "halsift.launch.cmd_train_detector",
     ("eval", "bench"): "halsift.launch.cmd_eval_bench",

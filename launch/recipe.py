@@ -54,7 +54,7 @@ def check(r: Recipe) -> Paths:
         _check_spec_files(key, nodes, p.run)
         _note_privileges(key, nodes)
     if not r.world.enabled:  # user data must exist now; the world's is produced by the first stage
-        for key, path in (("data.corpus", p.corpus), ("data.bench", p.bench)):
+        for key, path in (("data.corpus", p.source_corpus or p.corpus), ("data.bench", p.bench)):
             if path:
                 _check_exists(key, path)
         for name, path in p.retrieval.items():

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from halsift.corpus.config import ConfigError, WandbMode, field, fields_of
 from halsift.corpus.safe_paths import safe_component
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
+from halsift.launch.cmd_dedup import DedupConfig
 from halsift.launch.cmd_score import ScoreConfig
 from halsift.launch.cmd_select import SelectConfig, amount, check_guarantee, check_selection
 from halsift.synth.world_config import WorldSettings
@@ -22,7 +23,7 @@ from halsift.training.clip_config import ClipTrainConfig
 # The stages in run order, by name: each is a module of launch/stages/ (its body and the recipe sections it reads),
 # whose REGISTRY lists them in this order (tests/launch/test_recipe_stages.py checks the two agree). Declared here,
 # below the stages, so that the recipe's settings never import the code that runs them.
-STAGES = ("world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report")
+STAGES = ("world", "pretrain", "detectors", "dedup", "score", "select", "finetune", "eval", "report")
 TRAINED_KINDS = ("lora", "world_judge")
 # the report's own rows (the base model, the whole corpus): no detector, ensemble or variant may take these names
 RESERVED_NAMES = ("no-tune", "unfiltered")
@@ -122,6 +123,22 @@ class TrainedDetectorCfg:
         fixed = sorted({"base", "bench", "out"} & set(self.options))
         if fixed:
             raise ValueError(f"options.{fixed[0]}: set by the recipe, not an option")
+
+
+DedupSection = fields_of(DedupConfig, "DedupSection", ("data", "out", "embeddings", "no_progress"),
+                         "`halsift dedup`'s settings a recipe's dedup section takes (same names, defaults, help)")
+
+
+@dataclass
+class DedupCfg(DedupSection):
+    """Decontamination before scoring: the corpus without leaks of the recipe's retrieval sets and bench, and
+    without duplicates (docs/curation.md)."""
+
+    enabled: bool = field(True, help="decontaminate and deduplicate the corpus before scoring (false: score and "
+                                     "select the corpus as it is, e.g. Table F without decontamination)")
+
+    def validate(self) -> None:
+        DedupConfig.validate(self)
 
 
 ScoreSection = fields_of(ScoreConfig, "ScoreSection",
@@ -293,6 +310,8 @@ class Recipe:
     detector_jobs: int = field(0, help="detectors trained at once, each in its own process (0: one per GPU with 2 "
                                        "or more GPUs, one at a time on one GPU, on CPU one per 4 cores; 1: one "
                                        "after another)")
+    dedup: DedupCfg = field(default_factory=DedupCfg, help="decontamination and dedup of the corpus (against the "
+                                                            "retrieval sets and bench) before scoring")
     score: ScoreCfg = field(default_factory=ScoreCfg, help="detectors scored on the corpus and the bench")
     select: SelectCfg = field(default_factory=SelectCfg, help="top-k selection per detector")
     finetune: FinetuneCfg = field(default_factory=FinetuneCfg, help="CLIP fine-tuning on each selection")

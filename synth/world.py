@@ -28,6 +28,7 @@ from halsift.corpus.shards import Sample, ShardWriter, write_json_atomic
 from halsift.corpus.safe_paths import remove_file, remove_tree, replace_path
 from .captioners import PROFILE_BY_NAME, PROFILES, caption, check_captioner_names
 from .hard_negatives import write_compositional
+from .leaks import copy_key, exact_copy, leak_key, near_copy, plan
 from .render import png_bytes, render
 from .scene import sample_scene
 from .styles import RETRIEVAL_STYLES, alt_text, human_caption, scene_family
@@ -146,6 +147,33 @@ def _rows(sents: list[dict], image_id: str, gen: str, gtype: str, domain: str, s
             for s in sents]
 
 
+def retrieval_scene(seed: int, index: int, style: str = "captioners"):
+    """``(scene, rng)`` of retrieval image ``index``: its scene, and its stream with the scene drawn from it."""
+    rng = _rng(seed, "retrieval", index)
+    if style == "human":
+        base = sample_scene(_rng(seed, "retrieval-family", index // RETRIEVAL_FAMILY))
+        return scene_family(base, rng), rng
+    return sample_scene(rng), rng
+
+
+def leak_sample(seed: int, j: int, retrieval_index: int, png: bytes, style: str,
+                captioners: tuple[str, ...] = (), sentences: tuple[int, int] | None = None) -> Sample:
+    """Planted leak ``j``: a near copy of retrieval image ``retrieval_index`` (``png``, :func:`.leaks.near_copy`)
+    captioned by the corpus captioner from that image's scene."""
+    scene, _ = retrieval_scene(seed, retrieval_index, style)
+    rng = _rng(seed, "leak", j)
+    img = near_copy(png, rng)
+    profiles = [PROFILE_BY_NAME[c] for c in captioners] or PROFILES
+    prof = profiles[rng.randrange(len(profiles))]
+    sents = caption(scene, prof, rng)
+    if sentences:
+        sents = _window(sents, *sentences, rng)
+    key = leak_key(j)
+    meta = {"captioner": prof.name, "source": "i2t", "image_id": key, "domain": scene.domain,
+            "sentences": sents, "scene": scene.to_json()}
+    return Sample(key, img, _caption_text(sents), meta, ext="jpg")
+
+
 def retrieval_item(seed: int, index: int, image_size: int, images_dir: Path, style: str = "captioners",
                    held_out: tuple[str, ...] = ()) -> dict:
     """A held-out image with five correct captions.
@@ -159,14 +187,11 @@ def retrieval_item(seed: int, index: int, image_size: int, images_dir: Path, sty
     name = f"r{index:06d}.png"
     if style == "human":
         family = index // RETRIEVAL_FAMILY
-        base = sample_scene(_rng(seed, "retrieval-family", family))
-        rng = _rng(seed, "retrieval", index)
-        scene = scene_family(base, rng)
+        scene, rng = retrieval_scene(seed, index, style)
         _write_png(images_dir / name, _image(scene, image_size, rng))
         caps = [human_caption(scene, rng) for _ in range(5)]
         return {"image": f"images/{name}", "captions": caps, "family": family, "scene": scene.to_json()}
-    rng = _rng(seed, "retrieval", index)
-    scene = sample_scene(rng)
+    scene, rng = retrieval_scene(seed, index, style)
     _write_png(images_dir / name, _image(scene, image_size, rng))
     profiles = [PROFILE_BY_NAME[c] for c in held_out] or list(PROFILES)
     caps, writers = [], []
@@ -184,7 +209,7 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
                    overwrite: bool = False, show_progress: bool = False,
                    captioners: tuple[str, ...] | list[str] = (), retrieval_style: str = "captioners",
                    corpus_sentences: tuple[int, int] | list[int] = (), zeroshot_images: int | None = None,
-                   compositional_images: int | None = None) -> dict:
+                   compositional_images: int | None = None, leaks: float = 0.0, exact_copies: int = 0) -> dict:
     """Write a synthetic world under ``out`` and return what ``world.json`` holds.
 
     ``images`` corpus pairs, captioned by ``captioners`` (profile names; empty = all six: HalDec Table F's corpus
@@ -192,7 +217,9 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     retrieval captions in ``retrieval_style`` (:func:`retrieval_item`);
     ``bench_images`` (default ``max(24, images // 4)``) bench images, each captioned by the six captioners;
     ``t2i_prompts`` (default ``max(12, bench_images // 2)``) prompts drawn by the three t2i generators; ``retrieval_images`` (default ``max(20, images // 10)``); ``pretrain_images`` (default
-    ``images``) clean pairs; ``zeroshot_images`` per zero-shot task and ``compositional_images`` (each default
+    ``images``) clean pairs; near copies of ``round(leaks * retrieval_images)`` distinct retrieval images and
+    ``exact_copies`` byte-identical copies of corpus samples planted in the corpus (:mod:`.leaks`; recorded in
+    ``world.json``); ``zeroshot_images`` per zero-shot task and ``compositional_images`` (each default
     ``max(12, images // 30)``; 0 = not written). Those two sets come from their own random streams, after
     everything else, and are not in ``world.json``: the other parts are the same bytes with or without
     them. Raises ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
@@ -215,7 +242,9 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     pretrain_images = images if pretrain_images is None else pretrain_images
     zeroshot_images = max(12, images // 30) if zeroshot_images is None else zeroshot_images
     compositional_images = max(12, images // 30) if compositional_images is None else compositional_images
-    for name, v in (("bench_images", bench_images), ("t2i_prompts", t2i_prompts),
+    if not 0 <= leaks <= 1:
+        raise ValueError(f"leaks must be a share of the retrieval images in [0, 1], got {leaks}")
+    for name, v in (("exact_copies", exact_copies), ("bench_images", bench_images), ("t2i_prompts", t2i_prompts),
                     ("retrieval_images", retrieval_images), ("pretrain_images", pretrain_images),
                     ("zeroshot_images", zeroshot_images), ("compositional_images", compositional_images)):
         if v < 0:
@@ -232,12 +261,14 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     (tmp / "bench" / "images").mkdir(parents=True)
     (tmp / "retrieval" / "images").mkdir(parents=True)
 
+    n_leaks = round(leaks * retrieval_images)
+    extras = plan(seed, images, retrieval_images, n_leaks, exact_copies)
     total = images + bench_images + t2i_prompts + retrieval_images + pretrain_images
     total += compositional_images + zeroshot_images * len(ZEROSHOT_TASKS)
     bar = progress(total=total, desc="synth", unit="img", disable=not show_progress)
     try:
         n_rows = _write_parts(tmp, bar, seed, image_size, shard_size, images, captioners, bench_images,
-                              t2i_prompts, retrieval_images, retrieval_style, held_out, pretrain_images, window)
+                              t2i_prompts, retrieval_images, retrieval_style, held_out, pretrain_images, window, extras)
         if zeroshot_images:
             write_zeroshot_tasks(tmp / "zeroshot", seed, zeroshot_images, image_size, bar)
         if compositional_images:
@@ -257,6 +288,12 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
                   "shard_size": shard_size},
         "generators": {**{p.name: p.design() for p in PROFILES}, **{p.name: p.design() for p in T2I_PROFILES}},
     }
+    if n_leaks or exact_copies:  # ground truth of the planted duplicates (absent otherwise: old worlds unchanged)
+        world["sizes"]["corpus_total"] = images + n_leaks + exact_copies
+        world["leaks"] = {leak_key(j): f"images/r{r:06d}.png" for v in extras.values() for kind, j, r in v
+                          if kind == "leak"}
+        world["exact_copies"] = {copy_key(j): f"c{src:07d}" for v in extras.values() for kind, j, src in v
+                                 if kind == "copy"}
     write_json_atomic(tmp / "world.json", world)
     for part in PARTS:  # move into place; world.json last, so its presence means the world is complete
         target = out / part
@@ -274,11 +311,23 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
 def _write_parts(tmp: Path, bar, seed: int, image_size: int, shard_size: int, images: int,
                  captioners: tuple[str, ...], bench_images: int, t2i_prompts: int, retrieval_images: int,
                  retrieval_style: str, held_out: tuple[str, ...], pretrain_images: int,
-                 window: tuple[int, int] | None = None) -> int:
-    """Write corpus, bench, retrieval and pretrain under ``tmp`` (in this order: it fixes the output); bench rows."""
+                 window: tuple[int, int] | None = None, extras: dict[int, list] | None = None) -> int:
+    """Write retrieval, corpus (with the planted ``extras``: :func:`.leaks.plan`), bench and pretrain under ``tmp``
+    (every item has its own random stream: the order changes no byte); returns the bench rows."""
+    retrieval = []
+    for i in range(retrieval_images):
+        retrieval.append(retrieval_item(seed, i, image_size, tmp / "retrieval" / "images", retrieval_style, held_out))
+        bar.update()
+    _write_jsonl(tmp / "retrieval" / "retrieval.jsonl", retrieval)
     with ShardWriter(tmp / "corpus", maxcount=shard_size) as w:
         for i in range(images):
             w.write(corpus_sample(seed, i, image_size, captioners, window))
+            for kind, j, arg in (extras or {}).get(i, ()):
+                if kind == "leak":
+                    png = (tmp / "retrieval" / "images" / f"r{arg:06d}.png").read_bytes()
+                    w.write(leak_sample(seed, j, arg, png, retrieval_style, captioners, window))
+                else:
+                    w.write(exact_copy(corpus_sample(seed, arg, image_size, captioners, window), j))
             bar.update()
     rows: list[BenchRow] = []
     for i in range(bench_images):
@@ -288,11 +337,6 @@ def _write_parts(tmp: Path, bar, seed: int, image_size: int, shard_size: int, im
         rows += bench_t2i(seed, i, image_size, tmp / "bench" / "images")
         bar.update()
     n_rows = write_bench(tmp / "bench" / "bench.jsonl", rows)
-    retrieval = []
-    for i in range(retrieval_images):
-        retrieval.append(retrieval_item(seed, i, image_size, tmp / "retrieval" / "images", retrieval_style, held_out))
-        bar.update()
-    _write_jsonl(tmp / "retrieval" / "retrieval.jsonl", retrieval)
     with ShardWriter(tmp / "pretrain", maxcount=shard_size) as w:
         for i in range(pretrain_images):
             w.write(pretrain_sample(seed, i, image_size))

@@ -49,18 +49,25 @@ class WorldSettings:
                                                    "(default max(12, images/30))")
     compositional_images: int | None = field(None, help="images with SugarCrepe's seven hard-negative categories "
                                                         "(compositional/); 0 = none (default max(12, images/30))")
+    leaks: float = field(0.0, help="planted evaluation leaks: the share (0-1) of retrieval images with a near copy "
+                                   "(cropped <= 10%, resized, colour-jittered, JPEG re-encoded) put into the corpus, "
+                                   "captioned by the corpus captioner; world.json 'leaks' records them")
+    exact_copies: int = field(0, help="planted byte-identical copies of corpus samples (new keys); world.json "
+                                      "'exact_copies' records them")
 
     def validate(self) -> None:
         from halsift.synth.captioners import check_captioner_names
 
         for name, lo in (("images", 1), ("image_size", 32), ("shard_size", 1), ("bench_images", 0),
                          ("t2i_prompts", 0), ("retrieval_images", 0), ("pretrain_images", 0),
-                         ("zeroshot_images", 0), ("compositional_images", 0)):
+                         ("zeroshot_images", 0), ("compositional_images", 0), ("exact_copies", 0)):
             v = getattr(self, name)
             if v is not None and v < lo:
                 raise ValueError(f"{name}: got {v}, expected an integer >= {lo}")
         if self.retrieval_style not in RETRIEVAL_STYLES:
             raise ValueError(f"retrieval_style: expected one of {RETRIEVAL_STYLES}, got {self.retrieval_style!r}")
+        if not 0 <= self.leaks <= 1:
+            raise ValueError(f"leaks: got {self.leaks}, expected a share of the retrieval images in [0, 1]")
         check_captioner_names(self.captioners, "captioners")
         check_corpus_sentences(self.corpus_sentences)
 

@@ -420,7 +420,7 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
                            ranks: Mapping[str, np.ndarray] | None = None, n_boot: int = 1000, seed: int = 0,
                            samples=None, html: bool = True, guaranteed: Mapping[str, Mapping] | None = None,
                            beyond: Mapping[str, list[dict]] | None = None,
-                           beyond_hits: Mapping[str, np.ndarray] | None = None) -> dict:
+                           beyond_hits: Mapping[str, np.ndarray] | None = None, curation: Mapping | None = None) -> dict:
     """Write ``metrics.json``, ``report.md``, plots, ``index.html`` and (unless disabled) an offline wandb run;
     returns metrics.
 
@@ -431,6 +431,7 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
     certified): :mod:`halsift.eval.report.guaranteed`'s section and ``FILTER/guaranteed_kept@A`` metrics.
     ``beyond``: ``eval/beyond.json`` (zero-shot and compositional metrics per model and seed) and ``beyond_hits``
     its per-sample hits (``eval/beyond_hits.npz``), for :mod:`halsift.eval.report.beyond`.
+    ``curation``: the dedup stage's manifest (its removed counts are stated under the table).
     """
     from halsift.corpus.shards import write_json_atomic
 
@@ -453,6 +454,8 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
     text = render_markdown(title, rows, sets, _input_precision(selections), k, bench_split, n_boot, spearman)
     if guaranteed:
         text += guaranteed_section(guaranteed)
+    if curation:
+        text += "\n" + curation_sentence(curation) + "\n"
     bench_report = Path(out_dir).parent / "eval" / "bench" / "report.md"
     links = ({"detection benchmark": bench_report} if bench_report.exists() else {}) | dict(extra_reports or {})
     if links:
@@ -473,6 +476,14 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
     if wandb_mode != "disabled":
         _log_wandb(title, rows, metrics, out, wandb_mode, wandb_project, samples)
     return metrics
+
+
+def curation_sentence(m: Mapping) -> str:
+    """What decontamination removed from the corpus before scoring, in one sentence (a dedup manifest)."""
+    c = m.get("counts", {})
+    return (f"Before scoring, {m.get('removed', 0)} of {m.get('samples', 0)} corpus samples were removed: "
+            f"{c.get('eval', 0)} leaks of the evaluation images, {c.get('exact', 0)} exact and {c.get('near', 0)} "
+            "near duplicates (`dedup/manifest.json`).")
 
 
 PLOTS = {"r_at_k.png": "Fine-tuned CLIP retrieval R@{k} per filter (mean ± std over seeds)",

@@ -8,7 +8,7 @@ in ``recipe_config.STAGES``, its recipe section (a field of ``recipe_config.Reci
 
 from __future__ import annotations
 
-from halsift.launch.stages import detectors, eval, finetune, pretrain, report, score, select, world
+from halsift.launch.stages import dedup, detectors, eval, finetune, pretrain, report, score, select, world
 from halsift.launch.stages.base import Paths, Stage, resolve_paths
 
 # name -> stage, in run order (recipe_config.STAGES, a recipe's `stages`, `halsift run --force STAGE`)
@@ -16,6 +16,7 @@ REGISTRY: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (
     world,
     pretrain,
     detectors,
+    dedup,
     score,
     select,
     finetune,

@@ -68,6 +68,7 @@ class Paths:
     retrieval: dict[str, str]
     pretrain_data: str
     base: str  # base CLIP weights (pretrained tag or file), '' until the pretrain stage has run
+    source_corpus: str = ""  # the corpus as given; ``corpus`` is its decontaminated copy when the dedup stage runs
 
     def stage(self, name: str) -> Path:
         return self.run / name
@@ -86,4 +87,7 @@ def resolve_paths(r: Recipe) -> Paths:
     retrieval = dict(r.data.retrieval) or ({"synthetic": str(world / "retrieval")} if r.world.enabled else {})
     pretrain = r.data.pretrain or (str(world / "pretrain") if r.world.enabled else "")
     base = r.model.pretrained or str(run / "pretrain" / "final" / "open_clip_model.safetensors")
-    return Paths(run, corpus, bench, retrieval, pretrain, base)
+    source = corpus
+    if corpus and r.dedup.enabled and "dedup" in r.stages:  # the dedup stage's copy without leaks and duplicates
+        corpus = str(run / "dedup" / "corpus")
+    return Paths(run, corpus, bench, retrieval, pretrain, base, source)

@@ -40,8 +40,14 @@ def stage_report(r: Recipe, p: Paths) -> dict:
                                      extra_reports={n: p.stage("eval") / n / "report.md" for n in r.evals.enabled()},
                                      bench_split=r.eval.bench_split, ranks=ranks, seed=r.seed,
                                      samples=report_samples(r, p), guaranteed=report_rows(r, p, scored_names(r)),
-                                     beyond=beyond, beyond_hits=beyond_hits)
+                                     beyond=beyond, beyond_hits=beyond_hits, curation=_curation(p))
     return {"metrics": metrics}
+
+
+def _curation(p: Paths) -> dict | None:
+    """The dedup stage's manifest when it ran for this corpus (its counts go into the report)."""
+    path = p.stage("dedup") / "manifest.json"
+    return json.loads(path.read_text()) if p.corpus != p.source_corpus and path.exists() else None
 
 
 def report_samples(r: Recipe, p: Paths):

@@ -27,7 +27,8 @@ DETECTORS = {"oracle": "oracle", "random": "random:seed=0"}
 
 def tiny_recipe(run: Path, wandb_mode: str = "disabled"):
     r = load_recipe("quickstart", [f"run_dir={run}", "world.images=40", "world.bench_images=10",
-                                   "world.retrieval_images=10", "world.pretrain_images=10", f"wandb.mode={wandb_mode}"])
+                                   "world.retrieval_images=10", "world.pretrain_images=10", f"wandb.mode={wandb_mode}",
+                                   "world.leaks=0", "world.exact_copies=0", "dedup.enabled=false"])
     r.detectors, r.score.ensembles = {}, {}  # no training: the two detectors that need none
     r.evals = type(r.evals)()  # no extra evals
     r.score.detectors = dict(DETECTORS)

@@ -9,7 +9,8 @@ from PIL import Image
 
 from halsift.launch.cli import main
 
-TINY = ["world.images=60", "world.bench_images=12", "world.pretrain_images=60", "world.retrieval_images=20", "pretrain.steps=3",
+TINY = ["world.images=60", "world.bench_images=12", "world.pretrain_images=60", "world.retrieval_images=20",
+        "world.leaks=0.2", "world.exact_copies=2", "pretrain.steps=3",
         "pretrain.batch_size=16", "finetune.steps=2", "finetune.batch_size=16", "finetune.seeds=[0]",
         "score.batch_size=32", "evals.ihalla={synthetic: true, prompts: 6}", "evals.vope={synthetic: true, images: 6}",
         "evals.vigil={synthetic: true, per_category: 4}", "wandb.mode=disabled",
@@ -62,8 +63,23 @@ def _check_retrieval(run, names) -> None:
 def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["run", "quickstart", f"run_dir={run}", *TINY]) == 0
-    for stage in ("world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report"):
+    for stage in ("world", "pretrain", "detectors", "dedup", "score", "select", "finetune", "eval", "report"):
         assert (run / stage / "_done.json").exists(), stage
+    # the planted leaks and copies are removed before scoring, and the report says so
+    world = json.loads((run / "world" / "world.json").read_text())
+    dups = json.loads((run / "dedup" / "manifest.json").read_text())
+    assert dups["samples"] == 66 and dups["counts"]["exact"] == 2 and dups["counts"]["eval"] >= 4
+    from halsift.filtering.curation import excluded_keys
+
+    removed = excluded_keys(run / "dedup")
+    assert set(world["leaks"]) | set(world["exact_copies"]) <= removed
+    import pyarrow.parquet as pq
+
+    scored = {k for part in (run / "score" / "random" / "corpus").glob("part-*.parquet")
+              for k in pq.read_table(part, columns=["key"]).column("key").to_pylist()}
+    assert len(scored) == 66 - len(removed) and not removed & scored
+    report_md = (run / "report" / "report.md").read_text()
+    assert f"Before scoring, {len(removed)} of 66 corpus samples were removed" in report_md
     assert (run / "recipe.resolved.yaml").exists()
     filters = ["clip", "clip-lora", "judge", "random", "oracle", "judge+clip-lora"]
     for name, adapter in (("clip-lora", "clip-lora/adapter"), ("judge", "judge/judge/adapter")):
@@ -111,7 +127,7 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     capsys.readouterr()
     assert main(["run", "quickstart", f"run_dir={run}", *TINY]) == 0
     out = capsys.readouterr().out
-    assert out.count("already complete, skipped") == 8
+    assert out.count("already complete, skipped") == 9
     assert (run / "report" / "report.md").read_text() == report
 
     # a changed option re-runs its stage and the stages after it, from a cleared folder; the ones before are kept
@@ -119,7 +135,7 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     (run / "select" / "stale.txt").write_text("made with the old settings")
     assert main(["run", "quickstart", f"run_dir={run}", *TINY, "select.keep=0.5"]) == 0
     out = capsys.readouterr().out
-    assert out.count("already complete, skipped") == 4  # world, pretrain, detectors, score
+    assert out.count("already complete, skipped") == 5  # world, pretrain, detectors, dedup, score
     assert "select: select changed since it ran; clearing" in out
     for stage in ("finetune", "eval", "report"):
         assert f"{stage}: an earlier stage's inputs changed since it ran" in out

@@ -17,14 +17,14 @@ from halsift.launch.recipe import stage_fingerprints
 from halsift.launch.stages import REGISTRY, Stage
 
 STAGES_DIR = Path(__file__).parents[2] / "launch" / "stages"
-ORDER = ["world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report"]
+ORDER = ["world", "pretrain", "detectors", "dedup", "score", "select", "finetune", "eval", "report"]
 
 # launch/recipe_config.STAGE_INPUTS and launch/recipe.stage_fingerprints at 608b057, before the stages became
 # objects, copied here only to compare: the registry must hash the same sections in the same chain, or every
 # existing run folder would re-run from its first stage.
-OLD_STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "pretrain"), "detectors": ("detectors",),
-                    "score": ("score", "eval.bench_split"), "select": ("select",), "finetune": ("finetune",),
-                    "eval": ("eval", "evals"), "report": ("name",)}
+OLD_STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "pretrain"),
+                    "detectors": ("detectors",), "dedup": ("dedup",), "score": ("score", "eval.bench_split"),
+                    "select": ("select",), "finetune": ("finetune",), "eval": ("eval", "evals"), "report": ("name",)}
 
 
 def old_stage_fingerprints(r) -> dict[str, dict]:
@@ -54,16 +54,18 @@ def old_stage_fingerprints(r) -> dict[str, dict]:
 # composed-selection and guaranteed-selection keys (issues 31, 32), so select and every stage after it moved;
 # issue 33: world gained zeroshot_images / compositional_images, data gained zeroshot / compositional, eval gained
 # zeroshot / compositional: every stage moved (existing runs re-run from the world stage, which writes the new sets).
+# issue 31: the world gained leaks/exact_copies (quickstart plants them) and the dedup stage runs before score.
 QUICKSTART = {
-    "world": ("9fee5a4311743fbc", {"seed": "5feceb66ffc86f38", "world": "d9ac65e84e64c57f"}),
-    "pretrain": ("9502a66d8a253946", {"data": "cef95a3a080af27b",
+    "world": ("675df6377f8743d2", {"seed": "5feceb66ffc86f38", "world": "2aabc6b38e1e6713"}),
+    "pretrain": ("908371d53b1e8407", {"data": "cef95a3a080af27b",
                                       "model": "980c750c33c77a7a", "pretrain": "0ff8129adb5f1f21"}),
-    "detectors": ("22d21ef3ef63c039", {"detectors": "ffedc5abd8f933dc"}),
-    "score": ("8614074c3097c64d", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
-    "select": ("cea72ae21a150646", {"select": "f3463167872114d3"}),
-    "finetune": ("bd3750cd31a9c12d", {"finetune": "326249b506be0f30"}),
-    "eval": ("f8fab944e5ab29e4", {"eval": "2a954114747a80c9", "evals": "566be1eec8e9a06e"}),
-    "report": ("11341ab59ad83aaa", {"name": "9cff4eeb32be37bd"}),
+    "detectors": ("23ed05a718f29511", {"detectors": "ffedc5abd8f933dc"}),
+    "dedup": ("ca0a8a7647441b36", {"dedup": "8133a4627afecaf5"}),
+    "score": ("b1b02a9a6f77db9a", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
+    "select": ("00ab04934655115f", {"select": "f3463167872114d3"}),
+    "finetune": ("73991962668db7c4", {"finetune": "326249b506be0f30"}),
+    "eval": ("36134b744ec496af", {"eval": "2a954114747a80c9", "evals": "566be1eec8e9a06e"}),
+    "report": ("59d284890a1dbaa5", {"name": "9cff4eeb32be37bd"}),
 }
 
 

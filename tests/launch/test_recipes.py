@@ -151,7 +151,7 @@ def test_stage_fingerprints_change_from_the_edited_stage_on(tmp_path):
     assert base == stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path / 'elsewhere'}"]))
     lr = stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}", "finetune.lr=0.0003"]))
     order = list(base)
-    assert order == ["world", "pretrain", "detectors", "score", "select", "finetune", "eval", "report"]
+    assert order == ["world", "pretrain", "detectors", "dedup", "score", "select", "finetune", "eval", "report"]
     for stage in order:
         assert (lr[stage]["fingerprint"] == base[stage]["fingerprint"]) == (order.index(stage) < order.index("finetune"))
     assert lr["finetune"]["sections"] != base["finetune"]["sections"] and lr["eval"]["sections"] == base["eval"]["sections"]

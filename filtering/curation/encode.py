@@ -1,0 +1,81 @@
+"""``dedup --model SPEC``: encode images on the fly with a CLIP-family detector's image encoder, into an embedding
+store (:mod:`halsift.corpus.embedding_store`'s layout, ``DIR/embeddings``), so the rest reads it as it reads
+``--embeddings`` (one code path: the two give equal results)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from halsift.corpus.embedding_store import (FORMAT, IMAGE, MANIFEST, embedding_table, part_paths,
+                                            write_embedding_part)
+from halsift.corpus.errors import InputError
+from halsift.corpus.images import SkipCounter
+from halsift.corpus.sample import read_shard
+from halsift.corpus.scores import part_name
+from halsift.corpus.shards import write_json_atomic
+
+BATCH = 64
+
+
+class ImageEncoder:
+    """The image tower of a CLIP-family detector spec (``clip:...``): PIL images -> L2-normalised float32 rows."""
+
+    def __init__(self, spec: str) -> None:
+        from halsift.filtering.detectors.spec import load_detector
+
+        det = load_detector(spec)
+        if not (hasattr(det, "model") and hasattr(det.model, "encode_image") and hasattr(det, "preprocess")):
+            raise InputError(f"--model {spec}: not a CLIP-family detector (expected one with an image encoder, "
+                             "e.g. clip:arch=ViT-B-32,pretrained=openai)")
+        self.spec, self.det = spec, det
+
+    def __call__(self, images: list) -> np.ndarray:
+        import torch
+
+        out = []
+        dtype = next(self.det.model.parameters()).dtype
+        with torch.inference_mode():
+            for b in range(0, len(images), BATCH):
+                pix = torch.stack([self.det.preprocess(im) for im in images[b:b + BATCH]]).to(self.det.device, dtype)
+                out.append(torch.nn.functional.normalize(self.det.model.encode_image(pix).float(), dim=-1).cpu())
+        return torch.cat(out).numpy() if out else np.empty((0, 0), np.float32)
+
+
+def encode_corpus(shards: Iterable[Path], folder: Path, encoder: ImageEncoder, bar=None) -> None:
+    """Write one embedding part per shard into ``folder`` (finished parts are kept), then its manifest."""
+    folder.mkdir(parents=True, exist_ok=True)
+    dim = None
+    for shard in shards:
+        path = folder / part_name(0, str(shard))
+        if not path.exists():
+            keys, images = [], []
+            for s in read_shard(shard, SkipCounter()):
+                keys.append(s.key)
+                images.append(s.image)
+            vecs = encoder(images) if images else None
+            if vecs is not None:
+                dim = vecs.shape[1]
+                write_embedding_part(embedding_table(keys, [IMAGE] * len(keys), vecs), path, {"shard": str(shard)})
+        if bar is not None:
+            bar.update()
+    if dim is None:
+        dim = _dim_of_parts(folder) or int(encoder([_blank()]).shape[1])
+    write_json_atomic(folder / MANIFEST, {"format": FORMAT, "model": encoder.spec, "dim": int(dim),
+                                          "dtype": "float16", "normalized": True, "complete": True})
+
+
+def _dim_of_parts(folder: Path) -> int | None:
+    import pyarrow.parquet as pq
+
+    for p in part_paths(folder):
+        return pq.read_schema(p).field("embedding").type.list_size
+    return None
+
+
+def _blank():
+    from PIL import Image
+
+    return Image.new("RGB", (32, 32))
