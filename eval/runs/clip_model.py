@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from halsift.corpus.config import ConfigError
+from halsift.corpus.config import ConfigError, field
 
 
 def check_model_settings(model: str, pretrained: str, batch_size: int) -> None:
@@ -19,6 +21,23 @@ def check_model_settings(model: str, pretrained: str, batch_size: int) -> None:
         raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
     if pretrained and os.sep in pretrained and not os.path.isfile(pretrained):
         raise ValueError(f"pretrained: {pretrained} is not a file")
+
+
+@dataclass
+class ClipEvalSettings:
+    """The open_clip model a CLIP evaluation loads and how it encodes: the settings ``eval retrieval``,
+    ``eval zeroshot`` and ``eval compositional`` share (one definition, one check)."""
+
+    model: str = field("", help="open_clip architecture (or halsift-tiny)")
+    pretrained: str = field("", help="pretrained tag, weights file (e.g. RUN/final/open_clip_model.safetensors) or "
+                                     "random (a seeded random init, asked for by name)")
+    batch_size: int = field(64, help="encoding batch size")
+    device: str = field("auto", help="auto | cpu | cuda[:N]")
+    precision: Literal["auto", "bf16", "fp32"] = field("auto", help="auto: bf16 autocast on a GPU, fp32 on a CPU "
+                                                                      "(the same rule as training's in-loop eval)")
+
+    def validate(self) -> None:
+        check_model_settings(self.model, self.pretrained, self.batch_size)
 
 
 def load_eval_model(model: str, pretrained: str, device: str):

@@ -5,32 +5,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
-
-import numpy as np
 
 from halsift.corpus.config import ConfigError, field
 from halsift.eval.result import EvalResult
+from halsift.eval.runs.clip_model import ClipEvalSettings
 
 
 @dataclass
-class CompositionalEvalConfig:
-    model: str = field("", help="open_clip architecture (or halsift-tiny)")
-    pretrained: str = field("", help="pretrained tag, weights file (e.g. RUN/final/open_clip_model.safetensors) or "
-                                     "random (a seeded random init, asked for by name)")
+class CompositionalEvalConfig(ClipEvalSettings):
     data: str = field("", help="SugarCrepe category JSON ({id: {filename, caption, negative_caption}}, named "
                                "CATEGORY.json) or a folder of them")
     images: str = field("", help="the image folder the JSON filenames are relative to ('' = DATA's folder/images)")
     out: str = field("", help="writes metrics.json, report.md and sugarcrepe.json (SugarCrepe's result: "
                               "{category: accuracy 0-1}) here")
-    batch_size: int = field(64, help="encoding batch size")
-    device: str = field("auto", help="auto | cpu | cuda[:N]")
-    precision: Literal["auto", "bf16", "fp32"] = field("auto", help="auto: bf16 autocast on a GPU, fp32 on a CPU")
 
     def validate(self) -> None:
-        from halsift.eval.runs.clip_model import check_model_settings
-
-        check_model_settings(self.model, self.pretrained, self.batch_size)
+        super().validate()
         if not self.data:
             raise ValueError("data: required")
 

@@ -3,32 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 from pathlib import Path
 
 from halsift.corpus.config import ConfigError, field
 from halsift.eval.result import EvalResult
+from halsift.eval.runs.clip_model import ClipEvalSettings
 
 
 @dataclass
-class RetrievalEvalConfig:
-    model: str = field("", help="open_clip architecture (or halsift-tiny)")
-    pretrained: str = field("", help="pretrained tag, weights file (e.g. RUN/final/open_clip_model.safetensors) or "
-                                     "random (a seeded random init, asked for by name)")
+class RetrievalEvalConfig(ClipEvalSettings):
     data: str = field("", help="retrieval set: retrieval.jsonl or its folder")
     out: str = field("", help="writes metrics.json, report.md and clip_benchmark.json (CLIP_benchmark's result "
                               "layout, for `clip_benchmark build`) here")
-    batch_size: int = field(64, help="encoding batch size")
-    device: str = field("auto", help="auto | cpu | cuda[:N]")
-    precision: Literal["auto", "bf16", "fp32"] = field("auto", help="auto: bf16 autocast on a GPU, fp32 on a CPU "
-                                                                      "(the same rule as training's in-loop eval)")
 
     def validate(self) -> None:
-        from halsift.eval.runs.clip_model import check_model_settings
-
+        super().validate()
         if not self.data:
             raise ValueError("data: required")
-        check_model_settings(self.model, self.pretrained, self.batch_size)
 
 
 def render_report(metrics: dict, model: str, pretrained: str, data: str) -> str:

@@ -5,21 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
 from halsift.corpus.config import ConfigError, field
 from halsift.eval.result import EvalResult
+from halsift.eval.runs.clip_model import ClipEvalSettings
 
 METRICS = ("acc1", "acc5", "mean_per_class_recall")
 
 
 @dataclass
-class ZeroshotEvalConfig:
-    model: str = field("", help="open_clip architecture (or halsift-tiny)")
-    pretrained: str = field("", help="pretrained tag, weights file (e.g. RUN/final/open_clip_model.safetensors) or "
-                                     "random (a seeded random init, asked for by name)")
+class ZeroshotEvalConfig(ClipEvalSettings):
     data: str = field("", help="a CLIP_benchmark wds folder (SPLIT/nshards.txt, SPLIT/*.tar, classnames.txt, "
                                "zeroshot_classification_templates.txt) or an ImageFolder (one folder per class)")
     out: str = field("", help="writes metrics.json, report.md and clip_benchmark.json (CLIP_benchmark's result "
@@ -29,14 +26,9 @@ class ZeroshotEvalConfig:
                                      "without one uses its folder names)")
     templates: str = field("", help="prompt templates file, one per line with {c} ('' = "
                                     "DATA/zeroshot_classification_templates.txt)")
-    batch_size: int = field(64, help="encoding batch size")
-    device: str = field("auto", help="auto | cpu | cuda[:N]")
-    precision: Literal["auto", "bf16", "fp32"] = field("auto", help="auto: bf16 autocast on a GPU, fp32 on a CPU")
 
     def validate(self) -> None:
-        from halsift.eval.runs.clip_model import check_model_settings
-
-        check_model_settings(self.model, self.pretrained, self.batch_size)
+        super().validate()
         if not self.data:
             raise ValueError("data: required")
 
