@@ -28,7 +28,8 @@ def test_recipe_where_with_basic_fields(tmp_path, monkeypatch):
     def recipe(w):
         return from_dict(Recipe, {"run_dir": str(tmp_path / "run"), "data": {"corpus": str(corpus)},
                                   "score": {"detectors": {"judge": "oracle", "clip": "random:seed=1"}},
-                                  "select": {"keep": 1.0, "where": w}, "wandb": {"mode": "disabled"}})
+                                  "select": {"keep": 1.0, "where": w}, "dedup": {"enabled": False},
+                                  "wandb": {"mode": "disabled"}})
 
     r = recipe(where)
     p = resolve_paths(r)
