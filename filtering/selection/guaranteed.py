@@ -58,7 +58,9 @@ def plan_guarantee(scores_dir: str | os.PathLike, calibration: str | os.PathLike
                                  f"{scores_dir} holds {len(corpus)}: a sample of another corpus or score folder")
     g = certify(cal.scores, cal.hallucinated, max_hallucination, confidence, cal.strata, corpus)
     if g.threshold is None:
-        raise GuaranteeError(refusal(g, str(calibration)))
+        err = GuaranteeError(refusal(g, str(calibration)))
+        err.guarantee = g  # what was reachable: the report states it beside the refusal
+        raise err
     return g, cal
 
 
@@ -91,7 +93,8 @@ def guaranteed_kept(scores_dir: str | os.PathLike, calibration: str | os.PathLik
                     captioners: str | list[str] | None = None, splits: str | list[str] | None = None
                     ) -> dict[str, float | None]:
     """Per level A (keyed by its percentage, e.g. ``"5"``): the share (0-100) of the corpus's units a guaranteed
-    selection keeps, None where no threshold certifies A (the compare report's third way to compare filters)."""
+    selection keeps, None where no threshold certifies A (the compare report's third way to compare filters); and
+    ``units`` (calibration units) and ``best_bound`` (the lowest upper bound any threshold reaches, %)."""
     from halsift.corpus.scores import read_scores
     from halsift.filtering.selection.select import select_keys
 
@@ -100,9 +103,13 @@ def guaranteed_kept(scores_dir: str | os.PathLike, calibration: str | os.PathLik
     for a in levels:
         try:
             g, _ = plan_guarantee(scores_dir, calibration, a, confidence, unit, agg, None, captioners, splits)
-        except GuaranteeError:
+        except GuaranteeError as e:
             out[f"{100 * a:g}"] = None
+            g = getattr(e, "guarantee", None)
+            if g is not None:  # the best bound any threshold reached, and on how many labelled units
+                out["units"], out["best_bound"] = g.calibration_units, percent(g.best_bound, 2)
             continue
+        out["units"], out["best_bound"] = g.calibration_units, percent(g.best_bound, 2)
         _, info = select_keys(t, threshold=g.threshold, unit=unit, agg=agg)
         out[f"{100 * a:g}"] = percent(info["selected"] / info["candidates"], 4) if info["candidates"] else None
     return out

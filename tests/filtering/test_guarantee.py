@@ -173,3 +173,7 @@ def test_the_report_row_is_the_kept_share_at_each_level(world):
     text = guaranteed_section({"rand": row})
     assert "| filter | kept % at A = 5 % | kept % at A = 50 % |" in text
     assert f"| rand | - | {row['50']:.1f} |" in text
+    # a '-' says how far the labels could go: the best bound any threshold reaches, on how many units
+    best = certify(cal.scores, cal.hallucinated, 0.05, 0.9).best_bound
+    assert row["units"] == len(cal.scores) and row["best_bound"] == pytest.approx(100 * best, abs=0.01)
+    assert f"| {row['best_bound']:.1f} | {len(cal.scores)} |" in text
