@@ -81,7 +81,8 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
 
 def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
     """Mean of member scores (:func:`halsift.filtering.detectors.ensemble.combine`, equal weights, no normalisation) per
-    (key, sentence_index) all members scored, written as a score folder (seeds' Table 6 ensembles)."""
+    (key, sentence_index) all members scored, written as a score folder (seeds' Table 6 ensembles), with the first
+    member's other columns (e.g. ``captioner``)."""
     from halsift.corpus.scores import read_scores_df, scores_table, write_part_atomic
     from halsift.filtering.detectors.ensemble import combine
 
@@ -95,7 +96,13 @@ def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     parsed = merged[[f"p{i}" for i in range(len(member_dirs))]].all(axis=1)
     scores = combine(merged[cols].to_numpy(dtype=float).T, [1.0] * len(cols), "none")
-    table = scores_table(merged["key"], merged["sentence_index"], scores, parsed, name)
+    # the first member's other columns (the sample's captioner, ...): what select and the guarantee read beside scores
+    first = read_scores_df(member_dirs[0])
+    extra = [c for c in first.columns if c not in ("key", "sentence_index", "score", "parsed", "detector")]
+    if extra:
+        merged = merged.merge(first[["key", "sentence_index", *extra]], on=["key", "sentence_index"], how="left")
+    table = scores_table(merged["key"], merged["sentence_index"], scores, parsed, name,
+                         extra={c: merged[c].tolist() for c in extra})
     write_part_atomic(table, out / "part-ensemble.parquet")
     write_json_atomic(out / "_manifest.json", {"detector": name, "detector_name": name, "status": "complete",
                                                "part_files": ["part-ensemble.parquet"],

@@ -54,22 +54,27 @@ def plan_guarantee(r: Recipe, p: Paths, scored: str, how: dict):
 
 def report_rows(r: Recipe, p: Paths, names: list[str]) -> dict[str, dict]:
     """Per scored filter with calibration scores: the kept share (0-100) at A = 5 / 10 / 20 % (None: not
-    certified); the report's guaranteed-selection row."""
+    certified), the best bound reachable and the calibration size; the report's guaranteed-selection rows. A
+    recipe that selects whole captions also gets each filter's sentence-level row (``NAME/sentence``): a caption
+    is hallucinated when any of its sentences is, so few labelled captions may certify nothing at all."""
     from halsift.filtering.selection.guarantee import GuaranteeError
     from halsift.filtering.selection.guaranteed import guaranteed_kept
 
+    units = [(r.select.unit, r.select.agg if r.select.agg != "repair" else "prune", "")]
+    if r.select.unit == "caption":
+        units.append(("sentence", "min", "/sentence"))
     rows = {}
-    for n in names:
-        a = calibration_args(r, p, n)
-        corpus = scores_dir(p, n, "corpus")
-        if not corpus.exists() or not Path(a["calibration"]).exists():
-            continue
-        try:
-            rows[n] = guaranteed_kept(corpus, a["calibration"], r.select.confidence, unit=r.select.unit,
-                                      agg=r.select.agg if r.select.agg != "repair" else "prune",
-                                      captioners=a["captioners"], splits=a["splits"])
-        except (GuaranteeError, ValueError) as e:  # e.g. no bench rows of the corpus's captioners: said in the row
-            rows[n] = {"error": str(e)}
+    for unit, agg, suffix in units:
+        for n in names:
+            a = calibration_args(r, p, n)
+            corpus = scores_dir(p, n, "corpus")
+            if not corpus.exists() or not Path(a["calibration"]).exists():
+                continue
+            try:
+                rows[n + suffix] = guaranteed_kept(corpus, a["calibration"], r.select.confidence, unit=unit, agg=agg,
+                                                   captioners=a["captioners"], splits=a["splits"])
+            except (GuaranteeError, ValueError) as e:  # e.g. no bench rows of the corpus's captioners: in the row
+                rows[n + suffix] = {"error": str(e)}
     return rows
 
 
