@@ -241,18 +241,24 @@ def read_exclude(path: Path, flag: str = "exclude") -> set[str]:
         raise SelectError(f"{flag}: {path} is not a file (expected a duplicates.parquet, its folder, or a text "
                           "file of keys)")
     if path.suffix == ".parquet":
-        try:
-            names = pq.read_schema(path).names
-        except (pa.ArrowInvalid, OSError) as e:
-            raise SelectError(f"{flag}: {path} is not readable parquet ({e})") from None
-        if "key" not in names:
-            raise SelectError(f"{flag}: {path} has no 'key' column (it has {', '.join(names)})")
+        _key_columns(path, flag)
         return {str(k) for k in pq.read_table(path, columns=["key"])["key"].to_pylist() if k is not None}
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise SelectError(f"{flag}: {path} is neither parquet nor a UTF-8 text file of keys") from None
     return {line.strip() for line in text.splitlines() if line.strip()}
+
+
+def _key_columns(path: Path, flag: str) -> list[str]:
+    """The column names of a parquet file that must hold a ``key`` column; one line naming ``flag`` otherwise."""
+    try:
+        names = pq.read_schema(path).names
+    except (pa.ArrowInvalid, OSError) as e:
+        raise SelectError(f"{flag}: {path} is not readable parquet ({e})") from None
+    if "key" not in names:
+        raise SelectError(f"{flag}: {path} has no 'key' column (it has {', '.join(names)})")
+    return names
 
 
 def _digest(paths: list[Path]) -> str:
@@ -283,12 +289,7 @@ def composition(scores: list[tuple[str | None, str]], *, fields: list[str] = (),
     field_files = [f for p in fields for f in _parquet_files(Path(p), f"{prefix}fields")]
     columns: list[str] = []
     for f in field_files:
-        try:
-            names = pq.read_schema(f).names
-        except (pa.ArrowInvalid, OSError) as e:
-            raise SelectError(f"{prefix}fields: {f} is not readable parquet ({e})") from None
-        if "key" not in names:
-            raise SelectError(f"{prefix}fields: {f} has no 'key' column (it has {', '.join(names)})")
+        names = _key_columns(f, f"{prefix}fields")
         for c in names:
             if c == "key" or c in columns:
                 continue
