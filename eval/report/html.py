@@ -217,7 +217,7 @@ def collect_samples(detectors: Sequence[str], *, corpus: str | os.PathLike | Seq
 def _corpus_samples(b: _Builder, corpus, scores_dirs: Mapping, selections: Mapping, max_samples: int) -> None:
     import pyarrow.parquet as pq
 
-    from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, read_sizes
+    from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, read_sizes, recorded_count
     from halsift.filtering.detectors.base import CAPTION_INDEX
     from halsift.filtering.selection.select import _labels  # the selection's own reading of texts and labels
 
@@ -227,11 +227,13 @@ def _corpus_samples(b: _Builder, corpus, scores_dirs: Mapping, selections: Mappi
     total = shown = 0
     first = len(b.out.samples)
     for path in expand_shards(corpus):
-        if shown >= max_samples:  # past the cap: count the rest from sizes.json where it says
+        if shown >= max_samples:  # past the cap: count the rest from what the folder records (no tar read)
             if path.parent not in sizes:
                 sizes[path.parent] = read_sizes(path.parent) if (path.parent / "sizes.json").exists() else {}
-            if path.name in sizes[path.parent]:
-                total += int(sizes[path.parent][path.name])
+            n = sizes[path.parent].get(path.name)
+            n = recorded_count(path) if n is None else n  # img2dataset: the shard's _stats.json
+            if n is not None:
+                total += int(n)
                 continue
         try:
             for s in iter_shard(path):
