@@ -3,7 +3,7 @@
 ``--sizes``, with the growth from the smallest size to the largest (time should grow with the data, peak memory
 should stay flat).
 
-    python benchmarks/million.py                                   # 100k and 1M captions (hours on 2 cores; ~8 GB disk at 1M)
+    python benchmarks/million.py                    # 100k and 1M (roughly an hour on 2 cores; ~8 GB disk at 1M)
     python benchmarks/million.py --json million.json --work /data/million
     python benchmarks/million.py --samples 2000 --check --json smoke.json   # one size: the CI smoke run
 
@@ -308,7 +308,8 @@ def run_size(n: int, a: argparse.Namespace, root: Path, world: Path, pool_retrie
     inner = {"dedup_timing_s": dm.get("timing_s"), "dedup_pairs": dm.get("pairs"),
              "score_items": sm.get("sentences"), "select_wall_time_s": m.get("wall_time_s")}
     disk = sum(f.stat().st_size for f in work.rglob("*") if f.is_file())
-    result = {"samples": n, "shards": shards, "per_shard": per_shard, "planted_each": plant, "build_s": round(build_s, 1),
+    result = {"samples": n, "shards": shards, "per_shard": per_shard, "planted_each": plant,
+              "build_s": round(build_s, 1),
               "stages": stages, "dedup": dedup_check, "kept": kept, "inside": inner, "disk_mb": round(disk / 2**20, 1)}
     if not a.keep_work:
         shutil.rmtree(work, ignore_errors=True)

@@ -89,8 +89,8 @@ def test_check_dedup_needs_exactly_the_planted_rows(tmp_path):
 def test_smoke_run_reports_every_stage_and_finds_the_planted_copies(tmp_path):
     out = tmp_path / "million.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "million.py"), "--samples", "2000", "--check",
-                        "--json", str(out), "--work", str(tmp_path / "work"), "--keep-work"], capture_output=True, text=True,
-                       timeout=900)
+                        "--json", str(out), "--work", str(tmp_path / "work"), "--keep-work"],
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["stages"] == ["basic", "dedup", "score", "select", "report"] and doc["growth"] is None
