@@ -29,7 +29,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from judge_throughput import build, make_items  # noqa: E402
 
-PATHS = {"reuse": dict(mode="logits", reuse_prefix=True), "plain": dict(mode="logits", reuse_prefix=False)}
+# reuse / plain: today's logits paths (image processor on the host); packed: the default path
+PATHS = {"packed": dict(mode="logits", pack=True),
+         "reuse": dict(mode="logits", reuse_prefix=True, pack=False, preprocess="cpu"),
+         "plain": dict(mode="logits", reuse_prefix=False, preprocess="cpu")}
 
 
 class Stages:
@@ -103,9 +106,8 @@ def instrument(det, st: Stages) -> list:
             return cont(prefix, *a, **kw)
 
     judge.continue_prefix = continue_prefix
-    for attr, name in (("_score_packed", "packed_forward"),):  # the single-sequence path, where there is one
-        if hasattr(det, attr):
-            st.wrap(det, attr, name)
+    st.wrap(judge, "packed_logits", "packed_forward")
+    st.wrap(judge, "resolve_images", "image_processor_device")
     handles = st.hook(det.model, "model_forward")
     vis = vision_module(det.model)
     if vis is not None:
@@ -120,13 +122,14 @@ def host_pass(det, items, bs: int, processor) -> tuple[list, dict]:
 
     st = Stages(lambda: None)
     st.wrap(det, "prefix_inputs", "prefix_features")
-    st.wrap(det, "continuation_ids", "continuation_tokenize")
+    st.wrap(det.judge, "deferred_features", "prefix_features")
+    st.wrap(det, "continuations", "continuation_tokenize")
     prepared = []
     for s in range(0, len(items), bs):
         with st.stage("prepare_total"):
             prepared.append(det.prepare(items[s:s + bs]))
-    for name in ("prefix_inputs", "continuation_ids"):
-        delattr(det, name)
+    for obj, name in ((det, "prefix_inputs"), (det.judge, "deferred_features"), (det, "continuations")):
+        delattr(obj, name)
     images = list({image_group(it): det.fit_image(it.image) for it in items}.values())
     t = time.perf_counter()
     for s in range(0, len(images), bs):
@@ -165,12 +168,12 @@ def net(stages: dict) -> dict:
     """Stage times with nested stages subtracted from the ones that hold them."""
     g = lambda k: stages.get(k, 0.0)  # noqa: E731
     out = {"vision_tower": g("vision_tower"), "cache_gather": g("cache_gather"), "readout": g("readout"),
-           "full_batch_collate": g("full_batch_collate")}
+           "full_batch_collate": g("full_batch_collate"), "image_processor_device": g("image_processor_device")}
     if "prefix_forward" in stages:
         out["prefix_lm"] = g("prefix_forward") - g("vision_tower")
         out["continuations_forward"] = g("continuations") - g("cache_gather")
     elif "packed_forward" in stages:
-        out["packed_lm"] = g("packed_forward") - g("vision_tower") - g("readout")
+        out["packed_lm"] = g("packed_forward") - g("vision_tower")
     else:
         out["lm_forward"] = g("model_forward") - g("vision_tower")
     return {k: round(v, 5) for k, v in out.items()}

@@ -1,0 +1,121 @@
+"""The ``vlm`` judge's packed path (all sentences of an image in one sequence under a block mask) and the image
+processor run in the scoring step (``preprocess=device``), against one plain forward pass per sentence, on tiny
+random models built locally (no hub access)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from PIL import Image  # noqa: E402
+
+from halsift.filtering.detectors.base import Item  # noqa: E402
+
+PACKABLE = ["qwen2-vl", "llava", "idefics3"]  # gemma3 (sliding windows) falls back: test_packing_falls_back
+SENTS = ["a red dog is sitting on the grass.", "the cat is next to a kid in the park.", "two birds fly.",
+         "a sign reads stop.", "there is a blue car behind the tree.", "one man wearing a hat.",
+         "the sky is blue above the house.", "a small white ball under the table."]
+
+
+@pytest.fixture(scope="module")
+def tiny_vlms(tmp_path_factory):
+    from halsift.synth.tiny_vlm import build_tiny_vlm
+
+    root = tmp_path_factory.mktemp("tiny_vlm_packed")
+    return {a: build_tiny_vlm(a, root / a, seed=0, init_std=0.5) for a in PACKABLE + ["gemma3"]}
+
+
+def _captions(n_sent: int, n_captions: int = 3) -> list[Item]:
+    """``n_captions`` captions of ``n_sent`` sentences each, on images of different sizes and colours."""
+    items = []
+    for g in range(n_captions):
+        img = Image.new("RGB", (56 + 14 * g, 56 + 7 * g), (40 * g % 255, 200 - 30 * g, 90))
+        img.putpixel((3, 3 + g), (255, 0, 0))
+        caption = [SENTS[(g + i) % len(SENTS)] for i in range(n_sent)]
+        items += [Item(f"k{g}", i, s, caption[:i], img, f"img{g}") for i, s in enumerate(caption)]
+    return items
+
+
+def _det(path, **kw):
+    from halsift.filtering.detectors.vlm import VlmDetector
+
+    return VlmDetector(model=str(path), dtype="float32", device="cpu", **kw)
+
+
+def _scores(det, items) -> list[float]:
+    return [r.score for r in det.score_batch(items)]
+
+
+@pytest.mark.parametrize("arch", PACKABLE)
+@pytest.mark.parametrize("context", [False, True])
+@pytest.mark.parametrize("n_sent", [1, 8])
+def test_packed_sentences_equal_one_pass_per_sentence(tiny_vlms, arch, context, n_sent):
+    """Packed scores (one sequence per image: prefix + every sentence, block mask, positions restarting after
+    the prefix) equal a plain full forward pass per sentence and the KV-cache reuse path, within 1e-3."""
+    items = _captions(n_sent)
+    single = _det(tiny_vlms[arch], reuse_prefix=False, batch_size=1, context=context)
+    ref = [single.score_batch([it])[0].score for it in items]
+    packed = _det(tiny_vlms[arch], pack=True, context=context, batch_size=64)
+    assert packed.packs
+    got = _scores(packed, items)
+    assert got == pytest.approx(ref, abs=1e-3)
+    assert _scores(_det(tiny_vlms[arch], pack=False, context=context, batch_size=64), items) == \
+        pytest.approx(ref, abs=1e-3)
+    assert max(ref) - min(ref) > 0.1  # not vacuous: the scores differ between sentences
+
+
+def test_packed_yes_prob_eager_attention_and_split_captions(tiny_vlms):
+    """``yes_prob`` packs too; an eager-attention model takes the additive mask; a caption split over batches
+    (batch_size below its sentence count) re-encodes its image and keeps its scores."""
+    items = _captions(8)
+    path = tiny_vlms["qwen2-vl"]
+    for opts in (dict(mode="yes_prob"), dict(attn_implementation="eager"), dict(batch_size=5)):
+        ref = [r.score for r in _det(path, reuse_prefix=False, **opts).score_batch(items)]
+        det = _det(path, pack=True, **opts)
+        assert det.packs, opts
+        assert _scores(det, items) == pytest.approx(ref, abs=1e-3), opts
+
+
+def test_packing_falls_back_where_it_cannot_serve(tiny_vlms):
+    """Sliding-window models (Gemma 3) and attention implementations without 4-D masks take the KV-cache path
+    (same scores); pack unset means packed on CUDA only."""
+    gemma = _det(tiny_vlms["gemma3"], pack=True)
+    assert "sliding" in gemma.judge.packing_blocker() and not gemma.packs
+    items = _captions(3)
+    assert _scores(gemma, items) == pytest.approx(_scores(_det(tiny_vlms["gemma3"], pack=False), items), abs=1e-6)
+    qwen = _det(tiny_vlms["qwen2-vl"])
+    assert qwen.pack is None and not qwen.packs  # auto on a CPU model: the KV-cache path
+    qwen.judge.model.config._attn_implementation = "flash_attention_2"
+    qwen.pack = True
+    assert "4-D" in qwen.judge.packing_blocker() and not qwen.packs
+
+
+@pytest.mark.parametrize("arch", PACKABLE + ["gemma3"])
+def test_preprocess_device_defers_the_image_processor_with_equal_features(tiny_vlms, arch):
+    """``preprocess=device``: once an image size has been seen, ``prepare`` leaves the image to the scoring step
+    (uint8 pixels + cached token ids); the resolved features equal the processor's, and so do the scores."""
+    items = _captions(2)
+    host = _det(tiny_vlms[arch], preprocess="cpu")
+    dev = _det(tiny_vlms[arch], preprocess="device")
+    assert dev.defers_images and not host.defers_images
+    first = dev.prepare(items)
+    assert not any("_image" in p for p in first["prefixes"])  # sizes not seen yet: the whole processor on CPU
+    again = dev.prepare(items)
+    assert all("_image" in p and p["_image"].dtype == torch.uint8 for p in again["prefixes"])
+    want = host.prepare(items)["prefixes"]
+    for got, ref in zip(dev.judge.resolve_images(again["prefixes"]), want):
+        assert set(got) == set(ref)
+        for k in ref:
+            assert got[k].shape == ref[k].shape and torch.allclose(got[k].float(), ref[k].float(), atol=1e-5), k
+    assert [r.score for r in dev.score_prepared(items, again)] == pytest.approx(_scores(host, items), abs=1e-3)
+
+
+def test_preprocess_option_is_checked(tiny_vlms):
+    from halsift.filtering.detectors.spec import SpecError, load_detector
+
+    with pytest.raises(SpecError, match="preprocess='gpu': expected one of"):
+        load_detector(f"vlm:model={tiny_vlms['llava']},preprocess=gpu")
+    det = load_detector(f"vlm:model={tiny_vlms['llava']},pack=true,preprocess=device,dtype=float32")
+    assert det.packs and det.defers_images
