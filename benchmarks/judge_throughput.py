@@ -135,7 +135,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", default="", help="also write the figures to this JSON file (after every mode)")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="judge modes measured")
     ap.add_argument("--time-limit", type=float, default=0.0,
-                    help="seconds (0: none); modes that would start after it are skipped")
+                    help="seconds from the start, model build included (0: none); modes that would start after it "
+                         "are skipped")
     ap.add_argument("--vllm", action="store_true", help="also measure the vllm: detector (needs vLLM and CUDA)")
     ap.add_argument("--vllm-captions", type=int, default=None, help="captions per timed vllm round "
                                                                       "(default: --captions)")
