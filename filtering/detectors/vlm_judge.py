@@ -14,7 +14,8 @@ in worker processes), left-padded full-sequence batches (:meth:`VlmJudge.full_ba
 between prefix and continuation are masked, real tokens get explicit position ids ``prefix_len + j``, so every row
 ends at the last column) or on the right; Qwen2-VL's M-RoPE offsets (``rope_deltas``) are gathered per row and
 passed as 3-D position ids. :meth:`VlmJudge.packed_logits` runs an image's prefix and all its continuations as one
-sequence under a block mask instead (one pass, no cache); :meth:`VlmJudge.deferred_features` /
+sequence under a block mask instead (one pass, no cache; Qwen2-VL's vision attention batched over equal-size images,
+:mod:`~halsift.filtering.detectors.vlm_vision`); :meth:`VlmJudge.deferred_features` /
 :meth:`VlmJudge.resolve_images` run the processor's image half on the model's device.
 
 Free-form use: :meth:`VlmJudge.letter_logprobs` / :meth:`VlmJudge.choice_logprobs` give the next-token
@@ -347,7 +348,8 @@ class VlmJudge:
         """Last ``k`` logits of every continuation in ``groups`` (``groups[b]``: the continuations after prefix row
         ``b`` of ``prefix``, features of prefixes of one length and image shape), in one forward pass and with no
         cache: row ``b`` is ``prefix_b + cont_1 + cont_2 + ...``, right-padded, under a block mask (prefix tokens
-        causal; a continuation's tokens see the prefix and its own earlier tokens only) with each continuation's
+        causal; a continuation's tokens see the prefix and its own earlier tokens only; rows padded to a multiple of
+        32 tokens) with each continuation's
         positions restarting after the prefix (M-RoPE offsets as :meth:`continue_prefix` gives them). The same
         numbers as :meth:`continue_prefix` on an encoded prefix, for one pass instead of two and no cache copy.
         Returns ``[sum of len(groups[b]), k, vocab]`` in order. See :meth:`packing_blocker` for the models it serves."""
@@ -356,7 +358,7 @@ class VlmJudge:
         feats = self.on_device(prefix)
         B, plen = feats["input_ids"].shape
         lens = [plen + sum(len(c) for c in g) for g in groups]
-        L = max(lens)
+        L = -(-max(lens) // 32) * 32  # rounded up: fewer distinct shapes for the GPU's kernel plans
         ids = torch.full((B, L), self.pad_id, dtype=torch.long)
         seg = torch.full((B, L), -1, dtype=torch.long)  # 0: prefix, s >= 1: continuation s, -1: pad
         step = torch.zeros((B, L), dtype=torch.long)  # position after the prefix (continuations)
@@ -396,7 +398,9 @@ class VlmJudge:
                 t = torch.zeros((B, L), dtype=feats[n].dtype, device=dev)
                 t[:, :plen] = feats[n]
                 extra[n] = t
-        with torch.inference_mode():
+        from halsift.filtering.detectors.vlm_vision import equal_patches, equal_size_attention
+
+        with torch.inference_mode(), equal_size_attention(base, equal_patches(prefix)):
             hidden = base.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                                 **extra).last_hidden_state
             rows = torch.tensor([r for r, _ in ends], device=dev)

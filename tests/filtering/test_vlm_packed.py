@@ -119,3 +119,30 @@ def test_preprocess_option_is_checked(tiny_vlms):
         load_detector(f"vlm:model={tiny_vlms['llava']},preprocess=gpu")
     det = load_detector(f"vlm:model={tiny_vlms['llava']},pack=true,preprocess=device,dtype=float32")
     assert det.packs and det.defers_images
+
+
+def test_equal_size_vision_attention_matches_per_image_attention(tiny_vlms):
+    """Qwen2-VL's vision tower with one attention call for equal-size images gives the per-image features; with
+    unequal images (or another architecture) nothing is replaced."""
+    from halsift.filtering.detectors.vlm_vision import equal_patches, equal_size_attention
+
+    det = _det(tiny_vlms["qwen2-vl"], preprocess="cpu")
+    imgs = [Image.new("RGB", (84, 56), (30 * i, 90, 200 - 20 * i)) for i in range(3)]
+    for i, im in enumerate(imgs):
+        im.putpixel((5 + i, 7), (255, 255, 0))
+    feats = det.processor.image_processor(images=imgs, return_tensors="pt")
+    patches = equal_patches(feats)
+    assert patches == feats["pixel_values"].shape[0] // 3
+    vis = det.model.model.visual
+    with torch.no_grad():
+        ref = vis(feats["pixel_values"], grid_thw=feats["image_grid_thw"]).pooler_output
+        with equal_size_attention(det.model, patches) as active:
+            got = vis(feats["pixel_values"], grid_thw=feats["image_grid_thw"]).pooler_output
+    assert active and "forward" not in vis.blocks[0].attn.__dict__  # replaced only while active
+    ref, got = torch.cat(list(ref)) if isinstance(ref, (list, tuple)) else ref, \
+        torch.cat(list(got)) if isinstance(got, (list, tuple)) else got
+    assert torch.allclose(got, ref, atol=1e-5) and ref.abs().max() > 0
+    mixed = det.processor.image_processor(images=[imgs[0], Image.new("RGB", (56, 56))], return_tensors="pt")
+    assert equal_patches(mixed) is None
+    with equal_size_attention(_det(tiny_vlms["llava"]).model, 16) as active:
+        assert not active
