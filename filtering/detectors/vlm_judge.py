@@ -216,13 +216,15 @@ class VlmJudge:
 
     def resolve_images(self, prefixes: list[dict]) -> list[dict]:
         """``prefixes`` with every :meth:`deferred_features` entry completed: its image run through the
-        processor's image half on the model's device, batched per image size."""
+        processor's image half on the model's device, batched per image size. When any entry was deferred, the
+        image features of every entry end on the model's device and the text features stay on the host, so that
+        entries made on the host (an image size seen for the first time) and on the device can be concatenated."""
         todo = [i for i, p in enumerate(prefixes) if "_image" in p]
         if not todo:
             return prefixes
         import torch
 
-        out = list(prefixes)
+        out = [self._place(p) if "_image" not in p else p for p in prefixes]
         groups: dict[tuple, list[int]] = {}
         for i in todo:
             groups.setdefault(tuple(prefixes[i]["_image"].shape), []).append(i)
@@ -240,9 +242,14 @@ class VlmJudge:
                 parts = [dict(ip(images=[im], return_tensors="pt", device=self.device)) for im in imgs]
             for i, part in zip(idx, parts):  # only the features the processor gives (not e.g. Gemma 3's num_crops)
                 keys = prefixes[i]["_keys"]
-                out[i] = {**{k: v for k, v in prefixes[i].items() if k not in ("_image", "_keys")},
-                          **{k: v for k, v in part.items() if k in keys}}
+                out[i] = self._place({**{k: v for k, v in prefixes[i].items() if k not in ("_image", "_keys")},
+                                      **{k: v for k, v in part.items() if k in keys}})
         return out
+
+    def _place(self, feats: dict) -> dict:
+        """Text features (token ids, masks, type ids) on the host, every other tensor on the model's device."""
+        text = set(self._text_keys(feats))
+        return {k: v.cpu() if k in text else v.to(self.device) for k, v in feats.items()}
 
     def _text_keys(self, feats: dict) -> list[str]:
         return [k for k in ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids") if k in feats]

@@ -141,8 +141,52 @@ def test_equal_size_vision_attention_matches_per_image_attention(tiny_vlms):
     assert active and "forward" not in vis.blocks[0].attn.__dict__  # replaced only while active
     ref, got = torch.cat(list(ref)) if isinstance(ref, (list, tuple)) else ref, \
         torch.cat(list(got)) if isinstance(got, (list, tuple)) else got
-    assert torch.allclose(got, ref, atol=1e-5) and ref.abs().max() > 0
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-4) and ref.abs().max() > 1
     mixed = det.processor.image_processor(images=[imgs[0], Image.new("RGB", (56, 56))], return_tensors="pt")
     assert equal_patches(mixed) is None
     with equal_size_attention(_det(tiny_vlms["llava"]).model, 16) as active:
         assert not active
+
+
+def test_fused_vision_rope_equals_transformers():
+    """The vision rotary embedding written as multiply-adds equals transformers' ``apply_rotary_pos_emb_vision``."""
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as M
+
+    from halsift.filtering.detectors.vlm_vision import _rope
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 50, 4, 16, generator=g).to(torch.bfloat16).unbind(0)
+    ang = torch.randn(50, 16, generator=g)
+    ref_q, ref_k = M.apply_rotary_pos_emb_vision(q, k, ang.cos(), ang.sin())
+    got_q, got_k = _rope(torch.stack([q, k]), ang.cos(), ang.sin()).unbind(0)
+    assert got_q.dtype == torch.bfloat16
+    assert torch.allclose(got_q.float(), ref_q.float(), atol=1e-2) and torch.allclose(got_k.float(), ref_k.float(), atol=1e-2)
+    q32, k32 = torch.randn(2, 50, 4, 16, generator=g).unbind(0)
+    ref = torch.stack(M.apply_rotary_pos_emb_vision(q32, k32, ang.cos(), ang.sin()))
+    assert torch.allclose(_rope(torch.stack([q32, k32]), ang.cos(), ang.sin()), ref, atol=1e-6)
+
+
+def test_host_and_device_prefixes_of_one_size_concatenate(tiny_vlms):
+    """In one batch the first image of a new size is processed on the host and the next ones of that size on the
+    device; ``resolve_images`` leaves every image feature on the model's device and every text feature on the host,
+    so the packed path can concatenate them (checked with a ``meta`` device standing in for CUDA), and the scores
+    of such a mixed batch equal the host path's."""
+    from halsift.filtering.detectors.vlm import VlmDetector
+
+    img = Image.new("RGB", (70, 56), (20, 120, 60))
+    other = Image.new("RGB", (70, 56), (200, 20, 60))
+    items = [Item("a", 0, SENTS[0], [], img, "a"), Item("a", 1, SENTS[1], [SENTS[0]], img, "a"),
+             Item("b", 0, SENTS[2], [], other, "b")]
+    for arch in ("qwen2-vl", "llava"):
+        host = _det(tiny_vlms[arch], preprocess="cpu", pack=True)
+        dev = VlmDetector.from_model(host.model, host.processor, pack=True, preprocess="device")
+        prepared = dev.prepare(items)
+        assert ["_image" in p for p in prepared["prefixes"]] == [False, True]  # a miss, then a hit of that size
+        assert [r.score for r in dev.score_prepared(items, prepared)] == pytest.approx(_scores(host, items), abs=1e-3)
+        dev.judge.device = torch.device("meta")
+        placed = dev.judge.resolve_images(dev.prepare(items[:1] + items[2:])["prefixes"] + prepared["prefixes"][:1])
+        text = {"input_ids", "attention_mask", "mm_token_type_ids"}
+        for p in placed:
+            assert {k: v.device.type for k, v in p.items()} == {k: "cpu" if k in text else "meta" for k in p}, arch
+        merged = {n: torch.cat([p[n] for p in placed]) for n in placed[0]}
+        assert merged["pixel_values"].device.type == "meta" and merged["input_ids"].device.type == "cpu"
