@@ -334,9 +334,11 @@ class VlmJudge:
             return f"{type(base).__name__} has no .model + output embeddings"
         return None
 
-    def _prefix_positions(self, feats: dict):
+    def _prefix_positions(self, feats: dict, same: bool = False):
         """Position ids of the prefix rows ``feats`` (on device) and the offset of the text after them: M-RoPE
-        ``([3, B, P], deltas [B])`` from the model's own ``get_rope_index`` (Qwen2-VL), else ``([B, P], None)``."""
+        ``([3, B, P], deltas [B])`` from the model's own ``get_rope_index`` (Qwen2-VL), else ``([B, P], None)``.
+        ``same``: every row has the same tokens and image grid (one prompt, images of one size), so the first
+        row's positions serve all (``get_rope_index`` walks the rows in Python, reading each back from the GPU)."""
         import inspect
 
         import torch
@@ -348,8 +350,10 @@ class VlmJudge:
             return torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1), None
         params = inspect.signature(rope).parameters
         kw = {k: feats[k] for k in ("image_grid_thw", "mm_token_type_ids") if k in params and k in feats}
-        pos, deltas = rope(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
-        return pos, deltas.reshape(-1)
+        rows = 1 if same else ids.shape[0]
+        kw = {k: v[:rows] for k, v in kw.items()}
+        pos, deltas = rope(input_ids=ids[:rows], attention_mask=torch.ones_like(ids[:rows]), **kw)
+        return pos.expand(-1, ids.shape[0], -1), deltas.reshape(-1).expand(ids.shape[0])
 
     def packed_logits(self, prefix: dict, groups: Sequence[Sequence[Sequence[int]]], k: int):
         """Last ``k`` logits of every continuation in ``groups`` (``groups[b]``: the continuations after prefix row
@@ -387,7 +391,11 @@ class VlmJudge:
         # key kk is visible from query q: causal, and kk in the prefix or in q's own continuation; a pad sees
         # itself only (no empty row: an all-masked row would give NaN)
         allowed = (col[:, None] >= col[None, :]) & ((kk == 0) | (kk == q))
-        pre_pos, deltas = self._prefix_positions(feats)
+        grid = prefix["image_grid_thw"].tolist() if "image_grid_thw" in prefix else None
+        same = all(torch.equal(prefix[k][:1].cpu().expand_as(prefix[k]), prefix[k].cpu())
+                   for k in ("input_ids", "mm_token_type_ids") if k in prefix) and \
+            (grid is None or all(g == grid[0] for g in grid))
+        pre_pos, deltas = self._prefix_positions(feats, same)
         text_pos = torch.where(seg > 0, plen + step, torch.zeros_like(step))
         if deltas is not None:  # M-RoPE: 3 rows; text after the image continues from the image's rope offset
             pos = (text_pos + deltas.view(-1, 1))[None].repeat(3, 1, 1)
@@ -407,7 +415,7 @@ class VlmJudge:
                 extra[n] = t
         from halsift.filtering.detectors.vlm_vision import equal_patches, equal_size_attention
 
-        with torch.inference_mode(), equal_size_attention(base, equal_patches(prefix)):
+        with torch.inference_mode(), equal_size_attention(base, equal_patches(grid)):
             hidden = base.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                                 **extra).last_hidden_state
             rows = torch.tensor([r for r, _ in ends], device=dev)

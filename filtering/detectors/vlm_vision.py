@@ -57,14 +57,16 @@ def _batched_forward(attn: Any, patches: int, hidden_states, cu_seqlens, positio
     return attn.proj(out.transpose(1, 2).reshape(n, -1))
 
 
-def equal_patches(feats: dict) -> int | None:
-    """Patches per image when every image of ``feats`` (processor features with ``image_grid_thw``) has the
-    same number, else ``None``."""
-    grid = feats.get("image_grid_thw")
-    if grid is None or grid.ndim != 2 or not len(grid):
+def equal_patches(grid) -> int | None:
+    """Patches per image when every image of ``grid`` (``image_grid_thw`` as a list of ``[t, h, w]``, or processor
+    features holding it) has the same number, else ``None``."""
+    if grid is not None and not isinstance(grid, list):  # processor features
+        grid = grid.get("image_grid_thw")
+        grid = None if grid is None else grid.tolist()
+    if not grid:
         return None
-    sizes = grid.prod(-1).tolist()
-    return int(sizes[0]) if len(set(sizes)) == 1 else None
+    sizes = {t * h * w for t, h, w in grid}
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 @contextmanager

@@ -190,3 +190,15 @@ def test_host_and_device_prefixes_of_one_size_concatenate(tiny_vlms):
             assert {k: v.device.type for k, v in p.items()} == {k: "cpu" if k in text else "meta" for k in p}, arch
         merged = {n: torch.cat([p[n] for p in placed]) for n in placed[0]}
         assert merged["pixel_values"].device.type == "meta" and merged["input_ids"].device.type == "cpu"
+
+
+def test_shared_prefix_positions_equal_per_row_positions(tiny_vlms):
+    """Rows of one prompt and one image size take the first row's M-RoPE positions: the same as per row."""
+    det = _det(tiny_vlms["qwen2-vl"], preprocess="cpu")
+    imgs = [Image.new("RGB", (84, 56), (30 * i, 90, 20)) for i in range(3)]
+    feats = [det.prefix_inputs(im) for im in imgs]
+    batch = det.judge.on_device({k: torch.cat([f[k] for f in feats]) for k in feats[0]})
+    shared, per_row = det.judge._prefix_positions(batch, True), det.judge._prefix_positions(batch, False)
+    assert shared[0].shape == per_row[0].shape == (3, 3, batch["input_ids"].shape[1])
+    assert torch.equal(shared[0], per_row[0]) and torch.equal(shared[1], per_row[1])
+    assert int(per_row[1][0]) != 0  # the image's positions are not the plain token indices
