@@ -202,3 +202,25 @@ def test_shared_prefix_positions_equal_per_row_positions(tiny_vlms):
     assert shared[0].shape == per_row[0].shape == (3, 3, batch["input_ids"].shape[1])
     assert torch.equal(shared[0], per_row[0]) and torch.equal(shared[1], per_row[1])
     assert int(per_row[1][0]) != 0  # the image's positions are not the plain token indices
+
+
+def test_score_with_decode_workers_and_deferred_images_writes_the_host_scores(tiny_vlms, tmp_path):
+    """``halsift score`` with a packed judge whose image processor runs in the scoring step, its ``prepare`` in a
+    decode worker (uint8 pixels and cached token ids cross the pipe), writes the scores of the host path."""
+    import pyarrow.parquet as pq
+    from filtering_data import make_corpus
+
+    from halsift.launch.cli import main
+
+    data = make_corpus(tmp_path / "data", shards=2, per_shard=3)  # 32 px images: all but the first deferred
+    spec = f"vlm:model={tiny_vlms['qwen2-vl']},dtype=float32,batch_size=8"
+    base = ["score", "--data", str(data), "--no-progress", "--batch-size", "8"]
+    assert main([*base, "--detector", spec + ",pack=false,preprocess=cpu", "--out", str(tmp_path / "host")]) == 0
+    assert main([*base, "--detector", spec + ",pack=true,preprocess=device", "--out", str(tmp_path / "dev"),
+                 "--decode-workers", "1"]) == 0
+    names = sorted(p.name for p in (tmp_path / "host").glob("part-*.parquet"))
+    assert names and names == sorted(p.name for p in (tmp_path / "dev").glob("part-*.parquet"))
+    for name in names:
+        a, b = (pq.read_table(tmp_path / d / name).to_pydict() for d in ("host", "dev"))
+        assert a["key"] == b["key"] and len(a["score"]) > 2
+        assert max(abs(x - y) for x, y in zip(a["score"], b["score"])) < 1e-3
