@@ -204,8 +204,8 @@ class VlmDetector(PreparedDetector):
                               attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
                               max_pixels=max_pixels)
         self._setup(judge, mode=mode, cot=cot, self_ensemble=self_ensemble, context=context,
-                    reuse_prefix=reuse_prefix, pack=pack, preprocess=preprocess, batch_size=batch_size, seed=seed, references=references,
-                    n_references=n_references, temperature=temperature,
+                    reuse_prefix=reuse_prefix, pack=pack, preprocess=preprocess, batch_size=batch_size, seed=seed,
+                    references=references, n_references=n_references, temperature=temperature,
                     max_new_tokens=int(max_new_tokens or (256 if cot else 128 if mode == "localize" else 32)))
 
     @classmethod
@@ -218,7 +218,8 @@ class VlmDetector(PreparedDetector):
             raise ValueError(f"mode={mode!r}: expected one of {MODES}")
         judge = VlmJudge(model, processor, opts.pop("max_pixels", DEFAULT_MAX_PIXELS))
         self._setup(judge, mode=mode, **{"cot": False, "self_ensemble": 0, "context": False, "reuse_prefix": True,
-                                         "pack": None, "preprocess": "auto", "batch_size": 16, "seed": 0, "max_new_tokens": 32, **opts})
+                                         "pack": None, "preprocess": "auto", "batch_size": 16, "seed": 0,
+                                         "max_new_tokens": 32, **opts})
         return self
 
     def _setup(self, judge: VlmJudge, *, mode: str, cot: bool, self_ensemble: int, context: bool,

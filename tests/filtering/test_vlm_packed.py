@@ -160,7 +160,8 @@ def test_fused_vision_rope_equals_transformers():
     ref_q, ref_k = M.apply_rotary_pos_emb_vision(q, k, ang.cos(), ang.sin())
     got_q, got_k = _rope(torch.stack([q, k]), ang.cos(), ang.sin()).unbind(0)
     assert got_q.dtype == torch.bfloat16
-    assert torch.allclose(got_q.float(), ref_q.float(), atol=1e-2) and torch.allclose(got_k.float(), ref_k.float(), atol=1e-2)
+    assert torch.allclose(got_q.float(), ref_q.float(), atol=1e-2)
+    assert torch.allclose(got_k.float(), ref_k.float(), atol=1e-2)
     q32, k32 = torch.randn(2, 50, 4, 16, generator=g).unbind(0)
     ref = torch.stack(M.apply_rotary_pos_emb_vision(q32, k32, ang.cos(), ang.sin()))
     assert torch.allclose(_rope(torch.stack([q32, k32]), ang.cos(), ang.sin()), ref, atol=1e-6)
@@ -224,3 +225,16 @@ def test_score_with_decode_workers_and_deferred_images_writes_the_host_scores(ti
         a, b = (pq.read_table(tmp_path / d / name).to_pydict() for d in ("host", "dev"))
         assert a["key"] == b["key"] and len(a["score"]) > 2
         assert max(abs(x - y) for x, y in zip(a["score"], b["score"])) < 1e-3
+
+
+def test_generation_modes_take_deferred_images(tiny_vlms):
+    """``mode=prompt`` (left-padded full sequences, generation) reads the same inputs with ``preprocess=device``."""
+    items = _captions(2)
+    host = _det(tiny_vlms["llava"], mode="prompt", max_new_tokens=3, preprocess="cpu")
+    dev = _det(tiny_vlms["llava"], mode="prompt", max_new_tokens=3, preprocess="device")
+    dev.prepare(items)  # sees the sizes
+    prepared = dev.prepare(items)
+    assert all("_image" in p for p in prepared["prefixes"])
+    dev.score_prepared(items, prepared)
+    host.score_batch(items)
+    assert dev.last_texts == host.last_texts and any(dev.last_texts)
