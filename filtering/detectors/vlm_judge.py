@@ -404,9 +404,12 @@ class VlmJudge:
             pos = text_pos
             pos[:, :plen] = pre_pos
         base = self._base()
-        # an additive float mask: eager adds it as is, and SDPA would turn a boolean one into this in every layer
-        mask = torch.zeros((B, 1, L, L), dtype=self.model.dtype, device=dev).masked_fill_(
-            ~allowed[:, None], torch.finfo(self.model.dtype).min)
+        # an additive float mask: eager adds it as is, and SDPA would turn a boolean one into this in every layer.
+        # With one continuation per row the block mask is the causal one (pads only follow real tokens): no mask
+        # lets transformers run its causal kernels.
+        mask = None if all(len(g) == 1 for g in groups) else \
+            torch.zeros((B, 1, L, L), dtype=self.model.dtype, device=dev).masked_fill_(
+                ~allowed[:, None], torch.finfo(self.model.dtype).min)
         extra = {n: v for n, v in feats.items() if n not in self._text_keys(feats)}
         for n in self._text_keys(feats):  # per-token type ids: the continuations are text (0)
             if n not in ("input_ids", "attention_mask"):

@@ -238,3 +238,20 @@ def test_generation_modes_take_deferred_images(tiny_vlms):
     dev.score_prepared(items, prepared)
     host.score_batch(items)
     assert dev.last_texts == host.last_texts and any(dev.last_texts)
+
+
+@pytest.mark.parametrize("arch", ["qwen2-vl", "llava"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_rows_of_one_sentence_right_padded(tiny_vlms, arch, attn):
+    """Images of one size in one packed batch, one sentence each of different lengths (rows right-padded, no block
+    mask needed: the causal one) and a batch mixing one- and two-sentence rows: the per-sentence scores."""
+    imgs = [Image.new("RGB", (70, 56), (40 * g, 200 - 30 * g, 90)) for g in range(3)]
+    one = [Item(f"k{g}", 0, SENTS[g * 2], [], im, f"img{g}") for g, im in enumerate(imgs)]
+    mixed = one + [Item("k0", 1, SENTS[5], [SENTS[0]], imgs[0], "img0")]
+    for items in (one, mixed):
+        ref = [_det(tiny_vlms[arch], reuse_prefix=False, attn_implementation=attn).score_batch([it])[0].score
+               for it in items]
+        det = _det(tiny_vlms[arch], pack=True, attn_implementation=attn)
+        assert det.packs
+        assert _scores(det, items) == pytest.approx(ref, abs=1e-3)
+        assert max(ref) - min(ref) > 0.1
