@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from halsift.corpus.errors import InputError
 from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES
+from halsift.filtering.scoring.settings import check_settings
 
 if TYPE_CHECKING:
     from halsift.filtering.scoring.embed import EmbedJob
@@ -61,6 +62,23 @@ class ScoreJob:
     workers: int | None = None  # scoring actors
 
     embeddings: str | None = None  # a `halsift embed` folder that every CLIP-family detector reads
+    full_hash: bool = False  # fingerprint input shards by their whole content (default: sampled blocks)
+
+    def validate(self) -> None:
+        """The job's own checks (:func:`check_settings`), one line naming the setting."""
+        check_settings(unit=self.unit, data=self.data, batch_size=self.batch_size,
+                       decode_workers=self.decode_workers, max_parse_failures=self.max_parse_failures)
+
+    def settings(self) -> dict:
+        """The settings that change what is scored, besides the detector and the inputs: compared when a folder is
+        reused (:func:`halsift.corpus.run_folder.check_or_start`)."""
+        return {"unit": self.unit}
+
+    def run_settings(self) -> dict:
+        """The settings that change only how the job runs (recorded in the manifest, never compared: changing them
+        never rescores)."""
+        return {"batch_size": self.batch_size, "decode_workers": self.decode_workers, "device": self.device,
+                "max_parse_failures": self.max_parse_failures, "full_hash": self.full_hash}
 
     def given(self) -> set[str]:
         """The settings set away from their defaults (what an engine must honour or refuse)."""
@@ -95,7 +113,7 @@ class EngineSummary:
 
 
 COMMON = frozenset({"detector", "data", "out", "unit", "batch_size", "device", "decode_workers",
-                    "max_parse_failures", "show_progress", "embeddings"})  # honoured by every engine
+                    "max_parse_failures", "show_progress", "embeddings", "full_hash"})  # honoured by every engine
 EMBED = frozenset({"model", "data", "out", "batch_size", "device", "show_progress"})  # halsift embed's job, anywhere
 
 
@@ -145,11 +163,9 @@ class LocalEngine(Engine):
         self.check(job)
         from accelerate import PartialState
 
-        from halsift.filtering.scoring.runner import score
+        from halsift.filtering.scoring.runner import score_job
 
-        out = score(job.spec(), job.data, job.out, unit=job.unit, batch_size=job.batch_size, device=job.device,
-                    show_progress=job.show_progress, workers=job.decode_workers,
-                    max_parse_failures=job.max_parse_failures)
+        out = score_job(job)
         return EngineSummary(self.name, Path(out), True, PartialState().is_main_process)
 
     def embed(self, job: "EmbedJob") -> EngineSummary:
@@ -179,9 +195,7 @@ class TaskEngine(Engine):
             raise EngineError("--engine tasks: give --num-tasks (or run it as a SLURM array task)")
         n, i = task
         stale = STALE_AFTER_S if job.claim_timeout is None else job.claim_timeout
-        run = score_task(job.spec(), job.data, job.out, n, i, unit=job.unit, batch_size=job.batch_size,
-                         device=job.device, show_progress=job.show_progress, stale_after=stale,
-                         max_parse_failures=job.max_parse_failures, decode_workers=job.decode_workers)
+        run = score_task(job, n, i, stale_after=stale)
         lines = [f"task {i}/{n}: scored {run['parts_scored']} parts ({run['sentences']} items), "
                  f"{run['parts_skipped_done']} already done, {run['parts_taken_over']} taken over from dead tasks"]
         if not run["complete"]:
@@ -222,9 +236,7 @@ class RayEngine(Engine):
             raise EngineError(f"--workers: expected >= 1, got {job.workers}")
         from halsift.filtering.scoring.ray_engine import score_ray
 
-        m = score_ray(job.spec(), job.data, job.out, unit=job.unit, batch_size=job.batch_size, device=job.device,
-                      address=job.address, workers=job.workers, show_progress=job.show_progress,
-                      max_parse_failures=job.max_parse_failures, decode_workers=job.decode_workers)
+        m = score_ray(job)
         return EngineSummary(self.name, Path(job.out), True, True,
                              [f"ray: {m['workers']} workers, {m['parts_redone']} parts redone after a worker died"], m)
 
