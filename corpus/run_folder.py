@@ -131,7 +131,9 @@ def content(path: str | os.PathLike) -> dict:
     return {"size": fp["size"], "hash": fp["hash"]}
 
 
-_verified: dict[tuple, bool] = {}  # (path, size, mtime_ns, inode, hash) -> matches: one hash per file version
+# (path, size, mtime_ns, ctime_ns, inode, hash) -> matches: one hash per file version and process (any write changes
+# the ctime, which no one can set back)
+_verified: dict[tuple, bool] = {}
 
 
 def has_content(path: str | os.PathLike, record: Mapping) -> bool:
@@ -142,7 +144,7 @@ def has_content(path: str | os.PathLike, record: Mapping) -> bool:
         return False
     if st.st_size != record.get("size"):
         return False
-    key = (os.fspath(path), st.st_size, st.st_mtime_ns, st.st_ino, record.get("hash"))
+    key = (os.fspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, record.get("hash"))
     if key not in _verified:
         _verified[key] = content(path)["hash"] == record.get("hash")
     return _verified[key]
