@@ -190,7 +190,10 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
             encode_corpus(shards, emb_folder, encoder, bar)
         timing["encode_s"] = time.time() - t
     elif embeddings:
+        from halsift.corpus.embedding_store import check_embedded_from
+
         emb_folder = Path(embeddings)
+        check_embedded_from(emb_folder, shards)  # vectors of the shards' content now, or one line
     row_of = {}
     for i, k in enumerate(keys):
         row_of.setdefault(k, i)

@@ -87,3 +87,24 @@ def test_embed_remakes_a_part_rewritten_with_vectors_of_another_width(tmp_path):
     again = run_job(EmbedJob(TINY, corpus, emb, batch_size=5, show_progress=False)).stats
     assert again["complete"] and again["parts_embedded_this_run"] == 1 and again["parts_resumed"] == 1
     assert pq.read_schema(part).field("embedding").type.list_size == m["dim"]
+
+
+def test_dedup_reuses_a_hash_part_only_for_the_same_shard_content_and_unaltered(tmp_path):
+    import os
+
+    corpus = make_corpus(tmp_path / "c", shards=3, per_shard=3, seed=1)
+    args = ["dedup", "--data", str(corpus), "--out", str(tmp_path / "d"), "--no-progress"]
+    assert main(args) == 0
+    assert main(args) == 0
+    assert json.loads((tmp_path / "d" / "manifest.json").read_text())["shards_reused"] == 3
+    other = make_corpus(tmp_path / "o", shards=3, per_shard=3, seed=2)
+    shard = sorted(corpus.glob("*.tar"))[0]
+    st = os.stat(shard)
+    _swap_pixels(corpus, other, shard.name)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))  # the old rule (size and mtime) could miss it
+    part = sorted((tmp_path / "d" / "_parts").glob("part-*.parquet"))[1]
+    t = pq.read_table(part)
+    write_part_atomic(t.slice(0, 1), part)  # a part altered since it was written: a sample dropped
+    assert main(args) == 0
+    assert json.loads((tmp_path / "d" / "manifest.json").read_text())["shards_reused"] == 1
+    assert len(pq.read_table(part)) == len(t)
