@@ -102,21 +102,23 @@ def refusal(folder: Path, key: str, old: Mapping, new: Mapping, what: str, defau
 def check_or_start(folder: str | os.PathLike, ident: dict, *, keys: Iterable[str], what: str,
                    manifest: str = MANIFEST, error: type[Exception] = RunFolderError,
                    defaults: Mapping | Callable[[dict], Mapping] | None = None, parts_glob: str = "part-*.parquet",
-                   start: Callable[[], bool] | bool = True, hint: str = "use a new --out folder") -> dict | None:
+                   start: Callable[[], bool] | bool = True, hint: str = "use a new --out folder",
+                   prefix: str = "") -> dict | None:
     """Check ``folder`` against ``ident`` (``keys`` compared as they are, ``ident["settings"]`` by
     :func:`settings_diff` with ``defaults``, or ``defaults(old record)`` for a stage whose older records kept a setting
     elsewhere), then, when ``start`` (or ``start()``) is true, write its record
     ``{**ident, "status": "running"}``. Returns the old record (``None`` for a new folder). Raises ``error`` (one
-    line naming the folder and the key) when it holds another run, or parts without a record."""
+    line naming the folder and the key, after ``prefix``, e.g. ``"--out: "``) when it holds another run, or parts
+    without a record."""
     folder = Path(folder)
     old = read_record(folder / manifest, error)
     if old is not None:
         defaults = defaults(old) if callable(defaults) else defaults
         key = identity_diff(old, ident, keys, defaults)
         if key is not None:
-            raise error(refusal(folder, key, old, ident, what, defaults, hint))
+            raise error(prefix + refusal(folder, key, old, ident, what, defaults, hint))
     elif parts_glob and folder.is_dir() and any(folder.glob(parts_glob)):
-        raise error(f"{folder}: holds parts but no {manifest}; {hint}")
+        raise error(f"{prefix}{folder}: holds parts but no {manifest}; {hint}")
     if start() if callable(start) else start:
         folder.mkdir(parents=True, exist_ok=True)
         write_json_atomic(folder / manifest, {**ident, "status": "running"})

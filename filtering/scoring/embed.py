@@ -33,13 +33,6 @@ from halsift.corpus.shards import write_json_atomic
 from halsift.filtering.scoring.parts import Part, plan_parts, source_fingerprint
 
 
-class _OutError(EmbeddingStoreError):
-    """``--out`` holds other embeddings (the message names the folder and the key)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(f"--out: {message}")
-
-
 @dataclass(frozen=True)
 class EmbedJob:
     """What ``halsift embed`` asks an engine to do (built from ``EmbedConfig``)."""
@@ -152,7 +145,7 @@ def start(job: EmbedJob):
     ident = {"format": FORMAT, "model": encoder.encoder_id, "model_spec": encoder.spec, "model_fp": model_fp,
              "dim": int(encoder.embed_dim()), "dtype": "float16", "normalized": True, "inputs": inputs["paths"]}
     check_or_start(out, ident, keys=("format", "model", "dim", "inputs"), what="embeddings", manifest=MANIFEST,
-                   error=_OutError, start=False)
+                   error=EmbeddingStoreError, start=False, prefix="--out: ")
     metas = {p.name: {"source": p.source, "source_fp": source_fingerprint(p), "model_fp": model_fp,
                       "dim": ident["dim"]} for p in parts}
     return encoder, out, parts, ident, metas
