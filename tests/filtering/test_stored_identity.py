@@ -108,3 +108,21 @@ def test_dedup_reuses_a_hash_part_only_for_the_same_shard_content_and_unaltered(
     assert main(args) == 0
     assert json.loads((tmp_path / "d" / "manifest.json").read_text())["shards_reused"] == 1
     assert len(pq.read_table(part)) == len(t)
+
+
+def test_a_selection_setting_absent_from_an_older_record_equals_only_its_default(tmp_path, capsys):
+    corpus = make_corpus(tmp_path / "c", shards=2, per_shard=3, seed=1)
+    score("random:seed=0", corpus, tmp_path / "s", batch_size=4, show_progress=False)
+    args = ["select", "--scores", str(tmp_path / "s"), "--data", str(corpus), "--out", str(tmp_path / "sel"),
+            "--keep", "0.5", "--no-progress"]
+    assert main(args) == 0
+    state = tmp_path / "sel" / "_select" / "filter.json"
+    filt = json.loads(state.read_text())
+    assert filt["per_captioner"] is False and filt["keys_only"] is False
+    older = {k: v for k, v in filt.items() if k not in ("per_captioner", "keys_only")}  # made before they existed
+    state.write_text(json.dumps(older))
+    capsys.readouterr()
+    assert main(args) == 0  # the same selection: its manifest as it is, not refused
+    assert main([*args, "--per-captioner"]) == 2  # not the default: another selection
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds a selection with a different per_captioner (None vs True)" in err
