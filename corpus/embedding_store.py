@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.errors import InputError
 from halsift.corpus.fingerprint import refingerprint
-from halsift.corpus.run_folder import has_content, part_record
+from halsift.corpus.run_folder import has_content, part_record, read_record
 from halsift.corpus.scores import part_name, write_part_atomic
 
 FORMAT = "halsift-embeddings/1"
@@ -95,10 +95,7 @@ def read_manifest(folder: str | os.PathLike) -> dict:
         raise EmbeddingStoreError(f"embeddings: {folder} is not a folder (expected one written by `halsift embed`)")
     if not path.exists():
         raise EmbeddingStoreError(f"embeddings: {path} is missing (expected a folder written by `halsift embed`)")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise EmbeddingStoreError(f"embeddings: {path} is not JSON ({e})") from e
+    manifest = read_record(path, EmbeddingStoreError, "embeddings: ", "rerun `halsift embed` into a new folder")
     if manifest.get("format") != FORMAT:
         raise EmbeddingStoreError(f"embeddings: {path} format is {manifest.get('format')!r}, expected {FORMAT!r}")
     for key in ("model", "dim"):

@@ -39,18 +39,19 @@ class RunFolderError(InputError):
     """A folder that holds another run's output, or is not a run folder (one line naming it and the key)."""
 
 
-def read_record(path: str | os.PathLike, error: type[Exception] = RunFolderError) -> dict | None:
-    """The JSON object at ``path``; ``None`` when there is none; ``error`` (one line) when it is not a JSON
-    object."""
+def read_record(path: str | os.PathLike, error: type[Exception] = RunFolderError, prefix: str = "",
+                hint: str = "remove the folder or choose another") -> dict | None:
+    """The JSON object at ``path`` (a folder's manifest or settings); ``None`` when there is none; ``error`` (one
+    line, after ``prefix``) when it is not a JSON object."""
     path = Path(path)
     if not path.is_file():
         return None
     try:
         value = json.loads(path.read_text())
     except (ValueError, OSError) as e:
-        raise error(f"{path}: not readable JSON ({e}); remove the folder or choose another") from None
+        raise error(f"{prefix}{path} is not readable JSON ({e}); {hint}") from None
     if not isinstance(value, dict):
-        raise error(f"{path}: not a JSON object; remove the folder or choose another")
+        raise error(f"{prefix}{path} is not a JSON object; {hint}")
     return value
 
 
@@ -111,7 +112,7 @@ def check_or_start(folder: str | os.PathLike, ident: dict, *, keys: Iterable[str
     line naming the folder and the key, after ``prefix``, e.g. ``"--out: "``) when it holds another run, or parts
     without a record."""
     folder = Path(folder)
-    old = read_record(folder / manifest, error)
+    old = read_record(folder / manifest, error, prefix, hint)
     if old is not None:
         defaults = defaults(old) if callable(defaults) else defaults
         key = identity_diff(old, ident, keys, defaults)

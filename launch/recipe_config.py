@@ -13,10 +13,10 @@ from typing import Any, ClassVar
 from halsift.corpus.config import ConfigError, WandbMode, field, fields_of
 from halsift.corpus.safe_paths import safe_component
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
-from halsift.launch.cmd_dedup import DedupConfig
+from halsift.filtering.curation.config import DedupConfig
 from halsift.filtering.scoring.config import RUN_ONLY as SCORE_RUN_ONLY, ScoreConfig
 from halsift.filtering.scoring.settings import check_settings
-from halsift.launch.cmd_select import SelectConfig, amount, check_guarantee, check_selection
+from halsift.filtering.selection.config import SelectConfig, amount, check_guarantee, check_selection
 from halsift.synth.world_config import WorldSettings
 from halsift.training.clip_config import ClipTrainConfig
 

@@ -17,7 +17,7 @@ unless the recipe's ``wandb.mode`` is ``disabled``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from halsift.corpus.config import WandbFlag, wandb_mode_field, wandb_project_field  # noqa: F401 (re-exported)
 

@@ -8,7 +8,6 @@ part is reused (:func:`reusable`), and the folder's ``_manifest.json`` (:func:`c
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass

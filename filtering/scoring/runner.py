@@ -50,15 +50,13 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
           device: str | None = None, show_progress: bool = True, workers: int = 0,
           max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES, full_hash: bool = False) -> Path:
     """Score ``data`` (a shard spec or a ``bench.jsonl``) with a detector into ``out_dir``; returns ``out_dir``: the
-    library's shorthand for a :class:`~halsift.filtering.scoring.engine.ScoreJob` run by the ``local`` engine
+    library's shorthand for a :class:`~halsift.filtering.scoring.job.ScoreJob` run as the ``local`` engine runs it
     (:func:`score_job`; ``workers``: the job's ``decode_workers``)."""
-    from halsift.filtering.scoring.engine import ScoreJob, get_engine
+    from halsift.filtering.scoring.job import ScoreJob
 
-    job = ScoreJob(detector=spec_or_detector, data=data, out=out_dir, unit=unit, batch_size=batch_size, device=device,
-                   decode_workers=workers, max_parse_failures=max_parse_failures, show_progress=show_progress,
-                   full_hash=full_hash)
-    get_engine("local").run(job)
-    return Path(out_dir)
+    return score_job(ScoreJob(detector=spec_or_detector, data=data, out=out_dir, unit=unit, batch_size=batch_size,
+                              device=device, decode_workers=workers, max_parse_failures=max_parse_failures,
+                              show_progress=show_progress, full_hash=full_hash))
 
 
 def score_job(job) -> Path:

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.errors import InputError
 from halsift.corpus.fingerprint import file_fingerprint, refingerprint
+from halsift.corpus.run_folder import read_record
 from halsift.corpus.scores import ScoresFormatError, check_column_types, part_name
 from halsift.filtering.detectors.base import CAPTION_INDEX
 from halsift.filtering.scoring.part_records import PART_META_KEY, RECORDS, content as _content, matches
@@ -75,15 +76,7 @@ class ScoreFolder:
 
 
 def _read_manifest(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        m = json.loads(path.read_text())
-    except (ValueError, OSError) as e:
-        raise SelectError(f"scores: {path} is not readable JSON ({e})") from None
-    if not isinstance(m, dict):
-        raise SelectError(f"scores: {path} is not a JSON object")
-    return m
+    return read_record(path, SelectError, "scores: ", "rescore into a new folder")
 
 
 def _unfinished_claims(folder: Path) -> int:
