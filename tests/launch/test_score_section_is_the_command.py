@@ -21,7 +21,7 @@ TINY = "clip:arch=halsift-tiny,pretrained=random,seed=0"
 
 
 def test_every_score_setting_the_recipe_does_not_set_is_under_score_in_describe(capsys):
-    with pytest.raises(SystemExit) as done:
+    with pytest.raises(SystemExit, match="0") as done:
         main(["run", "quickstart", "--describe"])
     assert done.value.code == 0
     text = capsys.readouterr().out
