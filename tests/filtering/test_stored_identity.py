@@ -126,3 +126,17 @@ def test_a_selection_setting_absent_from_an_older_record_equals_only_its_default
     assert main([*args, "--per-captioner"]) == 2  # not the default: another selection
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "holds a selection with a different per_captioner (None vs True)" in err
+
+
+def test_dedup_never_overwrites_another_stages_manifest(tmp_path, capsys):
+    corpus = make_corpus(tmp_path / "c", shards=1, per_shard=3, seed=1)
+    sel = tmp_path / "sel"
+    sel.mkdir()
+    (sel / "manifest.json").write_text(json.dumps({"status": "complete", "filter": {"keep": 0.2}}))
+    before = (sel / "manifest.json").read_bytes()
+    assert main(["dedup", "--data", str(corpus), "--out", str(sel), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(sel) in err and "format" in err
+    assert (sel / "manifest.json").read_bytes() == before and not (sel / "_parts").exists()
+    assert main(["dedup", "--data", str(corpus), "--out", str(tmp_path / "d"), "--no-progress"]) == 0
+    assert main(["dedup", "--data", str(corpus), "--out", str(tmp_path / "d"), "--no-progress"]) == 0  # its own
