@@ -55,3 +55,16 @@ wandb: {{mode: disabled}}
     assert got["status"] == "complete" and got["run_settings"]["decode_workers"] == 1
     assert (got["decode_workers"], got["run_settings"]) == (cli["decode_workers"], cli["run_settings"])
     assert got["decode_workers"] == 1  # the clip detector reads through its decode worker, as under the command
+
+
+def test_settings_that_change_only_how_scoring_runs_never_rescore(tmp_path):
+    from halsift.launch.recipe import stage_fingerprints
+
+    def score_fp(*over):
+        return stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}", *over]))["score"]["fingerprint"]
+
+    base = score_fp()
+    assert score_fp("score.decode_workers=3", "score.device=cpu", "score.engine=ray", "score.workers=2",
+                    "score.address=auto", "score.full_hash=true", "score.no_progress=true") == base
+    assert score_fp("score.embeddings=emb") != base  # stored vectors: another rounding of what is scored
+    assert score_fp("score.batch_size=8") != base and score_fp("score.unit=caption") != base
