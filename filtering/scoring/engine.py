@@ -87,7 +87,7 @@ _RAY_ONLY = "--address/--workers: only with --engine ray"
 
 
 class LocalEngine(Engine):
-    """The rank-split run (:func:`.runner.score`): one process, or every rank of a launch."""
+    """The rank-split run (:func:`.runner.score_job`): one process, or every rank of a launch."""
 
     name = "local"
 
