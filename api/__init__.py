@@ -18,7 +18,21 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["load_detector", "score_pairs", "select"]
+__all__ = ["load_detector", "score", "score_pairs", "select"]
+
+
+def score(detector: Any, data: str | os.PathLike, out: str | os.PathLike, engine: str = "local",
+          **settings: Any) -> dict:
+    """Score shards (or a ``bench.jsonl``) into the folder ``out`` as ``halsift score`` does: one
+    :class:`~halsift.filtering.scoring.job.ScoreJob` (``settings``: its fields, e.g. ``batch_size``, ``unit``,
+    ``decode_workers``) run by ``engine``; resumes a folder of the same job. Returns the folder's manifest."""
+    import json
+    from pathlib import Path
+
+    from halsift.filtering.scoring.engine import ScoreJob, run_job
+
+    run_job(ScoreJob(detector=detector, data=data, out=out, **settings), engine)
+    return json.loads((Path(out) / "_manifest.json").read_text())
 
 
 def load_detector(spec: Any, device: str | None = None):

@@ -401,3 +401,20 @@ def flag_message(msg: str, positional: Sequence[str] = ()) -> str:
     if field_.isidentifier():
         return "--" + field_.replace("_", "-") + msg[len(field_):]
     return msg
+
+
+# ------------------------------------------------------------------------------------------------ wandb flags
+_WANDB_G = {"group": "logging"}
+WandbFlag = Literal["offline", "online"]  # `--wandb [MODE]` of score and select (a command logs only when asked)
+
+
+def wandb_mode_field():
+    """The ``--wandb [MODE]`` setting, for a command's settings class (a new field each call)."""
+    return field(None, help="log this run's throughput, skipped counts and (select) kept fraction to wandb: offline "
+                            "(what `--wandb` alone means; `wandb sync` later) or online",
+                 cli={**_WANDB_G, "metavar": "MODE", "const": "offline"})
+
+
+def wandb_project_field():
+    """The ``--wandb-project`` setting, for a command's settings class (a new field each call)."""
+    return field("halsift", help="wandb project", cli=_WANDB_G)

@@ -26,7 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from halsift.corpus.errors import InputError
-from halsift.corpus.scores import write_part_atomic
+from halsift.corpus.fingerprint import refingerprint
+from halsift.corpus.run_folder import has_content, part_record, read_record
+from halsift.corpus.scores import part_name, write_part_atomic
 
 FORMAT = "halsift-embeddings/1"
 MANIFEST = "_manifest.json"
@@ -93,10 +95,7 @@ def read_manifest(folder: str | os.PathLike) -> dict:
         raise EmbeddingStoreError(f"embeddings: {folder} is not a folder (expected one written by `halsift embed`)")
     if not path.exists():
         raise EmbeddingStoreError(f"embeddings: {path} is missing (expected a folder written by `halsift embed`)")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise EmbeddingStoreError(f"embeddings: {path} is not JSON ({e})") from e
+    manifest = read_record(path, EmbeddingStoreError, "embeddings: ", "rerun `halsift embed` into a new folder")
     if manifest.get("format") != FORMAT:
         raise EmbeddingStoreError(f"embeddings: {path} format is {manifest.get('format')!r}, expected {FORMAT!r}")
     for key in ("model", "dim"):
@@ -151,6 +150,29 @@ def read_embeddings(folder: str | os.PathLike, kind: int | None = IMAGE, require
                       np.concatenate([c.vectors for c in chunks]), manifest["model"])
 
 
+def check_embedded_from(folder: str | os.PathLike, shards: Sequence[Path]) -> None:
+    """Refuse (one line) to read vectors of a shard whose content changed since ``halsift embed`` embedded it (its
+    size or content hash differs from the fingerprint its part records; the mtime is not compared: a copy is the
+    same shard), or of a part altered since it was written (:mod:`halsift.corpus.run_folder`). Parts of older
+    stores, which record neither, are read as they are."""
+    for shard in shards:
+        part = Path(folder) / part_name(0, Path(shard).name)
+        if not part.exists():
+            continue  # its samples are refused one by one when scored ("no vectors for sample ...")
+        rec = part_record(folder, part.name)
+        if rec is not None and not has_content(part, rec):
+            raise EmbeddingStoreError(f"embeddings: {part} is not the part `halsift embed` wrote (its size or content "
+                                      "hash differs from its record); rerun `halsift embed` into that folder")
+        fp = part_meta(part).get("source_fp")
+        if not isinstance(fp, dict) or "hash" not in fp:
+            continue
+        now = refingerprint(shard, fp)
+        if (fp.get("size"), fp.get("hash")) != (now["size"], now["hash"]):
+            raise EmbeddingStoreError(f"embeddings: {shard} changed since `halsift embed` embedded it into {folder} "
+                                      "(its size or content hash differs from the fingerprint the part records); "
+                                      "rerun `halsift embed` into that folder, or give the shards that were embedded")
+
+
 def check_dim(emb: Embeddings, dim: int, where: str) -> None:
     """Refuse embeddings of another width than the model or index they are compared with."""
     if emb.dim != dim:
@@ -159,5 +181,6 @@ def check_dim(emb: Embeddings, dim: int, where: str) -> None:
 
 
 __all__ = ["CAPTION", "FORMAT", "IMAGE", "MANIFEST", "EmbeddingStoreError", "Embeddings", "check_dim",
+           "check_embedded_from",
            "embedding_table", "iter_embeddings", "part_meta", "part_paths", "read_embeddings", "read_manifest",
            "write_embedding_part"]

@@ -4,7 +4,9 @@ unchanged (DESIGN.md, "Reuse is content-addressed").
 A file's fingerprint is its size, its mtime (ns) and a BLAKE2b hash of sampled blocks (the first and last
 64 KiB and 16 evenly spaced 4 KiB blocks): cheap for multi-GB shards, and any replaced file changes its mtime or
 size or one of the sampled blocks. A copy that does not preserve mtimes counts as changed (a rescore, never a
-stale reuse). Small files (up to 1 MiB) are hashed whole.
+stale reuse). Small files (up to 1 MiB) are hashed whole, and so is every file with ``full=True`` (``halsift score
+--full-hash``: a change outside the sampled blocks that keeps size and mtime is then seen too); such a fingerprint
+says ``"full": true`` and is compared only with one made the same way (:func:`refingerprint`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,17 @@ _SAMPLES = 16
 _MAX_DIR_FILES = 5000
 
 
-def file_fingerprint(path: str | os.PathLike) -> dict:
-    """``{"size", "mtime_ns", "hash"}`` of one regular file."""
+def file_fingerprint(path: str | os.PathLike, full: bool = False) -> dict:
+    """``{"size", "mtime_ns", "hash"}`` of one regular file (hashed whole with ``full``: then also ``"full":
+    true``, for files over 1 MiB)."""
     path = Path(path)
     st = path.stat()
     h = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
+        if full and st.st_size > _WHOLE:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+            return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "hash": h.hexdigest(), "full": True}
         if st.st_size <= _WHOLE:
             h.update(f.read())
         else:
@@ -36,6 +43,11 @@ def file_fingerprint(path: str | os.PathLike) -> dict:
                 f.seek(off)
                 h.update(f.read(_EDGE if off in (0, st.st_size - _EDGE) else _BLOCK))
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "hash": h.hexdigest()}
+
+
+def refingerprint(path: str | os.PathLike, recorded: dict) -> dict:
+    """The fingerprint of ``path`` now, made the way ``recorded`` was (whole when it says ``full``)."""
+    return file_fingerprint(path, full=bool(recorded.get("full")))
 
 
 def path_fingerprint(path: str | os.PathLike) -> str:

@@ -7,16 +7,16 @@ the pretrain stage produced or ``model.pretrained``) are substituted in detector
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from halsift.corpus.config import ConfigError, WandbMode, field, fields_of
 from halsift.corpus.safe_paths import safe_component
 from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
-from halsift.launch.cmd_dedup import DedupConfig
-from halsift.launch.cmd_score import ScoreConfig
-from halsift.launch.cmd_select import SelectConfig, amount, check_guarantee, check_selection
+from halsift.filtering.curation.config import DedupConfig
+from halsift.filtering.scoring.config import RUN_ONLY as SCORE_RUN_ONLY, ScoreConfig
+from halsift.filtering.scoring.settings import check_settings
+from halsift.filtering.selection.config import SelectConfig, amount, check_guarantee, check_selection
 from halsift.synth.world_config import WorldSettings
 from halsift.training.clip_config import ClipTrainConfig
 
@@ -141,10 +141,16 @@ class DedupCfg(DedupSection):
         DedupConfig.validate(self)
 
 
-ScoreSection = fields_of(ScoreConfig, "ScoreSection",
-                         tuple(f.name for f in dataclasses.fields(ScoreConfig)
-                               if f.name not in ("unit", "batch_size", "max_parse_failures")),
+# ScoreConfig fields a recipe sets itself: the detectors (score.detectors), the data and output folders, the ranks
+# (`halsift launch`, not independent tasks) and the wandb section; every other field is the recipe's score section
+SCORE_SET = ("detector", "data", "out", "num_tasks", "task_index", "claim_timeout", "wandb", "wandb_project")
+ScoreSection = fields_of(ScoreConfig, "ScoreSection", SCORE_SET,
                          "`halsift score`'s settings a recipe's score section takes (same names, defaults, help)")
+# what a stage's fingerprint leaves out of its sections: settings that change how a stage runs, not what it makes
+FINGERPRINT_OMITS = {"score": tuple(n for n in SCORE_RUN_ONLY if n not in SCORE_SET)}
+# settings added to a section after recipes were fingerprinted: left out of the fingerprint while at their default
+# (a field absent from an old record compares equal only to its default), so existing run folders are not re-run
+FINGERPRINT_SINCE = {"score": {"embeddings": None}}
 
 
 @dataclass
@@ -161,9 +167,14 @@ class ScoreCfg(ScoreSection):
         for where, names in (("score.detectors", self.detectors), ("score.ensembles", self.ensembles)):
             for name in names:
                 check_name(where, name)
-        if not 0.0 <= self.max_parse_failures <= 1.0:
-            raise ValueError(f"score.max_parse_failures: expected a fraction between 0 and 1, got "
-                             f"{self.max_parse_failures}")
+        try:
+            check_settings(unit=self.unit, batch_size=self.batch_size, decode_workers=self.decode_workers,
+                           max_parse_failures=self.max_parse_failures)
+        except ValueError as e:
+            raise ValueError(f"score.{e}") from None
+        if self.engine == "tasks":
+            raise ValueError("score.engine: tasks are independent processes (`halsift score --num-tasks`); a recipe "
+                             "runs on `halsift launch` ranks (local) or on ray")
         if not self.detectors:
             raise ValueError("score.detectors: at least one detector is required")
         both = sorted(set(self.detectors) & set(self.ensembles))

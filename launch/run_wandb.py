@@ -17,25 +17,9 @@ unless the recipe's ``wandb.mode`` is ``disabled``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from halsift.corpus.config import field
-
-_G = {"group": "logging"}
-WandbFlag = Literal["offline", "online"]  # `--wandb [MODE]` of score and select (a command logs only when asked)
-
-
-def wandb_mode_field():
-    """The ``--wandb [MODE]`` setting, for a command's settings class (a new field each call)."""
-    return field(None, help="log this run's throughput, skipped counts and (select) kept fraction to wandb: offline "
-                            "(what `--wandb` alone means; `wandb sync` later) or online",
-                 cli={**_G, "metavar": "MODE", "const": "offline"})
-
-
-def wandb_project_field():
-    """The ``--wandb-project`` setting, for a command's settings class (a new field each call)."""
-    return field("halsift", help="wandb project", cli=_G)
-
+from halsift.corpus.config import WandbFlag, wandb_mode_field, wandb_project_field  # noqa: F401 (re-exported)
 
 def score_metrics(manifest: dict, out: Path) -> tuple[list[dict], dict]:
     """(history: one row per part, summary) of a complete score folder."""

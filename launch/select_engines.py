@@ -6,21 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from halsift.corpus.config import field
-
 MAXCOUNT = 1000  # the in-memory select's samples per output shard when --maxcount is not given
-
-
-def captioner_field():
-    """``halsift select --captioner`` and the recipe's ``select.captioner``: a new field each call."""
-    return field("unknown", help="captioner recorded for samples whose json has none (img2dataset output); "
-                                 "default unknown")
-
-
-def source_field():
-    """``halsift select --source`` and the recipe's ``select.source``: a new field each call."""
-    return field("i2t", help="source recorded for samples whose json has none; default i2t (the caption describes "
-                             "a real image)")
 
 
 def _pct(v) -> str:

@@ -6,9 +6,11 @@ metadata): a key column (``key``, else ``uid``), a caption column (``caption``, 
 (``original_width``/``original_height``, else ``width``/``height``), read in record batches, no image decoded.
 
 Output folder: ``part-<input>.parquet`` per input (:data:`~halsift.filtering.curation.basic.FIELDS` plus
-``pass_<preset>``; written atomically, so a killed run resumes at the first missing part), ``_basic.json`` (the
-settings: a rerun with other settings is refused) and ``manifest.json`` (counts per rule, merged from the parts'
-own counts, which each part keeps in its parquet metadata).
+``pass_<preset>``; written atomically, so a killed run resumes at the first missing part; a part is reused only when
+its input has the content it was made from and the part is unaltered, :mod:`halsift.corpus.run_folder`; parts of
+older folders, without a record, are made again), ``_basic.json`` (the settings: a rerun with other settings is
+refused) and ``manifest.json`` (counts per rule, merged from the parts' own counts, which each part keeps in its
+parquet metadata; ``running`` until done, ``failed`` with the reason when an error stopped it).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from halsift.corpus.errors import InputError
+from halsift.corpus.fingerprint import file_fingerprint
 from halsift.corpus.images import SkipCounter
+from halsift.corpus.run_folder import check_or_start, failing, forget_part, part_done, part_reusable
 from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name, write_part_atomic
 from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, write_json_atomic
@@ -144,16 +148,25 @@ def run_basic(data: str, out: str | os.PathLike, *, presets: list[str], detector
     settings = {"data": [str(p.resolve()) for p in inputs], "kind": kind, "presets": presets,
                 "size_from": size_from, "language": detector.settings}
     _open_out(out, settings)
+    with failing(out, "manifest.json"):
+        return _run(kind, inputs, names, out, settings, detector, presets, size_from, show_progress)
+
+
+def _run(kind: str, inputs: list[Path], names: list[str], out: Path, settings: dict, detector, presets: list[str],
+         size_from: str, show_progress: bool) -> dict:
     t0 = time.perf_counter()
     bar = progress(desc="basic", unit="sample", disable=not show_progress)
     parts, done_before = [], 0
     for path, name in zip(inputs, names):
         dest = out / name
-        if dest.exists():
+        made = {"source_fp": file_fingerprint(path)}
+        if part_reusable(out, name, made):
             parts.append(json.loads(pq.read_schema(dest).metadata[META_KEY]))
             done_before += 1
             continue
+        forget_part(out, name)
         parts.append(_one_part(kind, path, dest, detector, presets, size_from, bar))
+        part_done(out, name, made)
     bar.close()
     wall = time.perf_counter() - t0
     rows_now = sum(p["rows"] for p in parts[done_before:]) if done_before < len(parts) else 0
@@ -165,18 +178,18 @@ def run_basic(data: str, out: str | os.PathLike, *, presets: list[str], detector
 
 
 def _open_out(out: Path, settings: dict) -> None:
+    """The folder's identity (:func:`halsift.corpus.run_folder.check_or_start`): ``_basic.json`` holds the settings
+    (an older, flat one is read as they are); another run's folder, or one holding anything else, is refused."""
     state = out / SETTINGS
-    if state.exists():
-        old = json.loads(state.read_text())
-        diff = next((k for k in settings if old.get(k) != settings[k]), None)
-        if diff:
-            raise BasicError(f"out: {out} holds basic fields made with a different {diff} ({old.get(diff)!r} vs "
-                             f"{settings[diff]!r}); choose a new folder")
-        return
-    if out.exists() and any(not p.name.startswith(".") for p in out.iterdir()):  # .halsift.lock
+    if not state.exists() and out.exists() and any(not p.name.startswith(".") for p in out.iterdir()):  # .lock
         raise BasicError(f"out: {out} is not empty and holds no basic fields; choose a new folder")
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(state, settings)
+    old = check_or_start(out, {"settings": settings}, keys=(), what="basic fields", manifest=SETTINGS,
+                         error=BasicError, defaults=lambda old: old, parts_glob="", start=False,
+                         hint="choose a new folder", prefix="out: ")
+    if old is None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(state, {"settings": settings})
+    write_json_atomic(out / "manifest.json", {"status": "running", "settings": settings})
 
 
 def _manifest(parts: list[dict], settings: dict, names: list[str]) -> dict:

@@ -18,7 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from halsift.corpus.errors import InputError
 from halsift.corpus.images import SkipCounter
+from halsift.corpus.run_folder import check_or_start
 from halsift.corpus.progress import progress
 from halsift.corpus.scores import write_part_atomic
 from halsift.corpus.shards import expand_shards, write_json_atomic
@@ -29,6 +31,7 @@ from halsift.filtering.curation.search import best_matches, cosine_pairs, hammin
 
 EXACT, NEAR = 0, 1
 MANIFEST = "manifest.json"
+FORMAT = "halsift-dedup/1"
 
 
 def _corpus_descriptors(shards: list[Path], out: Path, show: bool) -> tuple[pa.Table, SkipCounter, int]:
@@ -156,6 +159,9 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
     out = Path(out)
     for a in against:  # refuse a bad --against before any work
         kind_of(a)
+    # a folder holding another stage's manifest (a selection, scores ...) is never overwritten
+    check_or_start(out, {"format": FORMAT}, keys=("format",), what="another stage's output", manifest=MANIFEST,
+                   error=InputError, parts_glob="", start=False, hint="choose a new folder", prefix="out: ")
     shards = expand_shards(data)
     out.mkdir(parents=True, exist_ok=True)
     timing: dict[str, float] = {}
@@ -190,7 +196,10 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
             encode_corpus(shards, emb_folder, encoder, bar)
         timing["encode_s"] = time.time() - t
     elif embeddings:
+        from halsift.corpus.embedding_store import check_embedded_from
+
         emb_folder = Path(embeddings)
+        check_embedded_from(emb_folder, shards)  # vectors of the shards' content now, or one line
     row_of = {}
     for i, k in enumerate(keys):
         row_of.setdefault(k, i)
@@ -232,7 +241,7 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
     write_part_atomic(rows, out / DUPLICATES)
     reasons = rows.column("reason").to_pylist()
     manifest = {
-        "format": "halsift-dedup/1", "data": str(data), "shards": len(shards), "shards_reused": reused,
+        "format": FORMAT, "data": str(data), "shards": len(shards), "shards_reused": reused,
         "samples": n, "skipped": skipped.to_json(),
         "against": [{"path": str(a), "images": c} for a, c in zip(against, refs["per_set"] if refs else [])],
         "against_skipped": against_skipped.to_json(),

@@ -12,6 +12,8 @@ import numpy as np
 from halsift.corpus.embedding_store import (FORMAT, IMAGE, MANIFEST, embedding_table, part_paths,
                                             write_embedding_part)
 from halsift.corpus.errors import InputError
+from halsift.corpus.fingerprint import file_fingerprint, spec_fingerprint
+from halsift.corpus.run_folder import forget_part, part_done, part_reusable
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.sample import read_shard
 from halsift.corpus.scores import part_name
@@ -45,20 +47,28 @@ class ImageEncoder:
 
 
 def encode_corpus(shards: Iterable[Path], folder: Path, encoder: ImageEncoder, bar=None) -> None:
-    """Write one embedding part per shard into ``folder`` (finished parts are kept), then its manifest."""
+    """Write one embedding part per shard into ``folder``, then its manifest. A finished part is kept only when made
+    from this content of its shard by this model and unaltered since (:mod:`halsift.corpus.run_folder`); else it is
+    made again (a part of an older folder, without a record, too)."""
     folder.mkdir(parents=True, exist_ok=True)
     dim = None
+    model_fp = spec_fingerprint(encoder.spec)
     for shard in shards:
         path = folder / part_name(0, str(shard))
-        if not path.exists():
+        made = {"source_fp": file_fingerprint(shard), "model_fp": model_fp}
+        if not part_reusable(folder, path.name, made):
             keys, images = [], []
             for s in read_shard(shard, SkipCounter()):
                 keys.append(s.key)
                 images.append(s.image)
             vecs = encoder(images) if images else None
+            forget_part(folder, path.name)
+            path.unlink(missing_ok=True)
             if vecs is not None:
                 dim = vecs.shape[1]
-                write_embedding_part(embedding_table(keys, [IMAGE] * len(keys), vecs), path, {"shard": str(shard)})
+                write_embedding_part(embedding_table(keys, [IMAGE] * len(keys), vecs), path,
+                                     {"shard": str(shard), **made})
+                part_done(folder, path.name, made)
         if bar is not None:
             bar.update()
     if dim is None:

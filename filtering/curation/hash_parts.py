@@ -2,8 +2,9 @@
 
 Columns: key, image_sha, caption_sha (hex sha256 of the bytes / normalized caption), phash (8 bytes), thumb
 (12x12x3 uint8 bytes). A part is written atomically once its shard is read, with the shard's skipped samples in
-its footer, so a killed ``dedup`` resumes at the first missing part (a part whose shard changed since, by size or
-modification time, is made again).
+its footer, so a killed ``dedup`` resumes at the first missing part. A part is reused only when its shard has the
+content fingerprint it was made from and the part is unaltered since (:mod:`halsift.corpus.run_folder`); a part of
+an older folder, which recorded the shard's size and mtime only, is made again.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from halsift.corpus.fingerprint import file_fingerprint
 from halsift.corpus.images import SkipCounter
+from halsift.corpus.run_folder import forget_part, part_done, part_reusable
 from halsift.corpus.sample import read_shard
 from halsift.corpus.scores import part_name, write_part_atomic
 from halsift.filtering.curation.descriptors import normalize_caption, phash_bytes, sha256_hex, thumbnail
@@ -38,27 +41,23 @@ def hash_shard(shard: Path, out: Path) -> SkipCounter:
         cols["phash"].append(phash_bytes(s.image))
         cols["thumb"].append(thumbnail(s.image))
     table = pa.table(cols, schema=SCHEMA)
-    meta = {"shard": str(shard), "stamp": shard_stamp(shard), "skipped": skipped.to_json()}
+    made = made_from(shard)
+    meta = {"shard": str(shard), **made, "skipped": skipped.to_json()}
     table = table.replace_schema_metadata({b"halsift": json.dumps(meta, sort_keys=True).encode()})
+    forget_part(out.parent, out.name)
     write_part_atomic(table, out)
+    part_done(out.parent, out.name, made)
     return skipped
 
 
-def shard_stamp(shard: Path) -> list[int]:
-    """``[size, mtime_ns]`` of a shard: a part made from another version of it is made again."""
-    st = Path(shard).stat()
-    return [st.st_size, st.st_mtime_ns]
+def made_from(shard: Path) -> dict:
+    """What a part is made from: its shard's content fingerprint (:mod:`halsift.corpus.fingerprint`)."""
+    return {"source_fp": file_fingerprint(shard)}
 
 
 def part_is_current(path: Path, shard: Path) -> bool:
-    """The part exists and was made from this version of ``shard``."""
-    if not path.exists():
-        return False
-    try:
-        meta = json.loads((pq.read_schema(path).metadata or {}).get(b"halsift", b"{}"))
-    except (pa.ArrowInvalid, OSError, ValueError):
-        return False
-    return meta.get("stamp") == shard_stamp(shard)
+    """The part exists, was made from this content of ``shard`` and is unaltered since."""
+    return part_reusable(path.parent, path.name, made_from(shard))
 
 
 def read_part(path: Path) -> tuple[pa.Table, SkipCounter]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from halsift.corpus.embedding_store import (CAPTION, FORMAT, IMAGE, MANIFEST, EmbeddingStoreError, embedding_table,
                                             part_meta, write_embedding_part)
@@ -27,6 +28,7 @@ from halsift.corpus.fingerprint import spec_fingerprint
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.progress import progress
 from halsift.corpus.sample import CAPTION_INDEX, read_shard, sample_items
+from halsift.corpus.run_folder import check_or_start, failing, forget_part, part_done, part_reusable
 from halsift.corpus.shards import write_json_atomic
 from halsift.filtering.scoring.parts import Part, plan_parts, source_fingerprint
 
@@ -100,15 +102,31 @@ def embed_part(encoder, part: Part, out_path: Path, batch_size: int, meta: dict,
                             else np.empty((0, int(encoder.embed_dim())), np.float32))
     stats = {**meta, "samples": samples, "images": index.count(IMAGE), "texts": len(index) - index.count(IMAGE),
              "skipped": skipped.to_json(), "wall_s": round(time.perf_counter() - t0, 3)}
+    forget_part(out_path.parent, out_path.name)
     write_embedding_part(table, out_path, stats)
+    part_done(out_path.parent, out_path.name, _made_from(meta))
     return stats
 
 
+def _made_from(meta: dict) -> dict:
+    return {k: meta[k] for k in ("source_fp", "model_fp", "dim")}
+
+
 def _reusable(path: Path, meta: dict) -> bool:
-    if not path.exists():
-        return False
-    got = part_meta(path)
-    return got.get("source_fp") == meta["source_fp"] and got.get("model_fp") == meta["model_fp"]
+    """A written part is reused only when made from the same shard content by the same model, with vectors of the
+    model's width, and unaltered since (:func:`~halsift.corpus.run_folder.part_reusable`); a part of an older
+    folder, without a record, when its footer and its vectors' width say so."""
+
+    def legacy(p: Path) -> bool:
+        got = part_meta(p)
+        try:
+            width = pq.read_schema(p).field("embedding").type.list_size
+        except (OSError, ValueError, KeyError, AttributeError):
+            return False
+        return got.get("source_fp") == meta["source_fp"] and got.get("model_fp") == meta["model_fp"] \
+            and width == meta["dim"]
+
+    return part_reusable(path.parent, path.name, _made_from(meta), legacy)
 
 
 def start(job: EmbedJob):
@@ -126,21 +144,10 @@ def start(job: EmbedJob):
     model_fp = spec_fingerprint(encoder.encoder_id)
     ident = {"format": FORMAT, "model": encoder.encoder_id, "model_spec": encoder.spec, "model_fp": model_fp,
              "dim": int(encoder.embed_dim()), "dtype": "float16", "normalized": True, "inputs": inputs["paths"]}
-    path = out / MANIFEST
-    if path.exists():
-        import json
-
-        try:
-            old = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise EmbeddingStoreError(f"--out: {path} is not JSON ({e}); use a new --out folder") from e
-        for k in ("format", "model", "dim", "inputs"):
-            if old.get(k) != ident[k]:
-                raise EmbeddingStoreError(f"--out: {out} holds embeddings with a different {k} "
-                                          f"({str(old.get(k))[:200]} vs {str(ident[k])[:200]}); use a new --out folder")
-    elif any(out.glob("part-*.parquet")):
-        raise EmbeddingStoreError(f"--out: {out} holds parts but no {MANIFEST}; use a new --out folder")
-    metas = {p.name: {"source": p.source, "source_fp": source_fingerprint(p), "model_fp": model_fp} for p in parts}
+    check_or_start(out, ident, keys=("format", "model", "dim", "inputs"), what="embeddings", manifest=MANIFEST,
+                   error=EmbeddingStoreError, start=False, prefix="--out: ")
+    metas = {p.name: {"source": p.source, "source_fp": source_fingerprint(p), "model_fp": model_fp,
+                      "dim": ident["dim"]} for p in parts}
     return encoder, out, parts, ident, metas
 
 
@@ -152,7 +159,9 @@ def finish(out: Path, ident: dict, parts: list[Part], metas: dict, wall: float, 
     skipped = SkipCounter(max_examples=10_000)
     for m in metas:
         skipped.merge(SkipCounter.from_json(m["skipped"]))
-    manifest = {**ident, "complete": len(have) == len(parts), "parts": len(parts), "parts_written": len(have),
+    manifest = {**ident, "complete": len(have) == len(parts),
+                "status": "complete" if len(have) == len(parts) else "running", "parts": len(parts),
+                "parts_written": len(have),
                 "part_files": [p.name for p in parts], "parts_resumed": resumed, "parts_embedded_this_run": embedded,
                 "samples": sum(m["samples"] for m in metas), "images": sum(m["images"] for m in metas),
                 "texts": sum(m["texts"] for m in metas), "skipped": skipped.to_json(), "wall_time_s": round(wall, 3)}
@@ -162,14 +171,22 @@ def finish(out: Path, ident: dict, parts: list[Part], metas: dict, wall: float, 
 
 def embed_local(job: EmbedJob) -> dict:
     """Embed on this process, or on every rank of a launch (parts round-robin); rank 0 writes the manifest."""
-    from halsift.filtering.scoring.runner import _reduce, _state
+    from halsift.filtering.scoring.runner import _state
 
     t0 = time.perf_counter()
     encoder, out, parts, ident, metas = start(job)
     state = _state(job.device)
     state.wait_for_everyone()
     if state.is_main_process and not (out / MANIFEST).exists():
-        write_json_atomic(out / MANIFEST, {**ident, "complete": False})
+        write_json_atomic(out / MANIFEST, {**ident, "complete": False, "status": "running"})
+    with failing(out, MANIFEST):
+        return _embed_ranks(job, encoder, out, parts, ident, metas, state, t0)
+
+
+def _embed_ranks(job: EmbedJob, encoder, out: Path, parts: list[Part], ident: dict, metas: dict, state,
+                 t0: float) -> dict:
+    from halsift.filtering.scoring.runner import _reduce
+
     rank, world = state.process_index, state.num_processes
     mine = parts[rank::world]
     todo = [p for p in mine if not _reusable(out / p.name, metas[p.name])]
@@ -191,12 +208,18 @@ def embed_local(job: EmbedJob) -> dict:
 def embed_task(job: EmbedJob, num_tasks: int, task_index: int, stale_after: float) -> dict:
     """One of ``num_tasks`` independent tasks: claim parts (:class:`.tasks.ClaimBoard`), embed them; the task that
     finds every part written completes the manifest."""
-    from halsift.filtering.scoring.tasks import HOST, ClaimBoard, task_device, task_order
-
     t0 = time.perf_counter()
     encoder, out, parts, ident, metas = start(job)
     if not (out / MANIFEST).exists():
-        write_json_atomic(out / MANIFEST, {**ident, "complete": False})
+        write_json_atomic(out / MANIFEST, {**ident, "complete": False, "status": "running"})
+    with failing(out, MANIFEST):
+        return _embed_claims(job, encoder, out, parts, ident, metas, num_tasks, task_index, stale_after, t0)
+
+
+def _embed_claims(job: EmbedJob, encoder, out: Path, parts: list[Part], ident: dict, metas: dict, num_tasks: int,
+                  task_index: int, stale_after: float, t0: float) -> dict:
+    from halsift.filtering.scoring.tasks import HOST, ClaimBoard, task_device, task_order
+
     board = ClaimBoard(out, f"embed-{task_index}@{HOST}:{os.getpid()}", stale_after)
     done = sum(_reusable(out / p.name, metas[p.name]) for p in parts)
     embedded, bar = 0, None

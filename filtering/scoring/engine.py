@@ -19,14 +19,13 @@ scoring process (:mod:`.workers`). The registry (:data:`ENGINES`, :func:`get_eng
 from __future__ import annotations
 
 import dataclasses
-import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from halsift.corpus.errors import InputError
-from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES
+from halsift.filtering.scoring.job import ScoreJob, given  # the job (re-exported)
 
 if TYPE_CHECKING:
     from halsift.filtering.scoring.embed import EmbedJob
@@ -36,48 +35,6 @@ EngineName = Literal["local", "tasks", "ray"]  # the registry's names (a test ke
 
 class EngineError(InputError):
     """A job an engine cannot run as asked (a setting it does not honour, a missing one): one line naming the flag."""
-
-
-@dataclass(frozen=True)
-class ScoreJob:
-    """Everything a scoring engine needs, typed, built once from the command's settings (``ScoreConfig``) or by
-    library callers. ``detector``: a spec string, a spec file's path, or a loaded detector."""
-
-    detector: Any
-    data: str | os.PathLike
-    out: str | os.PathLike
-    unit: str = "sentence"
-    batch_size: int = 64
-    device: str | None = None
-    decode_workers: int = 0  # input-pipeline processes per scoring process (0: one read-ahead thread)
-    max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES
-    show_progress: bool = True
-    # tasks
-    num_tasks: int | None = None
-    task_index: int | None = None
-    claim_timeout: float | None = None
-    # ray
-    address: str | None = None
-    workers: int | None = None  # scoring actors
-
-    embeddings: str | None = None  # a `halsift embed` folder that every CLIP-family detector reads
-
-    def given(self) -> set[str]:
-        """The settings set away from their defaults (what an engine must honour or refuse)."""
-        return given(self)
-
-    def spec(self) -> Any:
-        """The detector to build: ``detector``, with ``embeddings=`` given to every CLIP-family detector in it."""
-        if not self.embeddings:
-            return self.detector
-        from halsift.filtering.detectors.embeddings_spec import with_embeddings
-
-        return with_embeddings(self.detector, self.embeddings)
-
-
-def given(job: Any) -> set[str]:
-    """The fields of a job dataclass set away from their defaults."""
-    return {f.name for f in dataclasses.fields(job) if getattr(job, f.name) != f.default}
 
 
 @dataclass
@@ -95,7 +52,7 @@ class EngineSummary:
 
 
 COMMON = frozenset({"detector", "data", "out", "unit", "batch_size", "device", "decode_workers",
-                    "max_parse_failures", "show_progress", "embeddings"})  # honoured by every engine
+                    "max_parse_failures", "show_progress", "embeddings", "full_hash"})  # honoured by every engine
 EMBED = frozenset({"model", "data", "out", "batch_size", "device", "show_progress"})  # halsift embed's job, anywhere
 
 
@@ -130,7 +87,7 @@ _RAY_ONLY = "--address/--workers: only with --engine ray"
 
 
 class LocalEngine(Engine):
-    """The rank-split run (:func:`.runner.score`): one process, or every rank of a launch."""
+    """The rank-split run (:func:`.runner.score_job`): one process, or every rank of a launch."""
 
     name = "local"
 
@@ -145,11 +102,9 @@ class LocalEngine(Engine):
         self.check(job)
         from accelerate import PartialState
 
-        from halsift.filtering.scoring.runner import score
+        from halsift.filtering.scoring.runner import score_job
 
-        out = score(job.spec(), job.data, job.out, unit=job.unit, batch_size=job.batch_size, device=job.device,
-                    show_progress=job.show_progress, workers=job.decode_workers,
-                    max_parse_failures=job.max_parse_failures)
+        out = score_job(job)
         return EngineSummary(self.name, Path(out), True, PartialState().is_main_process)
 
     def embed(self, job: "EmbedJob") -> EngineSummary:
@@ -179,9 +134,7 @@ class TaskEngine(Engine):
             raise EngineError("--engine tasks: give --num-tasks (or run it as a SLURM array task)")
         n, i = task
         stale = STALE_AFTER_S if job.claim_timeout is None else job.claim_timeout
-        run = score_task(job.spec(), job.data, job.out, n, i, unit=job.unit, batch_size=job.batch_size,
-                         device=job.device, show_progress=job.show_progress, stale_after=stale,
-                         max_parse_failures=job.max_parse_failures, decode_workers=job.decode_workers)
+        run = score_task(job, n, i, stale_after=stale)
         lines = [f"task {i}/{n}: scored {run['parts_scored']} parts ({run['sentences']} items), "
                  f"{run['parts_skipped_done']} already done, {run['parts_taken_over']} taken over from dead tasks"]
         if not run["complete"]:
@@ -222,9 +175,7 @@ class RayEngine(Engine):
             raise EngineError(f"--workers: expected >= 1, got {job.workers}")
         from halsift.filtering.scoring.ray_engine import score_ray
 
-        m = score_ray(job.spec(), job.data, job.out, unit=job.unit, batch_size=job.batch_size, device=job.device,
-                      address=job.address, workers=job.workers, show_progress=job.show_progress,
-                      max_parse_failures=job.max_parse_failures, decode_workers=job.decode_workers)
+        m = score_ray(job)
         return EngineSummary(self.name, Path(job.out), True, True,
                              [f"ray: {m['workers']} workers, {m['parts_redone']} parts redone after a worker died"], m)
 

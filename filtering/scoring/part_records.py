@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from halsift.corpus.fingerprint import file_fingerprint
+from halsift.corpus.run_folder import content as whole_content
 
 PART_META_KEY = b"halsift"  # a part's own stats in its parquet metadata (halsift.filtering.scoring.runner writes them)
 RECORDS = "part_records"  # the score manifest's per-part record: size, content hash, rows, repeated rows
@@ -22,8 +23,19 @@ def content(p: Path) -> dict:
 
 def part_record(p: str | os.PathLike) -> dict:
     """What ``halsift score`` records of a finished part in its manifest (``part_records``) and select checks: size,
-    content hash, rows and how many rows repeat a (key, sentence_index) of the part."""
+    content hash (of the whole file: ``whole``; older records hash sampled blocks, :func:`content`), rows and how
+    many rows repeat a (key, sentence_index) of the part."""
     p = Path(p)
     t = pq.read_table(p, columns=["key", "sentence_index"])
     distinct = len(t.group_by(["key", "sentence_index"], use_threads=False).aggregate([]))
-    return {**content(p), "rows": len(t), "repeated_rows": len(t) - distinct}
+    return {**whole_content(p), "whole": True, "rows": len(t), "repeated_rows": len(t) - distinct}
+
+
+def matches(p: str | os.PathLike, record: dict, now: dict | None = None) -> bool:
+    """Whether part ``p`` still has the size and hash ``record`` holds (hashed as the record was: whole or sampled;
+    ``now``: its sampled :func:`content`, when already computed)."""
+    if record.get("whole"):
+        now = whole_content(p)
+    elif now is None:
+        now = content(Path(p))
+    return (record.get("size"), record.get("hash")) == (now["size"], now["hash"])

@@ -8,7 +8,6 @@ part is reused (:func:`reusable`), and the folder's ``_manifest.json`` (:func:`c
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -16,13 +15,15 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from halsift.corpus.fingerprint import file_fingerprint, path_fingerprint
+from halsift.corpus.fingerprint import file_fingerprint, path_fingerprint, spec_fingerprint
 from halsift.corpus.images import ImageDecodeError, SkipCounter, load_image_file
 from halsift.corpus.percent import percent
+from halsift.corpus.run_folder import check_or_start as check_folder, forget_part, part_done, part_reusable
 from halsift.corpus.sample import bench_items, read_shard, sample_items
 from halsift.corpus.scores import part_name, scores_table, write_part_atomic
 from halsift.corpus.shards import expand_shards, write_json_atomic
 from halsift.filtering.detectors.base import Detector, Item
+from halsift.filtering.scoring.settings import is_bench
 from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreError, ScoreGuard, final_check
 from halsift.filtering.scoring.part_records import PART_META_KEY, RECORDS, part_record
 from halsift.filtering.scoring.prefetch import Prefetcher
@@ -43,13 +44,9 @@ class Part:
 
 
 # ---------------------------------------------------------------------------------------------- inputs
-def _is_bench(data) -> bool:
-    return isinstance(data, (str, os.PathLike)) and os.fspath(data).endswith(".jsonl")
-
-
 def plan_parts(data) -> tuple[list[Part], dict]:
     """Split the input into parts; returns ``(parts, inputs)`` where ``inputs`` identifies the data."""
-    if _is_bench(data):
+    if is_bench(data):
         from halsift.corpus.bench import read_bench
 
         path = Path(data).resolve()
@@ -77,9 +74,7 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
     """Yield the items of one caption at a time; bad samples are counted in ``skipped`` and left out. ``draft``:
     JPEGs decode at a reduced scale down to that side (a detector's ``decode_size``). ``arrays``: shard images
     come as ``uint8 [H, W, 3]`` arrays (for a detector whose ``image_arrays`` says it takes them)."""
-    if part.captions is not None:
-        if unit != "sentence":
-            raise ValueError("unit: a bench file is scored per sentence (its rows), not per caption")
+    if part.captions is not None:  # a bench: per sentence, its rows (ScoreJob.validate refuses another unit)
         bench_dir = Path(part.source.rsplit("#", 1)[0]).parent
         last: tuple[str, object] | None = None  # (image path, decoded image): consecutive captions share it
         for rows in part.captions:
@@ -114,29 +109,35 @@ def batches(groups: Iterator[list[Item]], batch_size: int) -> Iterator[list[Item
 
 
 # ---------------------------------------------------------------------------------------------- scoring
-def source_fingerprint(part: Part) -> dict:
-    """What a part was made from: its shard's fingerprint, or the bench file's plus the chunk number."""
+def source_fingerprint(part: Part, full: bool = False) -> dict:
+    """What a part was made from: its shard's content fingerprint (sampled blocks; whole with ``full``), or the bench
+    file's plus the chunk number."""
     if part.captions is not None:
         path, chunk = part.source.rsplit("#", 1)
         return {"bench": path_fingerprint(path), "chunk": int(chunk)}
-    return file_fingerprint(part.source)
+    return file_fingerprint(part.source, full=full)
 
 
-def part_fingerprints(parts: Sequence[Part], detector_fp: str) -> dict[str, dict]:
+def part_fingerprints(parts: Sequence[Part], detector_fp: str, full: bool = False) -> dict[str, dict]:
     """Part name -> what its scores must have been made from: its :func:`source_fingerprint` and the detector's
     ``detector_fp`` (:func:`~halsift.corpus.fingerprint.spec_fingerprint`), as ``score_part`` records them."""
-    return {p.name: {"source_fp": source_fingerprint(p), "detector_fp": detector_fp} for p in parts}
+    return {p.name: {"source_fp": source_fingerprint(p, full), "detector_fp": detector_fp} for p in parts}
 
 
-def reusable(path: Path, source_fp: dict, detector_fp: str) -> bool:
-    """A finished part may be reused only if it was scored from the same input by the same detector."""
-    if not path.exists():
-        return False
+def _footer_matches(path: Path, fps: dict) -> bool:
+    """A part written before run-folder records: reused when its footer names the same input and detector."""
     try:
         stats = part_stats(path)
     except (OSError, ValueError):  # pyarrow.ArrowInvalid is a ValueError: a damaged part is rescored
         return False
-    return stats.get("source_fp") == source_fp and stats.get("detector_fp") == detector_fp
+    return all(stats.get(k) == v for k, v in fps.items())
+
+
+def reusable(out: Path, name: str, fps: dict) -> bool:
+    """A finished part may be reused only if it was scored from the same input by the same detector (``fps``: its
+    :func:`part_fingerprints` entry) and still holds what was written (:func:`~halsift.corpus.run_folder.part_reusable`:
+    a part altered since is rescored). A part of an older folder, without a record, is judged by its footer."""
+    return part_reusable(out, name, fps, legacy=lambda p: _footer_matches(p, fps))
 
 
 class Counted:
@@ -191,7 +192,10 @@ class PartRows:
                  "sentences": len(c["key"]), "parse_failures": c["parsed"].count(False), "skipped": skipped,
                  "time_model_s": round(self.t_model, 4), "time_data_s": round(wall - self.t_model, 4),
                  "time_decode_s": round(decode_s, 4), "wall_s": round(wall, 4), **(fingerprints or {})}
+        forget_part(out_path.parent, out_path.name)
         write_part_atomic(table.replace_schema_metadata({PART_META_KEY: json.dumps(stats).encode()}), out_path)
+        if fingerprints:
+            part_done(out_path.parent, out_path.name, fingerprints)
         return stats
 
 
@@ -235,23 +239,70 @@ def part_stats(path: Path) -> dict:
     return json.loads(meta.get(PART_META_KEY, b"{}"))
 
 
+@dataclass
+class Run:
+    """A started score run: its detector, folder, parts, identity (the manifest's) and how parts are fingerprinted."""
+
+    detector: Detector
+    out: Path
+    parts: list[Part]
+    ident: dict
+    full_hash: bool = False
+
+    @property
+    def detector_fp(self) -> str:
+        return self.ident["detector_fp"]
+
+    def fps(self, parts: Sequence[Part] | None = None) -> dict[str, dict]:
+        """:func:`part_fingerprints` of ``parts`` (default: every part)."""
+        return part_fingerprints(self.parts if parts is None else parts, self.detector_fp, self.full_hash)
+
+
+def stored_embeddings(detector: Detector) -> list[Path]:
+    """The ``halsift embed`` folders a detector (or any member of an ensemble) reads its vectors from."""
+    lookup = getattr(detector, "lookup", None)
+    found = [Path(lookup.folder)] if lookup is not None else []
+    for m in getattr(detector, "members", None) or ():
+        found += stored_embeddings(m)
+    return found
+
+
+def start_run(job, state, refuse=None) -> Run:
+    """The start every engine shares: load ``job``'s detector (``refuse(detector)``: an engine's own refusal),
+    plan the parts, check that stored embeddings were made from these shards' content
+    (:func:`~halsift.corpus.embedding_store.check_embedded_from`), then check or start the folder
+    (:func:`check_or_start`). ``job``: a :class:`~halsift.filtering.scoring.engine.ScoreJob`, passed whole."""
+    from halsift.corpus.embedding_store import check_embedded_from
+    from halsift.filtering.detectors.spec import load_detector
+
+    detector = load_detector(job.spec())
+    if refuse is not None:
+        refuse(detector)
+    out = Path(job.out)
+    out.mkdir(parents=True, exist_ok=True)
+    parts, inputs = plan_parts(job.data)
+    shards = [Path(p.source) for p in parts if p.captions is None]
+    for folder in stored_embeddings(detector):
+        check_embedded_from(folder, shards)
+    ident = {"detector": detector.spec, "detector_name": detector.name, "unit": job.unit, "inputs": inputs,
+             "detector_fp": spec_fingerprint(detector.spec), "settings": job.settings(),
+             "run_settings": job.run_settings()}
+    check_or_start(out, ident, state)
+    return Run(detector, out, parts, ident, job.full_hash)
+
+
+IDENTITY = ("detector", "inputs")  # compared as they are; ``settings`` (the unit) by run_folder.settings_diff
+
+
 def check_or_start(out: Path, ident: dict, state) -> None:
-    """Refuse to mix runs; write the 'running' manifest on rank 0."""
-    path = out / MANIFEST
-    if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise RunMismatch(f"{path}: not valid JSON ({e}); remove the folder or choose another --out") from e
-        for k in ("detector", "unit", "inputs"):
-            if old.get(k) != ident[k]:
-                raise RunMismatch(f"{out}: holds scores with a different {k} ({json.dumps(old.get(k))[:200]} vs "
-                                  f"{json.dumps(ident[k])[:200]}); use a new --out folder")
-    elif any(out.glob("part-*.parquet")):
-        raise RunMismatch(f"{out}: holds score parts but no {MANIFEST}; use a new --out folder")
+    """Refuse to mix runs (:func:`halsift.corpus.run_folder.check_or_start`, one line naming the key); write the
+    'running' manifest on rank 0."""
+    # an older manifest has its unit beside the detector, not under "settings"
+    check_folder(out, ident, keys=IDENTITY, what="scores", error=RunMismatch, start=False,
+                 defaults=lambda old: {"unit": old.get("unit", "sentence")})
     state.wait_for_everyone()
     if state.is_main_process:  # "running" until every part is checked or rescored: select refuses it meanwhile
-        write_json_atomic(path, {**ident, "status": "running"})
+        write_json_atomic(out / MANIFEST, {**ident, "status": "running"})
     state.wait_for_everyone()
 
 

@@ -15,17 +15,19 @@ the unit of work is what makes a dead worker cost one part, not a whole stage.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
 
 from halsift.corpus.progress import progress
+from halsift.corpus.run_folder import failing
 from halsift.corpus.shards import write_json_atomic
 from halsift.filtering.scoring.parts import MANIFEST, Part, finish_manifest, score_part
 from halsift.filtering.detectors.base import Detector
 from halsift.filtering.detectors.spec import load_detector
 from halsift.filtering.scoring.tasks import TaskError, part_done, start_solo_run, task_device
-from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreError, ScoreGuard, check_rate
+from halsift.filtering.scoring.guard import ScoreError, ScoreGuard
 
 
 def _ray():
@@ -42,17 +44,15 @@ class PartScorer:
     actor's other cores (:mod:`.threads`; the actor reserves ``1 + decode_workers`` CPUs, or ``decode_workers``
     beside a GPU, and Ray's own ``OMP_NUM_THREADS`` for it is not the user's choice)."""
 
-    def __init__(self, spec: str, unit: str, batch_size: int, device: str | None, out: str, index: int,
-                 max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES, decode_workers: int = 0,
-                 cores: int = 1) -> None:
+    def __init__(self, job, index: int, cores: int = 1) -> None:
         from halsift.filtering.scoring.threads import torch_threads
         from halsift.filtering.scoring.workers import supports_workers
 
-        self.detector = load_detector(spec)
-        self.detector.to(device or task_device())
-        self.unit, self.batch_size, self.out, self.index = unit, batch_size, Path(out), index
-        self.guard = ScoreGuard(self.detector.name, max_parse_failures)
-        self.decode_workers = decode_workers if supports_workers(self.detector) else 0
+        self.detector = load_detector(job.spec())
+        self.detector.to(job.device or task_device())
+        self.unit, self.batch_size, self.out, self.index = job.unit, job.batch_size, Path(job.out), index
+        self.guard = ScoreGuard(self.detector.name, job.max_parse_failures)
+        self.decode_workers = job.decode_workers if supports_workers(self.detector) else 0
         self._threads = torch_threads(self.decode_workers, cores=cores, respect_env=False)
         self.threads = self._threads.__enter__()  # for the actor's life
 
@@ -89,21 +89,24 @@ def actor_spec(spec, detector: Detector):
     return spec
 
 
-def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence", batch_size: int = 64,
-              device: str | None = None, address: str | None = None, workers: int | None = None,
-              max_failures: int = 3, show_progress: bool = True, on_start=None,
-              max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES, decode_workers: int = 0) -> dict:
-    """Score ``data`` into ``out_dir`` on Ray; returns the manifest. Joins ``address`` (or the cluster this process
-    is already connected to, or a new local one). A part whose actor died is retried up to ``max_failures`` times.
-    ``decode_workers`` > 0: each actor reads its parts in that many processes (:class:`PartScorer`) and is dealt up
-    to that many parts at a time.
-    ``on_start(actors)`` is called once the actors exist (tests use it to kill one)."""
-    if decode_workers < 0:
-        raise TaskError(f"--decode-workers: expected >= 0, got {decode_workers}")
+def score_ray(job, *, max_failures: int = 3, on_start=None) -> dict:
+    """Score ``job`` (a :class:`~halsift.filtering.scoring.engine.ScoreJob`, passed whole) on Ray; returns the
+    manifest. Joins ``job.address`` (or the cluster this process is already connected to, or a new local one), with
+    ``job.workers`` actors. A part whose actor died is retried up to ``max_failures`` times. ``job.decode_workers``
+    > 0: each actor reads its parts in that many processes (:class:`PartScorer`) and is dealt up to that many parts
+    at a time. ``on_start(actors)`` is called once the actors exist (tests use it to kill one)."""
     ray = _ray()
     t0 = time.perf_counter()
-    max_parse_failures = check_rate(max_parse_failures)
-    detector, out, parts, ident, fps = start_solo_run(spec, data, out_dir, unit, batch_size, "--engine ray")
+    run = start_solo_run(job, "--engine ray")
+    with failing(run.out):
+        return _score_ray(ray, job, run, max_failures, on_start, t0)
+
+
+def _score_ray(ray, job, run, max_failures: int, on_start, t0: float) -> dict:
+    detector, out, parts, ident = run.detector, run.out, run.parts, run.ident
+    fps = run.fps()
+    device, workers, decode_workers = job.device, job.workers, job.decode_workers
+    address, show_progress = job.address, job.show_progress
     todo = [p for p in parts if not part_done(out, p, fps[p.name])]
     resumed = len(parts) - len(todo)
     if not ray.is_initialized():
@@ -116,9 +119,10 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
     cpus = (0 if gpus else 1) + decode_workers  # the model's core (none beside a GPU) and one per decode worker
     Actor = ray.remote(num_gpus=1 if gpus else 0, num_cpus=cpus)(PartScorer)
 
+    actor_job = dataclasses.replace(job, detector=actor_spec(job.spec(), detector), embeddings=None)
+
     def start(i: int):
-        return Actor.remote(actor_spec(spec, detector), unit, batch_size, device, str(out), i, max_parse_failures,
-                            decode_workers, max(1, cpus))
+        return Actor.remote(actor_job, i, max(1, cpus))
 
     actors = {i: start(i) for i in range(n)}
     if on_start is not None:
@@ -167,7 +171,7 @@ def score_ray(spec, data, out_dir: str | os.PathLike, *, unit: str = "sentence",
     if missing:
         raise RuntimeError(f"{out}: parts {missing[:5]} were not written; rerun the same command to finish")
     m = finish_manifest(out, ident, parts, time.perf_counter() - t0, scored, resumed, n, t_scoring,
-                         max_parse_failures=max_parse_failures, extra=threads)
+                         max_parse_failures=job.max_parse_failures, extra=threads)
     m.update(engine="ray", workers=n, parts_redone=redone)
     write_json_atomic(out / MANIFEST, m)
     return m

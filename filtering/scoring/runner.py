@@ -25,16 +25,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from halsift.corpus.units import UNITS
-from halsift.corpus.fingerprint import spec_fingerprint
+from halsift.corpus.run_folder import failing, part_done
 from halsift.corpus.progress import progress
 from halsift.corpus.scores import scores_table, write_part_atomic
-from halsift.filtering.detectors.base import Detector
-from halsift.filtering.detectors.spec import load_detector
 from halsift.filtering.scoring.part_records import PART_META_KEY
-from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreError, ScoreGuard, check_rate
-from halsift.filtering.scoring.parts import (Part, _is_bench, check_or_start, finish_manifest,
-                                            part_fingerprints, part_stats, plan_parts, reusable, score_part)
+from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreError, ScoreGuard
+from halsift.filtering.scoring.parts import finish_manifest, part_stats, reusable, score_part, start_run
 
 
 def _state(device: str | None):
@@ -52,63 +48,58 @@ def _state(device: str | None):
 
 def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sentence", batch_size: int = 64,
           device: str | None = None, show_progress: bool = True, workers: int = 0,
-          max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> Path:
-    """Score ``data`` (a shard spec or a ``bench.jsonl``) with a detector into ``out_dir``; returns ``out_dir``.
+          max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES, full_hash: bool = False) -> Path:
+    """Score ``data`` (a shard spec or a ``bench.jsonl``) with a detector into ``out_dir``; returns ``out_dir``: the
+    library's shorthand for a :class:`~halsift.filtering.scoring.job.ScoreJob` run as the ``local`` engine runs it
+    (:func:`score_job`; ``workers``: the job's ``decode_workers``)."""
+    from halsift.filtering.scoring.job import ScoreJob
 
-    Runs on every process of the current accelerate/torchrun launch (each scores its round-robin share of
-    the parts); finished parts are skipped, so rerunning the same call resumes. ``device`` defaults to the
-    process's accelerate device ("cpu" forces CPU). ``workers`` > 0: reading, decoding and the detector's
-    ``prepare`` step run in that many processes per rank (:mod:`halsift.filtering.scoring.workers`) for detectors
-    that have one; else in one read-ahead thread. The run stops with :class:`ScoreError` (one line) on a non-finite
-    score, a share of parse failures above ``max_parse_failures``, or nothing scored
-    (:mod:`halsift.filtering.scoring.guard`).
-    """
-    max_parse_failures = check_rate(max_parse_failures)
-    if workers < 0:
-        raise ValueError(f"workers={workers}: expected >= 0")
-    if unit not in UNITS:
-        raise ValueError(f"unit={unit!r}: expected one of {UNITS}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size}: expected >= 1")
-    if _is_bench(data) and unit != "sentence":
-        raise ValueError(f"unit={unit!r}: a bench file is scored per sentence (its rows); use unit='sentence'")
+    return score_job(ScoreJob(detector=spec_or_detector, data=data, out=out_dir, unit=unit, batch_size=batch_size,
+                              device=device, decode_workers=workers, max_parse_failures=max_parse_failures,
+                              show_progress=show_progress, full_hash=full_hash))
+
+
+def score_job(job) -> Path:
+    """Run a :class:`~halsift.filtering.scoring.engine.ScoreJob` on this process, or on every process of the current
+    accelerate/torchrun launch (each scores its round-robin share of the parts); finished parts are skipped, so
+    rerunning the same job resumes. ``job.device`` defaults to the process's accelerate device ("cpu" forces CPU).
+    ``job.decode_workers`` > 0: reading, decoding and the detector's ``prepare`` step run in that many processes per
+    rank (:mod:`halsift.filtering.scoring.workers`) for detectors that have one; else in one read-ahead thread. The
+    run stops with :class:`ScoreError` (one line) on a non-finite score, a share of parse failures above
+    ``job.max_parse_failures``, or nothing scored (:mod:`halsift.filtering.scoring.guard`), and leaves the manifest
+    ``failed`` with the reason."""
+    job.validate()
     t0 = time.perf_counter()
-    detector = load_detector(spec_or_detector)
-    state = _state(device)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    parts, inputs = plan_parts(data)
-    ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
-    check_or_start(out, ident, state)
-
+    state = _state(job.device)
+    run = start_run(job, state)
+    detector, out, parts, ident = run.detector, run.out, run.parts, run.ident
     if detector.set_level:
-        return _score_set_level(detector, data, out, ident, parts, unit, batch_size, device, show_progress, state,
-                                t0, max_parse_failures)
-
+        with failing(out):
+            return _score_set_level(job, run, state, t0)
     rank, world = state.process_index, state.num_processes
     mine = parts[rank::world]
-    det_fp = spec_fingerprint(detector.spec)
-    fps = part_fingerprints(mine, det_fp)
-    todo = [p for p in mine if not reusable(out / p.name, fps[p.name]["source_fp"], det_fp)]
+    fps = run.fps(mine)
+    todo = [p for p in mine if not reusable(out, p.name, fps[p.name])]
     resumed = int(_reduce(state, len(mine) - len(todo), "sum"))
     scored_now, t_scoring = 0, 0.0
     from halsift.filtering.scoring.threads import torch_threads
     from halsift.filtering.scoring.workers import score_parts_in_workers, supports_workers
 
+    workers = job.decode_workers
     use_workers = bool(workers and todo and supports_workers(detector))
-    with torch_threads(workers if use_workers else 0) as threads:
+    with failing(out), torch_threads(workers if use_workers else 0) as threads:
         if todo:
-            detector.to(device or state.device)
+            detector.to(job.device or state.device)
             pa.array([])  # pyarrow imports pandas on its first array (~0.2 s): start-up work, not the first part's
             ts = time.perf_counter()
-            bar = progress(desc=f"score rank {rank}", unit="sent", disable=not show_progress)
-            guard = ScoreGuard(detector.name, max_parse_failures)
+            bar = progress(desc=f"score rank {rank}", unit="sent", disable=not job.show_progress)
+            guard = ScoreGuard(detector.name, job.max_parse_failures)
             if use_workers:
-                scored_now = score_parts_in_workers(detector, todo, out, unit, batch_size, workers, bar, rank, world,
-                                                    fps, guard)
+                scored_now = score_parts_in_workers(detector, todo, out, job.unit, job.batch_size, workers, bar, rank,
+                                                    world, fps, guard)
             else:
                 for p in todo:
-                    scored_now += score_part(detector, p, out / p.name, unit, batch_size, bar, rank, world,
+                    scored_now += score_part(detector, p, out / p.name, job.unit, job.batch_size, bar, rank, world,
                                              fps[p.name], guard)["sentences"]
             bar.close()
             t_scoring = time.perf_counter() - ts
@@ -121,8 +112,8 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
         if missing:
             raise RuntimeError(f"{out}: parts {missing[:5]} were not written; rerun the same command to finish")
         try:
-            finish_manifest(out, {**ident, "detector_fp": det_fp}, parts, time.perf_counter() - t0, scored_now,
-                             resumed, world, t_scoring, max_parse_failures,
+            finish_manifest(out, ident, parts, time.perf_counter() - t0, scored_now, resumed, world, t_scoring,
+                             job.max_parse_failures,
                              extra={"decode_workers": workers if use_workers else 0, "torch_threads": threads})
         except ScoreError as e:  # raised after the barrier, so the other ranks are not left waiting
             failed = e
@@ -145,20 +136,21 @@ def _reduce(state, value: float, op: str) -> float:
     return float(t.item())
 
 
-def _score_set_level(det: Detector, data, out: Path, ident: dict, parts: list[Part], unit: str, batch_size: int,
-                     device, show_progress: bool, state, t0: float,
-                     max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES) -> Path:
-    """A ``set-level`` detector (an ensemble with set normalisation): score every member over the whole input,
-    then combine once (rank 0, :meth:`Detector.combine_scores`)."""
+def _score_set_level(job, run, state, t0: float) -> Path:
+    """A ``set-level`` detector (an ensemble with set normalisation): score every member over the whole input (each
+    a job of its own), then combine once (rank 0, :meth:`Detector.combine_scores`)."""
+    import dataclasses
+
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    det, out, parts, ident = run.detector, run.out, run.parts, run.ident
+    fps = run.fps()
     member_dirs = []
     for i, m in enumerate(det.members):
         d = out / "_members" / f"{i}"
-        score(m, data, d, unit=unit, batch_size=batch_size, device=device, show_progress=show_progress,
-              max_parse_failures=max_parse_failures)
+        score_job(dataclasses.replace(job, detector=m, out=d, embeddings=None, decode_workers=0))
         member_dirs.append(d)
     if state.is_main_process:
         tables = []
@@ -184,17 +176,18 @@ def _score_set_level(det: Detector, data, out: Path, ident: dict, parts: list[Pa
             table = scores_table(sub["key"].to_pylist(), sub["sentence_index"].to_pylist(), scores[sel].tolist(),
                                  parsed[sel].tolist(), det.name, {"captioner": sub["captioner"].to_pylist()})
             stats = {**part_stats(member_dirs[0] / p.name), "parse_failures": int((~parsed[sel]).sum()),
-                     "detector_fp": spec_fingerprint(det.spec)}
+                     **fps[p.name]}
             write_part_atomic(table.replace_schema_metadata({PART_META_KEY: json.dumps(stats).encode()}), out / p.name)
+            part_done(out, p.name, fps[p.name])
         finish_manifest(out, ident, parts, time.perf_counter() - t0, len(ref), 0, state.num_processes,
-                         max_parse_failures=max_parse_failures)
+                         max_parse_failures=job.max_parse_failures)
     state.wait_for_everyone()
     return out
 
 
 def score_bench(detector, bench_path: str | os.PathLike, out_dir: str | os.PathLike | None = None,
                 batch_size: int = 64, device: str | None = None, show_progress: bool = True,
-                max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES):
+                max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES, decode_workers: int = 0):
     """Score every row of a bench file; returns a DataFrame with ``key`` (row id), ``sentence_index``
     (position), ``score``, ``parsed``, ``detector`` (and ``spans`` when the detector localizes). Stops as
     :func:`score` does (``max_parse_failures``)."""
@@ -205,8 +198,8 @@ def score_bench(detector, bench_path: str | os.PathLike, out_dir: str | os.PathL
             raise ValueError("score_bench: pass out_dir when running on several processes (they must share it)")
         with tempfile.TemporaryDirectory(prefix="halsift-bench-") as tmp:
             score(detector, bench_path, tmp, batch_size=batch_size, device=device, show_progress=show_progress,
-                  max_parse_failures=max_parse_failures)
+                  max_parse_failures=max_parse_failures, workers=decode_workers)
             return read_scores_df(tmp)
     score(detector, bench_path, out_dir, batch_size=batch_size, device=device, show_progress=show_progress,
-          max_parse_failures=max_parse_failures)
+          max_parse_failures=max_parse_failures, workers=decode_workers)
     return read_scores_df(out_dir)

@@ -31,13 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from halsift.corpus.errors import InputError
-from halsift.corpus.units import UNITS
 from halsift.corpus.progress import progress
+from halsift.corpus.run_folder import failing
 from halsift.corpus.shards import write_json_atomic
-from halsift.corpus.fingerprint import spec_fingerprint
-from halsift.filtering.scoring.parts import MANIFEST, Part, check_or_start, finish_manifest, part_fingerprints, plan_parts, reusable, score_part
-from halsift.filtering.detectors.spec import load_detector
-from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreGuard, check_rate
+from halsift.filtering.scoring.parts import MANIFEST, Part, Run, finish_manifest, reusable, score_part, start_run
+from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreGuard
 from halsift.filtering.scoring.threads import torch_threads
 
 CLAIMS = "_claims"
@@ -222,10 +220,11 @@ def task_device() -> str:
 
 def part_done(out: Path, part: Part, fps: dict | None = None) -> bool:
     """The completion marker: the part's parquet file (written atomically) is there and, given ``fps`` (its
-    :func:`part_fingerprints` entry), was made from the same shard by the same detector (else it is redone)."""
+    :func:`part_fingerprints` entry), was made from the same shard by the same detector and still holds what was
+    written (:func:`parts.reusable`; else it is redone)."""
     if fps is None:
         return (out / part.name).exists()
-    return reusable(out / part.name, fps["source_fp"], fps["detector_fp"])
+    return reusable(out, part.name, fps)
 
 
 class _Solo:
@@ -238,50 +237,43 @@ class _Solo:
         pass
 
 
-def start_solo_run(spec_or_detector, data, out_dir: str | os.PathLike, unit: str, batch_size: int,
-                   engine: str) -> tuple:
-    """The start shared by every engine whose processes score parts alone (tasks, Ray): load the detector (refusing
-    a set-level one, whose scores would be per part), plan the parts and start or check the score folder.
-    Returns ``(detector, out, parts, ident, part fingerprints)``."""
-    if batch_size < 1:
-        raise TaskError(f"batch_size={batch_size}: expected >= 1")
-    detector = load_detector(spec_or_detector)
-    if detector.set_level:
-        raise TaskError(f"{engine}: {detector.name} scores at set level (e.g. an ensemble's rank/zscore norm "
-                        "normalises over the whole set); score each member into its own folder, or run it "
-                        f"without {engine}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    parts, inputs = plan_parts(data)
-    ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
-    ident["detector_fp"] = spec_fingerprint(detector.spec)
-    fps = part_fingerprints(parts, ident["detector_fp"])
-    check_or_start(out, ident, _Solo)
-    return detector, out, parts, ident, fps
+def start_solo_run(job, engine: str) -> Run:
+    """The start shared by every engine whose processes score parts alone (tasks, Ray): :func:`parts.start_run`,
+    refusing a set-level detector (whose scores would be per part)."""
+    job.validate()
+
+    def refuse(detector) -> None:
+        if detector.set_level:
+            raise TaskError(f"{engine}: {detector.name} scores at set level (e.g. an ensemble's rank/zscore norm "
+                            "normalises over the whole set); score each member into its own folder, or run it "
+                            f"without {engine}")
+
+    return start_run(job, _Solo, refuse)
 
 
-def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: int, task_index: int, *,
-               unit: str = "sentence", batch_size: int = 64, device: str | None = None, show_progress: bool = True,
-               stale_after: float = STALE_AFTER_S, steal: bool = True,
-               max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES, decode_workers: int = 0) -> dict:
-    """Run task ``task_index`` of ``num_tasks`` over ``data`` into ``out_dir``; returns this run's stats.
-    ``decode_workers`` > 0: the task's input pipeline runs in that many processes (:mod:`.workers`), one claimed
-    part per worker at a time, with torch's threads set beside them (:mod:`.threads`), as in the rank-split run.
+def score_task(job, num_tasks: int, task_index: int, *, stale_after: float = STALE_AFTER_S,
+               steal: bool = True) -> dict:
+    """Run task ``task_index`` of ``num_tasks`` of ``job`` (a :class:`~halsift.filtering.scoring.engine.ScoreJob`,
+    passed whole); returns this run's stats. ``job.decode_workers`` > 0: the task's input pipeline runs in that many
+    processes (:mod:`.workers`), one claimed part per worker at a time, with torch's threads set beside them
+    (:mod:`.threads`), as in the rank-split run.
 
     ``complete`` in the result is true when every part exists after this task (then ``_manifest.json`` is
     complete); ``held_by_live_tasks`` lists the missing parts that running tasks hold.
     """
-    if unit not in UNITS:
-        raise TaskError(f"unit={unit!r}: expected one of {', '.join(UNITS)}")
-    if decode_workers < 0:
-        raise TaskError(f"--decode-workers: expected >= 0, got {decode_workers}")
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise TaskError("--num-tasks: each task is one process; do not run it under torchrun/accelerate launch")
     t0 = time.perf_counter()
-    guard_limit = check_rate(max_parse_failures)
-    detector, out, parts, ident, fps = start_solo_run(spec_or_detector, data, out_dir, unit, batch_size,
-                                                      "--num-tasks")
-    guard = ScoreGuard(detector.name, guard_limit)
+    run_ = start_solo_run(job, "--num-tasks")
+    with failing(run_.out):
+        return _task(job, run_, num_tasks, task_index, stale_after, steal, t0)
+
+
+def _task(job, run_: Run, num_tasks: int, task_index: int, stale_after: float, steal: bool, t0: float) -> dict:
+    detector, out, parts, ident = run_.detector, run_.out, run_.parts, run_.ident
+    fps = run_.fps()
+    unit, batch_size, decode_workers = job.unit, job.batch_size, job.decode_workers
+    guard = ScoreGuard(detector.name, job.max_parse_failures)
     resumed = sum(1 for p in parts if part_done(out, p, fps[p.name]))
     name = f"task-{task_index:05d}"
     board = ClaimBoard(out, f"{name}@{HOST}:{os.getpid()}", stale_after)
@@ -316,8 +308,9 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
             if not claimed:
                 break
             if not loaded:
-                detector.to(device or task_device())
-                bar = progress(desc=f"score task {task_index}/{num_tasks}", unit="sent", disable=not show_progress)
+                detector.to(job.device or task_device())
+                bar = progress(desc=f"score task {task_index}/{num_tasks}", unit="sent",
+                               disable=not job.show_progress)
                 loaded = True
 
             def written(name: str, stats: dict) -> None:
@@ -350,7 +343,7 @@ def score_task(spec_or_detector, data, out_dir: str | os.PathLike, num_tasks: in
     run["parts_missing"] = len(missing)
     run["held_by_live_tasks"] = board.held(missing)
     if not missing:
-        finish_task_manifest(out, ident, parts, time.perf_counter() - t0, num_tasks, resumed, guard_limit,
+        finish_task_manifest(out, ident, parts, time.perf_counter() - t0, num_tasks, resumed, job.max_parse_failures,
                              extra={"decode_workers": run["decode_workers"], "torch_threads": threads})
     return run
 

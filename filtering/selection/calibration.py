@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from halsift.corpus.bench import BenchFormatError, BenchRow, read_bench
+from halsift.corpus.run_folder import read_record
 from halsift.corpus.sample import caption_label
 from halsift.corpus.scores import ScoresFormatError, read_scores
 from halsift.filtering.selection.guarantee import GuaranteeError, Strata
@@ -57,13 +58,7 @@ def detector_of(score_dir: str | os.PathLike, chosen: str | None = None) -> dict
 
 
 def _manifest(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        m = json.loads(path.read_text())
-    except (ValueError, OSError) as e:
-        raise GuaranteeError(f"calibration: {path} is not readable JSON ({e})") from None
-    return m if isinstance(m, dict) else {}
+    return read_record(path, GuaranteeError, "calibration: ", "rescore the calibration set") or {}
 
 
 def _same_detector(cal: dict, corpus: dict, where: str) -> None:

@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from halsift.corpus.run_folder import refusal, settings_diff
 from halsift.corpus.safe_paths import remove_file, remove_tree
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.shards import Sample, ShardFormatError, ShardWriter, expand_shards, write_json_atomic
@@ -36,6 +37,10 @@ from halsift.filtering.selection.score_folder import (ScoreFolder, SelectError, 
 STATE = "_select"  # OUT/_select: filter.json, and the resumable engine's markers and claims
 FILTER = "filter.json"
 VOLATILE = ("scores_status",)  # recorded, not compared: a partial score folder may finish between two runs
+# the defaults of selection arguments that an older filter.json may lack (a field absent from an old record compares
+# equal only to its default; one without a default here, only to None, as it always did)
+FILTER_DEFAULTS = {"per_captioner": False, "random_baseline": False, "keys_only": False, "allow_partial": False,
+                   "compose": None, "maxcount": None}
 OUTPUTS = ("*.tar", "*_stats.json", "sizes.json", "kept.parquet", "_kept_by_part.parquet", "manifest.json",
            ".*.tmp*", ".*.work")
 
@@ -95,11 +100,11 @@ def open_selection(out: Path, filt: dict) -> dict | None:
             old = json.loads(state.read_text())
         except ValueError:
             old = {}
-        diff = [k for k in filt if k not in VOLATILE and old.get(k) != filt[k]]
-        if diff:
-            k = diff[0]
-            raise SelectError(f"out: {out} holds a selection with a different {k} ({_short(old.get(k))} vs "
-                              f"{_short(filt[k])}); choose a new folder")
+        old = old if isinstance(old, dict) else {}
+        new = {k: v for k, v in filt.items() if k not in VOLATILE}
+        k = settings_diff(old, new, {k: FILTER_DEFAULTS.get(k) for k in new})
+        if k is not None:
+            raise SelectError("out: " + refusal(out, k, old, new, "a selection", hint="choose a new folder"))
         m = _manifest(out)
         return m if m is not None and m.get("status") == "complete" else None
     if out.exists() and (any(out.glob("*.tar")) or (out / "manifest.json").exists() or (out / "kept.parquet").exists()
@@ -109,11 +114,6 @@ def open_selection(out: Path, filt: dict) -> dict | None:
     write_json_atomic(state, filt)  # first: a task starting meanwhile finds it before it finds the manifest
     write_json_atomic(out / "manifest.json", {"status": "running", "filter": filt})
     return None
-
-
-def _short(v) -> str:
-    text = repr(v)
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _manifest(out: Path) -> dict | None:

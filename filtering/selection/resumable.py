@@ -31,10 +31,11 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.progress import progress
+from halsift.corpus.run_folder import settings_diff
 from halsift.corpus.scores import part_name
 from halsift.corpus.shards import META_DEFAULTS, ShardFormatError, ShardWriter, iter_shard, write_json_atomic
 from halsift.filtering.selection.select import KeptCounts, SelectError, _labels, check_amount, kept_by_key, unit_outputs
-from halsift.filtering.selection.guard import STATE, prepare, remove_selection, write_outputs
+from halsift.filtering.selection.guard import FILTER_DEFAULTS, STATE, prepare, remove_selection, write_outputs
 from halsift.filtering.selection.out_of_core import MEMORY_LIMIT, supported, top_keys, kept_for_part
 from halsift.filtering.scoring.tasks import HOST, STALE_AFTER_S, ClaimBoard, task_order
 from halsift.corpus.safe_paths import remove_tree
@@ -254,7 +255,7 @@ def reuse_or_clear(dest: str | os.PathLike, scores_dir, *, keep=None, top_k=None
         want = {"scores": str(Path(scores_dir).resolve()), "keep": keep, "top_k": top_k, "threshold": threshold,
                 "unit": unit, "agg": agg if unit == "caption" else None, "per_captioner": per_captioner, "seed": seed,
                 "compose": compose}
-        if all(f.get(k) == v for k, v in want.items()):
+        if settings_diff(f, want, {k: FILTER_DEFAULTS.get(k) for k in want}) is None:
             return m
     remove_tree(dest, ignore_errors=True)
     return None

@@ -36,10 +36,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from halsift.corpus.errors import InputError
-from halsift.corpus.fingerprint import file_fingerprint
+from halsift.corpus.fingerprint import file_fingerprint, refingerprint
+from halsift.corpus.run_folder import read_record
 from halsift.corpus.scores import ScoresFormatError, check_column_types, part_name
 from halsift.filtering.detectors.base import CAPTION_INDEX
-from halsift.filtering.scoring.part_records import PART_META_KEY, RECORDS, content as _content
+from halsift.filtering.scoring.part_records import PART_META_KEY, RECORDS, content as _content, matches
 
 SCORE_MANIFEST = "_manifest.json"  # written by halsift.filtering.scoring.runner
 CLAIMS = "_claims"  # halsift.filtering.scoring.tasks.CLAIMS: live score tasks' claims
@@ -75,15 +76,7 @@ class ScoreFolder:
 
 
 def _read_manifest(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        m = json.loads(path.read_text())
-    except (ValueError, OSError) as e:
-        raise SelectError(f"scores: {path} is not readable JSON ({e})") from None
-    if not isinstance(m, dict):
-        raise SelectError(f"scores: {path} is not a JSON object")
-    return m
+    return read_record(path, SelectError, "scores: ", "rescore into a new folder")
 
 
 def _unfinished_claims(folder: Path) -> int:
@@ -234,7 +227,7 @@ def _check_records(folder: ScoreFolder) -> None:
         rec = records.get(p.name)
         if rec is None:
             continue
-        if (rec.get("size"), rec.get("hash")) != (now["size"], now["hash"]):
+        if not matches(p, rec, now):
             raise SelectError(f"scores: {p} is not the part `halsift score` wrote (its size or content hash differs "
                               f"from {SCORE_MANIFEST}: altered, swapped or replaced since); rescore it (delete it and "
                               "rerun the score command)")
@@ -272,6 +265,8 @@ def check_sources(folder: ScoreFolder, shards: list[Path]) -> dict:
         if not isinstance(fp, dict) or "hash" not in fp:
             unrecorded += 1
             continue
+        if fp.get("full"):  # scored with --full-hash: compared with the whole shard's hash
+            now = refingerprint(shard, fp)
         if (fp.get("size"), fp.get("hash")) != (now["size"], now["hash"]):
             raise SelectError(f"data: {shard} is not the shard {part} was scored from (its size or content hash "
                               "differs from the fingerprint the part records: replaced at the same path, or parts "

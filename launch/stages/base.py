@@ -40,12 +40,25 @@ class Stage:
     def fingerprint(self, recipe: dict, previous: str) -> dict:
         """``{"fingerprint", "sections"}``: a hash per input section of ``recipe`` (the recipe as a dict), and one
         over those and ``previous`` (the fingerprint of the stage before, '' for the first)."""
-        sections = {k: _sha(_lookup(recipe, k)) for k in self.inputs}
+        sections = {k: _sha(fingerprinted(k, _lookup(recipe, k))) for k in self.inputs}
         return {"fingerprint": _sha([previous, sections]), "sections": sections}
 
     def execute(self, r: Recipe, p: Paths, ranks: Ranks | None = None) -> dict:
         """Run the stage; ``ranks`` reaches only an ``every_rank`` stage."""
         return self.run(r, p, ranks) if self.every_rank else self.run(r, p)
+
+
+def fingerprinted(key: str, section):
+    """What of a recipe section a fingerprint hashes: without the settings that change only how a stage runs
+    (``recipe_config.FINGERPRINT_OMITS``), and without settings added later while at their default
+    (``FINGERPRINT_SINCE``)."""
+    from halsift.launch.recipe_config import FINGERPRINT_OMITS, FINGERPRINT_SINCE
+
+    if not isinstance(section, dict) or (key not in FINGERPRINT_OMITS and key not in FINGERPRINT_SINCE):
+        return section
+    since = FINGERPRINT_SINCE.get(key, {})
+    return {k: v for k, v in section.items()
+            if k not in FINGERPRINT_OMITS.get(key, ()) and not (k in since and v == since[k])}
 
 
 def _sha(obj) -> str:

@@ -47,7 +47,6 @@ def scores_dir(p: Paths, name: str, what: str) -> Path:
 def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
     """Score the corpus and the bench with every detector; under ``halsift launch`` on every rank (``ranks``: see
     :mod:`halsift.launch.recipe_ranks`), each scoring its share of the parts; the ensembles on rank 0."""
-    from halsift.filtering.scoring.runner import score, score_bench
     from halsift.filtering.detectors.spec import load_detector
     from halsift.launch.recipe_ranks import main_process_first
 
@@ -56,15 +55,13 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
         bench = bench_subset(p.bench, r.eval.bench_split, p.run)  # only the rows the eval stage reads
         calibration = bench_subset(p.bench, calibration_splits(r), p.run) if needs_calibration(r, p) else ""
     for name, spec in detector_specs(r, p).items():
-        detector = load_detector(spec)
-        if p.corpus and "select" in r.stages:
-            score(detector, p.corpus, scores_dir(p, name, "corpus"), unit=r.score.unit,
-                  batch_size=r.score.batch_size, max_parse_failures=r.score.max_parse_failures)
-        if bench:
-            score_bench(detector, bench, scores_dir(p, name, "bench"), max_parse_failures=r.score.max_parse_failures)
-        if calibration:  # the bench's train+val rows: guaranteed selection's calibration (stages/select.py)
-            score_bench(detector, calibration, scores_dir(p, name, "calibration"),
-                        max_parse_failures=r.score.max_parse_failures)
+        detector = load_detector(spec)  # loaded once for its corpus, bench and calibration jobs
+        if p.corpus and "select" in r.stages:  # embeddings (of the corpus's shards) apply to the corpus alone
+            run_score(r, spec if r.score.embeddings else detector, p.corpus, scores_dir(p, name, "corpus"))
+        # the bench and the calibration set (guaranteed selection, stages/select.py): scored per sentence, its rows
+        for what, data in (("bench", bench), ("calibration", calibration)):
+            if data:
+                run_score(r, detector, data, scores_dir(p, name, what), unit="sentence", embeddings=None)
         info[name] = spec
         del detector
     if ranks is not None and not ranks.is_main:
@@ -77,6 +74,17 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
         info[name] = "mean(" + ", ".join(members) + ")"
     log_stage(r, p, "score", {n: scores_dir(p, n, "corpus") for n in info})
     return {"detectors": info}
+
+
+def run_score(r: Recipe, detector, data, out: Path, **given) -> None:
+    """One score job of the recipe: ``halsift score``'s settings from its ``score:`` section
+    (:func:`~halsift.filtering.scoring.config.job_of`), run by the engine it names, as the command runs it."""
+    from halsift.filtering.scoring.config import job_of
+    from halsift.filtering.scoring.engine import run_job
+
+    result = run_job(job_of(r.score, detector=detector, data=data, out=out, **given), r.score.engine)
+    if not result.complete:
+        raise RuntimeError(f"{out}: the score run did not complete ({'; '.join(result.lines)}); rerun the recipe")
 
 
 def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:

@@ -67,3 +67,22 @@ def test_each_image_is_scored_with_its_own_caption(tmp_path):
         want = alone(images[p], captions[i])
         assert swapped[i] == pytest.approx(want, abs=1e-4), i
         assert max(abs(a - b) for a, b in zip(want, by_pair(df)[i])) > 1e-2, i  # the image matters to the score
+
+
+def test_notebook_score_is_the_commands_job(tmp_path):
+    """``halsift.score`` runs the ScoreJob the command runs: the same parts, the same manifest settings."""
+    import json
+
+    from filtering_data import make_corpus
+    from halsift.corpus.scores import read_scores_df
+    from halsift.launch.cli import main
+
+    corpus = make_corpus(tmp_path / "c", shards=2, per_shard=3, seed=1)
+    m = halsift.score("random:seed=0", corpus, tmp_path / "api", batch_size=4, show_progress=False)
+    assert main(["score", "--detector", "random:seed=0", "--data", str(corpus), "--out", str(tmp_path / "cli"),
+                 "--batch-size", "4", "--no-progress"]) == 0
+    cli = json.loads((tmp_path / "cli" / "_manifest.json").read_text())
+    assert m["status"] == "complete" and m["run_settings"] == cli["run_settings"] and m["sentences"] == cli["sentences"]
+    a, b = (read_scores_df(tmp_path / d).sort_values(["key", "sentence_index"]).reset_index(drop=True)
+            for d in ("api", "cli"))
+    assert a["score"].tolist() == b["score"].tolist()

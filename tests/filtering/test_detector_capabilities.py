@@ -15,6 +15,7 @@ from PIL import Image
 
 from halsift.filtering.detectors.base import LOCALIZATION, SET_LEVEL, VLM_JUDGE, Item, MissingCapability
 from halsift.filtering.detectors.spec import load_detector
+from halsift.filtering.scoring.engine import ScoreJob
 from halsift.launch.cli import main
 
 pytest.importorskip("peft")
@@ -173,8 +174,8 @@ def test_set_level_detectors_are_refused_where_parts_are_scored_alone(tmp_path, 
     data = make_corpus(tmp_path / "data", shards=1, per_shard=2)
     spec = "ensemble:members=[random:seed=1,random:seed=2],norm=zscore"
     with pytest.raises(TaskError, match="set level"):
-        score_task(spec, data, tmp_path / "t", num_tasks=2, task_index=0, show_progress=False)
+        score_task(ScoreJob(spec, data, tmp_path / "t", show_progress=False), num_tasks=2, task_index=0)
     monkeypatch.setattr(ray_engine, "_ray", lambda: object())  # no cluster needed: refused before it is used
     with pytest.raises(TaskError, match="--engine ray: .*set level"):
-        ray_engine.score_ray(spec, data, tmp_path / "r", show_progress=False)
+        ray_engine.score_ray(ScoreJob(spec, data, tmp_path / "r", show_progress=False))
     assert not (tmp_path / "r").exists() and not any((tmp_path / "t").glob("part-*"))

@@ -17,6 +17,7 @@ ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -
 from halsift.corpus.scores import read_scores_df  # noqa: E402
 from halsift.filtering.scoring.ray_engine import score_ray  # noqa: E402
 from halsift.filtering.scoring.runner import score
+from halsift.filtering.scoring.engine import ScoreJob
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +38,12 @@ def _rows(folder) -> pd.DataFrame:
 
 def test_ray_equals_one_process_and_reruns_skip(cluster, tmp_path):
     corpus = make_corpus(tmp_path / "c", shards=6, per_shard=5, seed=1)
-    m = score_ray("random:seed=0", corpus, tmp_path / "ray", batch_size=4, device="cpu", workers=2)
+    m = score_ray(ScoreJob("random:seed=0", corpus, tmp_path / "ray", batch_size=4, device="cpu", workers=2))
     assert m["status"] == "complete" and m["engine"] == "ray" and m["workers"] == 2 and m["parts"] == 6
     assert m["ranks"] == [0, 1]  # both actors scored parts
     score("random:seed=0", corpus, tmp_path / "one", batch_size=4, show_progress=False)
     pd.testing.assert_frame_equal(_rows(tmp_path / "ray"), _rows(tmp_path / "one"))
-    again = score_ray("random:seed=0", corpus, tmp_path / "ray", batch_size=4, device="cpu", workers=2)
+    again = score_ray(ScoreJob("random:seed=0", corpus, tmp_path / "ray", batch_size=4, device="cpu", workers=2))
     assert again["parts_resumed"] == 6 and again["sentences_scored_this_run"] == 0
 
 
@@ -55,8 +56,8 @@ def test_killed_worker_part_is_redone(cluster, tmp_path):
         timer = threading.Timer(1.0, lambda: (os.kill(pid, signal.SIGKILL), killed.append(pid)))
         timer.start()
 
-    m = score_ray("random:seed=0,delay=0.3", corpus, tmp_path / "ray", batch_size=4, device="cpu", workers=2,
-                  on_start=kill_one)
+    m = score_ray(ScoreJob("random:seed=0,delay=0.3", corpus, tmp_path / "ray", batch_size=4, device="cpu",
+                           workers=2), on_start=kill_one)
     assert killed and m["status"] == "complete" and m["parts_redone"] >= 1
     score("random:seed=0", corpus, tmp_path / "one", batch_size=4, show_progress=False)
     pd.testing.assert_frame_equal(_rows(tmp_path / "ray"), _rows(tmp_path / "one"))

@@ -30,7 +30,7 @@ def test_job_carries_every_scoring_setting_of_score_config():
     engine choice itself and the wandb logging, which stay in launch."""
     cfg = ScoreConfig(detector="random:seed=0", data="d", out="o", unit="caption", batch_size=7, device="cpu",
                       no_progress=True, decode_workers=3, max_parse_failures=0.5, num_tasks=4, task_index=2,
-                      claim_timeout=9.0, address="auto", workers=5, embeddings="emb")
+                      claim_timeout=9.0, address="auto", workers=5, embeddings="emb", full_hash=True)
     job = job_of(cfg)
     cfg_names = {f.name for f in dataclasses.fields(ScoreConfig)} - {"engine", "wandb", "wandb_project",
                                                                       "no_progress"}

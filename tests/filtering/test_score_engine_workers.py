@@ -13,6 +13,7 @@ from filtering_data import make_corpus
 
 from halsift.filtering.scoring.parts import part_fingerprints, plan_parts
 from halsift.filtering.scoring.threads import process_cores, threads_for, torch_threads
+from halsift.filtering.scoring.engine import ScoreJob
 from halsift.launch.cli import main
 
 CLIP = "clip:arch=halsift-tiny,pretrained=random,seed=0"
@@ -77,7 +78,7 @@ def test_ray_actor_body_with_decode_workers_writes_the_same_parts(tmp_path):
     parts, _ = plan_parts(data)
     fps = part_fingerprints(parts, json.loads((tmp_path / "one" / "_manifest.json").read_text())["detector_fp"])
     (tmp_path / "actor").mkdir()
-    actor = PartScorer(CLIP, "sentence", 4, "cpu", str(tmp_path / "actor"), 0, decode_workers=2, cores=3)
+    actor = PartScorer(ScoreJob(CLIP, data, tmp_path / "actor", batch_size=4, device="cpu", decode_workers=2), 0, cores=3)
     try:
         got = actor.score(parts, 1, fps)
     finally:
@@ -94,8 +95,8 @@ def test_ray_engine_with_decode_workers_equals_one_process(tmp_path):
     data = make_corpus(tmp_path / "data", shards=3, per_shard=3, seed=5)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:  # one actor reserving 1 + 1 CPUs: its model's core and its decode worker's
-        m = score_ray(CLIP, data, tmp_path / "ray", batch_size=4, device="cpu", workers=1, decode_workers=1,
-                      show_progress=False)
+        m = score_ray(ScoreJob(CLIP, data, tmp_path / "ray", batch_size=4, device="cpu", workers=1, decode_workers=1,
+                               show_progress=False))
     finally:
         ray.shutdown()
     score(CLIP, data, tmp_path / "one", batch_size=4, show_progress=False)

@@ -74,7 +74,8 @@ def test_nan_weights_stop_the_run_and_write_no_score(tmp_path, capsys, nan_check
     line = _err_line(capsys)
     assert "non-finite score nan" in line and "nothing of this part was written" in line
     assert not list(out.glob("part-*.parquet"))
-    assert json.loads((out / "_manifest.json").read_text())["status"] == "running"  # select refuses it
+    m = json.loads((out / "_manifest.json").read_text())
+    assert m["status"] == "failed" and "non-finite score nan" in m["error"]  # select refuses it, and says why
 
 
 def test_an_infinite_score_is_never_written(tmp_path):

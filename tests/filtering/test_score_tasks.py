@@ -17,6 +17,7 @@ from filtering_data import make_corpus
 
 from halsift.corpus.scores import read_scores_df
 from halsift.filtering.scoring.runner import score
+from halsift.filtering.scoring.engine import ScoreJob
 from halsift.filtering.scoring.tasks import CLAIMS, ClaimBoard, TaskError, score_task, task_from_env, task_order
 from halsift.launch.cli import main
 
@@ -29,6 +30,10 @@ def _rows(folder) -> pd.DataFrame:
     df = read_scores_df(folder)[["key", "sentence_index", "score"]]
     assert not df.duplicated(["key", "sentence_index"]).any()
     return df.sort_values(["key", "sentence_index"]).reset_index(drop=True)
+
+
+def _job(corpus, out) -> ScoreJob:
+    return ScoreJob("random:seed=0", corpus, out, batch_size=4, show_progress=False)
 
 
 def _manifest(folder) -> dict:
@@ -70,7 +75,7 @@ def test_three_tasks_in_turn_equal_one_process_and_only_the_last_completes(corpu
     out = tmp_path / "tasks"
     runs = []
     for i in range(3):
-        runs.append(score_task("random:seed=0", corpus, out, 3, i, batch_size=4, show_progress=False, steal=False))
+        runs.append(score_task(_job(corpus, out), 3, i, steal=False))
         assert _manifest(out)["status"] == ("complete" if i == 2 else "running")
     assert [r["parts_scored"] for r in runs] == [2, 2, 2] and [r["complete"] for r in runs] == [False, False, True]
     pd.testing.assert_frame_equal(_rows(out), _rows(tmp_path / "one"))
@@ -86,7 +91,7 @@ def test_three_tasks_in_turn_equal_one_process_and_only_the_last_completes(corpu
 
 
 def test_one_task_steals_what_no_one_holds(corpus, tmp_path):
-    run = score_task("random:seed=0", corpus, tmp_path / "o", 3, 0, batch_size=4, show_progress=False)
+    run = score_task(_job(corpus, tmp_path / "o"), 3, 0)
     assert run["parts_scored"] == 6 and run["complete"]
 
 

@@ -13,6 +13,7 @@ from filtering_data import make_corpus, remote_code_model
 
 from halsift.filtering.detectors.base import Detector, Result
 from halsift.filtering.detectors.spec import SpecError, load_detector
+from halsift.filtering.scoring.engine import ScoreJob
 from halsift.launch.cli import main
 
 
@@ -227,8 +228,8 @@ def test_ray_actors_reload_the_spec_the_user_gave_not_its_canonical_string(probe
         def remote(self, **_):
             class Actor:
                 @staticmethod
-                def remote(spec, *rest):
-                    sent.append(spec)
+                def remote(job, *rest):
+                    sent.append(job)
                     raise Stop
 
             return lambda cls: Actor
@@ -237,8 +238,8 @@ def test_ray_actors_reload_the_spec_the_user_gave_not_its_canonical_string(probe
     spec = _spec_file(tmp_path, {"family": "probe", "model": "x,trust_remote_code=true"})
     data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
     with pytest.raises(Stop, match="^$"):  # the fake actor stops the run once it has the spec
-        ray_engine.score_ray(str(spec), data, tmp_path / "s", device="cpu", workers=1, show_progress=False)
+        ray_engine.score_ray(ScoreJob(str(spec), data, tmp_path / "s", device="cpu", workers=1, show_progress=False))
     probe.clear()
-    ray_engine.PartScorer(sent[0], "sentence", 4, "cpu", str(tmp_path / "s"), 0)
+    ray_engine.PartScorer(sent[0], 0)  # the job the actors get, whole
     assert probe == [{"model": "x,trust_remote_code=true", "trust_remote_code": False,
                       "api_key_env": "OPENAI_API_KEY"}]

@@ -25,6 +25,9 @@ ORDER = ["world", "pretrain", "detectors", "dedup", "score", "select", "finetune
 OLD_STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "pretrain"),
                     "detectors": ("detectors",), "dedup": ("dedup",), "score": ("score", "eval.bench_split"),
                     "select": ("select",), "finetune": ("finetune",), "eval": ("eval", "evals"), "report": ("name",)}
+# the score section's fields at that commit: the fields it gained since (the rest of `halsift score`'s settings)
+# either change only how scoring runs or are at their default here, so the fingerprints may not change
+OLD_SECTION_FIELDS = {"score": ("unit", "batch_size", "max_parse_failures", "detectors", "ensembles")}
 
 
 def old_stage_fingerprints(r) -> dict[str, dict]:
@@ -39,6 +42,8 @@ def old_stage_fingerprints(r) -> dict[str, dict]:
         return d
 
     d, chain, out = to_dict(r), "", {}
+    for key, names in OLD_SECTION_FIELDS.items():
+        d[key] = {n: d[key][n] for n in names}
     for stage, keys in OLD_STAGE_INPUTS.items():
         sections = {k: sha(lookup(d, k)) for k in keys}
         chain = sha([chain, sections])

@@ -1,0 +1,222 @@
+"""One run folder: what produced it, whether a rerun may reuse it, which parts are done, how it ended.
+
+Every stage that writes a folder of parts (``score``, ``embed``, ``dedup``, ``basic``, ``select``) keeps its state
+through this module, so one set of rules holds everywhere (DESIGN.md, "Reuse is content-addressed"):
+
+* **Identity** (:func:`check_or_start`): the folder's record (its manifest) names what produced it: the stage's
+  identity keys (detector, model, inputs ...) and its resolved ``settings`` (those that change what is computed;
+  settings that only change how a stage runs, such as decode workers, engine, device or worker counts, are left
+  out). A rerun whose identity differs is refused in one line naming the folder and the first differing key. A
+  setting absent from an old record compares equal only to its default (:func:`settings_diff`): adding a setting
+  with a default does not refuse old folders, a changed default does.
+* **Parts done** (:func:`part_done`, :func:`part_reusable`): a part is hashed whole when written (its record,
+  ``_done/<part>.json``, holds its size, content hash and what it was made from, e.g. its input's content
+  fingerprint, :mod:`halsift.corpus.fingerprint`); a rerun reuses it only when the record matches what the part
+  would be made from now and the file still has the recorded content. A part without a record (written before
+  records existed) is judged by the stage's older rule (``legacy``), or made again.
+* **End** (:func:`mark_failed`, :func:`failing`): a run stopped by an error leaves its record ``failed`` with the
+  reason (never ``running``), so that readers say why and a rerun starts over where it can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from halsift.corpus.errors import InputError
+from halsift.corpus.fingerprint import file_fingerprint
+from halsift.corpus.shards import write_json_atomic
+
+MANIFEST = "_manifest.json"
+DONE = "_done"  # one record per finished part: <folder>/_done/<part>.json
+_MISSING = object()
+
+
+class RunFolderError(InputError):
+    """A folder that holds another run's output, or is not a run folder (one line naming it and the key)."""
+
+
+def read_record(path: str | os.PathLike, error: type[Exception] = RunFolderError, prefix: str = "",
+                hint: str = "remove the folder or choose another") -> dict | None:
+    """The JSON object at ``path`` (a folder's manifest or settings); ``None`` when there is none; ``error`` (one
+    line, after ``prefix``) when it is not a JSON object."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text())
+    except (ValueError, OSError) as e:
+        raise error(f"{prefix}{path} is not readable JSON ({e}); {hint}") from None
+    if not isinstance(value, dict):
+        raise error(f"{prefix}{path} is not a JSON object; {hint}")
+    return value
+
+
+def settings_diff(old: Mapping | None, new: Mapping, defaults: Mapping | None = None) -> str | None:
+    """The first setting of ``new`` whose value differs from ``old``'s; a setting absent from ``old`` (an older
+    record) compares equal only to its default in ``defaults`` (and to nothing when it has none)."""
+    old, defaults = old or {}, defaults or {}
+    for key, value in new.items():
+        before = old[key] if key in old else defaults.get(key, _MISSING)
+        if before != value:
+            return key
+    return None
+
+
+def identity_diff(old: Mapping, new: Mapping, keys: Iterable[str], defaults: Mapping | None = None) -> str | None:
+    """The first key of ``keys`` whose value differs between two identities, then the first differing setting
+    (``settings.NAME``, :func:`settings_diff`); ``None`` when they agree."""
+    for key in keys:
+        if old.get(key) != new.get(key):
+            return key
+    if "settings" in new:
+        key = settings_diff(old.get("settings"), new["settings"], defaults)
+        if key is not None:
+            return f"settings.{key}"
+    return None
+
+
+def _value(record: Mapping, key: str, defaults: Mapping | None):
+    if key.startswith("settings."):
+        name = key.split(".", 1)[1]
+        settings = record.get("settings") or {}
+        return settings[name] if name in settings else (defaults or {}).get(name)
+    return record.get(key)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def refusal(folder: Path, key: str, old: Mapping, new: Mapping, what: str, defaults: Mapping | None = None,
+            hint: str = "use a new --out folder") -> str:
+    """The one line refusing a folder whose identity differs at ``key`` (a setting by its own name)."""
+    name = key.split(".", 1)[1] if key.startswith("settings.") else key
+    return (f"{folder}: holds {what} with a different {name} ({_short(_value(old, key, defaults))} vs "
+            f"{_short(_value(new, key, defaults))}); {hint}")
+
+
+def check_or_start(folder: str | os.PathLike, ident: dict, *, keys: Iterable[str], what: str,
+                   manifest: str = MANIFEST, error: type[Exception] = RunFolderError,
+                   defaults: Mapping | Callable[[dict], Mapping] | None = None, parts_glob: str = "part-*.parquet",
+                   start: Callable[[], bool] | bool = True, hint: str = "use a new --out folder",
+                   prefix: str = "") -> dict | None:
+    """Check ``folder`` against ``ident`` (``keys`` compared as they are, ``ident["settings"]`` by
+    :func:`settings_diff` with ``defaults``, or ``defaults(old record)`` for a stage whose older records kept a setting
+    elsewhere), then, when ``start`` (or ``start()``) is true, write its record
+    ``{**ident, "status": "running"}``. Returns the old record (``None`` for a new folder). Raises ``error`` (one
+    line naming the folder and the key, after ``prefix``, e.g. ``"--out: "``) when it holds another run, or parts
+    without a record."""
+    folder = Path(folder)
+    old = read_record(folder / manifest, error, prefix, hint)
+    if old is not None:
+        defaults = defaults(old) if callable(defaults) else defaults
+        key = identity_diff(old, ident, keys, defaults)
+        if key is not None:
+            raise error(prefix + refusal(folder, key, old, ident, what, defaults, hint))
+    elif parts_glob and folder.is_dir() and any(folder.glob(parts_glob)):
+        raise error(f"{prefix}{folder}: holds parts but no {manifest}; {hint}")
+    if start() if callable(start) else start:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(folder / manifest, {**ident, "status": "running"})
+    return old
+
+
+# ------------------------------------------------------------------------------------------------ parts
+def content(path: str | os.PathLike) -> dict:
+    """``{"size", "hash"}`` of a file hashed whole (a part as written; the mtime is not part of it: a copy is the
+    same part)."""
+    fp = file_fingerprint(path, full=True)
+    return {"size": fp["size"], "hash": fp["hash"]}
+
+
+# (path, size, mtime_ns, ctime_ns, inode, hash) -> matches: one hash per file version and process (any write changes
+# the ctime, which no one can set back)
+_verified: dict[tuple, bool] = {}
+
+
+def has_content(path: str | os.PathLike, record: Mapping) -> bool:
+    """Whether the file at ``path`` still has the size and whole-content hash of ``record``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if st.st_size != record.get("size"):
+        return False
+    key = (os.fspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, record.get("hash"))
+    if key not in _verified:
+        _verified[key] = content(path)["hash"] == record.get("hash")
+    return _verified[key]
+
+
+def record_path(folder: str | os.PathLike, name: str) -> Path:
+    return Path(folder) / DONE / f"{name}.json"
+
+
+def part_done(folder: str | os.PathLike, name: str, made_from: Mapping) -> dict:
+    """Record part ``name`` of ``folder`` as finished: its whole-content hash and ``made_from`` (what it was made
+    from, e.g. ``{"source_fp": ..., "detector_fp": ...}``). Call it right after the part is written."""
+    record = {**content(Path(folder) / name), **made_from}
+    (Path(folder) / DONE).mkdir(exist_ok=True)
+    write_json_atomic(record_path(folder, name), record)
+    return record
+
+
+def part_record(folder: str | os.PathLike, name: str) -> dict | None:
+    """The record :func:`part_done` wrote for part ``name`` (``None`` when there is none or it is unreadable)."""
+    try:
+        rec = json.loads(record_path(folder, name).read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def part_reusable(folder: str | os.PathLike, name: str, made_from: Mapping,
+                  legacy: Callable[[Path], bool] | None = None) -> bool:
+    """Whether part ``name`` may be reused: its record says it was made from ``made_from`` and the file has the
+    recorded content (altered, swapped or rewritten parts are made again). A part without a record is judged by
+    ``legacy(path)`` (the stage's rule for folders written before records), else made again."""
+    path = Path(folder) / name
+    if not path.exists():
+        return False
+    rec = part_record(folder, name)
+    if rec is None:
+        return bool(legacy is not None and legacy(path))
+    return all(rec.get(k) == v for k, v in made_from.items()) and has_content(path, rec)
+
+
+def forget_part(folder: str | os.PathLike, name: str) -> None:
+    """Remove part ``name``'s record (before the part is written again)."""
+    record_path(folder, name).unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------------ end
+def mark_failed(folder: str | os.PathLike, reason: str, manifest: str = MANIFEST) -> None:
+    """Leave the folder's record ``failed`` with ``reason`` (its other entries kept)."""
+    path = Path(folder) / manifest
+    try:
+        old = read_record(path) or {}
+    except RunFolderError:
+        old = {}
+    write_json_atomic(path, {**old, "status": "failed", "error": reason[:2000]})
+
+
+@contextmanager
+def failing(folder: str | os.PathLike, manifest: str = MANIFEST) -> Iterator[None]:
+    """Run a stage's body; an exception (not an interrupt: a killed run stays ``running``, to be resumed) leaves the
+    folder's record ``failed`` with its one line, then propagates."""
+    try:
+        yield
+    except Exception as e:
+        if (Path(folder) / manifest).exists():
+            mark_failed(folder, str(e).splitlines()[0] if str(e) else type(e).__name__, manifest)
+        raise
+
+
+__all__ = ["DONE", "MANIFEST", "RunFolderError", "check_or_start", "content", "failing", "forget_part",
+           "has_content", "identity_diff", "mark_failed", "part_done", "part_record", "part_reusable", "read_record",
+           "refusal", "settings_diff"]
