@@ -87,7 +87,7 @@ def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sente
 
     rank, world = state.process_index, state.num_processes
     mine = parts[rank::world]
-    det_fp = spec_fingerprint(detector.spec)
+    det_fp = spec_fingerprint(detector.fingerprint_spec())
     fps = part_fingerprints(mine, det_fp)
     todo = [p for p in mine if not reusable(out / p.name, fps[p.name]["source_fp"], det_fp)]
     resumed = int(_reduce(state, len(mine) - len(todo), "sum"))
@@ -184,7 +184,7 @@ def _score_set_level(det: Detector, data, out: Path, ident: dict, parts: list[Pa
             table = scores_table(sub["key"].to_pylist(), sub["sentence_index"].to_pylist(), scores[sel].tolist(),
                                  parsed[sel].tolist(), det.name, {"captioner": sub["captioner"].to_pylist()})
             stats = {**part_stats(member_dirs[0] / p.name), "parse_failures": int((~parsed[sel]).sum()),
-                     "detector_fp": spec_fingerprint(det.spec)}
+                     "detector_fp": spec_fingerprint(det.fingerprint_spec())}
             write_part_atomic(table.replace_schema_metadata({PART_META_KEY: json.dumps(stats).encode()}), out / p.name)
         finish_manifest(out, ident, parts, time.perf_counter() - t0, len(ref), 0, state.num_processes,
                          max_parse_failures=max_parse_failures)

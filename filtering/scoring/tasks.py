@@ -254,7 +254,7 @@ def start_solo_run(spec_or_detector, data, out_dir: str | os.PathLike, unit: str
     out.mkdir(parents=True, exist_ok=True)
     parts, inputs = plan_parts(data)
     ident = {"detector": detector.spec, "detector_name": detector.name, "unit": unit, "inputs": inputs}
-    ident["detector_fp"] = spec_fingerprint(detector.spec)
+    ident["detector_fp"] = spec_fingerprint(detector.fingerprint_spec())
     fps = part_fingerprints(parts, ident["detector_fp"])
     check_or_start(out, ident, _Solo)
     return detector, out, parts, ident, fps
