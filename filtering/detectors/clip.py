@@ -180,9 +180,9 @@ class ClipDetector(Detector):
         img, txt, idx = self.encode(prepared)
         with torch.inference_mode():
             cos = (img[idx] * txt).sum(-1).cpu()
-        if self.pixels.unreadable:  # images no decoder read: NaN, scored as unparsed by score_prepared
-            bad = set(self.pixels.unreadable)
-            cos[torch.as_tensor([int(r) in bad for r in idx.tolist()])] = float("nan")
+            if self.pixels.unreadable:  # images no decoder read: NaN, scored as unparsed by score_prepared
+                bad = set(self.pixels.unreadable)
+                cos[torch.as_tensor([int(r) in bad for r in idx.tolist()])] = float("nan")
         return cos
 
     def encode(self, prepared: dict):

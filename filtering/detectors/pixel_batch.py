@@ -67,6 +67,7 @@ class PixelBatcher:
         self.geometry = _tensor_geometry(self.head)  # the Resize/CenterCrop modules, when they end at a fixed size
         self.counts: Counter = Counter()  # images decoded on the device / host / fallback / unreadable
         self.unreadable: list[int] = []  # rows (distinct images) of the last finish() that no decoder read
+        self.on_device = False  # set by the detector where JPEGs are decoded on its device: host images counted
 
     def take_counts(self) -> dict:
         """The decode counts since the last call (``device``, ``host``, ``fallback``, ``unreadable``), reset."""
@@ -154,6 +155,13 @@ class PixelBatcher:
         self.unreadable = []
         if isinstance(pixels, dict):
             return self._finish_jpeg(pixels, device, dtype)
+        if self.on_device:  # a batch without a plain JPEG
+            self.counts["host"] += len(pixels)
+        return self._finish_host(pixels, device, dtype)
+
+    def _finish_host(self, pixels, device: Any, dtype):
+        import torch
+
         if pixels.dtype != torch.uint8:
             return pixels.to(device, dtype=dtype, non_blocking=True)
         return self._normalized(pixels.to(device, non_blocking=True).permute(0, 3, 1, 2), dtype)
@@ -184,7 +192,7 @@ class PixelBatcher:
         rows = [i for i, _ in fixed]  # row of each of x's images among the JPEGs
         if "host" in pixels:
             self.counts["host"] += len(pixels["host"])
-            rest = self.finish(pixels["host"], device, x.dtype if x is not None else dtype)
+            rest = self._finish_host(pixels["host"], device, x.dtype if x is not None else dtype)
             x = rest if x is None else torch.cat([x, rest])
             rows += range(len(blobs), len(blobs) + len(rest))
         order = pixels["order"].tolist()
@@ -263,39 +271,47 @@ def _tensor_geometry(head: list | None) -> _Geometry | None:
 def _decode_jpegs(blobs: list, device: Any) -> list:
     """``uint8 [3, H, W]`` RGB tensors on ``device`` (one batched ``torchvision.io.decode_jpeg`` call; on a failure,
     one call per image), None where the decoder refuses an image."""
+    import warnings
+
     from torchvision.io import ImageReadMode, decode_jpeg
 
     if not blobs:
         return []
-    try:
-        return list(decode_jpeg(blobs, mode=ImageReadMode.RGB, device=device))
-    except RuntimeError:
-        pass
-    out = []
-    for b in blobs:
+    with warnings.catch_warnings():  # torchvision >= 0.29 points to TorchCodec; its decode_jpeg is what we want
+        warnings.simplefilter("ignore", DeprecationWarning)
         try:
-            out.append(decode_jpeg(b, mode=ImageReadMode.RGB, device=device))
+            return list(decode_jpeg(blobs, mode=ImageReadMode.RGB, device=device))
         except RuntimeError:
-            out.append(None)
+            pass
+        out = []
+        for b in blobs:
+            try:
+                out.append(decode_jpeg(b, mode=ImageReadMode.RGB, device=device))
+            except RuntimeError:
+                out.append(None)
     return out
 
 
 def device_decoding(decode: str, device: Any, batcher: PixelBatcher, who: str) -> bool:
     """Whether ``decode`` (``auto``: on CUDA | ``cpu`` | ``gpu``) decodes JPEGs on the model's ``device`` (a CPU
     model: torchvision's CPU decoder, the same tensor path). ``gpu`` with a preprocessing that does not end at a
-    fixed size through Resize/CenterCrop is a ``ValueError`` naming ``who``; ``auto`` then decodes on the host."""
+    fixed size through Resize/CenterCrop is a ``ValueError`` naming ``who``; ``auto`` then decodes on the host.
+    Sets ``batcher.on_device`` (which then counts the images decoded on the host too)."""
     import torch
 
     if decode not in DECODE_MODES:
         raise ValueError(f"{who}: decode={decode!r}: expected auto, cpu or gpu")
     if decode == "cpu":
-        return False
-    if batcher.geometry is None:
+        on = False
+    elif batcher.geometry is None:
         if decode == "gpu":
             raise ValueError(f"{who}: decode=gpu needs a preprocessing of Resize/CenterCrop to a fixed size, then "
                              "ToTensor and Normalize; this model's is not (use decode=cpu)")
-        return False
-    return decode == "gpu" or torch.device(device).type == "cuda"
+        on = False
+    else:
+        on = decode == "gpu" or torch.device(device).type == "cuda"
+    batcher.on_device = on
+    return on
 
 
 def image_text_inputs(items: Sequence[Any], batcher: PixelBatcher, tokenizer: Callable, who: str,
