@@ -33,8 +33,13 @@ else
   echo "WARNING: no wheels in $WHL (run gpu-wheels.sh first); going on with what the machine has"
 fi
 export PYTHONPATH=$S${PYTHONPATH:+:$PYTHONPATH} PATH=$S/bin:$PATH
-$PY -m pip install -q --no-index --no-deps --no-build-isolation --target "$S" . \
-  || { echo "FATAL: halsift did not install"; exit 3; }
+if ! $PY -m pip install -q --no-index --no-deps --no-build-isolation --target "$S" .; then
+  # no wheel builder there: the package as pyproject.toml maps it (api/ is halsift, each stage folder a subpackage)
+  echo "WARNING: pip could not build halsift; linking the source folders as the package instead"
+  cp -r api "$S/halsift"
+  for d in corpus filtering training eval launch recipes synth; do ln -s "$PWD/$d" "$S/halsift/$d"; done
+fi
+$PY -c "import halsift.launch.cli" || { echo "FATAL: halsift does not import"; exit 3; }
 echo "== installed into $S in $((SECONDS - t0)) s"
 
 cd "$S" > /dev/null  # import the installed halsift, not the source tree

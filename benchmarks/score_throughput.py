@@ -94,18 +94,38 @@ def run_one(spec: str, data: Path, out: Path, batch: int, device: str, workers: 
     return m
 
 
+_PROFILE = """
+import cProfile, json, pstats
+import open_clip
+from halsift.filtering.scoring import runner, workers
+prof = cProfile.Profile()
+
+def profiled(fn):  # only the scoring loop: not the imports nor the model load
+    def run(*a, **kw):
+        prof.enable()
+        try:
+            return fn(*a, **kw)
+        finally:
+            prof.disable()
+    return run
+
+workers.score_parts_in_workers = profiled(workers.score_parts_in_workers)
+runner.score_part = profiled(runner.score_part)
+runner.score(SPEC, DATA, OUT, batch_size=BATCH, device=DEVICE, show_progress=False, workers=WORKERS)
+st = pstats.Stats(prof).stats
+tot = sum(v[2] for v in st.values()) or 1.0
+rows = sorted(((v[2], v[3], f"{k[2]} ({k[0].rsplit('/', 1)[-1]}:{k[1]})") for k, v in st.items()), reverse=True)
+print(json.dumps({"total_s": round(tot, 3), "top_own_time": [
+    {"function": n, "own_share": round(a / tot, 4), "cumulative_s": round(c, 3)} for a, c, n in rows[:TOP]]}))
+"""
+
+
 def profile_main(spec: str, data: Path, out: Path, batch: int, device: str, workers: int, top: int = 25) -> dict:
-    """Where the scoring process's main thread spends its time (cProfile, in a fresh process as :func:`run_one`):
-    the ``top`` functions by own time, each with its share of the scoring call's total, and the totals."""
-    code = ("import cProfile,pstats,json,open_clip;from halsift.filtering.scoring.runner import score;"
-            "p=cProfile.Profile();p.enable();"
-            f"score({spec!r},{str(data)!r},{str(out)!r},batch_size={batch},"
-            f"device={device!r},show_progress=False,workers={workers});"
-            "p.disable();st=pstats.Stats(p).stats;tot=sum(v[2] for v in st.values()) or 1;"
-            "rows=sorted(((v[2],v[3],f'{k[2]} ({k[0].rsplit(chr(47),1)[-1]}:{k[1]})') for k,v in st.items()),"
-            f"reverse=True)[:{top}];"
-            "print(json.dumps({'total_s':round(tot,3),'top_own_time':[{'function':n,'own_share':round(a/tot,4),"
-            "'cumulative_s':round(c,3)} for a,c,n in rows]}))")
+    """Where the scoring process's main thread spends its scoring loop (cProfile, in a fresh process as
+    :func:`run_one`; imports and the model load left out): the ``top`` functions by own time, each with its share of
+    the loop's profiled time."""
+    code = (f"SPEC, DATA, OUT, BATCH, DEVICE, WORKERS, TOP = {spec!r}, {str(data)!r}, {str(out)!r}, {batch}, "
+            f"{device!r}, {workers}, {top}\n" + _PROFILE)
     res = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
                          env={**os.environ, "HALSIFT_QUIET": "1"})
     return json.loads(res.stdout.strip().splitlines()[-1])

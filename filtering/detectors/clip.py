@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from halsift.filtering.detectors.base import Detector, Item, Result, preprocess_side
-from halsift.filtering.models.clip_models import encode_text, load_clip
+from halsift.filtering.models.clip_models import encode_text, load_clip, used_positions
 from halsift.filtering.detectors.pixel_batch import PixelBatcher, device_decoding, image_text_inputs
 
 class ClipDetector(Detector):
@@ -193,11 +193,12 @@ class ClipDetector(Detector):
 
         dtype = next(self.model.parameters()).dtype
         with torch.inference_mode():
+            used = used_positions(prepared["tokens"])  # on the CPU copy: no device sync between the two towers
             pix = self.pixels.finish(prepared["pixels"], self.device, dtype)
             tok = prepared["tokens"].to(self.device, non_blocking=True)
-            idx = prepared["rows"].to(self.device)
+            idx = prepared["rows"].to(self.device, non_blocking=True)
             img = torch.nn.functional.normalize(self.model.encode_image(pix).float(), dim=-1)
-            txt = torch.nn.functional.normalize(encode_text(self.model, tok).float(), dim=-1)
+            txt = torch.nn.functional.normalize(encode_text(self.model, tok, used).float(), dim=-1)
         return img, txt, idx
 
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
