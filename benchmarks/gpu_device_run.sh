@@ -11,7 +11,7 @@
 # 3. runs `python3 benchmarks/gpu_suite.py --quick --out $OUT/gpu_suite.json` under a hard limit: every part's
 #    figures land in $OUT/gpu_suite_parts/ the moment they are measured, and $OUT/gpu_suite.json as each part ends.
 #
-# SUITE_ARGS replaces "--quick" (e.g. SUITE_ARGS="--smoke --only clip_photo" checks the plumbing on a CPU);
+# SUITE_ARGS replaces "--quick" (e.g. SUITE_ARGS="--smoke --only clip product" checks the plumbing on a CPU);
 # LIMIT_S (default 330) caps the suite's wall time.
 set -u
 OUT=${OUT:-$PWD/gpu_out}

@@ -6,16 +6,16 @@ H100 (``--quick``: under 4, model builds included; count on ~16 host cores).
     python benchmarks/gpu_suite.py --smoke --out smoke.json       # CPU, tiny settings: checks the plumbing
 
 Runs, each in its own process with its own time limit (``--budget`` caps the whole suite: a part gets at most what
-is left of it), the most wanted first (``clip_photo``, ``judge``, ``product``, ``clip_noise``, then ``train``):
+is left of it), the most wanted first (``clip``, ``judge``, ``product``, then ``train``):
 
 1. ``judge``: ``judge_throughput.py`` on the Qwen2-VL-2B architecture with random weights (448 px images): the
    seeds' generate-then-parse protocol vs ``logits`` with and without image-prefix reuse, and the fraction of the
    bf16 peak reached.
-2. ``clip_photo`` / ``clip_noise``: ``score_throughput.py`` with the ViT-B/32 CLIP scorer (random weights, bf16) on
-   512 px JPEG shards written by the benchmark (photo-like, then uniform noise: the worst case for a JPEG decoder),
-   14 decode workers, batch 512 (and 1024 in the full suite), JPEGs decoded by the workers (``decode=cpu``) and on
-   the GPU (``decode=gpu``): sentences/s, pipeline efficiency (runner / bare model), time shares, host CPU ms per
-   sentence; ``clip_photo`` also profiles the model process's main thread once per setting (cProfile).
+2. ``clip``: ``score_throughput.py`` with the ViT-B/32 CLIP scorer (random weights, bf16) on 512 px JPEG shards
+   written by the benchmark (photo-like, then uniform noise: the worst case for a JPEG decoder), 14 decode workers,
+   batch 512, JPEGs decoded by the workers (``decode=cpu``) and on the GPU
+   (``decode=gpu``): sentences/s, pipeline efficiency (runner / bare model), time shares, host CPU ms per sentence,
+   then the model process's main thread profiled once per setting on the photos (cProfile).
 3. ``train`` (full suite only): ``train_throughput.py``: ``halsift train clip`` vs ``open_clip_train``, ViT-B/32,
    batch 256, bf16.
 4. ``product``: ``product_path.py``: ``halsift score`` from the command line on shards on disk with the
@@ -51,33 +51,29 @@ CLIP = ["score_throughput.py", "--device", "cuda", "--arch", "ViT-B-32", "--imag
         "--no-memory", "--decode-workers", "14", "--decode", "cpu,gpu"]  # 16 host cores: the model's process keeps 2
 # part -> (command, time limit in seconds)
 FULL = {
-    "clip_photo": (CLIP + ["--images", "photo", "--samples", "4000", "--batch-sizes", "512,1024", "--profile-main"],
-                   100),
+    "clip": (CLIP + ["--images", "photo,noise", "--samples", "4000", "--batch-sizes", "512", "--profile-main"], 150),
     "judge": (JUDGE, 150),
-    "product": (["product_path.py", "--size", "2b", "--device", "cuda", "--captions", "256", "--sentences", "5",
-                 "--batch-size", "64"], 100),
-    "clip_noise": (CLIP + ["--images", "noise", "--samples", "3000", "--batch-sizes", "512"], 60),
+    "product": (["product_path.py", "--size", "2b", "--device", "cuda", "--captions", "512", "--sentences", "5",
+                 "--batch-size", "64", "--decode-workers", "8"], 100),
     "train": (["train_throughput.py", "--model", "ViT-B-32", "--batch-size", "256", "--steps", "60",
                "--precision", "bf16", "--workers", "6"], 70),
 }
 QUICK = {  # the most wanted figures first: a part that does not fit the budget is the last one
-    "clip_photo": (CLIP + ["--images", "photo", "--samples", "2000", "--batch-sizes", "512", "--profile-main"], 65),
+    "clip": (CLIP + ["--images", "photo,noise", "--samples", "1500", "--batch-sizes", "512", "--profile-main"], 115),
     "judge": (["judge_throughput.py", "--arch", "qwen2-vl-2b-config", "--device", "cuda", "--image-size", "448",
                "--captions", "32", "--batch-size", "64", "--sentences", "1", "8", "--prompt-captions", "4",
-               "--cot-tokens", "0", "--repeats", "1"], 70),
-    "product": (["product_path.py", "--size", "2b", "--device", "cuda", "--captions", "128", "--sentences", "5",
-                 "--batch-size", "64"], 65),
-    "clip_noise": (CLIP + ["--images", "noise", "--samples", "1500", "--batch-sizes", "512"], 40),
+               "--cot-tokens", "0", "--repeats", "1"], 60),
+    "product": (["product_path.py", "--size", "2b", "--device", "cuda", "--captions", "192", "--sentences", "5",
+                 "--batch-size", "64", "--decode-workers", "8"], 65),
 }
 SMOKE_CLIP = ["score_throughput.py", "--samples", "12", "--per-shard", "6", "--batch-sizes", "16", "--procs", "1",
               "--no-memory", "--decode-workers", "1", "--decode", "cpu,gpu", "--image-size", "96"]
 SMOKE = {
+    "clip": (SMOKE_CLIP + ["--images", "photo,noise", "--profile-main"], 900),
     "judge": (["judge_throughput.py", "--size", "tiny", "--captions", "2", "--sentences", "1", "3", "--repeats", "1",
                "--cot-tokens", "8", "--threads", "1"], 600),
-    "clip_photo": (SMOKE_CLIP + ["--images", "photo", "--profile-main"], 600),
-    "clip_noise": (SMOKE_CLIP + ["--images", "noise"], 600),
-    "train": (["train_throughput.py", "--steps", "8", "--warmup-steps", "2", "--batch-size", "16"], 600),
     "product": (["product_path.py", "--size", "tiny", "--captions", "4", "--sentences", "2"], 600),
+    "train": (["train_throughput.py", "--steps", "8", "--warmup-steps", "2", "--batch-size", "16"], 600),
 }
 VLLM = {"vllm_judge": (["judge_throughput.py", "--arch", "qwen2-vl-2b-config", "--device", "cuda", "--image-size",
                         "448", "--captions", "64", "--batch-size", "64", "--sentences", "1", "5", "10", "20",
@@ -156,7 +152,7 @@ def summary(name: str, part: dict) -> list[str]:
     if name.startswith("clip"):
         for r in f.get("runs", []):
             cpu = r.get("cpu_ms_per_sentence", {})
-            lines.append(f"  decode={r.get('decode')} batch {r['batch']}: {r['sentences_per_s']:.0f} sentences/s, bare "
+            lines.append(f"  {r.get('images')} decode={r.get('decode')} batch {r['batch']}: {r['sentences_per_s']:.0f} sentences/s, bare "
                          f"{r['bare_sentences_per_s']:.0f}, efficiency {r['pipeline_efficiency']:.2f}, CPU ms/sentence "
                          f"main {cpu.get('main')} + workers {cpu.get('workers')}, decode {r.get('image_decode', '')}")
     elif name == "product" and "score" in f:
@@ -176,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--smoke", action="store_true", help="tiny CPU settings (plumbing check, numbers mean nothing)")
     mode.add_argument("--quick", action="store_true", help="the short suite (under 4 minutes on one H100)")
-    ap.add_argument("--only", nargs="*", default=[], help="run only these parts (judge, clip_photo, clip_noise, "
-                                                          "train, product, vllm_judge)")
+    ap.add_argument("--only", nargs="*", default=[], help="run only these parts (clip, judge, product, train, "
+                                                          "vllm_judge)")
     ap.add_argument("--vllm", action="store_true", help="add the vllm_judge part (the vllm: detector next to the "
                                                          "transformers judge; needs vLLM)")
     ap.add_argument("--budget", type=float, default=None, help="seconds for the whole suite (default 480; 240 "

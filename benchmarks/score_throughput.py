@@ -206,8 +206,8 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=None, help="samples (3 sentences each); default 96 cpu / 2000 cuda")
     p.add_argument("--per-shard", type=int, default=None)
     p.add_argument("--image-size", type=int, default=256)
-    p.add_argument("--images", choices=("noise", "photo"), default="noise",
-                   help="JPEG content: noise (worst-case decode) or photo-like gradients")
+    p.add_argument("--images", default="noise", help="JPEG content, a comma list: noise (worst-case decode) or photo "
+                                                     "(photo-like gradients); the bare model is measured on the first")
     p.add_argument("--fast-decode", action="store_true",
                    help="the clip detector's fast_decode=true (JPEGs decoded at a reduced DCT scale)")
     p.add_argument("--batch-sizes", default=None, help="comma list; default 8,32,96 cpu / 32,128,512 cuda")
@@ -228,14 +228,18 @@ def main(argv=None) -> int:
     per_shard = a.per_shard or max(1, samples // 8)
     batches = [int(x) for x in (a.batch_sizes or ("32,128,512" if gpu else "8,32,96")).split(",")]
     decodes = [d.strip() for d in a.decode.split(",") if d.strip()]
+    kinds = [k.strip() for k in a.images.split(",") if k.strip()]
+    if not kinds or set(kinds) - {"noise", "photo"}:
+        p.error(f"--images {a.images}: expected a comma list of noise and photo")
     spec = _spec(arch, a.fast_decode, "cpu")
     tmp = Path(tempfile.mkdtemp(prefix="halsift-bench-score-"))
-    data = make_corpus(tmp / "data", samples, per_shard, a.image_size, images=a.images)
+    corpora = {k: make_corpus(tmp / f"data-{k}", samples, per_shard, a.image_size, images=k) for k in kinds[:1]}
+    data = corpora[kinds[0]]
     print(f"device={a.device} arch={arch} samples={samples} sentences={3 * samples} shards="
-          f"{len(list(data.glob('*.tar')))} image={a.image_size}px {a.images} fast_decode={a.fast_decode} "
+          f"{len(list(data.glob('*.tar')))} image={a.image_size}px {','.join(kinds)} fast_decode={a.fast_decode} "
           f"cpus={os.cpu_count()}")
     res: dict = {"device": a.device, "arch": arch, "samples": samples, "sentences": 3 * samples,
-                 "image_size": a.image_size, "images": a.images, "fast_decode": a.fast_decode,
+                 "image_size": a.image_size, "images": kinds, "fast_decode": a.fast_decode,
                  "decode_workers": a.decode_workers, "runs": []}
 
     def save() -> None:  # after every measurement: a stopped run keeps what it measured
@@ -248,47 +252,50 @@ def main(argv=None) -> int:
         bare[b] = bare_rate(spec, data, b, a.device)
         res.setdefault("bare_sentences_per_s", {})[str(b)] = round(bare[b], 2)
         save()
-    print(f"{'decode':>6} {'procs':>5} {'batch':>6} {'sent/s':>10} {'bare/s':>10} {'effic.':>7} {'data %':>7} "
-          f"{'model %':>8} {'decode %':>9}  CPU ms/sentence (main + workers)")
-    for decode in decodes:
+    print(f"{'images':>6} {'decode':>6} {'procs':>5} {'batch':>6} {'sent/s':>10} {'bare/s':>10} {'effic.':>7} "
+          f"{'data %':>7} {'model %':>8} {'decode %':>9}  CPU ms/sentence (main + workers)")
+    for kind, decode in [(k, d) for k in kinds for d in decodes]:
+        if kind not in corpora:
+            corpora[kind] = make_corpus(tmp / f"data-{kind}", samples, per_shard, a.image_size, images=kind)
+        data = corpora[kind]
         spec = _spec(arch, a.fast_decode, decode)
         for procs in [int(x) for x in a.procs.split(",")]:
             for b in batches:
                 runs = []
                 for r in range(max(1, a.repeats)):
-                    out = tmp / f"out-{decode}-p{procs}-b{b}-r{r}"
+                    out = tmp / f"out-{kind}-{decode}-p{procs}-b{b}-r{r}"
                     runs.append(run_one(spec, data, out, b, a.device, a.decode_workers) if procs == 1 else
                                 run_torchrun(spec, data, out, b, a.device, procs))
                 m = max(runs, key=lambda m: m["sentences_per_s"])
                 ts = m["time_share"]
                 eff = m["sentences_per_s"] / bare[b]
                 cpu = m.get("cpu_ms_per_sentence")
-                res["runs"].append({"decode": decode, "procs": procs, "batch": b,
+                res["runs"].append({"images": kind, "decode": decode, "procs": procs, "batch": b,
                                     "sentences_per_s": m["sentences_per_s"],
                                     "all_sentences_per_s": [x["sentences_per_s"] for x in runs],
                                     "bare_sentences_per_s": round(bare[b], 2), "pipeline_efficiency": round(eff, 3),
                                     "time_share": ts, **({"cpu_ms_per_sentence": cpu} if cpu else {}),
                                     **({"image_decode": m["image_decode"]} if "image_decode" in m else {})})
                 save()
-                print(f"{decode:>6} {procs:>5} {b:>6} {m['sentences_per_s']:>10.1f} {bare[b]:>10.1f} {eff:>7.2f} "
+                print(f"{kind:>6} {decode:>6} {procs:>5} {b:>6} {m['sentences_per_s']:>10.1f} {bare[b]:>10.1f} {eff:>7.2f} "
                       f"{ts['data']:>7.1f} {ts['model']:>8.1f} {ts.get('decode', 0):>9.1f}"  # the manifest's %
                       + (f"  {cpu['main']:.3f} + {cpu['workers']:.3f}" if cpu else ""), flush=True)
     if a.profile_main:
         for decode in decodes:
-            prof = profile_main(_spec(arch, a.fast_decode, decode), data, tmp / f"prof-{decode}", batches[-1],
-                                a.device, a.decode_workers)
+            prof = profile_main(_spec(arch, a.fast_decode, decode), corpora[kinds[0]], tmp / f"prof-{decode}",
+                                batches[-1], a.device, a.decode_workers)
             res.setdefault("profile_main", {})[decode] = prof
             save()
-            print(f"main thread, decode={decode}, batch {batches[-1]} (cProfile, {prof['total_s']} s): " + "; ".join(
+            print(f"main thread, {kinds[0]}, decode={decode}, batch {batches[-1]} (cProfile, {prof['total_s']} s): " + "; ".join(
                 f"{r['function']} {100 * r['own_share']:.1f}%" for r in prof["top_own_time"][:8]), flush=True)
-    one = {(r["decode"], r["batch"]): r["sentences_per_s"] for r in res["runs"] if r["procs"] == 1}
+    one = {(r["images"], r["decode"], r["batch"]): r["sentences_per_s"] for r in res["runs"] if r["procs"] == 1}
     for r in res["runs"]:
-        if r["procs"] > 1 and (r["decode"], r["batch"]) in one:
-            r["scaling_vs_1_proc"] = round(r["sentences_per_s"] / one[(r["decode"], r["batch"])], 2)
+        if r["procs"] > 1 and (r["images"], r["decode"], r["batch"]) in one:
+            r["scaling_vs_1_proc"] = round(r["sentences_per_s"] / one[(r["images"], r["decode"], r["batch"])], 2)
             print(f"{r['procs']} processes vs 1, batch {r['batch']}: {r['scaling_vs_1_proc']:.2f}x")
     if not a.no_memory:
-        small = make_corpus(tmp / "m1", per_shard * 2, per_shard, a.image_size, seed=1)
-        big = make_corpus(tmp / "m10", per_shard * 20, per_shard, a.image_size, seed=1)
+        small = make_corpus(tmp / "m1", per_shard * 2, per_shard, a.image_size, seed=1, images=kinds[0])
+        big = make_corpus(tmp / "m10", per_shard * 20, per_shard, a.image_size, seed=1, images=kinds[0])
         r1 = peak_rss_mb(spec, small, tmp / "mo1", batches[-1], a.device)
         r10 = peak_rss_mb(spec, big, tmp / "mo10", batches[-1], a.device)
         print(f"peak RSS: {r1:.0f} MB for 2 shards, {r10:.0f} MB for 20 shards (ratio {r10 / r1:.2f})")
