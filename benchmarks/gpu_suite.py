@@ -59,12 +59,12 @@ FULL = {
                "--precision", "bf16", "--workers", "6"], 70),
 }
 QUICK = {  # the most wanted figures first: a part that does not fit the budget is the last one
-    "clip": (CLIP + ["--images", "photo,noise", "--samples", "1500", "--batch-sizes", "512", "--profile-main"], 115),
+    "clip": (CLIP + ["--images", "photo,noise", "--samples", "3000", "--batch-sizes", "512", "--profile-main"], 125),
     "judge": (["judge_throughput.py", "--arch", "qwen2-vl-2b-config", "--device", "cuda", "--image-size", "448",
                "--captions", "32", "--batch-size", "64", "--sentences", "1", "8", "--prompt-captions", "4",
-               "--cot-tokens", "0", "--repeats", "1"], 60),
-    "product": (["product_path.py", "--size", "2b", "--device", "cuda", "--captions", "192", "--sentences", "5",
-                 "--batch-size", "64", "--decode-workers", "8"], 65),
+               "--cot-tokens", "0", "--repeats", "1"], 55),
+    "product": (["product_path.py", "--size", "2b", "--device", "cuda", "--captions", "160", "--sentences", "5",
+                 "--batch-size", "64", "--decode-workers", "8"], 60),
 }
 SMOKE_CLIP = ["score_throughput.py", "--samples", "12", "--per-shard", "6", "--batch-sizes", "16", "--procs", "1",
               "--no-memory", "--decode-workers", "1", "--decode", "cpu,gpu", "--image-size", "96"]

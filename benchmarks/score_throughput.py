@@ -76,21 +76,52 @@ def make_corpus(out: Path, samples: int, per_shard: int, image_size: int, seed: 
     return out
 
 
+_RUN = """
+import json, resource
+import open_clip
+from halsift.filtering.scoring import runner, workers
+
+def cpu():
+    return [sum(resource.getrusage(w)[:2]) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+
+loop = [0.0, 0.0]
+
+def measured(fn):  # the scoring loop alone: not the imports, the model load nor CUDA's start
+    def run(*a, **kw):
+        c = cpu()
+        try:
+            return fn(*a, **kw)
+        finally:
+            loop[:] = [x + b - a for x, a, b in zip(loop, c, cpu())]  # workers: reaped by the loop's end
+    return run
+
+workers.score_parts_in_workers = measured(workers.score_parts_in_workers)
+runner.score_part = measured(runner.score_part)
+c0 = cpu()
+if WARM:  # one shard first, in this process: CUDA's, cuBLAS's and nvJPEG's start-up are not the steady state
+    runner.score(SPEC, WARM, OUT + "-warmup", batch_size=BATCH, device=DEVICE, show_progress=False, workers=WORKERS)
+    loop[:] = [0.0, 0.0]
+runner.score(SPEC, DATA, OUT, batch_size=BATCH, device=DEVICE, show_progress=False, workers=WORKERS)
+print(json.dumps({"all": [b - a for a, b in zip(c0, cpu())], "loop": loop}))
+"""
+
+
 def run_one(spec: str, data: Path, out: Path, batch: int, device: str, workers: int = 0) -> dict:
     """Score in a fresh process, as ``halsift score`` would (not in this one, whose heap still holds the bare
     measurement's batches for the workers to fork); the manifest plus ``cpu_ms_per_sentence``: CPU of that
-    process (model, writing, start-up) and of its decode workers, per sentence."""
-    code = ("import json,resource,open_clip;from halsift.filtering.scoring.runner import score;"
-            "cpu=lambda: [sum(resource.getrusage(w)[:2]) for w in (resource.RUSAGE_SELF,resource.RUSAGE_CHILDREN)];"
-            f"c0=cpu();score({spec!r},{str(data)!r},{str(out)!r},batch_size={batch},"
-            f"device={device!r},show_progress=False,workers={workers});"
-            "print(json.dumps([b-a for a,b in zip(c0,cpu())]))")  # after the imports, as in one process
+    process's scoring loop (``main``) and of its decode workers (``workers``) per sentence, and of the whole call
+    (``main_with_start``: model load, CUDA start, writing). On CUDA one shard is scored first in the same process
+    (a warm-up: the figures are the steady state a long run reaches, worker start-up included)."""
+    warm = str(sorted(data.glob("*.tar"))[0]) if device.startswith("cuda") else ""
+    code = (f"SPEC, DATA, OUT, BATCH, DEVICE, WORKERS, WARM = {spec!r}, {str(data)!r}, {str(out)!r}, {batch}, "
+            f"{device!r}, {workers}, {warm!r}\n" + _RUN)
     res = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
                          env={**os.environ, "HALSIFT_QUIET": "1"})
-    main_s, kids_s = json.loads(res.stdout.strip().splitlines()[-1])
+    cpu = json.loads(res.stdout.strip().splitlines()[-1])
     m = json.loads((out / "_manifest.json").read_text())
     n = max(m.get("sentences_scored_this_run") or 1, 1)
-    m["cpu_ms_per_sentence"] = {"main": round(1e3 * main_s / n, 4), "workers": round(1e3 * kids_s / n, 4)}
+    m["cpu_ms_per_sentence"] = {"main": round(1e3 * cpu["loop"][0] / n, 4), "workers": round(1e3 * cpu["loop"][1] / n, 4),
+                                "main_with_start": round(1e3 * cpu["all"][0] / n, 4)}
     return m
 
 
@@ -162,9 +193,11 @@ def peak_rss_mb(spec: str, data: Path, out: Path, batch: int, device: str) -> fl
     return int(res.stdout.strip().splitlines()[-1]) / 1024
 
 
-def bare_rate(spec: str, data: Path, batch: int, device: str, repeats: int = 3) -> float:
-    """Sentences/s of the model alone on the corpus's batches (images preprocessed and texts tokenized first;
-    each image encoded once per caption, as the runner does)."""
+def bare_rate(spec: str, data: Path, batch: int, device: str, repeats: int = 3, max_batches: int = 12) -> float:
+    """Sentences/s of the model alone on the corpus's first ``max_batches`` batches (images preprocessed and texts
+    tokenized first; each image encoded once per caption, as the runner does)."""
+    import itertools
+
     import time
 
     import torch
@@ -175,8 +208,8 @@ def bare_rate(spec: str, data: Path, batch: int, device: str, repeats: int = 3) 
 
     det = load_detector(spec).to(device)
     parts, _ = plan_parts(str(data))
-    batches = [b for part in parts for b in batches(iter_caption_groups(part, "sentence", SkipCounter(),
-                                                                         arrays=True), batch)]
+    batches = list(itertools.islice((b for part in parts for b in batches(
+        iter_caption_groups(part, "sentence", SkipCounter(), arrays=True), batch)), max_batches))
     from halsift.filtering.models.clip_models import encode_text
 
     dtype = next(det.model.parameters()).dtype
@@ -225,7 +258,7 @@ def main(argv=None) -> int:
     gpu = a.device.startswith("cuda")
     arch = a.arch or ("ViT-B-32" if gpu else "halsift-tiny")
     samples = a.samples or (2000 if gpu else 96)
-    per_shard = a.per_shard or max(1, samples // 8)
+    per_shard = a.per_shard or max(1, samples // max(8, 2 * a.decode_workers))  # every worker gets parts
     batches = [int(x) for x in (a.batch_sizes or ("32,128,512" if gpu else "8,32,96")).split(",")]
     decodes = [d.strip() for d in a.decode.split(",") if d.strip()]
     kinds = [k.strip() for k in a.images.split(",") if k.strip()]
@@ -254,7 +287,19 @@ def main(argv=None) -> int:
         save()
     print(f"{'images':>6} {'decode':>6} {'procs':>5} {'batch':>6} {'sent/s':>10} {'bare/s':>10} {'effic.':>7} "
           f"{'data %':>7} {'model %':>8} {'decode %':>9}  CPU ms/sentence (main + workers)")
+    def profile() -> None:
+        for decode in sorted(decodes, key=lambda d: d != "gpu"):  # the GPU path first
+            prof = profile_main(_spec(arch, a.fast_decode, decode), corpora[kinds[0]], tmp / f"prof-{decode}",
+                                batches[-1], a.device, a.decode_workers)
+            res.setdefault("profile_main", {})[decode] = prof
+            save()
+            print(f"main thread, {kinds[0]}, decode={decode}, batch {batches[-1]} (cProfile, {prof['total_s']} s): "
+                  + "; ".join(f"{r['function']} {100 * r['own_share']:.1f}%" for r in prof["top_own_time"][:8]),
+                  flush=True)
+
     for kind, decode in [(k, d) for k in kinds for d in decodes]:
+        if a.profile_main and kind != kinds[0] and "profile_main" not in res:  # the first kind's runs are done
+            profile()
         if kind not in corpora:
             corpora[kind] = make_corpus(tmp / f"data-{kind}", samples, per_shard, a.image_size, images=kind)
         data = corpora[kind]
@@ -280,14 +325,8 @@ def main(argv=None) -> int:
                 print(f"{kind:>6} {decode:>6} {procs:>5} {b:>6} {m['sentences_per_s']:>10.1f} {bare[b]:>10.1f} {eff:>7.2f} "
                       f"{ts['data']:>7.1f} {ts['model']:>8.1f} {ts.get('decode', 0):>9.1f}"  # the manifest's %
                       + (f"  {cpu['main']:.3f} + {cpu['workers']:.3f}" if cpu else ""), flush=True)
-    if a.profile_main:
-        for decode in decodes:
-            prof = profile_main(_spec(arch, a.fast_decode, decode), corpora[kinds[0]], tmp / f"prof-{decode}",
-                                batches[-1], a.device, a.decode_workers)
-            res.setdefault("profile_main", {})[decode] = prof
-            save()
-            print(f"main thread, {kinds[0]}, decode={decode}, batch {batches[-1]} (cProfile, {prof['total_s']} s): " + "; ".join(
-                f"{r['function']} {100 * r['own_share']:.1f}%" for r in prof["top_own_time"][:8]), flush=True)
+    if a.profile_main and "profile_main" not in res:
+        profile()
     one = {(r["images"], r["decode"], r["batch"]): r["sentences_per_s"] for r in res["runs"] if r["procs"] == 1}
     for r in res["runs"]:
         if r["procs"] > 1 and (r["images"], r["decode"], r["batch"]) in one:
