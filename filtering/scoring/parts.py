@@ -76,7 +76,8 @@ def iter_caption_groups(part: Part, unit: str, skipped: SkipCounter, decode: boo
                         draft: int | None = None, arrays: bool = False) -> Iterator[list[Item]]:
     """Yield the items of one caption at a time; bad samples are counted in ``skipped`` and left out. ``draft``:
     JPEGs decode at a reduced scale down to that side (a detector's ``decode_size``). ``arrays``: shard images
-    come as ``uint8 [H, W, 3]`` arrays (for a detector whose ``image_arrays`` says it takes them)."""
+    come as ``uint8 [H, W, 3]`` arrays (for a detector whose ``image_arrays`` says it takes them; ``"jpeg"``: plain
+    JPEGs undecoded, for decoding on the model's device)."""
     if part.captions is not None:
         if unit != "sentence":
             raise ValueError("unit: a bench file is scored per sentence (its rows), not per caption")

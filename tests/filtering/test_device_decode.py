@@ -182,3 +182,17 @@ def test_dedup_encoder_batches_and_decodes_on_the_device(tmp_path):
         ref = torch.nn.functional.normalize(host.det.model.encode_image(pix), dim=-1).numpy()
     assert np.abs(want - ref).max() < 1e-5
     assert np.abs(got - want).max() < 0.02
+
+
+def test_embed_leaves_out_an_image_no_decoder_reads(tmp_path):
+    from halsift.filtering.scoring.embed import embed_part, load_encoder
+    from halsift.filtering.scoring.parts import Part
+
+    head = BLOBS[0][:BLOBS[0].index(b"\xff\xda") + 20]  # a whole header: the reader passes it on undecoded
+    junk = head + b"\xff\xd8" * 10 + b"\xff\xd9"  # then start-of-image markers where the scan should be
+    assert isinstance(jpeg_or_pixels(junk), EncodedJpeg)
+    data = _shards(tmp_path / "data", [BLOBS[1], junk, BLOBS[2]])
+    enc = load_encoder("clip:arch=halsift-tiny,pretrained=random,seed=3,decode=gpu")
+    stats = embed_part(enc, Part("p.parquet", str(next(data.glob("*.tar")))), tmp_path / "p.parquet", 64, {})
+    assert stats["images"] == 2 and stats["texts"] == 2 * 4  # 3 sentences + the caption, for the two readable ones
+    assert stats["skipped"]["total"] == 1 and stats["skipped"]["samples"][0]["key"] == "s001"
