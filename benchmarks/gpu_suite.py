@@ -117,7 +117,8 @@ def run_part(name: str, script: str, flags: list[str], limit: float, parts_dir: 
     cmd = [sys.executable, str(HERE / script), *flags, "--json", str(out)]
     start = time.perf_counter()
     with open(log, "w") as so, open(err, "w") as se:
-        proc = subprocess.Popen(cmd, stdout=so, stderr=se, start_new_session=True)  # its workers: one group
+        proc = subprocess.Popen(cmd, stdout=so, stderr=se, start_new_session=True,  # its workers: one group
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # printed lines survive a stop
         stopped = False
         try:
             proc.wait(timeout=limit)

@@ -298,8 +298,6 @@ def main(argv=None) -> int:
                   flush=True)
 
     for kind, decode in [(k, d) for k in kinds for d in decodes]:
-        if a.profile_main and kind != kinds[0] and "profile_main" not in res:  # the first kind's runs are done
-            profile()
         if kind not in corpora:
             corpora[kind] = make_corpus(tmp / f"data-{kind}", samples, per_shard, a.image_size, images=kind)
         data = corpora[kind]
