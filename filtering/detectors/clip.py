@@ -63,7 +63,8 @@ class ClipDetector(Detector):
         "embeddings": "a folder written by `halsift embed` with this model: read the image and text vectors "
                       "from it instead of encoding (scores equal up to their float16 rounding)",
         "decode": "where JPEGs are decoded: auto (gpu on CUDA, else cpu) | cpu (the input workers, libjpeg-turbo) | "
-                  "gpu (batched on the model's device by torchvision: nvJPEG on CUDA; other images on the host)",
+                  "gpu (batched on the model's device by torchvision: nvJPEG on CUDA; other images, and fast_decode, "
+                  "on the host)",
     }
 
     def __init__(self, arch: str = "ViT-B-32", pretrained: str | None = None, checkpoint: str | None = None,
