@@ -159,6 +159,33 @@ def decode_pixels(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXE
     return out if isinstance(out, np.ndarray) else np.asarray(out)
 
 
+class EncodedJpeg:
+    """A JPEG kept undecoded for a batched decoder on the model's device (``decode=gpu``): its bytes and
+    ``(width, height)``, read from a header that passed the checks of :func:`_plain_jpeg_size` (libjpeg reads it,
+    3-channel or greyscale, no Exif/XMP orientation nor MPO index, within the decompression-bomb limit)."""
+
+    __slots__ = ("data", "size")
+
+    def __init__(self, data: bytes, size: tuple[int, int]) -> None:
+        self.data, self.size = data, size
+
+
+def _ends_whole(data: bytes) -> bool:
+    """Whether a JPEG ends with its end-of-image marker (trailing padding allowed): a cut file does not."""
+    return data.rstrip(b"\x00").endswith(b"\xff\xd9")
+
+
+def jpeg_or_pixels(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXELS,
+                   draft: int | None = None) -> EncodedJpeg | np.ndarray:
+    """An :class:`EncodedJpeg` for a plain, whole JPEG (its header checked, the bomb limit included, nothing decoded:
+    ~2 us), else :func:`decode_pixels` (other formats, oriented or cut JPEGs), with its errors."""
+    if data:
+        size = _plain_jpeg_size(data, max_pixels)
+        if size is not None and _ends_whole(data):
+            return EncodedJpeg(data, size)
+    return decode_pixels(data, key, max_pixels, draft)
+
+
 def _decode(data: bytes, key: str, max_pixels: int, draft: int | None) -> np.ndarray | Image.Image:
     """:func:`decode_image`'s work: libjpeg-turbo's RGB array, or else Pillow's RGB image."""
     if not data:
@@ -286,7 +313,8 @@ def decode_sample(sample, skipped: SkipCounter, max_pixels: int = DEFAULT_MAX_PI
 
     Skips (with kind): no image member (``missing_image``), an empty/whitespace caption when
     ``need_caption`` (``empty_caption``), and every :class:`ImageDecodeError` kind. ``draft``: see
-    :func:`decode_image`. ``arrays``: the pixels as :func:`decode_pixels` returns them.
+    :func:`decode_image`. ``arrays``: the pixels as :func:`decode_pixels` returns them (``"jpeg"``: as
+    :func:`jpeg_or_pixels` does).
     """
     if not sample.image and not sample.ext:
         skipped.add(sample.key, "sample has no image member", "missing_image")
@@ -295,7 +323,15 @@ def decode_sample(sample, skipped: SkipCounter, max_pixels: int = DEFAULT_MAX_PI
         skipped.add(sample.key, "empty caption", "empty_caption")
         return None
     try:
-        return (decode_pixels if arrays else decode_image)(sample.image, sample.key, max_pixels, draft)
+        return image_decoder(arrays)(sample.image, sample.key, max_pixels, draft)
     except ImageDecodeError as e:
         skipped.add_error(e)
         return None
+
+
+def image_decoder(arrays: bool | str = False):
+    """The decoder of a detector's ``image_arrays``: False :func:`decode_image` (PIL), True :func:`decode_pixels`
+    (uint8 arrays), ``"jpeg"`` :func:`jpeg_or_pixels` (plain JPEGs undecoded, the rest as arrays)."""
+    if arrays == "jpeg":
+        return jpeg_or_pixels
+    return decode_pixels if arrays else decode_image

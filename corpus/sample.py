@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from halsift.corpus.images import DEFAULT_MAX_PIXELS, ImageDecodeError, SkipCounter, decode_image, decode_pixels
+from halsift.corpus.images import DEFAULT_MAX_PIXELS, ImageDecodeError, SkipCounter, image_decoder
 from halsift.corpus.sentences import sentence_texts
 from halsift.corpus.shards import Sample, ShardFormatError, expand_shards, iter_shard
 
@@ -107,10 +107,11 @@ def _text_flaw(sample: Sample) -> tuple[str, str] | None:
 
 
 def validate(sample: Sample, skipped: SkipCounter, *, decode: bool = True, draft: int | None = None,
-             arrays: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> ValidSample | None:
+             arrays: bool | str = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> ValidSample | None:
     """The sample as a :class:`ValidSample`, or None after counting in ``skipped`` the rule it breaks (module
     docstring). ``decode=False`` checks every rule but the image decoding (the image is left None); ``draft``,
-    ``arrays``, ``max_pixels``: as :func:`~halsift.corpus.images.decode_image` / ``decode_pixels`` take them."""
+    ``arrays``, ``max_pixels``: as :func:`~halsift.corpus.images.decode_sample` takes them (``"jpeg"``: plain JPEGs
+    kept undecoded, :class:`~halsift.corpus.images.EncodedJpeg`)."""
     flaw = _text_flaw(sample)
     if flaw is not None:
         skipped.add(sample.key, *flaw)
@@ -122,7 +123,7 @@ def validate(sample: Sample, skipped: SkipCounter, *, decode: bool = True, draft
     image = None
     if decode:
         try:
-            image = (decode_pixels if arrays else decode_image)(sample.image, sample.key, max_pixels, draft)
+            image = image_decoder(arrays)(sample.image, sample.key, max_pixels, draft)
         except ImageDecodeError as e:
             skipped.add_error(e)
             return None
