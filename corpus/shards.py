@@ -10,6 +10,7 @@ stdlib ``tarfile`` (the format webdataset reads; its own ``ShardWriter`` has no 
 
 from __future__ import annotations
 
+import functools
 import glob
 import io
 import json
@@ -244,6 +245,24 @@ def expand_shards(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> list
     return paths
 
 
+def _record(path: Path) -> object:
+    """The parsed JSON of a count record (``None`` when missing or unreadable). One folder's ``sizes.json`` is
+    parsed once, not once per shard (that was quadratic in shards): cached by path, inode, size and mtime."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return _parsed_record(str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed_record(path: str, ino: int, size: int, mtime_ns: int) -> object:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _expected_count(path: Path) -> tuple[int, str] | tuple[None, None]:
     """The count ``sizes.json`` (or the shard's own ``NNNNNN_stats.json``) beside ``path`` records for it, and that
     file's name. In a ``_stats.json`` with ``successes`` (img2dataset's: its ``count`` counts download attempts,
@@ -251,10 +270,7 @@ def _expected_count(path: Path) -> tuple[int, str] | tuple[None, None]:
     sizes = path.parent / "sizes.json"
     stats = path.with_name(path.name.removesuffix(".tar") + "_stats.json")
     for record, fields in ((sizes, (path.name,)), (stats, ("successes", "count"))):
-        try:
-            obj = json.loads(record.read_text())
-        except (OSError, ValueError):
-            continue
+        obj = _record(record)
         if not isinstance(obj, dict):
             continue
         for field_ in fields:
