@@ -2,7 +2,7 @@
 
 Passes: (1) one descriptor part per shard (:mod:`.hash_parts`, resumable); (2) exact groups from sorted hash
 columns (DuckDB); (3) near pairs: phash within ``phash_distance`` bits confirmed by thumbnail cosine >=
-``near_thumbnail`` (:func:`.search.hamming_pairs`), and with embeddings cosine >= ``cosine`` (clustered
+``near_thumbnail`` (:func:`.search.hamming_pairs_sql`), and with embeddings cosine >= ``cosine`` (clustered
 :func:`.search.cosine_pairs`); (4) evaluation leaks: each corpus image's best match among the ``--against`` images
 (thumbnail with crop variants >= ``eval_thumbnail``; embedding >= ``cosine``). Groups are connected components of
 exact and near pairs; the first key in corpus order represents its group, every other member is listed; a leak is
@@ -30,13 +30,13 @@ from halsift.corpus.shards import expand_shards, write_json_atomic
 from halsift.filtering.curation import DUPLICATES
 from halsift.filtering.curation.descriptors import THUMB_DIM, crop_variants, thumb_vectors, thumbnail
 from halsift.filtering.curation.hash_parts import hash_shard, part_is_current, part_path
-from halsift.filtering.curation.search import best_matches, cosine_pairs, hamming_pairs
+from halsift.filtering.curation.search import best_matches, cosine_pairs, hamming_pairs_sql
 
 EXACT, NEAR = 0, 1
 MANIFEST = "manifest.json"
 FORMAT = "halsift-dedup/1"
 EVAL_BATCH = 16384  # corpus thumbnails compared with the evaluation side at once
-DUCKDB_MEMORY = "256MB"  # the exact grouping and key joins spill to disk above this
+DUCKDB_MEMORY = "256MB"  # the exact grouping, phash joins and key joins spill to disk above this
 
 
 def _corpus_parts(shards: list[Path], out: Path, show: bool) -> tuple[list[Path], SkipCounter, int]:
@@ -282,13 +282,8 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
     t = time.time()
     ea, eb = _exact_pairs(parts, exact_on, con)
     edges = [(ea, eb, np.ones(len(ea), np.float32), EXACT)]
-    hashes = np.lib.format.open_memmap(work / "phash.npy", "w+", np.uint8, (n, 8)) if n else \
-        np.empty((0, 8), np.uint8)
-    for p, block in enumerate(parts.blocks("phash", 8)):
-        hashes[parts.offsets[p]:parts.offsets[p + 1]] = block
     with progress(total=n, desc="dedup: phash", unit="img", disable=not show_progress) as bar:
-        pa_, pb, dist = hamming_pairs(hashes, phash_distance, bar)
-    del hashes
+        pa_, pb, dist = hamming_pairs_sql(con, "SELECT i, phash FROM parts", n, phash_distance, bar)
     tc = _thumb_cos(parts, pa_, pb)
     ok = tc >= near_thumbnail
     edges.append((pa_[ok], pb[ok], tc[ok], NEAR))
