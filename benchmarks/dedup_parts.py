@@ -35,7 +35,8 @@ def write_parts(root: Path, n: int, per_part: int = PER_PART, seed: int = 0) -> 
     import pyarrow.parquet as pq
 
     from halsift.filtering.curation.descriptors import THUMB_DIM
-    from halsift.filtering.curation.hash_parts import SCHEMA, part_path, shard_stamp
+    from halsift.corpus.run_folder import part_done
+    from halsift.filtering.curation.hash_parts import SCHEMA, made_from, part_path
 
     rng = np.random.default_rng(seed)
     corpus, out = root / "corpus", root / "out"
@@ -63,9 +64,11 @@ def write_parts(root: Path, n: int, per_part: int = PER_PART, seed: int = 0) -> 
         table = pa.table({"key": [f"k{r:08d}" for r in rows], "image_sha": sha,
                           "caption_sha": [f"{r:064x}" for r in rows],
                           "phash": _fixed(phash), "thumb": _fixed(thumb).cast(pa.binary())}, schema=SCHEMA)
-        meta = {"shard": str(shard), "stamp": shard_stamp(shard), "skipped": {}}
-        pq.write_table(table.replace_schema_metadata({b"halsift": json.dumps(meta).encode()}),
-                       part_path(out / "_parts", shard))
+        made = made_from(shard)
+        path = part_path(out / "_parts", shard)
+        pq.write_table(table.replace_schema_metadata(
+            {b"halsift": json.dumps({"shard": str(shard), **made, "skipped": {}}).encode()}), path)
+        part_done(path.parent, path.name, made)  # as hash_shard records it: reused by run_dedup
     return corpus, out, planted
 
 
