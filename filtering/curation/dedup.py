@@ -6,7 +6,8 @@ columns (DuckDB); (3) near pairs: phash within ``phash_distance`` bits confirmed
 :func:`.search.cosine_pairs`); (4) evaluation leaks: each corpus image's best match among the ``--against`` images
 (thumbnail with crop variants >= ``eval_thumbnail``; embedding >= ``cosine``). Groups are connected components of
 exact and near pairs; the first key in corpus order represents its group, every other member is listed; a leak is
-listed with reason ``eval`` whatever its group.
+listed with reason ``eval`` whatever its group. Passes (2)-(4) read the parts (DuckDB over their parquet files
+under a memory limit, thumbnails part by part): no per-sample Python object, memory flat in the corpus size.
 """
 
 from __future__ import annotations
@@ -277,46 +278,48 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
     n = parts.n
     work = out / "_work"
     con = _duckdb(work / "duckdb")
-    parts.sql_view(con)
-
-    t = time.time()
-    ea, eb = _exact_pairs(parts, exact_on, con)
-    edges = [(ea, eb, np.ones(len(ea), np.float32), EXACT)]
-    with progress(total=n, desc="dedup: phash", unit="img", disable=not show_progress) as bar:
-        pa_, pb, dist = hamming_pairs_sql(con, "SELECT i, phash FROM parts", n, phash_distance, bar)
-    tc = _thumb_cos(parts, pa_, pb)
-    ok = tc >= near_thumbnail
-    edges.append((pa_[ok], pb[ok], tc[ok], NEAR))
-    counts_near = {"phash_candidates": int(len(pa_)), "phash_confirmed": int(ok.sum())}
-    timing["near_hash_s"] = time.time() - t
-
-    encoder, model_name, emb_folder = None, None, None
-    if model:
-        from halsift.filtering.curation.encode import ImageEncoder, encode_corpus
+    try:
+        parts.sql_view(con)
 
         t = time.time()
-        encoder = ImageEncoder(model)
-        emb_folder = out / "embeddings"
-        with progress(total=len(shards), desc="dedup: encode", unit="shard", disable=not show_progress) as bar:
-            encode_corpus(shards, emb_folder, encoder, bar)
-        timing["encode_s"] = time.time() - t
-    elif embeddings:
-        from halsift.corpus.embedding_store import check_embedded_from
+        ea, eb = _exact_pairs(parts, exact_on, con)
+        edges = [(ea, eb, np.ones(len(ea), np.float32), EXACT)]
+        with progress(total=n, desc="dedup: phash", unit="img", disable=not show_progress) as bar:
+            pa_, pb, dist = hamming_pairs_sql(con, "SELECT i, phash FROM parts", n, phash_distance, bar)
+        tc = _thumb_cos(parts, pa_, pb)
+        ok = tc >= near_thumbnail
+        edges.append((pa_[ok], pb[ok], tc[ok], NEAR))
+        counts_near = {"phash_candidates": int(len(pa_)), "phash_confirmed": int(ok.sum())}
+        timing["near_hash_s"] = time.time() - t
 
-        emb_folder = Path(embeddings)
-        check_embedded_from(emb_folder, shards)  # vectors of the shards' content now, or one line
-    emb_rows = None
-    if emb_folder is not None:
-        t = time.time()
-        chunks, emb_rows, dim, model_name = _embedding_rows(emb_folder, con)
-        with progress(total=len(emb_rows), desc="dedup: semantic", unit="img", disable=not show_progress) as bar:
-            sa, sb, ss = cosine_pairs(chunks, len(emb_rows), dim, cosine, nprobe=nprobe, bar=bar)
-        a2, b2 = emb_rows[sa], emb_rows[sb]
-        edges.append((np.minimum(a2, b2), np.maximum(a2, b2), ss, NEAR))
-        counts_near["embedding_pairs"] = int(len(sa))
-        timing["near_embedding_s"] = time.time() - t
-    con.close()
-    shutil.rmtree(work, ignore_errors=True)
+        encoder, model_name, emb_folder = None, None, None
+        if model:
+            from halsift.filtering.curation.encode import ImageEncoder, encode_corpus
+
+            t = time.time()
+            encoder = ImageEncoder(model)
+            emb_folder = out / "embeddings"
+            with progress(total=len(shards), desc="dedup: encode", unit="shard", disable=not show_progress) as bar:
+                encode_corpus(shards, emb_folder, encoder, bar)
+            timing["encode_s"] = time.time() - t
+        elif embeddings:
+            from halsift.corpus.embedding_store import check_embedded_from
+
+            emb_folder = Path(embeddings)
+            check_embedded_from(emb_folder, shards)  # vectors of the shards' content now, or one line
+        emb_rows = None
+        if emb_folder is not None:
+            t = time.time()
+            chunks, emb_rows, dim, model_name = _embedding_rows(emb_folder, con)
+            with progress(total=len(emb_rows), desc="dedup: semantic", unit="img", disable=not show_progress) as bar:
+                sa, sb, ss = cosine_pairs(chunks, len(emb_rows), dim, cosine, nprobe=nprobe, bar=bar)
+            a2, b2 = emb_rows[sa], emb_rows[sb]
+            edges.append((np.minimum(a2, b2), np.maximum(a2, b2), ss, NEAR))
+            counts_near["embedding_pairs"] = int(len(sa))
+            timing["near_embedding_s"] = time.time() - t
+    finally:
+        con.close()
+        shutil.rmtree(work, ignore_errors=True)
 
     leak_row, leak_ref, leak_sim = np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32)
     refs, against_skipped = None, SkipCounter()
