@@ -20,7 +20,7 @@ sentences per image, the transformers judge (``logits`` with and without prefix 
 (``pip install 'halsift[vllm]'``); without it the part records why it was skipped.
 
 The JSON holds each benchmark's figures under its name, with the device, the wall time of each part and the
-exit code of any that failed (the others still run). Paste its table into README.md's performance section.
+exit code of any that failed (the others still run). Paste its table into docs/performance.md's current figures.
 """
 
 from __future__ import annotations
