@@ -250,3 +250,19 @@ def test_no_weights_is_refused_unless_random_is_asked_for_by_name(tmp_path, caps
     runs = [json.loads(((tmp_path / o) / "metrics.json").read_text()) for o in ("a", "b")
             if _run(["--data", str(root), "--out", str(tmp_path / o)], capsys)[0] == 0]
     assert len(runs) == 2 and runs[0] == runs[1]  # pretrained=random is seeded: the same model twice
+
+
+def test_a_damaged_shard_is_read_by_the_shard_reader(tmp_path):
+    """The wds layout is read by the package's one tar reader (corpus.shards.shard_parts): a shard cut short is
+    one line naming it and the last whole sample, after the samples before the damage."""
+    from halsift.corpus.classification import ClassificationFormatError, read_classification
+
+    root = wds_fixture(tmp_path / "fix")
+    shard = root / "test" / "0.tar"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:len(data) // 2 + 100])  # cut inside a member
+    got = []
+    with pytest.raises(ClassificationFormatError, match=r"0\.tar: truncated or corrupt tar after sample s\d{7} "):
+        for item in read_classification(root).iter_items():
+            got.append(item)
+    assert got and all(name.startswith("0.tar/s") for name, _, _ in got)
