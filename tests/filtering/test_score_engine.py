@@ -83,7 +83,7 @@ def test_every_engine_honours_the_common_settings(engine, monkeypatch, tmp_path)
 
     def record(*args, **kwargs):
         calls.append(_received(args, kwargs))
-        raise _Stop
+        raise _Stop("reached")
 
     monkeypatch.setattr(importlib.import_module(module), name, record)
     job = ScoreJob("clip:arch=halsift-tiny,pretrained=random", str(tmp_path / "data"), str(tmp_path / "out"),
@@ -92,7 +92,7 @@ def test_every_engine_honours_the_common_settings(engine, monkeypatch, tmp_path)
                    **({"num_tasks": 3, "task_index": 1} if engine == "tasks" else {}))
     assert COMMON == {"detector", "data", "out", "unit", "batch_size", "device", "decode_workers",
                       "max_parse_failures", "show_progress", "embeddings"}, "a new common setting: add it above"
-    with pytest.raises(_Stop):
+    with pytest.raises(_Stop, match="^reached$"):
         ENGINES[engine].run(job)
     (got,) = calls
     want = {"detector": job.spec(), **{k: getattr(job, k) for k in COMMON - {"detector", "embeddings"}}}

@@ -40,7 +40,7 @@ def test_the_eval_stage_passes_the_section_to_the_bench_evaluation(tmp_path, mon
 
     def record(bench, scores, out_dir, **kw):
         seen.update(kw)
-        raise Stop
+        raise Stop("reached")
 
     monkeypatch.setattr(bench_eval, "evaluate_bench", record)
     monkeypatch.setattr(stage, "scored_names", lambda r: [])
@@ -49,6 +49,6 @@ def test_the_eval_stage_passes_the_section_to_the_bench_evaluation(tmp_path, mon
                                    "eval.self_preference=[judge=share-sim]", "seed=5"])
     p = resolve_paths(r)
     p.bench = str(tmp_path / "bench.jsonl")
-    with pytest.raises(Stop):
+    with pytest.raises(Stop, match="^reached$"):
         stage.stage_eval(r, p)
     assert seen == {"keep": 0.3, "seed": 5, "self_pref_map": {"judge": "share-sim"}, "n_boot": 17, "plots": False}
