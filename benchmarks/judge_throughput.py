@@ -1,6 +1,9 @@
 """Throughput of the ``vlm`` judge: sentences/s of the seeds' protocol (``prompt``: generate + parse; the bare
 score prompt and, separately, the chain-of-thought prompt) vs ``logits`` (one forward pass per sentence) vs
-``logits`` + image-prefix reuse, on the same random-weight model and inputs, for several sentences per caption.
+``logits`` + image-prefix reuse (``logits_reuse``: the prefix's KV cache copied per sentence, image processor on
+the host) vs the default path (``logits_packed``: all sentences of an image in one sequence after its prefix under
+a block mask, the image processor batched on the model's device), on the same random-weight model and inputs, for
+several sentences per caption.
 
     python benchmarks/judge_throughput.py --size tiny --sentences 1 3 7 12          # CPU: tiny random Qwen2-VL
     python benchmarks/judge_throughput.py --arch qwen2-vl-2b-config --device cuda --image-size 448 \
@@ -20,6 +23,9 @@ machine (``OMP_NUM_THREADS`` / ``--threads``).
 transformers model freed first): ``--vllm-modes`` (yes_prob, logits) at each ``--sentences`` count, requests grouped
 by image vs shuffled, and the prefix-cache hit rate (``vllm_judge_bench.py``). Without vLLM or a CUDA device it
 prints why and skips that part.
+
+The figures go to ``--json`` after every measured mode (a stopped run keeps what it measured); ``--time-limit``
+skips the modes that would start after it (recorded as skipped). ``--modes`` picks the modes.
 """
 
 from __future__ import annotations
@@ -93,6 +99,9 @@ def make_items(captions: int, sentences: int, image_size: int, seed: int = 0):
     return items
 
 
+MODES = ("prompt", "logits", "logits_reuse", "logits_packed", "prompt_cot", "logits_default")
+
+
 def timed(det, items, batch_size: int, sync, repeats: int) -> float:
     """Best-of-``repeats`` sentences/s over ``items`` fed as the runner feeds them (whole captions per batch)."""
     det.score_batch(items[:batch_size])  # warm-up
@@ -123,12 +132,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompt-captions", type=int, default=None, help="captions for the (slow) prompt modes")
     ap.add_argument("--repeats", type=int, default=3, help="report the best of this many timed rounds")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
-    ap.add_argument("--json", default="", help="also write the figures to this JSON file")
+    ap.add_argument("--json", default="", help="also write the figures to this JSON file (after every mode)")
+    ap.add_argument("--modes", nargs="+", default=list(MODES[:-1]), choices=MODES,
+                    help="judge modes measured (logits_default: the vlm detector's defaults, packed on CUDA and the "
+                         "cached path on CPU; not measured unless named)")
+    ap.add_argument("--time-limit", type=float, default=0.0,
+                    help="seconds from the start, model build included (0: none); modes that would start after it "
+                         "are skipped")
     ap.add_argument("--vllm", action="store_true", help="also measure the vllm: detector (needs vLLM and CUDA)")
     ap.add_argument("--vllm-captions", type=int, default=None, help="captions per timed vllm round "
                                                                       "(default: --captions)")
     ap.add_argument("--vllm-modes", nargs="+", default=["yes_prob", "logits"], help="vllm: detector modes measured")
     args = ap.parse_args(argv)
+    t0 = time.perf_counter()
     import torch
 
     from halsift.filtering.detectors.vlm import VlmDetector
@@ -142,32 +158,58 @@ def main(argv=None) -> dict:
                  "image_size": args.image_size, "batch_size": args.batch_size, "prompt_tokens": args.prompt_tokens,
                  "cot_tokens": args.cot_tokens, "threads": torch.get_num_threads()}
     n_prompt = args.prompt_captions or max(1, args.captions // 4)
+
+    def save() -> None:
+        if args.json:
+            from pathlib import Path
+
+            Path(args.json).write_text(json.dumps(res, indent=1))
+
     for n_sent in args.sentences:
         items = make_items(args.captions, n_sent, args.image_size)
         prompt_items = items[:n_prompt * n_sent]
-        runs = {"prompt": (dict(mode="prompt", max_new_tokens=args.prompt_tokens), prompt_items, args.prompt_tokens),
-                "logits": (dict(mode="logits", reuse_prefix=False), items, 0),
-                "logits_reuse": (dict(mode="logits", reuse_prefix=True), items, 0)}
+        # today's modes keep the image processor on the host (preprocess=cpu); logits_packed is the default path
+        runs = {"prompt": (dict(mode="prompt", max_new_tokens=args.prompt_tokens, preprocess="cpu"), prompt_items,
+                           args.prompt_tokens),
+                "logits": (dict(mode="logits", reuse_prefix=False, preprocess="cpu"), items, 0),
+                "logits_reuse": (dict(mode="logits", reuse_prefix=True, pack=False, preprocess="cpu"), items, 0),
+                "logits_packed": (dict(mode="logits", pack=True), items, 0),
+                "logits_default": (dict(mode="logits"), items, 0)}
         if args.cot_tokens:
-            runs["prompt_cot"] = (dict(mode="prompt", cot=True, max_new_tokens=args.cot_tokens),
+            runs["prompt_cot"] = (dict(mode="prompt", cot=True, max_new_tokens=args.cot_tokens, preprocess="cpu"),
                                   items[:max(1, n_prompt // 2) * n_sent], args.cot_tokens)
         row: dict = {}
         for name, (opts, its, forced) in runs.items():
+            if name not in args.modes:
+                continue
+            if args.time_limit and time.perf_counter() - t0 > args.time_limit:
+                res[f"s{n_sent}/{name}/skipped"] = f"past --time-limit {args.time_limit:g} s"
+                save()
+                continue
             model.generation_config.min_new_tokens = forced or None
             det = VlmDetector.from_model(model, processor, batch_size=args.batch_size, **opts)
             row[name] = timed(det, its, args.batch_size, sync, args.repeats)
+            model.generation_config.min_new_tokens = None
+            res[f"s{n_sent}/{name}/sentences_per_s"] = round(row[name], 2)
+            if name == "logits_packed":
+                res[f"s{n_sent}/logits_packed/packs"] = det.packs
+            for a, b in (("logits_reuse", "prompt"), ("logits_reuse", "logits"), ("logits", "prompt"),
+                         ("logits_reuse", "prompt_cot"), ("logits_packed", "logits_reuse"),
+                         ("logits_packed", "logits"), ("logits_default", "logits_reuse")):
+                if a in row and b in row:
+                    res[f"s{n_sent}/ratio/{a}_vs_{b}"] = round(row[a] / row[b], 2)
+            res["elapsed_s"] = round(time.perf_counter() - t0, 1)
+            save()
         model.generation_config.min_new_tokens = None
-        for name, rate in row.items():
-            res[f"s{n_sent}/{name}/sentences_per_s"] = round(rate, 2)
-        res[f"s{n_sent}/ratio/logits_reuse_vs_prompt"] = round(row["logits_reuse"] / row["prompt"], 2)
-        res[f"s{n_sent}/ratio/logits_reuse_vs_logits"] = round(row["logits_reuse"] / row["logits"], 2)
-        res[f"s{n_sent}/ratio/logits_vs_prompt"] = round(row["logits"] / row["prompt"], 2)
-        if "prompt_cot" in row:
-            res[f"s{n_sent}/ratio/logits_reuse_vs_prompt_cot"] = round(row["logits_reuse"] / row["prompt_cot"], 2)
+        best_today = max((row[k] for k in ("logits", "logits_reuse", "prompt") if k in row), default=0)
+        if "logits_packed" in row and best_today:
+            res[f"s{n_sent}/ratio/logits_packed_vs_best_today"] = round(row["logits_packed"] / best_today, 2)
+        save()
         print(f"{n_sent:2d} sentences/caption: " + "  ".join(f"{k} {v:.1f}/s" for k, v in row.items())
-              + f"  reuse/prompt {res[f's{n_sent}/ratio/logits_reuse_vs_prompt']:.2f}x"
-              + f"  reuse/no-reuse {res[f's{n_sent}/ratio/logits_reuse_vs_logits']:.2f}x", flush=True)
-    if args.device.startswith("cuda"):
+              + "".join(f"  {k.split('/')[-1]} {v:.2f}x" for k, v in res.items()
+                        if k.startswith(f"s{n_sent}/ratio/")), flush=True)
+    if args.device.startswith("cuda") and "logits_reuse" in args.modes and \
+            f"s{args.sentences[-1]}/logits_reuse/sentences_per_s" in res:
         n_sent = args.sentences[-1]
         det = VlmDetector.from_model(model, processor, mode="logits")
         pre = det.prefix_inputs(items[0].image)
@@ -182,13 +224,15 @@ def main(argv=None) -> dict:
         achieved = per_sentence * res[f"s{n_sent}/logits_reuse/sentences_per_s"]
         res["reuse/peak_fraction"] = round(achieved / (args.peak_tflops * 1e12), 4)
         res["gpu_peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        if f"s{n_sent}/logits_packed/sentences_per_s" in res:
+            res["packed/peak_fraction"] = round(
+                per_sentence * res[f"s{n_sent}/logits_packed/sentences_per_s"] / (args.peak_tflops * 1e12), 4)
+        save()
     if args.vllm:
         res.update(vllm_figures(args, model, processor))
+    res["elapsed_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(res, indent=1))
-    if args.json:
-        from pathlib import Path
-
-        Path(args.json).write_text(json.dumps(res, indent=1))
+    save()
     return res
 
 

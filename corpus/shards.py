@@ -264,6 +264,12 @@ def _expected_count(path: Path) -> tuple[int, str] | tuple[None, None]:
     return None, None
 
 
+def recorded_count(path: str | os.PathLike) -> int | None:
+    """The sample count the folder records for shard ``path`` (``sizes.json``, else its ``_stats.json``: the rule
+    of :func:`iter_shard`'s check), without reading the tar; ``None`` when nothing records it."""
+    return _expected_count(Path(path))[0]
+
+
 DUPLICATE = "duplicate"  # skip kind of a key seen before in the same shard (its first sample is kept)
 BAD_CAPTION = "bad_caption"  # skip kind of a caption that is not valid UTF-8
 

@@ -54,3 +54,38 @@ def pytest_collection_modifyitems(config, items):
                 has_gpu = torch.cuda.is_available()
             if not has_gpu:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
+def lost_on_undo(target: object, name: str) -> bool:
+    """Whether monkeypatch's undo would delete ``target.name`` instead of restoring it: from pytest 9.2 the undo of a
+    ``setattr`` on an instance deletes a name that was neither in the instance's ``__dict__`` nor on its class — an
+    attribute served by ``__getattr__``, such as a torch module's buffers, parameters and submodules."""
+    if isinstance(target, (str, type)) or not hasattr(target, name):
+        return False
+    in_dict = isinstance(getattr(target, "__dict__", None), dict) and name in vars(target)
+    return not in_dict and not hasattr(type(target), name)
+
+
+class GuardedMonkeyPatch(pytest.MonkeyPatch):
+    """pytest's monkeypatch, refusing a patch that its undo cannot put back (``lost_on_undo``): the object may be
+    shared by a module- or session-scoped fixture, so later tests would see it damaged. Patch a copy instead."""
+
+    def setattr(self, target, *args, **kwargs):  # noqa: D102 - pytest's signature
+        if args and isinstance(args[0], str) and lost_on_undo(target, args[0]):
+            raise AssertionError(f"monkeypatch.setattr({type(target).__name__}, {args[0]!r}): its undo would delete "
+                                 "the attribute (served by __getattr__, e.g. a torch buffer); patch a copy")
+        return super().setattr(target, *args, **kwargs)
+
+    def delattr(self, target, *args, **kwargs):  # noqa: D102 - pytest's signature
+        if args and isinstance(args[0], str) and lost_on_undo(target, args[0]):
+            raise AssertionError(f"monkeypatch.delattr({type(target).__name__}, {args[0]!r}): its undo cannot "
+                                 "restore the attribute; patch a copy")
+        return super().delattr(target, *args, **kwargs)
+
+
+@pytest.fixture
+def monkeypatch():
+    """The suite's monkeypatch: pytest's, guarded by :class:`GuardedMonkeyPatch`."""
+    mp = GuardedMonkeyPatch()
+    yield mp
+    mp.undo()

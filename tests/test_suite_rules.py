@@ -29,3 +29,25 @@ def test_the_check_sees_a_raises_without_match():
     src = ("import pytest\nwith pytest.raises(ValueError):\n    pass\n"
            "with pytest.raises(ValueError, match='x'):\n    pass\n")
     assert raises_without_match(src) == [2]
+
+
+def test_monkeypatch_refuses_a_patch_its_undo_would_delete(monkeypatch):
+    """A torch buffer is served by ``Module.__getattr__``: pytest >= 9.2 deletes it on undo, so the suite's
+    monkeypatch refuses to patch it (the shared-fixture damage of issue 39); methods and plain attributes still patch."""
+    import pytest
+    import torch
+
+    from conftest import GuardedMonkeyPatch, lost_on_undo
+
+    m = torch.nn.Linear(2, 2)
+    m.register_buffer("mask", torch.ones(2))
+    assert isinstance(monkeypatch, GuardedMonkeyPatch)
+    assert lost_on_undo(m, "mask") and lost_on_undo(m, "weight")
+    with pytest.raises(AssertionError, match="patch a copy"):
+        monkeypatch.setattr(m, "mask", None)
+    with pytest.raises(AssertionError, match="patch a copy"):
+        monkeypatch.delattr(m, "weight")
+    assert m.mask is not None
+    monkeypatch.setattr(m, "forward", lambda x: x)  # a method: undo restores the class's
+    monkeypatch.setattr(m, "in_features", 3)  # in the instance __dict__: undo restores it
+    assert not lost_on_undo(m, "forward") and not lost_on_undo(m, "in_features")

@@ -81,14 +81,44 @@ def thumbnail(data: bytes, key: str = "") -> bytes:
     return buf.getvalue()
 
 
-def _score_map(scores) -> dict[tuple[str, int], float]:
-    """(key, sentence_index) -> score of a score folder or a DataFrame with those columns."""
+def _score_map(scores, keys: set[str] | None = None) -> dict[tuple[str, int], float]:
+    """(key, sentence_index) -> score of a score folder or a DataFrame with those columns; with ``keys``, only their
+    rows (a folder is read one part at a time, so a page of 2,000 samples costs one part's memory, not the
+    folder's: a million-caption folder held as a dict took gigabytes)."""
     import pandas as pd
 
     from halsift.corpus.scores import read_scores_df
 
-    df = scores if isinstance(scores, pd.DataFrame) else read_scores_df(scores, ["key", "sentence_index", "score"])
+    cols = ["key", "sentence_index", "score"]
+    if isinstance(scores, pd.DataFrame):
+        df = scores
+    elif keys is None:
+        df = read_scores_df(scores, cols)
+    else:
+        df = _rows_of_keys(scores, keys, cols).to_pandas()
+    if keys is not None:
+        df = df[df["key"].astype(str).isin(keys)]
     return dict(zip(zip(df["key"].astype(str), df["sentence_index"].astype(int)), df["score"].astype(float)))
+
+
+def _rows_of_keys(path: str | os.PathLike, keys: set[str], columns: list[str]):
+    """The rows of a score folder (or one parquet file) whose key is in ``keys``, read part by part (each part's
+    columns checked as :func:`halsift.corpus.scores.read_part` checks them)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from halsift.corpus.scores import ScoresFormatError, read_part
+
+    path = Path(path)
+    parts = sorted(p for p in path.glob("*.parquet") if not p.name.startswith(".")) if path.is_dir() else [path]
+    if not parts:
+        raise ScoresFormatError(f"scores: {path} holds no .parquet parts")
+    wanted = pa.array(sorted(keys), pa.string())
+    tables = []
+    for p in parts:
+        t = read_part(p, columns)
+        tables.append(t.filter(pc.is_in(t["key"].cast(pa.string()), value_set=wanted)))
+    return pa.concat_tables(tables, promote_options="default")
 
 
 def _sentence_score(scores: Mapping[tuple[str, int], float], key: str, idx: int) -> int | None:
@@ -187,13 +217,41 @@ def collect_samples(detectors: Sequence[str], *, corpus: str | os.PathLike | Seq
 def _corpus_samples(b: _Builder, corpus, scores_dirs: Mapping, selections: Mapping, max_samples: int) -> None:
     import pyarrow.parquet as pq
 
-    from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, read_sizes
+    from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, read_sizes, recorded_count
     from halsift.filtering.detectors.base import CAPTION_INDEX
     from halsift.filtering.selection.select import _labels  # the selection's own reading of texts and labels
 
     set_idx = len(b.out.sets)
     b.out.sets.append("corpus")
-    scores = [(_score_map(scores_dirs[d]) if d in scores_dirs and Path(scores_dirs[d]).exists() else {})
+    sizes: dict[Path, dict] = {}
+    total = shown = 0
+    first = len(b.out.samples)
+    for path in expand_shards(corpus):
+        if shown >= max_samples:  # past the cap: count the rest from what the folder records (no tar read)
+            if path.parent not in sizes:
+                sizes[path.parent] = read_sizes(path.parent) if (path.parent / "sizes.json").exists() else {}
+            n = sizes[path.parent].get(path.name)
+            n = recorded_count(path) if n is None else n  # img2dataset: the shard's _stats.json
+            if n is not None:
+                total += int(n)
+                continue
+        try:
+            for s in iter_shard(path):
+                total += 1
+                if shown >= max_samples:
+                    continue
+                shown += 1
+                texts, labels, gts = _labels(s.meta, s.caption)
+                sents = [[text, LABELS.get(labels[i]) if labels[i] else None, [], 0,
+                          (gts[i].get("types") or []) if gts else []] for i, text in enumerate(texts)]
+                b.out.samples.append({"k": s.key, "s": set_idx, "g": b.generator(s.captioner or "?"),
+                                      "i": b.thumb(f"corpus:{s.key}", lambda s=s: s.image), "t": sents})
+        except ShardFormatError:  # the rest of a corrupt shard is counted, not shown; the report goes on
+            b.out.skipped["corrupt shard"] = b.out.skipped.get("corrupt shard", 0) + 1
+    b.out.totals["corpus"] = total
+    # scores and kept bits of the shown samples only: their rows, not the folders' (which may hold millions)
+    keys = {smp["k"] for smp in b.out.samples[first:]}
+    scores = [(_score_map(scores_dirs[d], keys) if d in scores_dirs and Path(scores_dirs[d]).exists() else {})
               for d in b.out.detectors]
     kept: list[tuple[set, set]] = []  # per filter: kept (key, idx), keys kept whole
     unselected = []  # filters without a selection: kept = their detector's top share, as on the bench
@@ -203,43 +261,20 @@ def _corpus_samples(b: _Builder, corpus, scores_dirs: Mapping, selections: Mappi
             kept.append((set(), set()))
             unselected.append(j)
             continue
-        t = pq.read_table(sel_dir / "kept.parquet", columns=["key", "sentence_index"]).to_pydict()
-        pairs = set(zip(t["key"], t["sentence_index"]))
+        t = (pq.read_table(sel_dir / "kept.parquet", columns=["key", "sentence_index"],
+                           filters=[("key", "in", sorted(keys))]).to_pydict()
+             if keys else {"key": [], "sentence_index": []})
+        pairs = {(k, i) for k, i in zip(t["key"], t["sentence_index"]) if k in keys}
         kept.append((pairs, {k for k, i in pairs if i == CAPTION_INDEX}))
         man = sel_dir / "manifest.json"
         if man.exists():
             flt = json.loads(man.read_text()).get("filter", {})
             f["keep"] = flt.get("keep") or f["keep"]
             f["how"] = flt.get("unit", "") + (f"/{flt['agg']}" if flt.get("agg") else "")
-    sizes: dict[Path, dict] = {}
-    total = shown = 0
-    first = len(b.out.samples)
-    for path in expand_shards(corpus):
-        if shown >= max_samples:  # past the cap: count the rest from sizes.json where it says
-            if path.parent not in sizes:
-                sizes[path.parent] = read_sizes(path.parent) if (path.parent / "sizes.json").exists() else {}
-            if path.name in sizes[path.parent]:
-                total += int(sizes[path.parent][path.name])
-                continue
-        try:
-            for s in iter_shard(path):
-                total += 1
-                if shown >= max_samples:
-                    continue
-                shown += 1
-                texts, labels, gts = _labels(s.meta, s.caption)
-                sents = []
-                for i, text in enumerate(texts):
-                    bits = sum(1 << j for j, (pairs, whole) in enumerate(kept)
-                               if (s.key, i) in pairs or s.key in whole)
-                    types = (gts[i].get("types") or []) if gts else []
-                    sents.append([text, LABELS.get(labels[i]) if labels[i] else None,
-                                  [_sentence_score(sc, s.key, i) for sc in scores], bits, types])
-                b.out.samples.append({"k": s.key, "s": set_idx, "g": b.generator(s.captioner or "?"),
-                                      "i": b.thumb(f"corpus:{s.key}", lambda s=s: s.image), "t": sents})
-        except ShardFormatError:  # the rest of a corrupt shard is counted, not shown; the report goes on
-            b.out.skipped["corrupt shard"] = b.out.skipped.get("corrupt shard", 0) + 1
-    b.out.totals["corpus"] = total
+    for smp in b.out.samples[first:]:
+        for i, t in enumerate(smp["t"]):
+            t[2] = [_sentence_score(sc, smp["k"], i) for sc in scores]
+            t[3] = sum(1 << j for j, (pairs, whole) in enumerate(kept) if (smp["k"], i) in pairs or smp["k"] in whole)
     if unselected:
         _add_threshold_bits(b.out.samples[first:], b.out.filters, unselected)
 
@@ -453,11 +488,12 @@ def write_select_html(out_dir: str | os.PathLike, scores_dir: str | os.PathLike,
                       max_samples: int = MAX_SAMPLES) -> Path:
     """``index.html`` of ``halsift select``: the input shards' captions with their scores, marked kept or dropped
     by this selection, and the kept precision where the shards carry labels."""
-    from halsift.corpus.scores import ScoresFormatError, read_scores
+    from halsift.corpus.scores import ScoresFormatError
     from halsift.filtering.selection.manifest_scale import on_percent_scale
 
+    recorded = (manifest.get("filter") or {}).get("detector")  # the checked score folder's detector
     try:
-        names = read_scores(scores_dir, ["detector"]).column("detector").unique().to_pylist()
+        names = [recorded] if recorded else _detectors(scores_dir)
     except ScoresFormatError:  # a score table without the column: the folder names the detector
         names = []
     name = str(names[0]) if len(names) == 1 else Path(scores_dir).name
@@ -473,3 +509,17 @@ def write_select_html(out_dir: str | os.PathLike, scores_dir: str | os.PathLike,
                        links={"manifest.json": "manifest.json"}, tables=composition_tables(manifest.get("composition")),
                        tables_title="Composed selection")
 
+
+def _detectors(scores_dir: str | os.PathLike) -> list[str]:
+    """The detectors a score folder's parts hold, one part at a time (dictionary-encoded: a few bytes per row)."""
+    from halsift.corpus.scores import ScoresFormatError, read_part
+
+    path = Path(scores_dir)
+    parts = sorted(p for p in path.glob("*.parquet") if not p.name.startswith(".")) if path.is_dir() else [path]
+    if not parts:
+        raise ScoresFormatError(f"scores: {path} holds no .parquet parts")
+    names: set[str] = set()
+    for p in parts:
+        names.update(str(x) for x in read_part(p, ["detector"], read_dictionary=["detector"])["detector"].unique()
+                     .to_pylist())
+    return sorted(names)

@@ -50,12 +50,29 @@ union of the rows' last ``k`` positions. Both paths tokenize prefix and continua
 sequences are identical and their scores agree to fp tolerance. The templates put the image before the
 instruction text (the user content is ``[image, text]``), so the image is always in the shared prefix.
 
+**Packed sentences** (``pack=true``; unset = on CUDA): instead of copying the prefix's cache per sentence, each
+image's prefix and all of its sentences' continuations form **one** sequence, run in one forward pass with no
+cache under a block mask: the prefix is causal, a continuation sees the prefix and its own earlier tokens only,
+and its positions restart after the prefix (Qwen2-VL's M-RoPE offsets as above)
+(:meth:`~halsift.filtering.detectors.vlm_judge.VlmJudge.packed_logits`). The same numbers as the cached path (the
+tests hold them to a plain pass per sentence within 1e-3), in one pass instead of two and without the cache
+gather: on a GPU, where the judge waits on kernel launches, that counts; on a CPU with a tiny model the masked
+attention over the whole row costs more than it saves, so CPU models keep the cached path unless ``pack=true``.
+Sliding-window models (Gemma 3) and attention implementations that take no 4-D mask (flash attention) fall back
+to the cached path.
+
 Without reuse, full sequences are left-padded into one batch (``forward_batch`` rows per forward/generate call).
 
 **CPU half** (:meth:`VlmDetector.prepare`): the ``max_pixels`` cap, the processor (one prefix per distinct image)
 and tokenization (``mode=pmi``: the captions' token plan), on CPU, so that the runner's read-ahead thread or
 ``score --decode-workers N`` processes run them and the main thread runs only the model
-(:meth:`VlmDetector.score_prepared`; the same scores).
+(:meth:`VlmDetector.score_prepared`; the same scores). With ``preprocess=device`` (``auto``: on CUDA, for
+torchvision-backed image processors) the processor's image half moves to the scoring step, batched on the model's
+device: ``prepare`` keeps the capped image as uint8 pixels and takes the prompt's token ids from a cache keyed by
+the image size (a size not seen before runs the whole processor once, on CPU)
+(:meth:`~halsift.filtering.detectors.vlm_judge.VlmJudge.deferred_features` /
+:meth:`~halsift.filtering.detectors.vlm_judge.VlmJudge.resolve_images`); the continuations of a batch are tokenized
+in one call.
 
 The loaded model, processor, prompt building and KV reuse are a :class:`~halsift.filtering.detectors.vlm_judge.VlmJudge`
 (``detector.judge``), which the detector lends for free-form use (capability ``vlm-judge``): I-HallA's
@@ -73,6 +90,7 @@ from halsift.filtering.detectors.base import (Detector, DetectorError, Item, Pre
 from halsift.filtering.detectors.vlm_judge import DEFAULT_MAX_PIXELS, DTYPES, VlmJudge, cap_pixels
 
 MODES = ("logits", "yes_prob", "prompt", "localize", "pmi")
+PREPROCESS = ("auto", "cpu", "device")
 _SENTINEL = "\u241fCAPTION\u241f"
 
 
@@ -153,7 +171,12 @@ class VlmDetector(PreparedDetector):
         "cot": "mode=prompt: the chain-of-thought prompt",
         "self_ensemble": "mode=prompt: sample N replies (temperature 1.5, top_p 0.9) and average their scores",
         "context": "put the caption's preceding sentences before the target (AlignBench Table D)",
-        "reuse_prefix": "encode each image's prompt prefix once and reuse its KV cache for every sentence",
+        "reuse_prefix": "encode each image's prompt prefix once and share it between the image's sentences",
+        "pack": "with reuse_prefix: true = all sentences of an image in one sequence after its prefix (block mask, "
+                "one pass); false = the prefix's KV cache copied per sentence; unset = true on CUDA. Models it "
+                "cannot serve (sliding windows, flash attention) fall back to false",
+        "preprocess": "where the processor's image half runs: cpu (in prepare: read-ahead thread or decode "
+                      "workers) | device (batched on the model's device when scoring) | auto (device on CUDA)",
         "forward_batch": "rows per forward/generate call (not score's --batch-size, the items per detector call)",
         "dtype": "auto | float32 | bfloat16 | float16",
         "device": "auto (CUDA when there is one) | cpu | cuda | cuda:1 ...",
@@ -171,8 +194,9 @@ class VlmDetector(PreparedDetector):
     }
 
     def __init__(self, model: str, mode: str = "logits", cot: bool = False, self_ensemble: int = 0,
-                 context: bool = False, reuse_prefix: bool = True, forward_batch: int = 16, dtype: str = "auto",
-                 device: str = "auto", device_map: str | None = None, attn_implementation: str | None = None,
+                 context: bool = False, reuse_prefix: bool = True, pack: bool | None = None,
+                 preprocess: str = "auto", forward_batch: int = 16, dtype: str = "auto", device: str = "auto",
+                 device_map: str | None = None, attn_implementation: str | None = None,
                  trust_remote_code: bool = False, max_new_tokens: int | None = None, seed: int = 0,
                  references: str | None = None, n_references: int = 8, temperature: float | None = None,
                  max_pixels: int = DEFAULT_MAX_PIXELS, batch_size: int | None = None) -> None:
@@ -183,8 +207,8 @@ class VlmDetector(PreparedDetector):
                               attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
                               max_pixels=max_pixels)
         self._setup(judge, mode=mode, cot=cot, self_ensemble=self_ensemble, context=context,
-                    reuse_prefix=reuse_prefix, batch_size=batch_size, seed=seed, references=references,
-                    n_references=n_references, temperature=temperature,
+                    reuse_prefix=reuse_prefix, pack=pack, preprocess=preprocess, batch_size=batch_size, seed=seed,
+                    references=references, n_references=n_references, temperature=temperature,
                     max_new_tokens=int(max_new_tokens or (256 if cot else 128 if mode == "localize" else 32)))
 
     @classmethod
@@ -197,15 +221,25 @@ class VlmDetector(PreparedDetector):
             raise ValueError(f"mode={mode!r}: expected one of {MODES}")
         judge = VlmJudge(model, processor, opts.pop("max_pixels", DEFAULT_MAX_PIXELS))
         self._setup(judge, mode=mode, **{"cot": False, "self_ensemble": 0, "context": False, "reuse_prefix": True,
-                                         "batch_size": 16, "seed": 0, "max_new_tokens": 32, **opts})
+                                         "pack": None, "preprocess": "auto", "batch_size": 16, "seed": 0,
+                                         "max_new_tokens": 32, **opts})
         return self
 
     def _setup(self, judge: VlmJudge, *, mode: str, cot: bool, self_ensemble: int, context: bool,
                reuse_prefix: bool, batch_size: int, max_new_tokens: int, seed: int, references: str | None = None,
-               n_references: int = 8, temperature: float = 8.0) -> None:
+               n_references: int = 8, temperature: float = 8.0, pack: bool | None = None,
+               preprocess: str = "auto") -> None:
         self.judge = judge
         self.mode, self.cot, self.self_ensemble, self.context = mode, bool(cot), int(self_ensemble), bool(context)
         self.reuse_prefix, self.batch_size, self.seed = bool(reuse_prefix), int(batch_size), int(seed)
+        self.pack = None if pack is None else bool(pack)
+        if preprocess not in PREPROCESS:
+            raise ValueError(f"preprocess={preprocess!r}: expected one of {PREPROCESS}")
+        if preprocess == "device" and not judge.images_on_device():
+            raise ValueError(f"preprocess=device: the processor's image half "
+                             f"({type(getattr(judge.processor, 'image_processor', None)).__name__}) is not "
+                             "torchvision-backed and cannot run on the model's device; use preprocess=cpu")
+        self.preprocess = preprocess
         self.max_new_tokens = judge.max_new_tokens = int(max_new_tokens)
         self.localizes = mode == "localize"
         if mode == "pmi":
@@ -317,20 +351,33 @@ class VlmDetector(PreparedDetector):
     # ------------------------------------------------------------------------------------------ inputs
     def continuation_ids(self, it: Item) -> list[int]:
         """Token ids after the prefix: the sentence (with context when set), the prompt's tail and any prefill."""
-        text = " " + P.caption_text(it.sentence, it.context if self.context else None)
-        if self.mode == "yes_prob":
-            text = it.sentence.strip()
-        ids = self.tokenizer(text + self._tail, add_special_tokens=False)["input_ids"]
+        return self.continuations([it])[0]
+
+    def continuations(self, items: Sequence[Item]) -> list[list[int]]:
+        """:meth:`continuation_ids` of every item, tokenized in one call."""
+        texts = [(it.sentence.strip() if self.mode == "yes_prob" else
+                  " " + P.caption_text(it.sentence, it.context if self.context else None)) + self._tail
+                 for it in items]
+        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         if self.mode == "logits" and self.number_mode == "digits":
-            ids = ids + self._force
-        return ids
+            ids = [list(x) + self._force for x in ids]
+        return [list(x) for x in ids]
 
     def prefix_inputs(self, image) -> dict:
         """Processor features (``input_ids``, pixel tensors ...) of the prompt up to the sentence, on CPU."""
         if image is None:
             raise DetectorError("vlm detector: an item has no image")
-        head = self._head.rstrip(" ") if self.mode != "yes_prob" else self._head
-        return self.judge.features(head, image)
+        return self.judge.features(self._prefix_text(), image)
+
+    def _prefix_text(self) -> str:
+        return self._head.rstrip(" ") if self.mode != "yes_prob" else self._head
+
+    @property
+    def defers_images(self) -> bool:
+        """Whether :meth:`prepare` leaves the processor's image half to the scoring step (``preprocess``)."""
+        if self.preprocess == "auto":
+            return self.judge.device.type == "cuda" and self.judge.images_on_device()
+        return self.preprocess == "device"
 
     def prepare(self, items: Sequence[Item]) -> dict:
         """The CPU half of scoring ``items``: the prefix features of each distinct image (processor, ``max_pixels``
@@ -346,18 +393,21 @@ class VlmDetector(PreparedDetector):
         for it in items:
             slot.setdefault(image_group(it), len(slot))
         prefixes = [None] * len(slot)
+        defer = self.defers_images
         for it in items:
             k = slot[image_group(it)]
             if prefixes[k] is None:
-                prefixes[k] = self.prefix_inputs(it.image)
+                prefixes[k] = (self.judge.deferred_features(self._prefix_text(), it.image) if defer
+                               else self.prefix_inputs(it.image))
         return {"prefixes": prefixes, "slots": [slot[image_group(it)] for it in items],
-                "conts": [self.continuation_ids(it) for it in items], "sentences": [it.sentence for it in items]}
+                "conts": self.continuations(items), "sentences": [it.sentence for it in items]}
 
     # ------------------------------------------------------------------------------------------ scoring
     def score_prepared(self, items: Sequence[Any], prepared: dict) -> list[Result]:
         """Score from :meth:`prepare`'s output (``items`` are only counted: they may be the runner's row tuples)."""
         if self.mode == "pmi":
             return self._score_pmi(prepared["pmi"])
+        prepared = {**prepared, "prefixes": self.judge.resolve_images(prepared["prefixes"])}
         out: list[Result] = []
         for chunk in _chunk_positions(prepared["slots"], self.batch_size):
             slots = [prepared["slots"][i] for i in chunk]
@@ -384,25 +434,53 @@ class VlmDetector(PreparedDetector):
 
         k = 3 if self.mode == "logits" and self.number_mode == "digits" else 1
         with torch.inference_mode():
-            if self.reuse_prefix:
+            if self.reuse_prefix and self.packs:
+                logits = self._logits_packed(slots, conts, prefixes, k)
+            elif self.reuse_prefix:
                 logits = self._logits_reuse(slots, conts, prefixes, k)
             else:
                 batch = self.judge.full_batch([prefixes[s] for s in slots], conts)
                 logits = self.model(**batch, use_cache=False, logits_to_keep=k).logits[:, -k:]
         return [Result(s) for s in self._scores_from_logits(logits.float())]
 
+    @property
+    def packs(self) -> bool:
+        """Whether ``logits``/``yes_prob`` with ``reuse_prefix`` run packed sequences (``pack`` and a model that
+        :meth:`~halsift.filtering.detectors.vlm_judge.VlmJudge.packing_blocker` lets through)."""
+        wanted = self.judge.device.type == "cuda" if self.pack is None else self.pack
+        return wanted and self.judge.packing_blocker() is None
+
+    @staticmethod
+    def _prefix_buckets(slots: list[int], prefixes: list[dict]) -> list[list[int]]:
+        """The distinct slots, grouped by prefix length and image tensor shapes (one prefill each)."""
+        buckets: dict[tuple, list[int]] = {}
+        for s in dict.fromkeys(slots):
+            p = prefixes[s]
+            sig = tuple(sorted((n, tuple(v.shape)) for n, v in p.items() if n not in ("input_ids", "attention_mask",
+                                                                                   "mm_token_type_ids")))
+            buckets.setdefault((p["input_ids"].shape[1], sig), []).append(s)
+        return list(buckets.values())
+
+    def _logits_packed(self, slots: list[int], conts: list[list[int]], prefixes: list[dict], k: int):
+        """Last ``k`` logits per item; each distinct image is one row holding all its sentences (see
+        :meth:`~halsift.filtering.detectors.vlm_judge.VlmJudge.packed_logits`)."""
+        import torch
+
+        result = [None] * len(slots)
+        for bslots in self._prefix_buckets(slots, prefixes):
+            rows = {s: [i for i, t in enumerate(slots) if t == s] for s in bslots}
+            feats = {n: torch.cat([prefixes[s][n] for s in bslots], 0) for n in prefixes[bslots[0]]}
+            logits = self.judge.packed_logits(feats, [[conts[i] for i in rows[s]] for s in bslots], k)
+            for r, i in enumerate(i for s in bslots for i in rows[s]):
+                result[i] = logits[r]
+        return torch.stack(result)
+
     def _logits_reuse(self, slots: list[int], conts: list[list[int]], prefixes: list[dict], k: int):
         """Last ``k`` logits per item; each distinct image prefix is encoded once (see the module docstring)."""
         import torch
 
-        buckets: dict[tuple, list[int]] = {}  # same prefix length and image tensor shapes -> one prefill
-        for s in dict.fromkeys(slots):
-            p = prefixes[s]
-            sig = tuple((n, tuple(v.shape)) for n, v in p.items() if n not in ("input_ids", "attention_mask",
-                                                                            "mm_token_type_ids"))
-            buckets.setdefault((p["input_ids"].shape[1], sig), []).append(s)
         result = [None] * len(slots)
-        for bslots in buckets.values():
+        for bslots in self._prefix_buckets(slots, prefixes):
             rows = [i for i, s in enumerate(slots) if s in set(bslots)]
             enc = self.judge.encode_prefix({n: torch.cat([prefixes[s][n] for s in bslots], 0)
                                             for n in prefixes[bslots[0]]})

@@ -13,7 +13,10 @@ in worker processes), left-padded full-sequence batches (:meth:`VlmJudge.full_ba
 :meth:`VlmJudge.continue_prefix` runs many continuations on it. Continuations are padded in the middle (pads
 between prefix and continuation are masked, real tokens get explicit position ids ``prefix_len + j``, so every row
 ends at the last column) or on the right; Qwen2-VL's M-RoPE offsets (``rope_deltas``) are gathered per row and
-passed as 3-D position ids.
+passed as 3-D position ids. :meth:`VlmJudge.packed_logits` runs an image's prefix and all its continuations as one
+sequence under a block mask instead (one pass, no cache; Qwen2-VL's vision attention batched over equal-size images,
+:mod:`~halsift.filtering.detectors.vlm_vision`); :meth:`VlmJudge.deferred_features` /
+:meth:`VlmJudge.resolve_images` run the processor's image half on the model's device.
 
 Free-form use: :meth:`VlmJudge.letter_logprobs` / :meth:`VlmJudge.choice_logprobs` give the next-token
 log-probabilities of the answer letters after a multiple-choice prompt (one forward pass; a letter counts every
@@ -93,6 +96,7 @@ class VlmJudge:
         self.max_new_tokens = 32  # generate_text's default reply length (a vlm detector sets its own)
         self._vocab: list[str] | None = None
         self._letters: dict[tuple, dict[str, list[int]]] = {}
+        self._text_feats: dict[tuple, dict] = {}  # (prompt text, image size) -> the text half of its features
 
     @classmethod
     def load(cls, model: str, *, dtype: str = "auto", device: str = "auto", device_map: str | None = None,
@@ -178,6 +182,75 @@ class VlmJudge:
             raise DetectorError("vlm judge: an item has no image")
         return text_features(self.processor, text, self.fit_image(image))
 
+    def images_on_device(self) -> bool:
+        """Whether the processor's image half can run batched on the model's device: a torchvision-backed image
+        processor (transformers' fast / default v5 processors) that takes ``device=``."""
+        ip = getattr(self.processor, "image_processor", None)
+        return ip is not None and any(c.__name__ in ("TorchvisionBackend", "BaseImageProcessorFast")
+                                      for c in type(ip).__mro__)
+
+    def deferred_features(self, text: str, image) -> dict:
+        """:meth:`features` of ``text`` and ``image`` with the image half left to :meth:`resolve_images`: the
+        capped image as a uint8 ``[3, H, W]`` tensor under ``"_image"``, the names of the processor's image
+        features under ``"_keys"`` and the text half (token ids ...) from a cache keyed by the prompt and the image
+        size (the processor's placeholder count depends on nothing else).
+        A size not seen before runs the whole processor once, on CPU, and returns its features as they are."""
+        import numpy as np
+        import torch
+
+        if image is None:
+            raise DetectorError("vlm judge: an item has no image")
+        image = self.fit_image(image).convert("RGB")
+        key = (text, image.width, image.height)
+        hit = self._text_feats.get(key)
+        if hit is None:
+            feats = text_features(self.processor, text, image)
+            names = set(getattr(self.processor.image_processor, "model_input_names", ()))
+            text_half = {k: v for k, v in feats.items() if k not in names}
+            if len(self._text_feats) >= 1024:
+                self._text_feats.clear()
+            if "pixel_values" in feats:
+                self._text_feats[key] = {**text_half, "_keys": tuple(sorted(set(feats) - set(text_half)))}
+            return feats
+        return {**hit, "_image": torch.from_numpy(np.array(image)).permute(2, 0, 1)}
+
+    def resolve_images(self, prefixes: list[dict]) -> list[dict]:
+        """``prefixes`` with every :meth:`deferred_features` entry completed: its image run through the
+        processor's image half on the model's device, batched per image size. When any entry was deferred, the
+        image features of every entry end on the model's device and the text features stay on the host, so that
+        entries made on the host (an image size seen for the first time) and on the device can be concatenated."""
+        todo = [i for i, p in enumerate(prefixes) if "_image" in p]
+        if not todo:
+            return prefixes
+        import torch
+
+        out = [self._place(p) if "_image" not in p else p for p in prefixes]
+        groups: dict[tuple, list[int]] = {}
+        for i in todo:
+            groups.setdefault(tuple(prefixes[i]["_image"].shape), []).append(i)
+        ip = self.processor.image_processor
+        for idx in groups.values():
+            imgs = [prefixes[i]["_image"].to(self.device) for i in idx]
+            got = dict(ip(images=imgs, return_tensors="pt", device=self.device))
+            if "image_grid_thw" in got:  # patches of all images in one tensor: rows per image = t * h * w
+                rows = got["image_grid_thw"].prod(-1).tolist()
+                parts = [{"pixel_values": pv, "image_grid_thw": g[None]}
+                         for pv, g in zip(torch.split(got["pixel_values"], rows), got["image_grid_thw"])]
+            elif all(v.shape[0] == len(idx) for v in got.values()):  # one leading row per image
+                parts = [{k: v[j:j + 1] for k, v in got.items()} for j in range(len(idx))]
+            else:  # images nested per sample (Idefics3: [1, images, ...]): one call per image
+                parts = [dict(ip(images=[im], return_tensors="pt", device=self.device)) for im in imgs]
+            for i, part in zip(idx, parts):  # only the features the processor gives (not e.g. Gemma 3's num_crops)
+                keys = prefixes[i]["_keys"]
+                out[i] = self._place({**{k: v for k, v in prefixes[i].items() if k not in ("_image", "_keys")},
+                                      **{k: v for k, v in part.items() if k in keys}})
+        return out
+
+    def _place(self, feats: dict) -> dict:
+        """Text features (token ids, masks, type ids) on the host, every other tensor on the model's device."""
+        text = set(self._text_keys(feats))
+        return {k: v.cpu() if k in text else v.to(self.device) for k, v in feats.items()}
+
     def _text_keys(self, feats: dict) -> list[str]:
         return [k for k in ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids") if k in feats]
 
@@ -237,6 +310,121 @@ class VlmJudge:
         with torch.inference_mode():
             return self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=pos,
                               past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep).logits
+
+    # ------------------------------------------------------------------------------------------ packed sentences
+    def _base(self) -> Any:
+        """The transformers model under any adapter wrapper (PEFT's ``get_base_model``; LoRA layers stay active)."""
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+
+    def packing_blocker(self) -> str | None:
+        """Why :meth:`packed_logits` cannot serve this model (``None`` when it can): sliding-window layers (Gemma 3:
+        windows and bidirectional image attention live in transformers' own masks), an attention implementation
+        that takes no 4-D mask, a model without the ``model`` + output-embedding layout, logit soft-capping."""
+        base = self._base()
+        cfg = base.config
+        tc = getattr(cfg, "text_config", cfg)
+        impl = getattr(tc, "_attn_implementation", None) or getattr(cfg, "_attn_implementation", None)
+        if self.sliding_window:
+            return "sliding-window layers"
+        if impl not in ("sdpa", "eager"):
+            return f"attn_implementation={impl} takes no 4-D attention mask (sdpa or eager do)"
+        if getattr(tc, "final_logit_softcapping", None) or getattr(cfg, "final_logit_softcapping", None):
+            return "logit soft-capping"
+        if getattr(base, "model", None) is None or base.get_output_embeddings() is None:
+            return f"{type(base).__name__} has no .model + output embeddings"
+        return None
+
+    def _prefix_positions(self, feats: dict, same: bool = False):
+        """Position ids of the prefix rows ``feats`` (on device) and the offset of the text after them: M-RoPE
+        ``([3, B, P], deltas [B])`` from the model's own ``get_rope_index`` (Qwen2-VL), else ``([B, P], None)``.
+        ``same``: every row has the same tokens and image grid (one prompt, images of one size), so the first
+        row's positions serve all (``get_rope_index`` walks the rows in Python, reading each back from the GPU)."""
+        import inspect
+
+        import torch
+
+        ids = feats["input_ids"]
+        inner = self._base().model
+        rope = getattr(inner, "get_rope_index", None)
+        if rope is None:
+            return torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1), None
+        params = inspect.signature(rope).parameters
+        kw = {k: feats[k] for k in ("image_grid_thw", "mm_token_type_ids") if k in params and k in feats}
+        rows = 1 if same else ids.shape[0]
+        kw = {k: v[:rows] for k, v in kw.items()}
+        pos, deltas = rope(input_ids=ids[:rows], attention_mask=torch.ones_like(ids[:rows]), **kw)
+        return pos.expand(-1, ids.shape[0], -1), deltas.reshape(-1).expand(ids.shape[0])
+
+    def packed_logits(self, prefix: dict, groups: Sequence[Sequence[Sequence[int]]], k: int):
+        """Last ``k`` logits of every continuation in ``groups`` (``groups[b]``: the continuations after prefix row
+        ``b`` of ``prefix``, features of prefixes of one length and image shape), in one forward pass and with no
+        cache: row ``b`` is ``prefix_b + cont_1 + cont_2 + ...``, right-padded, under a block mask (prefix tokens
+        causal; a continuation's tokens see the prefix and its own earlier tokens only; rows padded to a multiple of
+        32 tokens) with each continuation's
+        positions restarting after the prefix (M-RoPE offsets as :meth:`continue_prefix` gives them). The same
+        numbers as :meth:`continue_prefix` on an encoded prefix, for one pass instead of two and no cache copy.
+        Returns ``[sum of len(groups[b]), k, vocab]`` in order. See :meth:`packing_blocker` for the models it serves."""
+        import torch
+
+        feats = self.on_device(prefix)
+        B, plen = feats["input_ids"].shape
+        lens = [plen + sum(len(c) for c in g) for g in groups]
+        L = -(-max(lens) // 32) * 32  # rounded up: fewer distinct shapes for the GPU's kernel plans
+        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        seg = torch.full((B, L), -1, dtype=torch.long)  # 0: prefix, s >= 1: continuation s, -1: pad
+        step = torch.zeros((B, L), dtype=torch.long)  # position after the prefix (continuations)
+        ends: list[tuple[int, int]] = []  # (row, column of a continuation's last token)
+        for b, g in enumerate(groups):
+            seg[b, :plen] = 0
+            at = plen
+            for s, c in enumerate(g, 1):
+                ids[b, at:at + len(c)] = torch.tensor(list(c), dtype=torch.long)
+                seg[b, at:at + len(c)] = s
+                step[b, at:at + len(c)] = torch.arange(len(c))
+                at += len(c)
+                ends.append((b, at - 1))
+        dev = self.device
+        ids, seg, step = ids.to(dev), seg.to(dev), step.to(dev)
+        ids[:, :plen] = feats["input_ids"]
+        col = torch.arange(L, device=dev)
+        q, kk = seg[:, :, None], seg[:, None, :]
+        # key kk is visible from query q: causal, and kk in the prefix or in q's own continuation; a pad sees
+        # itself only (no empty row: an all-masked row would give NaN)
+        allowed = (col[:, None] >= col[None, :]) & ((kk == 0) | (kk == q))
+        grid = prefix["image_grid_thw"].tolist() if "image_grid_thw" in prefix else None
+        same = all(torch.equal(prefix[k][:1].cpu().expand_as(prefix[k]), prefix[k].cpu())
+                   for k in ("input_ids", "mm_token_type_ids") if k in prefix) and \
+            (grid is None or all(g == grid[0] for g in grid))
+        pre_pos, deltas = self._prefix_positions(feats, same)
+        text_pos = torch.where(seg > 0, plen + step, torch.zeros_like(step))
+        if deltas is not None:  # M-RoPE: 3 rows; text after the image continues from the image's rope offset
+            pos = (text_pos + deltas.view(-1, 1))[None].repeat(3, 1, 1)
+            pos[:, :, :plen] = pre_pos
+        else:
+            pos = text_pos
+            pos[:, :plen] = pre_pos
+        base = self._base()
+        # an additive float mask: eager adds it as is, and SDPA would turn a boolean one into this in every layer.
+        # With one continuation per row the block mask is the causal one (pads only follow real tokens): no mask
+        # lets transformers run its causal kernels.
+        mask = None if all(len(g) == 1 for g in groups) else \
+            torch.zeros((B, 1, L, L), dtype=self.model.dtype, device=dev).masked_fill_(
+                ~allowed[:, None], torch.finfo(self.model.dtype).min)
+        extra = {n: v for n, v in feats.items() if n not in self._text_keys(feats)}
+        for n in self._text_keys(feats):  # per-token type ids: the continuations are text (0)
+            if n not in ("input_ids", "attention_mask"):
+                t = torch.zeros((B, L), dtype=feats[n].dtype, device=dev)
+                t[:, :plen] = feats[n]
+                extra[n] = t
+        from halsift.filtering.detectors.vlm_vision import equal_patches, equal_size_attention
+
+        with torch.inference_mode(), equal_size_attention(base, equal_patches(grid)):
+            hidden = base.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                                **extra).last_hidden_state
+            rows = torch.tensor([r for r, _ in ends], device=dev)
+            cols = torch.tensor([c for _, c in ends], device=dev)
+            at = cols[:, None] - torch.arange(k - 1, -1, -1, device=dev)[None]  # [n, k]: the last k columns
+            return base.get_output_embeddings()(hidden[rows[:, None], at])
 
     # ------------------------------------------------------------------------------------------ free-form use
     def chat_inputs(self, image, prompt: str, prefill: str = "") -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 
 import numpy as np
@@ -195,6 +196,10 @@ def test_clip_text_runs_on_the_used_positions_only_with_identical_embeddings(tin
     from halsift.filtering.detectors import clip as clip_detector
 
     m = tiny_clip.model
+    # A tower without a causal mask (e.g. SigLIP-style: every token attends to the padding), on a copy: the fixture's
+    # model is shared by the module, and its mask is a buffer (in `_buffers`, which monkeypatch cannot restore).
+    maskless = copy.deepcopy(m)
+    maskless.attn_mask = None
     tok = tiny_clip.tokenizer(["A small red circle is in the top left corner.", "Two blue stars.", "x"])
     seen = []
     orig = m.transformer.forward
@@ -205,11 +210,13 @@ def test_clip_text_runs_on_the_used_positions_only_with_identical_embeddings(tin
     used = int((tok != 0).any(0).nonzero().max()) + 1
     assert seen == [77, used] and used < 20
     torch.testing.assert_close(cut, full, rtol=0, atol=1e-5)
-    monkeypatch.setattr(m, "attn_mask", None)  # e.g. a SigLIP-style tower: every token attends to the padding
+    orig_copy = maskless.transformer.forward
+    maskless.transformer.forward = lambda x, **kw: seen.append(x.shape[1]) or orig_copy(x, **kw)
     seen.clear()
     with torch.no_grad():
-        clip_detector.encode_text(m, tok)
+        clip_detector.encode_text(maskless, tok)
     assert seen == [77]
+    assert m.attn_mask is not None  # the shared model keeps its causal mask
 
 
 def test_clip_random_init_is_seeded_and_batch_independent(tiny_clip):
