@@ -13,6 +13,7 @@ import os
 
 from halsift.corpus.config import WandbMode
 from halsift.corpus.config import field as _f
+from halsift.training.optimizer_config import optimizer_section
 
 KINDS = ("auto", "clip", "vlm")
 BALANCE = ("loss", "sample", "none")
@@ -22,8 +23,13 @@ CLIP_TARGETS = ["attn", "c_fc", "c_proj"]
 VLM_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+DetectorOptimizer = optimizer_section(
+    "DetectorOptimizer", lr=1e-3, wd=0.0, warmup=10, fixed={"schedule": "cosine"},
+    help={"lr": "peak learning rate of the adapter (AdamW)", "warmup": "linear warmup steps, then cosine decay to 0"})
+
+
 @dataclasses.dataclass
-class DetectorTrainConfig:
+class DetectorTrainConfig(DetectorOptimizer):
     """Everything one detector fine-tuning run needs; saved as ``config.json`` in the run folder."""
 
     base: str = _f("", help="base detector spec: clip:arch=...,checkpoint=... or vlm:model=DIR,mode=yes_prob|logits")
@@ -42,9 +48,6 @@ class DetectorTrainConfig:
     head_lr: float = _f(0.0, help="clip: learning rate of the head (0 = same as lr)")
     steps: int = _f(200, help="optimizer steps (at most)")
     batch_size: int = _f(32, help="sentences per batch per process")
-    lr: float = _f(1e-3, help="peak learning rate of the adapter (AdamW)")
-    wd: float = _f(0.0, help="weight decay")
-    warmup: int = _f(10, help="linear warmup steps, then cosine decay to 0")
     grad_clip: float = _f(1.0, help="max gradient norm (0 = off)")
     balance: str = _f("loss", help="class balance: loss (weight each class by half its inverse frequency) | "
                                    "sample (class-balanced sampling) | none")
@@ -82,8 +85,9 @@ class DetectorTrainConfig:
         for name in ("steps", "batch_size", "lora_r", "eval_every", "eval_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for name in ("head_hidden", "warmup", "max_val_rows", "patience", "checkpoint_every", "keep_checkpoints",
-                     "workers", "lr", "head_lr", "wd", "grad_clip", "lora_alpha"):
+        self.check_optimizer()
+        for name in ("head_hidden", "max_val_rows", "patience", "checkpoint_every", "keep_checkpoints",
+                     "workers", "head_lr", "grad_clip", "lora_alpha"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.lora_dropout < 1:

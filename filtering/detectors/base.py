@@ -97,6 +97,21 @@ def preprocess_side(preprocess: Any) -> int | None:
     return int(size) if size else None
 
 
+
+def renamed_option(family: str, old: str, old_value: Any, new: str, new_value: Any, default: Any) -> Any:
+    """The value of spec option ``new`` of ``family``, also accepted under its former name ``old`` (with a
+    warning; giving both is an error). A spec that keeps the old name keeps its canonical text, so its
+    fingerprint does not change."""
+    if old_value is None:
+        return new_value
+    if new_value != default:
+        raise ValueError(f"{old}= and {new}= name the same {family} option: give only {new}=")
+    import warnings
+
+    warnings.warn(f"{family} detector option {old}= is now {new}= (rows per forward pass; not score's "
+                  f"--batch-size); the old name still works", FutureWarning, stacklevel=3)
+    return old_value
+
 class Detector:
     """Base class. Subclasses set ``family`` and implement :meth:`score_batch`.
 

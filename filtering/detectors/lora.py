@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from halsift.filtering.detectors.base import Detector, Item, PreparedDetector, Result, preprocess_side
+from halsift.filtering.detectors.base import Detector, Item, PreparedDetector, Result, preprocess_side, renamed_option
 from halsift.filtering.detectors.pixel_batch import PixelBatcher, device_decoding, image_text_inputs
 from halsift.filtering.models.lora_adapters import apply_adapter, read_description
 
@@ -161,7 +161,8 @@ class LoraDetector(Detector):
     """A base ``clip``/``vlm`` detector plus the LoRA adapter (and clip head) in ``path`` (see module docstring).
 
     Options: ``path`` (the adapter folder), ``merge`` (merge the adapter into the base weights after loading),
-    ``device``, ``batch_size`` (vlm: rows per forward pass; default the base spec's), ``trust_remote_code`` (off;
+    ``device``, ``forward_batch`` (vlm: rows per forward pass; default the base spec's; ``batch_size`` is its former
+    name), ``trust_remote_code`` (off;
     only this option written by the user, never the folder's ``detector.yaml``, lets the models of its base run code
     shipped with their weights).
     """
@@ -173,18 +174,21 @@ class LoraDetector(Detector):
         "path": "the adapter/ folder of a halsift train detector run (lora:DIR is short for lora:path=DIR)",
         "merge": "merge the adapter into the base weights after loading (same scores, no LoRA overhead)",
         "device": "cpu, cuda, cuda:1 ...",
-        "batch_size": "vlm kind: rows per forward call (default: the base detector's)",
+        "forward_batch": "vlm kind: rows per forward call (default: the base detector's)",
         "trust_remote_code": "let every model of the adapter's base run its repository's own code (off; the "
                              "folder's detector.yaml never turns it on)",
         "fast_decode": "clip kind: decode JPEGs at 1/2-1/8 scale, never below the model's input side (pixels "
                        "differ slightly from a full decode)",
         "decode": "clip kind: where JPEGs are decoded: auto (gpu on CUDA, else cpu) | cpu (the input workers) | gpu "
                   "(batched on the model's device by torchvision)",
+        "batch_size": "former name of forward_batch (accepted with a warning)",
     }
 
-    def __init__(self, path: str, merge: bool = False, device: str = "cpu", batch_size: int | None = None,
-                 trust_remote_code: bool = False, fast_decode: bool = False, decode: str = "auto") -> None:
+    def __init__(self, path: str, merge: bool = False, device: str = "cpu", forward_batch: int | None = None,
+                 trust_remote_code: bool = False, fast_decode: bool = False, decode: str = "auto",
+                 batch_size: int | None = None) -> None:
         super().__init__()
+        forward_batch = renamed_option("lora", "batch_size", batch_size, "forward_batch", forward_batch, None)
         from halsift.filtering.detectors.spec import load_detector
         from halsift.filtering.detectors.trust import from_file
 
@@ -209,8 +213,8 @@ class LoraDetector(Detector):
             self.decode_size = preprocess_side(base.preprocess) if fast_decode else None
         else:
             base.model = model.eval()
-            if batch_size:
-                base.batch_size = int(batch_size)
+            if forward_batch:
+                base.batch_size = int(forward_batch)
             self.inner = base
         self.to(device)
 

@@ -39,7 +39,7 @@ class SelectConfig:
     data: str = field("", help="the shards that were scored (folder / glob / brace pattern)", cli={"required": True})
     out: str = field("", help="new folder: shards + sizes.json + manifest.json + kept.parquet (rerun the same "
                               "command into it to finish a killed select)", cli={"required": True})
-    keep: float = field(0.2, help="fraction of units to keep (the seeds' top 20%%); --top-k or --threshold "
+    keep: float = field(0.2, help="fraction of units to keep (the seeds' top 20%); --top-k or --threshold "
                                   "replaces it", cli={"exclusive": "amount"})
     top_k: int | None = field(None, help="number of units to keep instead of a fraction", cli={"exclusive": "amount"})
     threshold: float | None = field(None, help="keep units scoring at least this (0-100) instead of a fraction",
