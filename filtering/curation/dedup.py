@@ -29,6 +29,7 @@ from halsift.corpus.errors import InputError
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.run_folder import check_or_start
 from halsift.corpus.progress import progress
+from halsift.corpus.sample import nothing_read
 from halsift.corpus.scores import write_part_atomic
 from halsift.corpus.shards import expand_shards, write_json_atomic
 from halsift.filtering.curation import DUPLICATES
@@ -227,6 +228,9 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
     out.mkdir(parents=True, exist_ok=True)
     timing: dict[str, float] = {}
     table, skipped, reused = _corpus_descriptors(shards, out, show_progress)
+    empty = nothing_read(len(table), skipped.to_json(), "dedup")
+    if empty:
+        raise DedupError(f"dedup: {data}: {empty}")
     timing["hash_s"] = time.time() - t0
     keys = table.column("key").to_pylist()
     n = len(keys)
