@@ -319,7 +319,8 @@ def composition(scores: list[tuple[str | None, str]], *, fields: list[str] = (),
     """Check every input of a composed selection and the expressions' names; raises :class:`SelectError` (one
     line) naming the flag (``prefix`` + its name: ``--where``, or a recipe's ``select.where``), the file or the
     unknown name and what is available."""
-    named: list[_Scores] = []
+    parsed = {flag: parse(text, prefix + flag) for flag, text in (("where", where), ("rank", rank)) if text}
+    named: list[_Scores] = []  # the expressions first: a refused one costs no folder check
     aliases: dict[str, int] = {}
     for i, (name, path) in enumerate(scores):
         folder = check_score_folder(path, detector if i == 0 else None, allow_partial)
@@ -355,14 +356,10 @@ def composition(scores: list[tuple[str | None, str]], *, fields: list[str] = (),
     for p in excl:
         read_exclude(p, f"{prefix}exclude")  # checked now: one line before anything is written
     available = list(aliases) + columns
-    exprs = []
-    for flag, text in (("where", where), ("rank", rank)):
-        if text:
-            e = parse(text, prefix + flag)
+    exprs = [parsed.get("where"), parsed.get("rank")]
+    for e in exprs:
+        if e is not None:
             check_names(e, available)
-            exprs.append(e)
-        else:
-            exprs.append(None)
     digests = {"fields": _digest(field_files) if field_files else None, "exclude": _digest(excl) if excl else None,
                **{f"scores/{s.name}": s.folder.digest() for s in named}}
     return Composition(named, aliases, field_files, columns, excl, exprs[0], exprs[1], digests, frozenset(floats))
