@@ -81,6 +81,32 @@ def _file_id(p: Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+def _refuse_repeated_keys(table: pa.Table, shards: list[Path], out: Path) -> None:
+    """A key names one sample: within a shard a repeat is skipped as ``duplicate`` (the reader's rule); a key in
+    two shards is refused here as ``select`` refuses it in two score parts (one line naming both shards)."""
+    import pyarrow.compute as pc
+
+    keys = table.column("key")
+    if len(pc.unique(keys)) == len(keys):
+        return
+    first: dict[str, int] = {}
+    for i, k in enumerate(keys.to_pylist()):
+        if k in first:
+            where = _shard_of(out, shards, [first[k], i])
+            raise DedupError(f"dedup: the key {k!r} names samples in two shards ({where[0]} and {where[1]}); a key "
+                             "must name one sample of the corpus (select refuses it too)")
+        first[k] = i
+
+
+def _shard_of(out: Path, shards: list[Path], rows: list[int]) -> list[str]:
+    """The shard names holding the descriptor ``rows`` (rows follow the shards' order, part by part)."""
+    bounds, total = [], 0
+    for shard in shards:
+        total += pq.read_metadata(part_path(out / "_parts", shard)).num_rows
+        bounds.append(total)
+    return [shards[int(np.searchsorted(bounds, r, side="right"))].name for r in rows]
+
+
 def check_share(n: int, counts: dict[str, int], allow: bool) -> None:
     """Refuse a result listing more than :data:`MAX_SHARE` of ``n`` samples as leaks, or as duplicates."""
     if allow or n == 0:
@@ -231,6 +257,7 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
     empty = nothing_read(len(table), skipped.to_json(), "dedup")
     if empty:
         raise DedupError(f"dedup: {data}: {empty}")
+    _refuse_repeated_keys(table, shards, out)
     timing["hash_s"] = time.time() - t0
     keys = table.column("key").to_pylist()
     n = len(keys)

@@ -202,3 +202,25 @@ def test_a_key_repeated_within_a_shard_is_kept_once_by_every_stage(tmp_path):
     assert d["skipped"]["by_kind"] == b["skipped"]["by_kind"] == {"duplicate": 1}
     scored = [k for p in sorted((tmp_path / "s").glob("part-*.parquet")) for k in pq.read_table(p).column("key").to_pylist()]
     assert sorted(set(scored)) == ["a", "b", "c"]
+
+
+def test_a_key_in_two_shards_is_refused_where_the_shards_meet(tmp_path, capsys):
+    """dedup sees every shard at once: it refuses a key naming samples of two shards, as select refuses it in two
+    score parts (both name the key)."""
+    with ShardWriter(tmp_path / "c", maxcount=3) as w:
+        for i, k in enumerate(["a", "b", "c"]):
+            w.write(Sample(k, _png(seed=i), f"A photo number {i}.", dict(M), ext="png"))
+    with ShardWriter(tmp_path / "c2", maxcount=3) as w:
+        for i, k in enumerate(["d", "b", "e"]):
+            w.write(Sample(k, _png(seed=10 + i), f"Another photo {i}.", dict(M), ext="png"))
+    (tmp_path / "c2" / "000000.tar").rename(tmp_path / "c" / "000001.tar")
+    assert main(["dedup", "--data", str(tmp_path / "c"), "--out", str(tmp_path / "d"), "--no-progress"]) == 2
+    err = _err(capsys)
+    assert "'b'" in err and "000000.tar" in err and "000001.tar" in err
+    assert not (tmp_path / "d" / "duplicates.parquet").exists()
+    assert main(["score", "--detector", "random:seed=1", "--data", str(tmp_path / "c"), "--out", str(tmp_path / "s"),
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["select", "--scores", str(tmp_path / "s"), "--data", str(tmp_path / "c"), "--out",
+                 str(tmp_path / "sel"), "--keep", "1", "--no-progress"]) == 2
+    assert "key='b'" in _err(capsys)
