@@ -60,17 +60,18 @@ def old_stage_fingerprints(r) -> dict[str, dict]:
 # issue 33: world gained zeroshot_images / compositional_images, data gained zeroshot / compositional, eval gained
 # zeroshot / compositional: every stage moved (existing runs re-run from the world stage, which writes the new sets).
 # issue 31: the world gained leaks/exact_copies (quickstart plants them) and the dedup stage runs before score.
+# issue 41: the dedup section gained allow_implausible (off): dedup and every stage after it moved.
 QUICKSTART = {
     "world": ("675df6377f8743d2", {"seed": "5feceb66ffc86f38", "world": "2aabc6b38e1e6713"}),
     "pretrain": ("908371d53b1e8407", {"data": "cef95a3a080af27b",
                                       "model": "980c750c33c77a7a", "pretrain": "0ff8129adb5f1f21"}),
     "detectors": ("23ed05a718f29511", {"detectors": "ffedc5abd8f933dc"}),
-    "dedup": ("ca0a8a7647441b36", {"dedup": "8133a4627afecaf5"}),
-    "score": ("b1b02a9a6f77db9a", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
-    "select": ("00ab04934655115f", {"select": "f3463167872114d3"}),
-    "finetune": ("73991962668db7c4", {"finetune": "326249b506be0f30"}),
-    "eval": ("36134b744ec496af", {"eval": "2a954114747a80c9", "evals": "566be1eec8e9a06e"}),
-    "report": ("59d284890a1dbaa5", {"name": "9cff4eeb32be37bd"}),
+    "dedup": ("25e0a770c686ee05", {"dedup": "9ce1555b48e99752"}),
+    "score": ("060c9cfe0fc9f0eb", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
+    "select": ("df80ae2bbfd78564", {"select": "f3463167872114d3"}),
+    "finetune": ("49304179a4eb0629", {"finetune": "326249b506be0f30"}),
+    "eval": ("5aeebbeeeee02414", {"eval": "2a954114747a80c9", "evals": "566be1eec8e9a06e"}),
+    "report": ("246dc388bae4dea2", {"name": "9cff4eeb32be37bd"}),
 }
 
 
