@@ -121,3 +121,21 @@ def test_unweighted_model_is_refused_unless_random_is_named(tmp_path, capsys):
     assert _dedup(data, tmp_path / "d", "--model", "clip:arch=halsift-tiny") == 2
     err = _err(capsys)
     assert "pretrained" in err
+
+
+def test_a_random_weight_model_that_sees_every_image_alike_is_stopped(tmp_path, capsys):
+    """The issue's case: a random-init CLIP lists every corpus image as a leak of unrelated evaluation images;
+    the share rule stops it in one line and writes nothing."""
+    data = _corpus(tmp_path)
+    evals = tmp_path / "evals"
+    evals.mkdir()
+    for j in range(5):
+        (evals / f"e{j}.png").write_bytes(_png(500 + j))
+    assert _dedup(data, tmp_path / "d", "--model", "clip:arch=halsift-tiny,pretrained=random", "--against",
+                  str(evals)) == 2
+    err = _err(capsys)
+    assert "evaluation leaks" in err and "implausible" in err
+    assert not (tmp_path / "d" / "duplicates.parquet").exists() and not (tmp_path / "d" / "manifest.json").exists()
+    # the thumbnails alone (no model) find no leak among these unrelated images
+    assert _dedup(data, tmp_path / "t", "--against", str(evals)) == 0
+    assert not [r for r in pq.read_table(tmp_path / "t" / "duplicates.parquet").to_pylist() if r["reason"] == "eval"]
