@@ -195,7 +195,7 @@ def _run(kind: str, inputs: list[Path], names: list[str], out: Path, settings: d
     manifest = _manifest(parts, settings, names)
     empty = nothing_read(manifest["samples"], manifest["skipped"], "read")
     if empty:  # the one empty-input rule (0-byte or empty inputs); the parts stay, the manifest is not written
-        raise BasicError(f"data: {data}: {empty}")
+        raise BasicError(f"data: {empty}")
     manifest.update(parts_done_before=done_before, wall_time_s=round(wall, 3),
                     samples_per_s=round(rows_now / wall, 1) if wall > 0 and rows_now else None)
     write_json_atomic(out / "manifest.json", manifest)

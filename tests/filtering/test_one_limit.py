@@ -135,8 +135,9 @@ def test_empty_inputs_are_refused_by_every_stage(tmp_path, capsys, how, stage):
     assert "nothing to" in err and ("skipped" in err)
     if stage == "dedup":
         assert not (tmp_path / "o" / "duplicates.parquet").exists()
-    if stage == "basic":
-        assert not (tmp_path / "o" / "manifest.json").exists()
+    if stage == "basic":  # a failed run's manifest says so, and why
+        m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+        assert m["status"] == "failed" and "nothing to" in json.dumps(m)
 
 
 def test_one_good_shard_beside_an_empty_one_is_read(tmp_path):
