@@ -108,12 +108,22 @@ def read_lines(path: Path, what: str) -> list[str]:
 
 
 def _templates(path: Path) -> list[str]:
+    """The templates of ``path``; each field must be the plain ``{c}`` (a format spec such as ``{c:>8}`` is fine):
+    no other name, no attribute access (``{c.__class__}``) or index (``{c[0]}``), so that a template file can only
+    place the class name."""
+    import string
+
     lines = read_lines(path, "prompt templates with {c} where the class name goes")
     for i, t in enumerate(lines, 1):
         try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(t) if f is not None]
+            bad = next((f for f in fields if f != "c"), None)
+            if bad is not None:
+                raise ValueError(f"the field {{{bad}}}: only {{c}} is allowed, no other name, attribute or index")
             t.format(c="x")
-        except (KeyError, IndexError, ValueError) as e:
-            raise ClassificationFormatError(f"{path}:{i}: template {t!r} does not format with {{c}} ({e!r})") from None
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
+            why = e.args[0] if isinstance(e, ValueError) and e.args else repr(e)
+            raise ClassificationFormatError(f"{path}:{i}: template {t!r} does not format with {{c}} ({why})") from None
     return lines
 
 

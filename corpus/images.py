@@ -140,6 +140,42 @@ def _turbo_pixels(data: bytes, size: tuple[int, int], draft: int | None) -> np.n
     return pixels if pixels.shape[:2] == (out_h, out_w) else None
 
 
+def header_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from the image header, without decoding the pixels and whatever the size (a 20000x20000
+    JPEG too: Pillow's bomb check would refuse to open it); ``None`` when the header is unreadable. Stages that
+    decode judge the size against :data:`DEFAULT_MAX_PIXELS` (:func:`check_size`); ``basic`` records it."""
+    if not data:
+        return None
+    if data[:3] == b"\xff\xd8\xff" and _simplejpeg is not None:
+        try:
+            h, w, _, _ = _simplejpeg.decode_jpeg_header(data)
+            return (int(w), int(h)) if w > 0 and h > 0 else None
+        except Exception:  # noqa: BLE001 - a header libjpeg-turbo does not read: Pillow below
+            pass
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR" and len(data) >= 24:
+        w, h = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        return (w, h) if w > 0 and h > 0 else None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:  # lazy: reads the header, not the pixels
+                w, h = im.size
+    except Exception:  # noqa: BLE001 - any parser failure of a hostile file: unreadable
+        return None
+    return (int(w), int(h)) if w > 0 and h > 0 else None
+
+
+def check_size(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+    """The one image-size rule of every stage that reads shards, for a reader that does not decode (a text-only
+    detector): :class:`ImageDecodeError` of kind ``bomb`` when the header says more than ``max_pixels`` pixels, as
+    decoding would (an unreadable header is left to the decoder, where there is one)."""
+    size = header_size(data)
+    if size is not None and size[0] * size[1] > max_pixels:
+        w, h = size
+        raise ImageDecodeError(key, f"decompression bomb refused: {w}x{h} = {w * h} pixels > limit {max_pixels}",
+                               "bomb")
+
+
 def decode_image(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXELS,
                  draft: int | None = None) -> Image.Image:
     """Decode image bytes to an RGB image, or raise :class:`ImageDecodeError` naming ``key`` and the reason.

@@ -31,6 +31,7 @@ from halsift.corpus.fingerprint import file_fingerprint
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.run_folder import check_or_start, failing, forget_part, part_done, part_reusable
 from halsift.corpus.progress import progress
+from halsift.corpus.sample import nothing_read
 from halsift.corpus.scores import part_name, write_part_atomic
 from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, write_json_atomic
 from halsift.filtering.curation.basic import PRESETS, apply_presets, fields_table, header_size, merge_counts, \
@@ -68,8 +69,11 @@ def _pick(names: list[str], options: tuple, path: Path, what: str) -> str:
     return found
 
 
-def _table_batches(path: Path) -> Iterator[tuple[list[str], list[str], list[tuple[int, int] | None], str]]:
-    """(keys, captions, sizes, size source) per record batch of a parquet table."""
+def _table_batches(path: Path, skipped: SkipCounter
+                   ) -> Iterator[tuple[list[str], list[str], list[tuple[int, int] | None], str]]:
+    """(keys, captions, sizes, size source) per record batch of a parquet table. Size columns must hold numbers
+    (one line naming the file and column otherwise, before any row is read); a key repeated in the table is
+    counted as ``duplicate`` and its first row kept: the shards' rule (:func:`~halsift.corpus.shards.iter_shard`)."""
     try:
         f = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
@@ -80,11 +84,29 @@ def _table_batches(path: Path) -> Iterator[tuple[list[str], list[str], list[tupl
     if size is None:
         raise BasicError(f"data: {path} has no size columns (expected original_width/original_height or "
                          "width/height); give the shards instead to read sizes from the image headers")
+    for col in size:
+        t = f.schema_arrow.field(col).type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)):
+            raise BasicError(f"data: {path}: the size column {col!r} holds {t}; expected numbers (pixels)")
+    seen: set[str] = set()
     for b in f.iter_batches(batch_size=BATCH, columns=[key, cap, *size]):
         ws, hs = b.column(size[0]).to_pylist(), b.column(size[1]).to_pylist()
-        sizes = [(int(w), int(h)) if w and h and w > 0 and h > 0 else None for w, h in zip(ws, hs)]
-        yield ([str(k) for k in b.column(key).to_pylist()], [c or "" for c in b.column(cap).to_pylist()], sizes,
-               size[0])
+        keys, caps, sizes = [], [], []
+        for k, c, w, h in zip(b.column(key).to_pylist(), b.column(cap).to_pylist(), ws, hs):
+            k = str(k)
+            if k in seen:
+                skipped.add(k, "the key repeats an earlier row of the table (the first is kept)", "duplicate")
+                continue
+            seen.add(k)
+            keys.append(k)
+            caps.append(c or "")
+            sizes.append((int(w), int(h)) if _positive(w) and _positive(h) else None)
+        yield keys, caps, sizes, size[0]
+
+
+def _positive(v) -> bool:
+    """A usable size: a finite number > 0 (NaN and infinities are missing)."""
+    return v is not None and v == v and 0 < v < float("inf")
 
 
 def _shard_batches(path: Path, skipped: SkipCounter, size_from: str):
@@ -114,7 +136,7 @@ def _one_part(kind: str, path: Path, dest: Path, detector, presets: list[str], s
     skipped = SkipCounter(max_examples=20)
     tables, langs, size_src = [], Counter(), Counter()
     corrupt = None
-    batches = _table_batches(path) if kind == "table" else _shard_batches(path, skipped, size_from)
+    batches = _table_batches(path, skipped) if kind == "table" else _shard_batches(path, skipped, size_from)
     try:
         for keys, caps, sizes, src in batches:
             detected = detector.detect(caps)
@@ -171,6 +193,9 @@ def _run(kind: str, inputs: list[Path], names: list[str], out: Path, settings: d
     wall = time.perf_counter() - t0
     rows_now = sum(p["rows"] for p in parts[done_before:]) if done_before < len(parts) else 0
     manifest = _manifest(parts, settings, names)
+    empty = nothing_read(manifest["samples"], manifest["skipped"], "read")
+    if empty:  # the one empty-input rule (0-byte or empty inputs); the parts stay, the manifest is not written
+        raise BasicError(f"data: {empty}")
     manifest.update(parts_done_before=done_before, wall_time_s=round(wall, 3),
                     samples_per_s=round(rows_now / wall, 1) if wall > 0 and rows_now else None)
     write_json_atomic(out / "manifest.json", manifest)

@@ -8,11 +8,18 @@ columns (DuckDB); (3) near pairs: phash within ``phash_distance`` bits confirmed
 exact and near pairs; the first key in corpus order represents its group, every other member is listed; a leak is
 listed with reason ``eval`` whatever its group. Passes (2)-(4) read the parts (DuckDB over their parquet files
 under a memory limit, thumbnails part by part): no per-sample Python object, memory flat in the corpus size.
+
+Refused in one line (:class:`DedupError`), before the work where it can be: an ``--out`` folder that holds another
+stage's output (a ``manifest.json`` that is not dedup's, shards, a ``kept.parquet``); ``--against`` shards that are
+the corpus's own shards; and, after the search, a result listing more than :data:`MAX_SHARE` of the corpus as leaks
+or as duplicates (an evaluation set that is the corpus, a model that sees every image alike) unless
+``allow_implausible``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -26,6 +33,7 @@ from halsift.corpus.errors import InputError
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.run_folder import check_or_start
 from halsift.corpus.progress import progress
+from halsift.corpus.sample import nothing_read
 from halsift.corpus.scores import write_part_atomic
 from halsift.corpus.shards import expand_shards, write_json_atomic
 from halsift.filtering.curation import DUPLICATES
@@ -38,6 +46,72 @@ MANIFEST = "manifest.json"
 FORMAT = "halsift-dedup/1"
 EVAL_BATCH = 16384  # corpus thumbnails compared with the evaluation side at once
 DUCKDB_MEMORY = "256MB"  # the exact grouping, phash joins and key joins spill to disk above this
+
+MAX_SHARE = 0.5  # more of the corpus listed as leaks (or as duplicates) than this is implausible: refused
+
+
+class DedupError(InputError):
+    """Dedup inputs or a result it refuses (the message names the file or the share, and the way out)."""
+
+
+def check_out_folder(out: Path) -> None:
+    """Refuse an ``--out`` that holds another stage's shards or selection without a manifest (a foreign manifest is
+    refused by the run-folder check before this)."""
+    if not out.is_dir():
+        return
+    other = next((p for p in out.iterdir() if p.suffix == ".tar" or p.name in ("kept.parquet", "sizes.json")), None)
+    if other is not None:
+        raise DedupError(f"--out {out}: holds another stage's output ({other.name}); give dedup a folder of its own")
+
+
+def check_against_not_corpus(shards: list[Path], against: list[str]) -> None:
+    """Refuse an ``--against`` set whose tar files include one of the corpus's own shards (same file)."""
+    from halsift.filtering.curation.against import kind_of
+
+    own = {_file_id(s): s for s in shards}
+    for a in against:
+        kind = kind_of(a)
+        if kind == "shards":
+            tars = expand_shards(a)
+        elif kind == "wds":
+            tars = sorted(Path(a).glob("*/*.tar"))
+        else:
+            continue
+        hit = next((t for t in tars if _file_id(t) in own), None)
+        if hit is not None:
+            raise DedupError(f"--against {a}: holds the corpus's own shard {own[_file_id(hit)]}; every sample would "
+                             "be its own leak (give the evaluation images, not the corpus)")
+
+
+def _file_id(p: Path) -> tuple[int, int]:
+    st = os.stat(p)
+    return st.st_dev, st.st_ino
+
+
+def _refuse_repeated_keys(parts: "_Parts", con, shards: list[Path]) -> None:
+    """A key names one sample: within a shard a repeat is skipped as ``duplicate`` (the reader's rule); a key in
+    two shards is refused here as ``select`` refuses it in two score parts (one line naming both shards). One
+    DuckDB query over the parts (view ``parts``), so no per-sample Python object."""
+    hit = con.execute("SELECT key, min(i), max(i) FROM parts GROUP BY key HAVING count(*) > 1 LIMIT 1").fetchone()
+    if hit is None:
+        return
+    key, a, b = hit
+    where = [shards[int(np.searchsorted(parts.offsets, r, side="right") - 1)].name for r in (a, b)]
+    raise DedupError(f"dedup: the key {key!r} names samples in two shards ({where[0]} and {where[1]}); a key "
+                     "must name one sample of the corpus (select refuses it too)")
+
+
+def check_share(n: int, counts: dict[str, int], allow: bool) -> None:
+    """Refuse a result listing more than :data:`MAX_SHARE` of ``n`` samples as leaks, or as duplicates."""
+    if allow or n == 0:
+        return
+    for what, count, hint in (
+            ("evaluation leaks", counts["eval"], "is an --against set the corpus itself, or the model random?"),
+            ("duplicates", counts["exact"] + counts["near"], "are the thresholds loose, or the model random?")):
+        if count > MAX_SHARE * n:
+            raise DedupError(f"dedup: {count} of {n} samples ({100 * count / n:.0f}%) would be listed as {what}; "
+                             f"more than {100 * MAX_SHARE:.0f}% is implausible ({hint}); pass --allow-implausible "
+                             "to write it anyway")
 
 
 def _corpus_parts(shards: list[Path], out: Path, show: bool) -> tuple[list[Path], SkipCounter, int]:
@@ -258,7 +332,7 @@ def _embedding_rows(folder: Path, con):
 def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: str | None = None,
               model: str | None = None, exact_on: str = "image", phash_distance: int = 4,
               near_thumbnail: float = 0.97, eval_thumbnail: float = 0.92, cosine: float = 0.95,
-              nprobe: int = 8, show_progress: bool = True) -> dict:
+              nprobe: int = 8, show_progress: bool = True, allow_implausible: bool = False) -> dict:
     """Write ``out/duplicates.parquet`` and ``out/manifest.json``; returns the manifest (module docstring)."""
     from halsift.filtering.curation.against import kind_of
 
@@ -270,9 +344,14 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
     check_or_start(out, {"format": FORMAT}, keys=("format",), what="another stage's output", manifest=MANIFEST,
                    error=InputError, parts_glob="", start=False, hint="choose a new folder", prefix="out: ")
     shards = expand_shards(data)
+    check_out_folder(out)
+    check_against_not_corpus(shards, list(against))
     out.mkdir(parents=True, exist_ok=True)
     timing: dict[str, float] = {}
     part_files, skipped, reused = _corpus_parts(shards, out, show_progress)
+    empty = nothing_read(sum(pq.read_metadata(f).num_rows for f in part_files), skipped.to_json(), "dedup")
+    if empty:
+        raise DedupError(f"dedup: {data}: {empty}")
     timing["hash_s"] = time.time() - t0
     parts = _Parts(part_files)
     n = parts.n
@@ -280,6 +359,7 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
     con = _duckdb(work / "duckdb")
     try:
         parts.sql_view(con)
+        _refuse_repeated_keys(parts, con, shards)
 
         t = time.time()
         ea, eb = _exact_pairs(parts, exact_on, con)
@@ -345,8 +425,9 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
         timing["eval_s"] = time.time() - t
 
     rows = _rows(parts, edges, leak_row, leak_ref, leak_sim, refs["ids"] if refs else [])
-    write_part_atomic(rows, out / DUPLICATES)
     counts = {r: int(pc.sum(pc.equal(rows.column("reason"), r)).as_py() or 0) for r in ("exact", "near", "eval")}
+    check_share(n, counts, allow_implausible)
+    write_part_atomic(rows, out / DUPLICATES)
     manifest = {
         "format": FORMAT, "data": str(data), "shards": len(shards), "shards_reused": reused,
         "samples": n, "skipped": skipped.to_json(),

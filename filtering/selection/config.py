@@ -97,8 +97,9 @@ class SelectConfig:
     # selection with a guarantee (issue 32: halsift.filtering.selection.guaranteed)
     max_hallucination: float | None = field(
         None, help="keep as much as possible while the kept units' hallucination rate is at most this fraction "
-                   "(0-1) with --confidence, certified on --calibration (Learn-then-Test); replaces --keep",
-        cli={"group": _GUARANTEE, "metavar": "A"})
+                   "(0-1) with --confidence, certified on --calibration (Learn-then-Test); not with --keep, --top-k or "
+                   "--threshold",
+        cli={"group": _GUARANTEE, "metavar": "A", "exclusive": "amount"})  # --keep/--top-k/--threshold: refused
     confidence: float = field(0.9, help="confidence (0-1) of the --max-hallucination bound",
                               cli={"group": _GUARANTEE, "metavar": "C"})
     calibration: str | None = field(None, help="labelled units scored by the same detector: the score folder of "

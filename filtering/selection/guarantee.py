@@ -174,36 +174,68 @@ def _stratified(s: np.ndarray, y: np.ndarray, thresholds: np.ndarray, strata: St
 
 
 def labels_needed(k_t: np.ndarray, n_t: np.ndarray, total: int, alpha: float, confidence: float) -> int | None:
-    """About how many calibration labels would certify ``alpha``: for each threshold whose observed rate is below
-    it, the smallest sample whose kept units, at the same kept share and rate, bound the rate by ``alpha``; the
-    least over thresholds. None when every threshold's observed rate is >= ``alpha`` (no number would do)."""
-    best = None
-    for k, n in zip(k_t, n_t):
-        if n == 0 or k / n >= alpha:
-            continue
-        rate, share = k / n, n / total
-        lo, hi = 1, MIN_LABELS_SEARCH  # bisect on the kept count m: the bound at (rate * m, m) falls with m
-        if upper_bound(math.floor(rate * hi), hi, confidence) > alpha:
-            continue
-        while lo < hi:
-            m = (lo + hi) // 2
-            if upper_bound(math.floor(rate * m), m, confidence) <= alpha:
-                hi = m
-            else:
-                lo = m + 1
-        need = math.ceil(lo / share)
-        best = need if best is None else min(best, need)
-    return best
+    """About how many calibration labels in all would certify ``alpha``: the least ``N`` above ``total`` at which
+    the same procedure (fixed-sequence testing from the strictest threshold, thresholds skipped that zero errors
+    could not certify) certifies, each threshold keeping the same share ``n_t / total`` at the same rate
+    ``k_t / n_t`` (``k_t``, ``n_t`` strictest first). So it is never a number at or below the labels given. None
+    when no threshold's observed rate is below ``alpha``, or none up to :data:`MIN_LABELS_SEARCH` would do."""
+    k_t, n_t = np.asarray(k_t, np.float64), np.asarray(n_t, np.float64)
+    if total <= 0 or not np.any((n_t > 0) & (k_t < alpha * n_t)):
+        return None
+    rates, shares, delta = k_t / np.maximum(n_t, 1), n_t / total, 1.0 - confidence
+
+    def certifies(n: int) -> bool:
+        for rate, share in zip(rates, shares):
+            m = math.floor(share * n)
+            if _zero_free(m, alpha, delta):  # the first threshold tested decides: the sequence stops if it fails
+                return bool(upper_bound(math.floor(rate * m), m, confidence) <= alpha)
+        return False
+
+    below, n = total, total + 1
+    while not certifies(n):
+        below, n = n, max(n + 1, int(n * 1.25))
+        if n > MIN_LABELS_SEARCH:
+            return None
+    lo, hi = below + 1, n  # the least n in (below, hi] that certifies (the bounds fall as n grows: bisect)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if certifies(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def _pct(x: float, other: float) -> str:
+    """``x`` as a percentage with the fewest decimals (1 to 4) that do not print it equal to ``other``."""
+    for d in range(1, 5):
+        if f"{100 * x:.{d}f}" != f"{100 * other:.{d}f}":
+            break
+    return f"{100 * x:.{d}f}%"
 
 
 def refusal(g: Guarantee, source: str) -> str:
-    """The one line when no threshold certifies ``A``: the best bound reachable and the labels that would do."""
+    """The one line when no threshold certifies ``A``: the best bound the procedure reaches (the first threshold the
+    fixed sequence tests, where it stops), a lower bound further on that it cannot reach, and about how many labels
+    in all would certify ``A`` (more than were given)."""
     a, c = 100 * g.max_hallucination, 100 * g.confidence
     head = (f"--max-hallucination {g.max_hallucination:g}: no threshold certifies a hallucination rate <= {a:g}% at "
             f"{c:g}% confidence on the {g.calibration_units} calibration units of {source}")
     if g.best_bound is None:
         return head + " (none)"
-    best = f"; the best bound reachable is {100 * g.best_bound:.1f}% (threshold {g.best_threshold:g})"
+    alpha = g.max_hallucination
+    if g.steps:  # the sequence stopped at its first test
+        first = g.steps[0]
+        best = (f"; the best bound reachable is {_pct(first['bound'], alpha)} (threshold {first['threshold']:g}, "
+                f"{first['kept']} units kept: the first tested, where the fixed sequence stops)")
+        if g.best_bound <= alpha:
+            best += (f"; threshold {g.best_threshold:g} has a lower bound, {_pct(g.best_bound, alpha)}, but comes "
+                     "after it")
+    else:
+        best = (f"; the best bound reachable is {_pct(g.best_bound, alpha)} (threshold {g.best_threshold:g}; even no "
+                "hallucination at all could not certify A on so few units)")
     if g.labels_needed is None:
-        return head + best + "; no number of labels would do: the observed rate of every kept set is >= A"
-    return head + best + f"; about {g.labels_needed} labelled units (at this rate and score spread) would certify it"
+        return head + best + ("; no number of labels would do: at the observed rates the fixed sequence fails its "
+                              "first threshold at any sample size")
+    return head + best + (f"; about {g.labels_needed} labelled units in all ({g.calibration_units} given; at this rate "
+                          "and score spread) would certify it")

@@ -56,7 +56,7 @@ def old_stage_fingerprints(r) -> dict[str, dict]:
 RERUNS = [
     ("seed=1", "world"), ("world.images=100", "world"), ("data.pretrain=x", "pretrain"),
     ("model.arch=ViT-B-32", "pretrain"), ("pretrain.steps=5", "pretrain"), ("pretrain.lr=0.5", "pretrain"),
-    ("detectors.clip-lora.options.steps=3", "detectors"), ("dedup.enabled=false", "dedup"),
+    ("detectors.clip-lora.options.steps=3", "detectors"), ("dedup.enabled=false", "dedup"), ("dedup.allow_implausible=true", "dedup"),
     ("score.batch_size=7", "score"), ("eval.bench_split=val", "score"), ("select.keep=0.5", "select"),
     ("finetune.seeds=[0,1]", "finetune"), ("finetune.warmup=3", "finetune"), ("eval.keep=0.5", "eval"),
     ("evals.ihalla.prompts=10", "eval"), ("name=other", "report"), ("run_dir={tmp}/elsewhere", None),
