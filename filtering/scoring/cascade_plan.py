@@ -1,0 +1,151 @@
+"""The cascade's plan, fitted on the corpus and frozen: which units the judge scores and where the rest land.
+
+From the cheap scores of every corpus unit and the judge's scores of a uniform random sample (a hash of the unit,
+:func:`in_sample`, so that calibration units are sampled by the same rule):
+
+* the **cut** ``tau``: the judge score at the ``1 - keep`` quantile of the sample (where the selection will cut);
+* the **band**: an interval ``[lo, hi]`` of cheap scores around the cheap cut (the cheap score at the ``1 - keep``
+  quantile of the corpus). An isotonic fit (scikit-learn) of the sample's judge decision ``judge >= tau`` on the
+  cheap score gives, per cheap score, the chance ``p`` that the judge would keep the unit; the band grows from the
+  cheap cut, one distinct cheap score at a time, to the side whose next score is the more uncertain
+  (``min(p, 1 - p)``, then the side with fewer units judged so far), while the judge calls it costs fit the budget
+  left after the sample;
+* the **map** of cheap scores onto the judge's scale: quantile matching (the cheap score at corpus quantile ``q`` goes
+  to the sample's judge score at quantile ``q``), monotone, so units above the band land above ``tau`` and units below
+  it below.
+
+Units in the band or the sample keep the judge's score; the others their mapped cheap score.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+QUANTILE_KNOTS = 1001  # points of the quantile map
+
+
+def in_sample(keys: list[str], sentence_index: np.ndarray | list[int], seed: int, rate: float) -> np.ndarray:
+    """Whether each unit is in the cascade's random sample: a hash of (seed, key, sentence index) below ``rate``
+    (independent of order, rank and batch; the same rule for corpus and calibration units)."""
+    from halsift.filtering.detectors.baselines import hash_uniform
+
+    return np.array([hash_uniform(seed, "cascade\x00" + k, int(i)) < rate for k, i in zip(keys, sentence_index)],
+                    bool)
+
+
+@dataclass
+class Plan:
+    """A fitted cascade (all scores 0-100). ``band`` None: no unit is judged for the band."""
+
+    spec: str
+    units: int
+    sample_rate: float
+    seed: int
+    keep: float
+    budget: float
+    cut: float
+    cheap_cut: float
+    band: tuple[float, float] | None
+    cheap_knots: list[float]
+    judge_knots: list[float]
+    sample_units: int
+    band_calls: int
+
+    def mapped(self, cheap: np.ndarray) -> np.ndarray:
+        """Cheap scores on the judge's scale (the quantile map; clamped at the ends)."""
+        return np.interp(np.asarray(cheap, np.float64), self.cheap_knots, self.judge_knots)
+
+    def in_band(self, cheap: np.ndarray) -> np.ndarray:
+        c = np.asarray(cheap, np.float64)
+        if self.band is None:
+            return np.zeros(len(c), bool)
+        return (c >= self.band[0]) & (c <= self.band[1])
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Plan":
+        d = dict(d)
+        d["band"] = None if d.get("band") is None else tuple(d["band"])
+        return cls(**d)
+
+
+def quantile_map(cheap: np.ndarray, judge_sample: np.ndarray, knots: int = QUANTILE_KNOTS
+                 ) -> tuple[list[float], list[float]]:
+    """Knots ``(x, y)`` of the monotone map sending the cheap score at corpus quantile q to the judge's at sample
+    quantile q; repeated cheap knots are merged (their judge values averaged) so that ``x`` increases."""
+    q = np.linspace(0.0, 1.0, knots)
+    x = np.quantile(np.asarray(cheap, np.float64), q)
+    y = np.quantile(np.asarray(judge_sample, np.float64), q)
+    ux, inv = np.unique(x, return_inverse=True)
+    uy = np.bincount(inv, weights=y) / np.bincount(inv)
+    return ux.tolist(), np.maximum.accumulate(uy).tolist()
+
+
+def keep_chance(sample_cheap: np.ndarray, sample_kept: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Isotonic (non-decreasing) fit of the judge's keep decision on the cheap score, evaluated ``at``."""
+    from sklearn.isotonic import IsotonicRegression
+
+    iso = IsotonicRegression(increasing=True, y_min=0.0, y_max=1.0, out_of_bounds="clip")
+    iso.fit(np.asarray(sample_cheap, np.float64), np.asarray(sample_kept, np.float64))
+    return iso.predict(np.asarray(at, np.float64))
+
+
+def choose_band(values: np.ndarray, cost: np.ndarray, uncertainty: np.ndarray, start: int, calls: int
+                ) -> tuple[int, int] | None:
+    """Indices ``[lo, hi]`` into the ascending distinct cheap ``values`` of the band: grown from ``start`` one value
+    at a time to the side whose next value is the more uncertain (ties: the side with fewer units so far), while the
+    ``cost`` (judge calls) of the values taken stays within ``calls``. None when even ``start`` does not fit."""
+    if cost[start] > calls:
+        return None
+    lo = hi = start
+    spent = int(cost[start])
+    below = above = 0
+    n = len(values)
+    while True:
+        sides = []
+        if lo > 0 and spent + cost[lo - 1] <= calls:
+            sides.append((-uncertainty[lo - 1], below, 0))
+        if hi < n - 1 and spent + cost[hi + 1] <= calls:
+            sides.append((-uncertainty[hi + 1], above, 1))
+        if not sides:
+            return lo, hi
+        _, _, side = min(sides)
+        if side == 0:
+            lo -= 1
+            spent += int(cost[lo])
+            below += int(cost[lo])
+        else:
+            hi += 1
+            spent += int(cost[hi])
+            above += int(cost[hi])
+
+
+def fit_plan(spec: str, cheap: np.ndarray, sampled: np.ndarray, judge_sample: np.ndarray, budget: float,
+             keep: float, sample_rate: float, seed: int) -> Plan:
+    """The plan (module docstring) from every corpus unit's ``cheap`` score, which of them are ``sampled`` and the
+    judge's scores of those (in the same order)."""
+    c = np.asarray(cheap, np.float64)
+    sampled = np.asarray(sampled, bool)
+    j = np.asarray(judge_sample, np.float64)
+    n = len(c)
+    if n == 0 or len(j) == 0:
+        raise ValueError(f"cascade: {n} units and {len(j)} judged sample units: nothing to fit (a larger budget "
+                         "or sample share gives the judge a sample)")
+    calls = max(0, math.floor(budget * n) - int(sampled.sum()))
+    tau = float(np.quantile(j, 1.0 - keep))
+    desc = np.sort(c)[::-1]
+    cheap_cut = float(desc[min(n - 1, math.floor(keep * n))])
+    values, inv = np.unique(c, return_inverse=True)
+    cost = np.bincount(inv, weights=(~sampled).astype(np.float64), minlength=len(values)).astype(np.int64)
+    p = keep_chance(c[sampled], j >= tau, values)
+    band_idx = choose_band(values, cost, np.minimum(p, 1.0 - p), int(np.searchsorted(values, cheap_cut)), calls)
+    band = None if band_idx is None else (float(values[band_idx[0]]), float(values[band_idx[1]]))
+    x, y = quantile_map(c, j)
+    plan = Plan(spec, n, sample_rate, seed, keep, budget, tau, cheap_cut, band, x, y, int(sampled.sum()), 0)
+    plan.band_calls = int((plan.in_band(c) & ~sampled).sum())
+    return plan
