@@ -100,10 +100,14 @@ def _write_keys(path: Path, keys: list[str], idx: np.ndarray, state) -> None:
 
     from halsift.corpus.scores import write_part_atomic
 
-    if state.is_main_process:
+    import pyarrow.parquet as pq
+
+    table = pa.table({"key": pa.array(keys, pa.string()), "sentence_index": pa.array(idx, pa.int32())})
+    # rewritten only when it changed: the subset detector's fingerprint covers the file, so an identical rewrite
+    # would make the stage rescore every part
+    if state.is_main_process and not (path.is_file() and pq.read_table(path).equals(table)):
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_part_atomic(pa.table({"key": pa.array(keys, pa.string()),
-                                    "sentence_index": pa.array(idx, pa.int32())}), path)
+        write_part_atomic(table, path)
     state.wait_for_everyone()
 
 

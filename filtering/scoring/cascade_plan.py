@@ -12,7 +12,8 @@ From the cheap scores of every corpus unit and the judge's scores of a uniform r
   left after the sample;
 * the **map** of cheap scores onto the judge's scale: quantile matching (the cheap score at corpus quantile ``q`` goes
   to the sample's judge score at quantile ``q``), monotone, so units above the band land above ``tau`` and units below
-  it below.
+  it below; blended with ``TIE_BREAK`` of the quantile itself (``(1 - w) * judge_q + w * 100 * q``), so that the
+  cheap stage's order survives where the judge's scale is flat (a judge scoring 0 / 50 / 100 only).
 
 Units in the band or the sample keep the judge's score; the others their mapped cheap score.
 """
@@ -25,6 +26,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 QUANTILE_KNOTS = 1001  # points of the quantile map
+TIE_BREAK = 0.01  # weight of the cheap score's corpus quantile in a mapped score: keeps the cheap order where the
+# judge's scale is flat (a judge with few distinct scores maps many cheap scores to one value)
 
 
 def in_sample(keys: list[str], sentence_index: np.ndarray | list[int], seed: int, rate: float) -> np.ndarray:
@@ -51,12 +54,15 @@ class Plan:
     band: tuple[float, float] | None
     cheap_knots: list[float]
     judge_knots: list[float]
+    share_knots: list[float]
     sample_units: int
     band_calls: int
 
     def mapped(self, cheap: np.ndarray) -> np.ndarray:
-        """Cheap scores on the judge's scale (the quantile map; clamped at the ends)."""
-        return np.interp(np.asarray(cheap, np.float64), self.cheap_knots, self.judge_knots)
+        """Cheap scores on the judge's scale (the quantile map with its tie-break; clamped at the ends)."""
+        c = np.asarray(cheap, np.float64)
+        return ((1 - TIE_BREAK) * np.interp(c, self.cheap_knots, self.judge_knots)
+                + TIE_BREAK * 100.0 * np.interp(c, self.cheap_knots, self.share_knots))
 
     def in_band(self, cheap: np.ndarray) -> np.ndarray:
         c = np.asarray(cheap, np.float64)
@@ -75,15 +81,18 @@ class Plan:
 
 
 def quantile_map(cheap: np.ndarray, judge_sample: np.ndarray, knots: int = QUANTILE_KNOTS
-                 ) -> tuple[list[float], list[float]]:
-    """Knots ``(x, y)`` of the monotone map sending the cheap score at corpus quantile q to the judge's at sample
-    quantile q; repeated cheap knots are merged (their judge values averaged) so that ``x`` increases."""
+                 ) -> tuple[list[float], list[float], list[float]]:
+    """Knots ``(x, y, q)`` of the monotone map sending the cheap score ``x`` at corpus quantile ``q`` to the judge's
+    score ``y`` at sample quantile ``q``; repeated cheap knots are merged (their judge values and quantiles
+    averaged) so that ``x`` increases."""
     q = np.linspace(0.0, 1.0, knots)
     x = np.quantile(np.asarray(cheap, np.float64), q)
     y = np.quantile(np.asarray(judge_sample, np.float64), q)
     ux, inv = np.unique(x, return_inverse=True)
-    uy = np.bincount(inv, weights=y) / np.bincount(inv)
-    return ux.tolist(), np.maximum.accumulate(uy).tolist()
+    count = np.bincount(inv)
+    uy = np.bincount(inv, weights=y) / count
+    uq = np.bincount(inv, weights=q) / count
+    return ux.tolist(), np.maximum.accumulate(uy).tolist(), uq.tolist()
 
 
 def keep_chance(sample_cheap: np.ndarray, sample_kept: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -145,7 +154,7 @@ def fit_plan(spec: str, cheap: np.ndarray, sampled: np.ndarray, judge_sample: np
     p = keep_chance(c[sampled], j >= tau, values)
     band_idx = choose_band(values, cost, np.minimum(p, 1.0 - p), int(np.searchsorted(values, cheap_cut)), calls)
     band = None if band_idx is None else (float(values[band_idx[0]]), float(values[band_idx[1]]))
-    x, y = quantile_map(c, j)
-    plan = Plan(spec, n, sample_rate, seed, keep, budget, tau, cheap_cut, band, x, y, int(sampled.sum()), 0)
+    x, y, q = quantile_map(c, j)
+    plan = Plan(spec, n, sample_rate, seed, keep, budget, tau, cheap_cut, band, x, y, q, int(sampled.sum()), 0)
     plan.band_calls = int((plan.in_band(c) & ~sampled).sum())
     return plan
