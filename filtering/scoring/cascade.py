@@ -243,3 +243,26 @@ def cascade_line(m: dict) -> str:
     return (f"cascade: the judge scored {c['judge_calls']} of {c['units']} units ({c['judge_share']:g}%, budget "
             f"{c['budget']:g}%): {c['sample_units']} sampled, {c['band_units']} in the band"
             + (f" (frozen plan of {c['frozen_from']})" if c["frozen_from"] else ""))
+
+
+def with_plan(spec: Any, plan_dir: str | Path) -> Any:
+    """A cascade spec (string, spec file or mapping) with ``plan=plan_dir``: the same cascade through a frozen plan."""
+    import os
+
+    from halsift.filtering.detectors.spec import _is_spec_file, _read_spec_file
+
+    if isinstance(spec, dict):
+        return {**spec, "plan": str(plan_dir)}
+    text = os.fspath(spec)
+    if _is_spec_file(text):
+        return {**_read_spec_file(Path(text)), "plan": str(plan_dir)}
+    return f"{text},plan={plan_dir}"
+
+
+def score_cascade(spec: Any, data: str | Path, out: str | Path, plan: str | Path | None = None, **job: Any
+                  ) -> Path:
+    """Library entry (recipes): run a cascade on ``data`` into ``out`` on this process's ranks; ``plan``: a corpus's
+    cascade folder whose frozen plan the units pass through (a bench, calibration units). ``job``: more
+    :class:`ScoreJob` settings (``unit``, ``batch_size``, ``max_parse_failures``, ``show_progress``)."""
+    run_cascade(ScoreJob(detector=with_plan(spec, plan) if plan else spec, data=data, out=out, **job))
+    return Path(out)
