@@ -33,7 +33,7 @@ BUDGETS = (0.1, 0.25, 0.5)
 CHEAP, JUDGE = "clip-lora", "judge"
 TINY = ["world.images=240", "world.bench_images=30", "world.pretrain_images=200", "world.retrieval_images=30",
         "pretrain.steps=10", "finetune.steps=10", "detectors.judge.options.pretrain_steps=10",
-        "detectors.clip-lora.options.steps=10", "evals={}"]
+        "detectors.judge.options.judge_steps=10", "detectors.clip-lora.options.steps=10", "evals={}"]
 
 
 def cascade_overrides(budgets: tuple[float, ...]) -> list[str]:

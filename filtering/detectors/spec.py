@@ -59,6 +59,7 @@ _REGISTRY: dict[str, str | type] = {
     "vllm": "halsift.filtering.detectors.vllm_judge:VllmDetector",
     "cascade": "halsift.filtering.detectors.cascade:CascadeDetector",
     "subset": "halsift.filtering.detectors.cascade:SubsetDetector",
+    "student": "halsift.filtering.detectors.student:StudentDetector",
 }
 # options that are themselves a detector spec, kept as text (``cheap=[clip:arch=X,checkpoint=Y]``: the brackets
 # are dropped); walked like ensemble members by :func:`iter_specs`
