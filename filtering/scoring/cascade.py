@@ -121,6 +121,33 @@ def _judged(folder: Path, keys_file: Path) -> dict[tuple[str, int], tuple[float,
     return {(a, int(b)): (float(c), bool(d)) for a, b, c, d in zip(k, i, s, p) if (a, int(b)) in wanted}
 
 
+def judge_members(judge: Any) -> tuple[list, list[float] | None, str]:
+    """``(member specs, weights, norm)``: a set-level judge (an ensemble normalised over the scored set) is run
+    member by member and combined with the sample's frozen statistics; any other judge is its own single member."""
+    from halsift.filtering.detectors.spec import iter_specs
+
+    _, family, opts = iter_specs(judge)[0]
+    if family == "ensemble" and opts.get("norm", "none") != "none":
+        members = list(opts["members"])
+        weights = opts.get("weights")
+        weights = [float(weights)] if isinstance(weights, (int, float)) else weights
+        return members, None if weights is None else [float(w) for w in weights], opts["norm"]
+    return [judge], None, "none"
+
+
+def _judge_stage(job: ScoreJob, judge: Any, keys_file: Path, folder: Path, engine: str
+                 ) -> dict[tuple[str, int], tuple[np.ndarray, bool]]:
+    """The judge on the units of ``keys_file`` (one subset stage per member of a set-level judge): per unit its
+    member scores and whether every member parsed."""
+    members, _, _ = judge_members(judge)
+    per = []
+    for i, m in enumerate(members):
+        d = folder if len(members) == 1 else folder / f"m{i}"
+        _stage(job, {"family": "subset", "detector": m, "keys": str(keys_file)}, d, engine)
+        per.append(_judged(d, keys_file))
+    return {u: (np.array([p[u][0] for p in per]), all(p[u][1] for p in per)) for u in per[0]}
+
+
 def load_plan(where: str | Path) -> Plan:
     """The frozen plan of a cascade score folder (or its ``plan.json``)."""
     p = Path(where)
@@ -141,11 +168,10 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
     out = Path(job.out)
     stages, pdir = out / STAGES, out / PLAN_DIR
     state = _state(engine, job)
-    judge = det.judge_spec
-    subset = lambda keys: {"family": "subset", "detector": judge, "keys": str(keys)}  # noqa: E731
+    _, weights, norm = judge_members(det.judge_spec)
 
     _stage(job, det.cheap, stages / "cheap", engine, job.embeddings)
-    keys, idx, cheap, cheap_parsed = _units(stages / "cheap")
+    keys, idx, cheap, _ = _units(stages / "cheap")
     rate = det.sample * det.budget
     if det.plan:  # calibration units through the corpus's frozen cascade
         plan = load_plan(det.plan)
@@ -154,14 +180,12 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
         sampled = in_sample(keys, idx, plan.seed, plan.sample_rate)
         judged_mask = sampled | plan.in_band(cheap)
         _write_keys(pdir / "judged.parquet", [k for k, m in zip(keys, judged_mask) if m], idx[judged_mask], state)
-        _stage(job, subset(pdir / "judged.parquet"), stages / "judged", engine)
-        scores = _judged(stages / "judged", pdir / "judged.parquet")
+        raw = _judge_stage(job, det.judge_spec, pdir / "judged.parquet", stages / "judged", engine)
         band_mask = judged_mask & ~sampled
     else:
         sampled = in_sample(keys, idx, det.seed, rate)
         _write_keys(pdir / "sample.parquet", [k for k, m in zip(keys, sampled) if m], idx[sampled], state)
-        _stage(job, subset(pdir / "sample.parquet"), stages / "sample", engine)
-        scores = _judged(stages / "sample", pdir / "sample.parquet")
+        raw = _judge_stage(job, det.judge_spec, pdir / "sample.parquet", stages / "sample", engine)
         plan_path = pdir / PLAN_FILE
         if plan_path.is_file():  # frozen: a rerun never refits
             plan = load_plan(plan_path)
@@ -169,16 +193,22 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
                 raise CascadeError(f"{out}: holds a cascade fitted for {plan.spec!r} on {plan.units} units; this run "
                                    f"is {spec!r} on {len(keys)}: use a new --out")
         else:
-            js = np.array([scores[(k, int(i))][0] for k, i, m in zip(keys, idx, sampled) if m])
-            plan = fit_plan(spec, cheap, sampled, js, det.budget, det.keep, rate, det.seed)
+            js = np.stack([raw[(k, int(i))][0] for k, i, m in zip(keys, idx, sampled) if m]) if sampled.any() \
+                else np.empty((0, 1))
+            try:
+                plan = fit_plan(spec, cheap, sampled, js, det.budget, det.keep, rate, det.seed, norm, weights)
+            except ValueError as e:
+                raise CascadeError(str(e)) from None
             if state.is_main_process:
                 pdir.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(plan_path, plan.to_json())
             state.wait_for_everyone()
         band_mask = plan.in_band(cheap) & ~sampled
         _write_keys(pdir / "band.parquet", [k for k, m in zip(keys, band_mask) if m], idx[band_mask], state)
-        _stage(job, subset(pdir / "band.parquet"), stages / "band", engine)
-        scores.update(_judged(stages / "band", pdir / "band.parquet"))
+        raw.update(_judge_stage(job, det.judge_spec, pdir / "band.parquet", stages / "band", engine))
+    units = list(raw)
+    combined = plan.judge_scores(np.stack([raw[u][0] for u in units])) if units else np.empty(0)
+    scores = {u: (float(v), raw[u][1]) for u, v in zip(units, combined)}
     manifest = _combine(job, spec, plan, stages / "cheap", scores, int(sampled.sum()), int(band_mask.sum()),
                         det.plan, state)
     return EngineSummary(engine, out, True, state.is_main_process, [cascade_line(manifest)] if manifest else [],

@@ -57,6 +57,15 @@ class Plan:
     share_knots: list[float]
     sample_units: int
     band_calls: int
+    # a set-level judge (an ensemble normalised over the scored set): its members' normalisation, fitted on the
+    # sample and frozen (:func:`judge_norm_stats`), so the sample, the band and calibration units share one scale
+    judge_norm: str = "none"
+    judge_weights: list[float] | None = None
+    judge_stats: list | None = None
+
+    def judge_scores(self, member_scores: np.ndarray) -> np.ndarray:
+        """Member scores ``[units, members]`` -> the judge's score with the frozen normalisation."""
+        return combine_frozen(member_scores, self.judge_norm, self.judge_weights, self.judge_stats)
 
     def mapped(self, cheap: np.ndarray) -> np.ndarray:
         """Cheap scores on the judge's scale (the quantile map with its tie-break; clamped at the ends)."""
@@ -78,6 +87,40 @@ class Plan:
         d = dict(d)
         d["band"] = None if d.get("band") is None else tuple(d["band"])
         return cls(**d)
+
+
+def judge_norm_stats(norm: str, sample_members: np.ndarray) -> list | None:
+    """Per member, the statistics of its normalisation over the sample: ``zscore`` (mean, std), ``rank`` the
+    quantile knots of its scores (:data:`QUANTILE_KNOTS`); None for ``none``."""
+    m = np.asarray(sample_members, np.float64)
+    if norm == "zscore":
+        return [[float(c.mean()), float(c.std())] for c in m.T]
+    if norm == "rank":
+        q = np.linspace(0.0, 1.0, QUANTILE_KNOTS)
+        return [np.quantile(c, q).tolist() for c in m.T]
+    return None
+
+
+def combine_frozen(member_scores: np.ndarray, norm: str, weights: list[float] | None, stats: list | None
+                   ) -> np.ndarray:
+    """The ensemble's combination (:mod:`halsift.filtering.detectors.ensemble`) with normalisation statistics
+    frozen from the sample instead of taken over the scored set: ``zscore`` maps ``clip(50 + 50 z / 3, 0, 100)``
+    with the sample's mean and std, ``rank`` is 100 x the score's quantile among the sample's."""
+    m = np.asarray(member_scores, np.float64).reshape(len(member_scores), -1)
+    w = np.ones(m.shape[1]) if weights is None else np.asarray(weights, np.float64)
+    cols = []
+    for i in range(m.shape[1]):
+        c = m[:, i]
+        if norm == "zscore":
+            mean, std = stats[i]
+            c = np.clip(50.0 + 50.0 * ((c - mean) / std if std > 0 else 0.0 * c) / 3.0, 0.0, 100.0)
+        elif norm == "rank":
+            knots = np.asarray(stats[i], np.float64)
+            ux, inv = np.unique(knots, return_inverse=True)
+            share = np.bincount(inv, weights=np.linspace(0.0, 1.0, len(knots))) / np.bincount(inv)
+            c = 100.0 * np.interp(c, ux, share)
+        cols.append(c)
+    return (np.stack(cols, 1) * w).sum(1) / w.sum()
 
 
 def quantile_map(cheap: np.ndarray, judge_sample: np.ndarray, knots: int = QUANTILE_KNOTS
@@ -135,16 +178,20 @@ def choose_band(values: np.ndarray, cost: np.ndarray, uncertainty: np.ndarray, s
 
 
 def fit_plan(spec: str, cheap: np.ndarray, sampled: np.ndarray, judge_sample: np.ndarray, budget: float,
-             keep: float, sample_rate: float, seed: int) -> Plan:
+             keep: float, sample_rate: float, seed: int, judge_norm: str = "none",
+             judge_weights: list[float] | None = None) -> Plan:
     """The plan (module docstring) from every corpus unit's ``cheap`` score, which of them are ``sampled`` and the
-    judge's scores of those (in the same order)."""
+    judge's scores of those (in the same order): one score per unit, or ``[units, members]`` member scores of a
+    set-level judge combined with ``judge_norm`` and ``judge_weights`` (statistics fitted on the sample)."""
+    if len(cheap) == 0 or len(judge_sample) == 0:
+        raise ValueError(f"cascade: {len(cheap)} units and {len(judge_sample)} judged sample units: nothing to fit "
+                         "(a larger budget or sample share gives the judge a sample)")
     c = np.asarray(cheap, np.float64)
     sampled = np.asarray(sampled, bool)
-    j = np.asarray(judge_sample, np.float64)
+    members = np.asarray(judge_sample, np.float64).reshape(len(judge_sample), -1)
+    stats = judge_norm_stats(judge_norm, members)
+    j = combine_frozen(members, judge_norm, judge_weights, stats)
     n = len(c)
-    if n == 0 or len(j) == 0:
-        raise ValueError(f"cascade: {n} units and {len(j)} judged sample units: nothing to fit (a larger budget "
-                         "or sample share gives the judge a sample)")
     calls = max(0, math.floor(budget * n) - int(sampled.sum()))
     tau = float(np.quantile(j, 1.0 - keep))
     desc = np.sort(c)[::-1]
@@ -155,6 +202,7 @@ def fit_plan(spec: str, cheap: np.ndarray, sampled: np.ndarray, judge_sample: np
     band_idx = choose_band(values, cost, np.minimum(p, 1.0 - p), int(np.searchsorted(values, cheap_cut)), calls)
     band = None if band_idx is None else (float(values[band_idx[0]]), float(values[band_idx[1]]))
     x, y, q = quantile_map(c, j)
-    plan = Plan(spec, n, sample_rate, seed, keep, budget, tau, cheap_cut, band, x, y, q, int(sampled.sum()), 0)
+    plan = Plan(spec, n, sample_rate, seed, keep, budget, tau, cheap_cut, band, x, y, q, int(sampled.sum()), 0,
+                judge_norm, judge_weights, stats)
     plan.band_calls = int((plan.in_band(c) & ~sampled).sum())
     return plan

@@ -202,3 +202,38 @@ def test_a_yaml_spec_file_names_the_stages_as_fields(tmp_path):
     det = load_detector(str(f))
     assert det.budget == 0.25 and det.keep == 0.2 and det.judge_spec == "oracle"
     assert load_detector(det.canonical()).canonical() == det.canonical()  # the canonical string parses back
+
+
+def test_a_set_level_judge_is_normalised_with_the_samples_frozen_statistics(tmp_path):
+    # the quickstart's judge is an ensemble z-scored over the scored set: the cascade runs its members on the
+    # sample and the band and z-scores both with the sample's mean and std, frozen in the plan
+    from halsift.filtering.detectors.baselines import ORACLE_SCORES
+    from halsift.filtering.scoring.cascade import load_plan
+
+    corpus = make_corpus(tmp_path / "corpus", shards=2, per_shard=40, seed=8)
+    judge = "ensemble:members=[countoracle;random:seed=3],weights=[0.7,0.3],norm=zscore"
+    CountingOracle.calls.clear()
+    assert main(["score", "--detector", f"cascade:cheap=[{CHEAP}],judge=[{judge}],budget=0.4", "--data", str(corpus),
+                 "--out", str(tmp_path / "cas"), "--no-progress"]) == 0
+    plan = load_plan(tmp_path / "cas")
+    cheap = _table(tmp_path / "cas" / "_stages" / "cheap")
+    units = list(zip(cheap["key"], cheap["sentence_index"]))
+    sampled = in_sample(cheap["key"].tolist(), cheap["sentence_index"].to_numpy(), plan.seed, plan.sample_rate)
+    allowed = sampled | plan.in_band(cheap["score"].to_numpy())
+    assert set(CountingOracle.calls) == {u for u, a in zip(units, allowed) if a}
+    from halsift.corpus.sample import sentences_of
+    from halsift.corpus.shards import iter_samples
+
+    label = {(s.key, i): lab for s in iter_samples(corpus) for i, lab in enumerate(sentences_of(s.meta, s.caption)[1])}
+    oracle = np.array([ORACLE_SCORES[label[u]] for u, m in zip(units, sampled) if m])
+    assert plan.judge_norm == "zscore" and plan.judge_weights == [0.7, 0.3]
+    assert plan.judge_stats[0] == pytest.approx([oracle.mean(), oracle.std()])
+    # a judged unit's standing score: the frozen z-scores of its two members, weighted
+    final = _table(tmp_path / "cas").set_index(["key", "sentence_index"])
+    k, i = next(u for u, a in zip(units, allowed) if a)
+    from halsift.filtering.detectors.baselines import hash_uniform
+
+    z = lambda v, st: np.clip(50 + 50 * (v - st[0]) / st[1] / 3, 0, 100)  # noqa: E731
+    want = 0.7 * z(ORACLE_SCORES[label[(k, i)]], plan.judge_stats[0]) + \
+        0.3 * z(100 * hash_uniform(3, k, i), plan.judge_stats[1])
+    assert final.loc[(k, i), "score"] == pytest.approx(want, abs=1e-3)
