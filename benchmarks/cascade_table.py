@@ -13,7 +13,9 @@ paired-bootstrap interval over the retrieval queries (``halsift.eval.report.comp
 issue's target per world: at <= 25 % of judge calls the cascade keeps >= 95 % of the judge's kept precision and the
 interval of R@5 (cascade - judge) reaches 0 or above. Exit code 1 when a target fails.
 
-``--tiny`` shrinks the world and every training run (a smoke test of the protocol, not a measurement).
+``--tiny`` shrinks the world and every training run (a smoke test of the protocol, not a measurement). Wall times are
+those the score manifests record, i.e. of each folder's last invocation: use a fresh ``--out`` for timings (a resumed
+folder records seconds).
 """
 
 from __future__ import annotations
@@ -43,13 +45,12 @@ def cascade_overrides(budgets: tuple[float, ...]) -> list[str]:
 
 
 def scoring(run_dir: Path, name: str) -> tuple[int | None, float]:
-    """(judge calls, wall seconds) of a filter's corpus scoring."""
+    """(judge calls, wall seconds) of a filter's corpus scoring; the wall time sums every score run in its folder
+    (a set-level ensemble's members, a cascade's stages)."""
     folder = run_dir / "score" / name / "corpus"
     m = json.loads((folder / "_manifest.json").read_text())
-    wall = m.get("wall_time_s", float("nan"))
+    wall = sum(json.loads(f.read_text()).get("wall_time_s", 0.0) for f in folder.rglob("_manifest.json"))
     if "cascade" in m:
-        for stage in sorted((folder / "_stages").iterdir()):
-            wall += json.loads((stage / "_manifest.json").read_text()).get("wall_time_s", 0.0)
         return m["cascade"]["judge_calls"], wall
     return (m["sentences"] if name == JUDGE else 0), wall
 
