@@ -66,14 +66,21 @@ class DetectorTrainConfig(DetectorOptimizer):
     wandb_project: str = _f("halsift", help="wandb project")
     wandb_run: str = _f("", help="wandb run name ('' = the run folder's name)")
     wandb_mode: WandbMode = _f("offline", help="wandb mode: offline | online | disabled")
+    teacher: str = _f("", help="distil instead: a score folder of a judge (e.g. a cascade's _stages/sample) whose "
+                               "scores a student head on --embeddings learns; no bench, no base, no labels")
+    embeddings: str = _f("", help="with --teacher: a `halsift embed` folder of the shards the teacher scored")
+    teacher_sample: int = _f(0, help="with --teacher: train on at most this many of its units, drawn uniformly "
+                                     "(0 = all)")
     seed: int = _f(0, help="seed for LoRA/head init and batch order")
     resume: bool = _f(False, help="continue from the newest complete checkpoint in out/checkpoints")
 
     def validate(self) -> None:
         """Raise ValueError naming the field on a bad value."""
-        for name in ("base", "bench", "out"):
+        for name in ("embeddings", "out") if self.teacher else ("base", "bench", "out"):
             if not getattr(self, name):
-                raise ValueError(f"{name}: required")
+                raise ValueError(f"{name}: required" + (" with --teacher" if self.teacher else ""))
+        if self.teacher_sample < 0:
+            raise ValueError(f"teacher_sample: must be >= 0, got {self.teacher_sample}")
         if self.kind not in KINDS:
             raise ValueError(f"kind: expected one of {KINDS}, got {self.kind!r}")
         if self.balance not in BALANCE:
@@ -95,6 +102,8 @@ class DetectorTrainConfig(DetectorOptimizer):
 
     def resolved_kind(self) -> str:
         """``clip`` or ``vlm``: ``kind``, or the base spec's family when ``kind=auto``."""
+        if self.teacher:
+            return "student"
         if self.kind != "auto":
             return self.kind
         family = self.base.split(":", 1)[0].strip()

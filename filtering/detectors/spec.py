@@ -57,7 +57,13 @@ _REGISTRY: dict[str, str | type] = {
     "api": "halsift.filtering.detectors.api:ApiDetector",
     "lora": "halsift.filtering.detectors.lora:LoraDetector",
     "vllm": "halsift.filtering.detectors.vllm_judge:VllmDetector",
+    "cascade": "halsift.filtering.detectors.cascade:CascadeDetector",
+    "subset": "halsift.filtering.detectors.cascade:SubsetDetector",
+    "student": "halsift.filtering.detectors.student:StudentDetector",
 }
+# options that are themselves a detector spec, kept as text (``cheap=[clip:arch=X,checkpoint=Y]``: the brackets
+# are dropped); walked like ensemble members by :func:`iter_specs`
+_NESTED = {"cascade": ("cheap", "judge"), "subset": ("detector",)}
 # families whose first option may be given without its key: ``lora:DIR`` == ``lora:path=DIR``
 _POSITIONAL = {"lora": "path"}
 
@@ -163,6 +169,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
             raise SpecError(f"detector spec {spec!r}: option {k!r} given twice")
         if k == "members":
             opts[k] = _split_members(v)
+        elif k in _NESTED.get(family, ()):
+            opts[k] = v[1:-1].strip() if v.startswith("[") and v.endswith("]") else v
         else:
             try:
                 opts[k] = yaml.safe_load(v) if v else ""
@@ -415,6 +423,9 @@ def _walk(spec: str | os.PathLike | dict, out: list) -> None:
     members = opts.get("members")
     for member in members if isinstance(members, list) else []:
         _walk(member, out)
+    for key in _NESTED.get(family, ()):
+        if isinstance(opts.get(key), (str, dict)) and opts[key]:
+            _walk(opts[key], out)
 
 
 def check_spec(spec: str | os.PathLike | dict) -> list[tuple[str, str, dict[str, Any]]]:
