@@ -98,6 +98,17 @@ def scored_corpus(out: Path, shards: int, per_shard: int, seed: int, spec: str =
     return corpus, out / "scores"
 
 
+def judge_and_clip(d: Path) -> Path:
+    """24 samples in 4 shards under ``d/corpus``, scored by oracle into ``d/judge`` and random into ``d/clip``
+    (the composed-selection tests' two score folders); returns the corpus."""
+    from halsift.filtering.scoring.runner import score
+
+    corpus = make_corpus(d / "corpus", shards=4, per_shard=6)
+    score("oracle", corpus, d / "judge", show_progress=False)
+    score("random:seed=1", corpus, d / "clip", show_progress=False)
+    return corpus
+
+
 def restamp(scores: Path) -> Path:
     """Record the parts of a score folder edited on purpose by a test in its manifest (``part_records``), as
     ``halsift score`` records the parts it writes: select refuses a part that differs from its record."""

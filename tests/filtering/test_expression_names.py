@@ -11,10 +11,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from filtering_data import make_corpus
+from filtering_data import judge_and_clip
 
 from halsift.corpus.scores import read_scores_df
-from halsift.filtering.scoring.runner import score
 from halsift.filtering.selection.expression import MAX_CLAUSES, MAX_DEPTH, check_namespace, parse
 from halsift.filtering.selection.score_folder import SelectError
 from halsift.launch.cli import main
@@ -24,9 +23,7 @@ from halsift.launch.cli import main
 def world(tmp_path_factory):
     """24 samples scored by oracle ('judge') and random ('clip'); their caption-level judge scores by key."""
     d = tmp_path_factory.mktemp("names")
-    corpus = make_corpus(d / "corpus", shards=4, per_shard=6)
-    score("oracle", corpus, d / "judge", show_progress=False)
-    score("random:seed=1", corpus, d / "clip", show_progress=False)
+    corpus = judge_and_clip(d)
     j = read_scores_df(d / "judge")
     return corpus, d, j[j["sentence_index"] >= 0]
 

@@ -9,10 +9,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from filtering_data import make_corpus
+from filtering_data import judge_and_clip
 
 from halsift.corpus.scores import read_scores_df
-from halsift.filtering.scoring.runner import score
 from halsift.filtering.selection.expression import parse
 from halsift.filtering.selection.score_folder import SelectError
 from halsift.launch.cli import main
@@ -24,9 +23,7 @@ WHERE = "judge >= 50 and clip >= 30 and lang == 'en'"
 def scored(tmp_path_factory):
     """24 samples scored by oracle ('judge') and random ('clip'); a field table (lang by key); 2 excluded keys."""
     d = tmp_path_factory.mktemp("compose")
-    corpus = make_corpus(d / "corpus", shards=4, per_shard=6)
-    score("oracle", corpus, d / "judge", show_progress=False)
-    score("random:seed=1", corpus, d / "clip", show_progress=False)
+    corpus = judge_and_clip(d)
     keys = sorted(read_scores_df(d / "judge")["key"].unique())
     (d / "fields").mkdir()
     langs = ["en" if i % 4 else "de" for i in range(len(keys))]
