@@ -304,10 +304,10 @@ def has_judge_spend(rows: list[dict]) -> bool:
     return any(r.get("judge_calls") is not None for r in rows)
 
 
-JUDGE_NOTE = ("Judge calls: the units (sentences) the VLM judge scored for the filter's corpus scores; judge %: "
-              "their share of the corpus's units (a cascade's manifest says what it spent; a detector with a judge "
-              "judges every unit, 100%; one without, such as CLIP, a LoRA CLIP, random or oracle, 0%; what counts "
-              "as a judge: docs/cascade.md).")
+JUDGE_NOTE = ("Judge calls: the units (sentences, or captions when scored per caption) the VLM judge scored for "
+              "the filter's corpus scores; judge %: their share of the corpus's units (a cascade's manifest says "
+              "what it spent; a detector with a judge judges every unit, 100%; one without, such as CLIP, a LoRA "
+              "CLIP, random or oracle, 0%; what counts as a judge: docs/cascade.md).")
 
 
 def table_caption(k: int = 5, bench_split: str = "") -> str:
