@@ -62,8 +62,9 @@ def _input_precision(manifests: Mapping[str, Mapping]) -> float | None:
 
 def compare_table(retrieval: Mapping[str, list[dict]], bench: Mapping[str, float],
                   selections: Mapping[str, Mapping], sets: Sequence[str], k: int = 5,
-                  filters: Sequence[str] | None = None) -> list[dict]:
-    """One row per filter (``no-tune`` first): R@k per set and direction (mean, std over seeds), AUROC, precision."""
+                  filters: Sequence[str] | None = None, judge: Mapping[str, Mapping] | None = None) -> list[dict]:
+    """One row per filter (``no-tune`` first): R@k per set and direction (mean, std over seeds), AUROC, precision,
+    and the judge calls and judge fraction (%) its scoring spent (``judge``, per filter; None / NaN where not given)."""
     rows = []
     names = [n for n in ("no-tune", "unfiltered") if n in retrieval] + list(filters or [])
     names += [n for n in retrieval if n not in names]
@@ -85,6 +86,10 @@ def compare_table(retrieval: Mapping[str, list[dict]], bench: Mapping[str, float
         row["kept_precision"] = prec if prec is not None else float("nan")
         kept = man.get("kept_units", man.get("kept"))
         row["kept"] = int(kept) if isinstance(kept, (int, float)) else None
+        spent = (judge or {}).get(name) or {}
+        calls, frac = spent.get("judge_calls"), spent.get("judge_fraction")
+        row["judge_calls"] = int(calls) if isinstance(calls, (int, float)) else None
+        row["judge_fraction"] = float(frac) if isinstance(frac, (int, float)) else float("nan")
         rows.append(row)
     return rows
 
@@ -279,6 +284,12 @@ def table_cells(rows: list[dict], sets: Sequence[str], k: int = 5) -> tuple[list
         cells += [_fmt(row["auroc/mean"]), _fmt(row["kept_precision"]),
                   str(row["kept"]) if row["kept"] is not None else "–", str(row["seeds"])]
         body.append(cells)
+    if has_judge_spend(rows):  # beside retrieval and kept precision: what each filter spent on the judge
+        at = head.index("kept") + 1
+        head[at:at] = ["judge calls", "judge %"]
+        for row, cells in zip(rows, body):
+            cells[at:at] = [str(row["judge_calls"]) if row.get("judge_calls") is not None else "–",
+                            _fmt(row.get("judge_fraction"))]
     extra = [(m, label) for m, label in BEYOND_COLUMNS if any(m in r for r in rows)]  # beyond retrieval, if measured
     if extra:
         at = head.index("Δ vs random") + 1
@@ -286,6 +297,17 @@ def table_cells(rows: list[dict], sets: Sequence[str], k: int = 5) -> tuple[list
         for row, cells in zip(rows, body):
             cells[at:at] = [_fmt(row.get(m), row.get(f"{m}/std")) for m, _ in extra]
     return head, body
+
+
+def has_judge_spend(rows: list[dict]) -> bool:
+    """Whether any row says what its scoring spent on the judge (the judge columns and plot are drawn then)."""
+    return any(r.get("judge_calls") is not None for r in rows)
+
+
+JUDGE_NOTE = ("Judge calls: the units (sentences, or captions when scored per caption) the VLM judge scored for "
+              "the filter's corpus scores; judge %: their share of the corpus's units (a cascade's manifest says "
+              "what it spent; a detector with a judge judges every unit, 100%; one without, such as CLIP, a LoRA "
+              "CLIP, random or oracle, 0%; what counts as a judge: docs/cascade.md).")
 
 
 def table_caption(k: int = 5, bench_split: str = "") -> str:
@@ -321,11 +343,14 @@ def render_markdown(title: str, rows: list[dict], sets: Sequence[str], input_pre
     lines += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     lines += ["| " + " | ".join(cells) + " |" for cells in body]
     lines += ["", spearman_sentence(rows, k, spearman)]
+    if has_judge_spend(rows):
+        lines += ["", JUDGE_NOTE]
     lines += ["", "Plots: `r_at_k.png` (R@k per filter), `auroc_vs_recall.png` (detector AUROC vs what its "
               f"filter buys), `dose_response.png` (ΔR@{k} over random vs the kept precision of each filter's "
               "selection, with 95% CIs; no-tune dashed)"
-              + (", `gain_over_random.png` (each filter's gain over random per measure)." if beyond_keys(rows) else
-                 "."), ""]
+              + (", `gain_over_random.png` (each filter's gain over random per measure)" if beyond_keys(rows) else "")
+              + (f", `judge_fraction.png` (ΔR@{k} over random vs the judge fraction of each filter, with 95% CIs)"
+                 if has_judge_spend(rows) else "") + ".", ""]
     section = beyond_markdown(rows, beyond_keys(rows), n_boot)
     return "\n".join(lines) + ("\n" + section if section else "")
 
@@ -412,6 +437,41 @@ def plot_dose_response(rows: list[dict], out: Path, k: int = 5) -> Path | None:
     return path
 
 
+def plot_judge_fraction(rows: list[dict], out: Path, k: int = 5) -> Path | None:
+    """``judge_fraction.png``: ΔR@k over random vs the judge fraction (%), one labelled point per filter with its
+    95% bootstrap CI as error bar (none without per-query ranks). None (and no stale file) when no filter says
+    what it spent on the judge."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tag = REFERENCES[0][1]
+    path = out / "judge_fraction.png"
+    pts = [r for r in rows if np.isfinite(r.get("judge_fraction", np.nan)) and np.isfinite(r[f"{tag}/r@{k}"])]
+    if not pts:
+        path.unlink(missing_ok=True)
+        return None
+    x = np.array([r["judge_fraction"] for r in pts])
+    y = np.array([r[f"{tag}/r@{k}"] for r in pts])
+    lo = np.array([r[f"{tag}/ci_low"] for r in pts])
+    hi = np.array([r[f"{tag}/ci_high"] for r in pts])
+    err = np.where(np.isfinite(lo) & np.isfinite(hi), np.abs(np.stack([y - lo, hi - y])), 0.0)
+    fig, ax = plt.subplots(figsize=(5, 3.8))
+    ax.errorbar(x, y, yerr=err if err.any() else None, fmt="o", capsize=3)
+    for r, xi, yi in zip(pts, x, y):
+        ax.annotate(r["filter"], (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.axhline(0.0, color="grey", lw=0.8, ls=":")
+    ax.set_xlim(-5, max(115.0, float(x.max()) + 15))  # room for the labels right of the points
+    ax.set_xlabel("judge fraction (% of units the judge scored)")
+    ax.set_ylabel(f"ΔR@{k} over random (points)")
+    ax.set_title("Retrieval gain vs judge spent" + (" (95% CIs)" if err.any() else " (no per-query ranks: no CIs)"))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], bench: Mapping[str, float],
                            selections: Mapping[str, Mapping], sets: Sequence[str], out_dir: str | os.PathLike,
                            wandb_mode: str = "offline", wandb_project: str = "halsift", k: int = 5,
@@ -420,7 +480,8 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
                            ranks: Mapping[str, np.ndarray] | None = None, n_boot: int = 1000, seed: int = 0,
                            samples=None, html: bool = True, guaranteed: Mapping[str, Mapping] | None = None,
                            beyond: Mapping[str, list[dict]] | None = None,
-                           beyond_hits: Mapping[str, np.ndarray] | None = None, curation: Mapping | None = None) -> dict:
+                           beyond_hits: Mapping[str, np.ndarray] | None = None, curation: Mapping | None = None,
+                           judge: Mapping[str, Mapping] | None = None) -> dict:
     """Write ``metrics.json``, ``report.md``, plots, ``index.html`` and (unless disabled) an offline wandb run;
     returns metrics.
 
@@ -432,12 +493,15 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
     ``beyond``: ``eval/beyond.json`` (zero-shot and compositional metrics per model and seed) and ``beyond_hits``
     its per-sample hits (``eval/beyond_hits.npz``), for :mod:`halsift.eval.report.beyond`.
     ``curation``: the dedup stage's manifest (its removed counts are stated under the table).
+    ``judge``: per filter, ``{"judge_calls", "judge_fraction"}`` (%) its scores spent
+    (:func:`halsift.filtering.scoring.judge_spend.judge_spend`): the judge columns, ``judge_fraction.png`` and
+    ``FILTER/judge_calls`` / ``FILTER/judge_fraction`` metrics.
     """
     from halsift.corpus.shards import write_json_atomic
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = compare_table(retrieval, bench, selections, sets, k, filters)
+    rows = compare_table(retrieval, bench, selections, sets, k, filters, judge)
     add_deltas(rows, ranks, sets, k, n_boot, seed)
     add_beyond(rows, beyond or {}, beyond_hits, n_boot, seed)
     metrics = {f"{r['filter']}/{key}": v for r in rows for key, v in r.items()
@@ -470,6 +534,7 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
     plot_rows(rows, sets, out, k)
     plot_dose_response(rows, out, k)
     plot_gain_over_random(rows, out, k)
+    plot_judge_fraction(rows, out, k)
     if html:
         write_html(title, rows, sets, out, k, bench, _input_precision(selections), bench_split, n_boot, spearman,
                    samples, links)
@@ -491,7 +556,9 @@ PLOTS = {"r_at_k.png": "Fine-tuned CLIP retrieval R@{k} per filter (mean ± std 
          "dose_response.png": "Dose-response: ΔR@{k} over random vs the kept precision of each filter's selection "
                               "(95% CIs; no-tune dashed)",
          "gain_over_random.png": "Gain over random per measure: R@{k}, zero-shot top-1 and mean per-class recall, "
-                                 "compositional mean (95% CIs)"}
+                                 "compositional mean (95% CIs)",
+         "judge_fraction.png": "ΔR@{k} over random vs the judge fraction: the share of units the VLM judge scored "
+                               "for each filter (95% CIs)"}
 
 
 def write_html(title: str, rows: list[dict], sets: Sequence[str], out: Path, k: int, bench: Mapping[str, float],
@@ -507,6 +574,8 @@ def write_html(title: str, rows: list[dict], sets: Sequence[str], out: Path, k: 
         notes.append(f"Precision of the unfiltered corpus: {input_precision:.1f}%.")
     if rows:
         notes.append(spearman_sentence(rows, k, spearman))
+    if has_judge_spend(rows):
+        notes.append(JUDGE_NOTE)
     table = {"caption": "Fine-tuned CLIP retrieval per filter (HalDec Table F); 'kept' / 'dropped' open that "
                         "filter's samples below", "header": head,
              "rows": [{"cells": cells, "filter": r["filter"]} for cells, r in zip(body, rows)]} if rows else None

@@ -40,8 +40,19 @@ def stage_report(r: Recipe, p: Paths) -> dict:
                                      extra_reports={n: p.stage("eval") / n / "report.md" for n in r.evals.enabled()},
                                      bench_split=r.eval.bench_split, ranks=ranks, seed=r.seed,
                                      samples=report_samples(r, p), guaranteed=report_rows(r, p, scored_names(r)),
-                                     beyond=beyond, beyond_hits=beyond_hits, curation=_curation(p))
+                                     beyond=beyond, beyond_hits=beyond_hits, curation=_curation(p),
+                                     judge=judge_spent(r, p))
     return {"metrics": metrics}
+
+
+def judge_spent(r: Recipe, p: Paths) -> dict[str, dict]:
+    """Per filter (selection variants: their scored name's), the judge calls and fraction its corpus scores spent
+    (:func:`halsift.filtering.scoring.judge_spend.judge_spend`); ``unfiltered`` spent none."""
+    from halsift.filtering.scoring.judge_spend import judge_spend
+
+    spent = {name: judge_spend(scores_dir(p, r.select.resolved(name)[0], "corpus")) for name in filter_names(r)}
+    spent = {name: s for name, s in spent.items() if s is not None}
+    return spent | ({"unfiltered": {"judge_calls": 0, "judge_fraction": 0.0}} if r.finetune.unfiltered else {})
 
 
 def _curation(p: Paths) -> dict | None:

@@ -1,0 +1,78 @@
+"""What a score folder spent on the judge: judge calls and the judge fraction, for the compare report (issue 44).
+
+The one place that says what counts as a judge. A detector spec is a judge when any node of it
+(:func:`~halsift.filtering.detectors.spec.iter_specs`: the spec, its ensemble members, nested specs) is of a
+family in :data:`JUDGE_FAMILIES` (a VLM asked about the sentence: ``vlm``, ``api``, ``vllm``) or a ``lora``
+adapter of kind ``vlm`` (its ``detector.yaml``). A judge spec judges every unit it scores: its calls are the folder's
+units and its fraction 100 %. ``clip``, a ``lora`` CLIP adapter, ``student``, ``random`` and ``oracle`` call no judge
+(0). A cascade's folder says what it spent (its manifest's ``cascade`` block). A recipe ensemble (mean of score
+folders, ``members``) spent what its members did, summed: an ensemble of two judges spends two calls per unit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from halsift.corpus.percent import ratio_percent
+
+JUDGE_FAMILIES = ("vlm", "api", "vllm")
+MANIFEST = "_manifest.json"
+
+
+def is_judge_spec(spec: str | dict) -> bool | None:
+    """Whether a detector spec calls a judge on every unit it scores; None when it cannot be told (an invalid
+    spec, or a ``lora`` adapter folder whose ``detector.yaml`` is missing or unreadable and no other judge node)."""
+    from halsift.filtering.detectors.spec import iter_specs
+    from halsift.filtering.detectors.spec_error import SpecError
+    from halsift.filtering.models.lora_adapters import read_description
+
+    try:
+        nodes = iter_specs(spec)
+    except (SpecError, OSError, ValueError):
+        return None
+    unknown = False
+    for _, family, opts in nodes:
+        if family in JUDGE_FAMILIES:
+            return True
+        if family == "lora":
+            try:
+                if read_description(Path(str(opts.get("path", ""))))["kind"] == "vlm":
+                    return True
+            except (OSError, ValueError):
+                unknown = True
+    return None if unknown else False
+
+
+def judge_spend(folder: str | Path) -> dict[str, Any] | None:
+    """``{"judge_calls", "units", "judge_fraction"}`` (the fraction in %, 0–100: calls per unit) of a score
+    folder; None when it has no readable manifest or its detector cannot be told (:func:`is_judge_spec`)."""
+    folder = Path(folder)
+    try:
+        m = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(m, Mapping):
+        return None
+    units = m.get("sentences", m.get("rows"))
+    if isinstance(m.get("cascade"), Mapping):
+        c = m["cascade"]
+        calls, units, share = c.get("judge_calls"), c.get("units", units), c.get("judge_share")
+        if not isinstance(calls, int) or not isinstance(units, int):
+            return None
+        spent = _spend(calls, units)
+        return {**spent, "judge_fraction": float(share)} if isinstance(share, (int, float)) else spent
+    if not isinstance(units, int):
+        return None
+    if isinstance(m.get("members"), list):  # a recipe ensemble: the mean of its members' folders
+        spent = [judge_spend(member) for member in m["members"]]
+        return None if any(s is None for s in spent) else _spend(sum(s["judge_calls"] for s in spent), units)
+    judge = is_judge_spec(m.get("detector", ""))
+    return None if judge is None else _spend(units if judge else 0, units)
+
+
+def _spend(calls: int, units: int) -> dict[str, Any]:
+    return {"judge_calls": int(calls), "units": int(units),
+            "judge_fraction": round(ratio_percent(calls, units), 4) if units else float("nan")}
