@@ -1,6 +1,6 @@
 """One limit per concept across the stages that read shards (issue 41): the same image-size limit (score with a
 text-only detector skips what dedup skips), the same empty-input rule (0-byte and empty tars: exit 2 in score,
-dedup and basic), the same duplicate-key rule (a key repeated within a shard or a table: the first kept, the
+dedup, basic and embed), the same duplicate-key rule (a key repeated within a shard or a table: the first kept, the
 rest counted; a key in two shards or tables: refused in one line naming both); basic reads huge images' headers;
 basic's table sizes must be numbers."""
 
@@ -132,7 +132,7 @@ def _empty_inputs(tmp_path, how: str):
 
 
 @pytest.mark.parametrize("how", ["zero_byte", "empty_tar", "two_empty"])
-@pytest.mark.parametrize("stage", ["score", "dedup", "basic"])
+@pytest.mark.parametrize("stage", ["score", "dedup", "basic", "embed"])
 def test_empty_inputs_are_refused_by_every_stage(tmp_path, capsys, how, stage):
     data = _empty_inputs(tmp_path, how)
     args = {"score": ["score", "--detector", "random:seed=1"], "dedup": ["dedup"], "basic": ["basic", *FAST],
@@ -234,6 +234,15 @@ def test_a_key_in_two_shards_is_refused_where_the_shards_meet(tmp_path, capsys):
     assert "key='b'" in _err(capsys)
 
 
+def test_only_skipped_samples_are_refused_by_embed(tmp_path, capsys):
+    """Every sample skipped (no image member) is nothing read, as for the other stages; the parts stay."""
+    data = _empty_inputs(tmp_path, "all_skipped")
+    assert main(["embed", "--model", TINY, "--data", str(data), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = _err(capsys)
+    assert "nothing to embed" in err and "missing_image=1" in err
+    assert json.loads((tmp_path / "o" / "_manifest.json").read_text())["status"] == "failed"
+
+
 def _two_shards(tmp_path, first: list[str], second: list[str]):
     """Shards 000000.tar and 000001.tar in one folder holding ``first`` and ``second``'s keys (by hand: ShardWriter
     refuses a key repeated within a shard)."""
@@ -250,7 +259,7 @@ def _two_shards(tmp_path, first: list[str], second: list[str]):
     return c
 
 
-@pytest.mark.parametrize("stage", ["basic", "dedup"])
+@pytest.mark.parametrize("stage", ["basic", "embed", "dedup"])
 @pytest.mark.parametrize("keys", [(["a", "b", "c"], ["d", "b", "e"]), (["a", "z"], ["x", "y", "z"]),
                                   (["a", "b", "b"], ["c", "a"])])
 def test_a_key_in_two_shards_is_refused_by_every_stage_that_sees_them(tmp_path, capsys, stage, keys):
@@ -268,7 +277,7 @@ def test_a_key_in_two_shards_is_refused_by_every_stage_that_sees_them(tmp_path, 
         assert m["status"] == "failed" and repr(twice) in m["error"]
 
 
-@pytest.mark.parametrize("stage", ["basic"])
+@pytest.mark.parametrize("stage", ["basic", "embed"])
 def test_distinct_keys_in_two_shards_pass(tmp_path, stage):
     c = _two_shards(tmp_path, ["a", "b", "b"], ["c", "d"])
     args = {"basic": ["basic", *FAST], "embed": ["embed", "--model", TINY]}[stage]
