@@ -7,7 +7,8 @@ caption pre-training) and the evals that read shards all read through here, so t
 samples. The rules, first match wins (the kind counted in parentheses):
 
 1. the key repeats an earlier sample of the same shard, or the caption is not valid UTF-8 (``duplicate``,
-   ``bad_caption``: counted by :func:`~halsift.corpus.shards.iter_shard`; the first sample of a key is kept);
+   ``bad_caption``: counted by :func:`~halsift.corpus.shards.iter_shard`; the first sample of a key is kept; a key
+   in two shards is refused by the stages that see every shard, :func:`key_in_two_inputs`);
 2. the ``.json`` is not a JSON object, or not UTF-8 (``corrupt``; a sample without ``.json`` is allowed);
 3. no image member (``missing_image``);
 4. the caption (``.txt``) is missing or blank (``empty_caption``);
@@ -166,6 +167,38 @@ def nothing_read(samples: int, skipped: dict, verb: str) -> str | None:
              if skipped.get("samples") else "; the input holds no samples"))
 
 
+def key_in_two_inputs(key: str, first: str, second: str, stage: str) -> str:
+    """The one line of the duplicate-key rule of the stages that read shards or tables (dedup, basic, embed; select
+    refuses a repeated score row alike): a key names one sample, so a key found in two inputs (shards, tables, or
+    the parts made from them) is refused, naming both; within one input a repeat is skipped as ``duplicate``."""
+    return (f"{stage}: the key {key!r} names samples in two inputs ({first} and {second}); a key must name one "
+            "sample of the corpus (select refuses it too)")
+
+
+def repeated_key(parts: Sequence[str | os.PathLike], column: str = "key") -> tuple[str, int, int] | None:
+    """``(key, i, j)``, ``i < j``, for a key found in two of ``parts`` (parquet files, indices into the list), else
+    None. Any number of rows per key within one part is allowed (a sample's image, caption and sentence rows);
+    one DuckDB query over the key columns, so memory stays bounded for a corpus of any size."""
+    if len(parts) < 2:
+        return None
+    import duckdb
+
+    files = [os.fspath(p) for p in parts]
+    con = duckdb.connect()
+    try:
+        hit = con.execute(
+            f'SELECT CAST("{column}" AS VARCHAR) AS k, min(filename), max(filename) FROM read_parquet($1, '
+            "filename = true, union_by_name = true) GROUP BY k HAVING min(filename) <> max(filename) LIMIT 1",
+            [files]).fetchone()
+    finally:
+        con.close()
+    if hit is None:
+        return None
+    index = {f: i for i, f in enumerate(files)}
+    i, j = sorted((index[hit[1]], index[hit[2]]))
+    return hit[0], i, j
+
+
 # ---------------------------------------------------------------------------------------------- items
 def caption_items(key: str, caption: str, sentences: Sequence[str], image: Any = None, image_id: str = "",
                   meta: dict | None = None, truth: Sequence[dict] | None = None, unit: str = "sentence") -> list[Item]:
@@ -199,6 +232,5 @@ def bench_items(rows: Sequence, image: Any = None) -> list[Item]:
                   "spans": r.spans}) for i, r in enumerate(rows)]
 
 
-__all__ = ["CAPTION_INDEX", "Item", "ValidSample", "bench_items", "caption_items", "caption_label", "nothing_read",
-           "read_samples",
-           "read_shard", "sample_items", "sentences_of", "validate"]
+__all__ = ["CAPTION_INDEX", "Item", "ValidSample", "bench_items", "caption_items", "caption_label", "key_in_two_inputs",
+           "nothing_read", "read_samples", "read_shard", "repeated_key", "sample_items", "sentences_of", "validate"]

@@ -318,7 +318,8 @@ class SampleGroups:
     counted in ``skipped`` (anything with ``add(key, reason, kind)``, e.g. a
     :class:`~halsift.corpus.images.SkipCounter`) as kind :data:`DUPLICATE`. Only the first sample of a key is
     yielded. Keys are not compared across shards: each shard is read (and scored) on its own; a key repeated in
-    another shard makes ``select`` refuse the score folder (one line naming both parts).
+    another shard makes ``select`` refuse the score folder, and ``dedup``, ``basic`` and ``embed`` refuse the run
+    (one line naming both: :func:`halsift.corpus.sample.key_in_two_inputs`).
     """
 
     def __init__(self, shard: str, skipped=None) -> None:

@@ -242,7 +242,7 @@ class SelectCfg(SelectSection):
         check_selection("select", self.keep, self.unit, self.agg, self.top_k, self.threshold)
         check_guarantee("select", self.max_hallucination, self.confidence, self.calibration, self.top_k,
                         self.threshold, "min", self.per_captioner, calibration_default=True,
-                        composed=bool(self.where or self.rank))
+                        composed=bool(self.where or self.rank), keep=self.keep)
         for name in self.variants:
             check_name("select.variants", name)
         for name, v in self.variants.items():

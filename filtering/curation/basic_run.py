@@ -10,7 +10,8 @@ Output folder: ``part-<input>.parquet`` per input (:data:`~halsift.filtering.cur
 its input has the content it was made from and the part is unaltered, :mod:`halsift.corpus.run_folder`; parts of
 older folders, without a record, are made again), ``_basic.json`` (the settings: a rerun with other settings is
 refused) and ``manifest.json`` (counts per rule, merged from the parts' own counts, which each part keeps in its
-parquet metadata; ``running`` until done, ``failed`` with the reason when an error stopped it).
+parquet metadata; ``running`` until done, ``failed`` with the reason when an error stopped it: nothing read at all,
+or a key found in two inputs, :func:`~halsift.corpus.sample.key_in_two_inputs`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from halsift.corpus.fingerprint import file_fingerprint
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.run_folder import check_or_start, failing, forget_part, part_done, part_reusable
 from halsift.corpus.progress import progress
-from halsift.corpus.sample import nothing_read
+from halsift.corpus.sample import key_in_two_inputs, nothing_read, repeated_key
 from halsift.corpus.scores import part_name, write_part_atomic
 from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, write_json_atomic
 from halsift.filtering.curation.basic import PRESETS, apply_presets, fields_table, header_size, merge_counts, \
@@ -196,6 +197,9 @@ def _run(kind: str, inputs: list[Path], names: list[str], out: Path, settings: d
     empty = nothing_read(manifest["samples"], manifest["skipped"], "read")
     if empty:  # the one empty-input rule (0-byte or empty inputs); the parts stay, the manifest is not written
         raise BasicError(f"data: {empty}")
+    twice = repeated_key([out / n for n in names])
+    if twice:  # the one duplicate-key rule: a key names one sample (within an input the first is kept)
+        raise BasicError(key_in_two_inputs(twice[0], str(inputs[twice[1]]), str(inputs[twice[2]]), "data"))
     manifest.update(parts_done_before=done_before, wall_time_s=round(wall, 3),
                     samples_per_s=round(rows_now / wall, 1) if wall > 0 and rows_now else None)
     write_json_atomic(out / "manifest.json", manifest)

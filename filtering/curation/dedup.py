@@ -33,7 +33,7 @@ from halsift.corpus.errors import InputError
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.run_folder import check_or_start
 from halsift.corpus.progress import progress
-from halsift.corpus.sample import nothing_read
+from halsift.corpus.sample import key_in_two_inputs, nothing_read
 from halsift.corpus.scores import write_part_atomic
 from halsift.corpus.shards import expand_shards, write_json_atomic
 from halsift.filtering.curation import DUPLICATES
@@ -90,15 +90,14 @@ def _file_id(p: Path) -> tuple[int, int]:
 
 def _refuse_repeated_keys(parts: "_Parts", con, shards: list[Path]) -> None:
     """A key names one sample: within a shard a repeat is skipped as ``duplicate`` (the reader's rule); a key in
-    two shards is refused here as ``select`` refuses it in two score parts (one line naming both shards). One
-    DuckDB query over the parts (view ``parts``), so no per-sample Python object."""
+    two shards is refused with the rule's one line (:func:`~halsift.corpus.sample.key_in_two_inputs`, naming both
+    shards). One DuckDB query over the parts (view ``parts``), so no per-sample Python object."""
     hit = con.execute("SELECT key, min(i), max(i) FROM parts GROUP BY key HAVING count(*) > 1 LIMIT 1").fetchone()
     if hit is None:
         return
     key, a, b = hit
     where = [shards[int(np.searchsorted(parts.offsets, r, side="right") - 1)].name for r in (a, b)]
-    raise DedupError(f"dedup: the key {key!r} names samples in two shards ({where[0]} and {where[1]}); a key "
-                     "must name one sample of the corpus (select refuses it too)")
+    raise DedupError(key_in_two_inputs(key, where[0], where[1], "dedup"))
 
 
 def check_share(n: int, counts: dict[str, int], allow: bool) -> None:

@@ -9,7 +9,10 @@ identity, checkpoint content included) and its counts; a rerun reuses a part onl
 parts are reused, so a killed ``embed`` resumes at the parts it had not written. The parts are split like
 ``score``'s, by the same engines (:mod:`.engine`): ``local`` (this process, or the ranks of a launch, round-robin)
 and ``tasks`` (independent tasks claiming parts, :class:`.tasks.ClaimBoard`); the manifest says ``complete`` once
-every part exists. The encoder is a detector that can :meth:`encode` (``clip:...``).
+every part exists, unless nothing was read at all (0-byte or empty tars, every sample skipped) or a key names samples
+of two shards: the one empty-input and duplicate-key rules of the stages that read shards
+(:func:`halsift.corpus.sample.nothing_read`, :func:`~halsift.corpus.sample.key_in_two_inputs`); then it says
+``failed`` and why, and the parts stay. The encoder is a detector that can :meth:`encode` (``clip:...``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from halsift.corpus.embedding_store import (CAPTION, FORMAT, IMAGE, MANIFEST, Em
 from halsift.corpus.fingerprint import spec_fingerprint
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.progress import progress
-from halsift.corpus.sample import CAPTION_INDEX, read_shard, sample_items
+from halsift.corpus.sample import CAPTION_INDEX, key_in_two_inputs, nothing_read, read_shard, repeated_key, \
+    sample_items
 from halsift.corpus.run_folder import check_or_start, failing, forget_part, part_done, part_reusable
 from halsift.corpus.shards import write_json_atomic
 from halsift.filtering.scoring.parts import Part, plan_parts, source_fingerprint
@@ -165,6 +169,14 @@ def finish(out: Path, ident: dict, parts: list[Part], metas: dict, wall: float, 
     skipped = SkipCounter(max_examples=10_000)
     for m in metas:
         skipped.merge(SkipCounter.from_json(m["skipped"]))
+    if len(have) == len(parts):  # the rules of every stage that reads shards, before a folder is called complete
+        empty = nothing_read(sum(m["samples"] for m in metas), skipped.to_json(), "embed")
+        if empty:
+            raise EmbeddingStoreError(f"--data: {empty}")
+        twice = repeated_key([out / p.name for p in parts])
+        if twice:
+            raise EmbeddingStoreError(key_in_two_inputs(twice[0], parts[twice[1]].source, parts[twice[2]].source,
+                                                        "--data"))
     manifest = {**ident, "complete": len(have) == len(parts),
                 "status": "complete" if len(have) == len(parts) else "running", "parts": len(parts),
                 "parts_written": len(have),

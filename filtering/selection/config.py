@@ -23,6 +23,8 @@ def source_field():
                              "a real image)")
 
 
+DEFAULT_KEEP = 0.2  # the share kept when no keep, top_k, threshold or max_hallucination says how much (left None
+# in the settings, so that a keep given beside max_hallucination is seen and refused)
 _SCALE = {"group": "at scale (out-of-core, resumable, parallel)"}
 _COMPOSE = {"group": "composed selection (several --scores NAME=DIR, fields, exclusions)"}
 _GUARANTEE = "with a guarantee (bounded hallucination rate)"
@@ -39,8 +41,8 @@ class SelectConfig:
     data: str = field("", help="the shards that were scored (folder / glob / brace pattern)", cli={"required": True})
     out: str = field("", help="new folder: shards + sizes.json + manifest.json + kept.parquet (rerun the same "
                               "command into it to finish a killed select)", cli={"required": True})
-    keep: float = field(0.2, help="fraction of units to keep (the seeds' top 20%); --top-k or --threshold "
-                                  "replaces it", cli={"exclusive": "amount"})
+    keep: float | None = field(None, help="fraction of units to keep (default 0.2: the seeds' top 20%); --top-k or "
+                                          "--threshold replaces it", cli={"exclusive": "amount"})
     top_k: int | None = field(None, help="number of units to keep instead of a fraction", cli={"exclusive": "amount"})
     threshold: float | None = field(None, help="keep units scoring at least this (0-100) instead of a fraction",
                                     cli={"exclusive": "amount"})
@@ -130,7 +132,8 @@ class SelectConfig:
             raise ValueError(f"--keys-only writes no shards; {'--html' if self.html else '--export-keys'} reads "
                              "them: drop one of the two")
         check_guarantee("", self.max_hallucination, self.confidence, self.calibration, self.top_k, self.threshold,
-                        self.agg, self.random or self.per_captioner, composed=bool(self.where or self.rank))
+                        self.agg, self.random or self.per_captioner, composed=bool(self.where or self.rank),
+                        keep=self.keep)
 
 
 def check_selection(where: str, keep: float | None, unit: str, agg: str, top_k: int | None = None,
@@ -154,10 +157,11 @@ def check_selection(where: str, keep: float | None, unit: str, agg: str, top_k: 
 
 def check_guarantee(where: str, max_hallucination: float | None, confidence: float, calibration: str | None,
                     top_k: int | None, threshold: float | None, agg: str, other: bool = False,
-                    calibration_default: bool = False, composed: bool = False) -> None:
+                    calibration_default: bool = False, composed: bool = False, keep: float | None = None) -> None:
     """Raise ValueError naming the key on bad guarantee settings (``calibration_default``: a recipe fills it;
     ``composed``: a ``where``/``rank`` is set, which keeps units by more than the one detector's threshold the
-    calibration certifies)."""
+    calibration certifies). The guarantee chooses how much to keep: a ``keep``, ``top_k`` or ``threshold`` given
+    beside it is refused, wherever the settings come from (flags, ``--config`` YAML, a recipe's select section)."""
     def key(name: str) -> str:
         return f"{where}.{name}" if where else name
 
@@ -170,9 +174,10 @@ def check_guarantee(where: str, max_hallucination: float | None, confidence: flo
     if not calibration and not calibration_default:
         raise ValueError(f"{key('max_hallucination')}: needs {key('calibration')} (labelled units scored by the "
                          "same detector)")
-    if top_k or threshold is not None:
-        raise ValueError(f"{key('max_hallucination')}: the guarantee chooses the threshold; drop "
-                         f"{key('top_k') if top_k else key('threshold')}")
+    if top_k or threshold is not None or keep is not None:
+        given = key("top_k") if top_k else key("threshold") if threshold is not None else key("keep")
+        raise ValueError(f"{key('max_hallucination')}: the guarantee chooses how much to keep (its certified "
+                         f"threshold); drop {given}")
     if agg == "repair":
         raise ValueError(f"{key('max_hallucination')}: not with agg repair (use prune, min, mean or prob)")
     if other:
@@ -182,14 +187,14 @@ def check_guarantee(where: str, max_hallucination: float | None, confidence: flo
                          "units above one detector's threshold, not for a subset chosen by other scores)")
 
 
-def amount(keep: float, top_k: int | None, threshold: float | None) -> dict:
+def amount(keep: float | None, top_k: int | None, threshold: float | None) -> dict:
     """The one rule for how much to keep, for the command and recipes alike: ``top_k`` (when > 0) or ``threshold``
-    (when set) replaces ``keep``; returns select()'s ``keep``/``top_k``/``threshold``."""
+    (when set) replaces ``keep`` (None: :data:`DEFAULT_KEEP`); returns select()'s ``keep``/``top_k``/``threshold``."""
     if top_k:
         return {"keep": None, "top_k": top_k, "threshold": None}
     if threshold is not None:
         return {"keep": None, "top_k": None, "threshold": threshold}
-    return {"keep": keep, "top_k": None, "threshold": None}
+    return {"keep": DEFAULT_KEEP if keep is None else keep, "top_k": None, "threshold": None}
 
 
-__all__ = ["SelectConfig", "amount", "captioner_field", "check_guarantee", "check_selection", "source_field"]
+__all__ = ["DEFAULT_KEEP", "SelectConfig", "amount", "captioner_field", "check_guarantee", "check_selection", "source_field"]

@@ -1,7 +1,8 @@
 """One limit per concept across the stages that read shards (issue 41): the same image-size limit (score with a
 text-only detector skips what dedup skips), the same empty-input rule (0-byte and empty tars: exit 2 in score,
-dedup and basic), the same duplicate-key rule (a key repeated within a shard or a table: the first kept, the rest
-counted); basic reads huge images' headers; basic's table sizes must be numbers."""
+dedup, basic and embed), the same duplicate-key rule (a key repeated within a shard or a table: the first kept, the
+rest counted; a key in two shards or tables: refused in one line naming both); basic reads huge images' headers;
+basic's table sizes must be numbers."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ import pytest
 from PIL import Image
 
 from halsift.corpus.images import DEFAULT_MAX_PIXELS, ImageDecodeError, check_size, header_size
+from halsift.corpus.sample import repeated_key
 from halsift.corpus.shards import Sample, ShardWriter
 from halsift.launch.cli import main
 
 M = {"captioner": "t", "source": "i2t"}
 FAST = ["--languages", "en", "de", "--no-progress"]
+TINY = "clip:arch=halsift-tiny,pretrained=random,seed=0"
 
 
 def _jpeg(w: int, h: int) -> bytes:
@@ -119,24 +122,28 @@ def _empty_inputs(tmp_path, how: str):
     elif how == "two_empty":
         (d / "000000.tar").write_bytes(b"")
         tarfile.open(d / "000001.tar", "w").close()
-    else:  # only samples every stage skips (no image member)
-        with ShardWriter(d, maxcount=10) as w:
-            w.write(Sample("x", b"", "A caption.", dict(M), ext=""))
+    else:  # only samples every stage skips (no image member; by hand: ShardWriter refuses them)
+        with tarfile.open(d / "000000.tar", "w") as tf:
+            for name, data in (("x.txt", b"A caption."), ("x.json", json.dumps(M).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
     return d
 
 
 @pytest.mark.parametrize("how", ["zero_byte", "empty_tar", "two_empty"])
-@pytest.mark.parametrize("stage", ["score", "dedup", "basic"])
+@pytest.mark.parametrize("stage", ["score", "dedup", "basic", "embed"])
 def test_empty_inputs_are_refused_by_every_stage(tmp_path, capsys, how, stage):
     data = _empty_inputs(tmp_path, how)
-    args = {"score": ["score", "--detector", "random:seed=1"], "dedup": ["dedup"], "basic": ["basic", *FAST]}[stage]
+    args = {"score": ["score", "--detector", "random:seed=1"], "dedup": ["dedup"], "basic": ["basic", *FAST],
+            "embed": ["embed", "--model", TINY]}[stage]
     assert main([*args, "--data", str(data), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     err = _err(capsys)
     assert "nothing to" in err and ("skipped" in err)
     if stage == "dedup":
         assert not (tmp_path / "o" / "duplicates.parquet").exists()
-    if stage == "basic":  # a failed run's manifest says so, and why
-        m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    if stage in ("basic", "embed"):  # a failed run's manifest says so, and why
+        m = json.loads((tmp_path / "o" / ("_manifest.json" if stage == "embed" else "manifest.json")).read_text())
         assert m["status"] == "failed" and "nothing to" in json.dumps(m)
 
 
@@ -225,3 +232,85 @@ def test_a_key_in_two_shards_is_refused_where_the_shards_meet(tmp_path, capsys):
     assert main(["select", "--scores", str(tmp_path / "s"), "--data", str(tmp_path / "c"), "--out",
                  str(tmp_path / "sel"), "--keep", "1", "--no-progress"]) == 2
     assert "key='b'" in _err(capsys)
+
+
+def test_only_skipped_samples_are_refused_by_embed(tmp_path, capsys):
+    """Every sample skipped (no image member) is nothing read, as for the other stages; the parts stay."""
+    data = _empty_inputs(tmp_path, "all_skipped")
+    assert main(["embed", "--model", TINY, "--data", str(data), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = _err(capsys)
+    assert "nothing to embed" in err and "missing_image=1" in err
+    assert json.loads((tmp_path / "o" / "_manifest.json").read_text())["status"] == "failed"
+
+
+def _two_shards(tmp_path, first: list[str], second: list[str]):
+    """Shards 000000.tar and 000001.tar in one folder holding ``first`` and ``second``'s keys (by hand: ShardWriter
+    refuses a key repeated within a shard)."""
+    c = tmp_path / "c"
+    c.mkdir()
+    for n, keys in enumerate((first, second)):
+        with tarfile.open(c / f"00000{n}.tar", "w") as tf:
+            for i, k in enumerate(keys):
+                for ext, data in (("png", _png(seed=10 * n + i)), ("txt", f"A photo of thing {n}{i}.".encode()),
+                                  ("json", json.dumps(M).encode())):
+                    info = tarfile.TarInfo(f"{k}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+    return c
+
+
+@pytest.mark.parametrize("stage", ["basic", "embed", "dedup"])
+@pytest.mark.parametrize("keys", [(["a", "b", "c"], ["d", "b", "e"]), (["a", "z"], ["x", "y", "z"]),
+                                  (["a", "b", "b"], ["c", "a"])])
+def test_a_key_in_two_shards_is_refused_by_every_stage_that_sees_them(tmp_path, capsys, stage, keys):
+    """The one duplicate-key rule: the same line names the key and both shards, wherever the key sits in them (a
+    repeat within the first shard is still only a skipped duplicate)."""
+    c = _two_shards(tmp_path, *keys)
+    args = {"basic": ["basic", *FAST], "embed": ["embed", "--model", TINY], "dedup": ["dedup"]}[stage]
+    assert main([*args, "--data", str(c), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = _err(capsys)
+    twice = (set(keys[0]) & set(keys[1])).pop()
+    assert f"the key {twice!r} names samples in two inputs" in err
+    assert "000000.tar" in err and "000001.tar" in err
+    if stage != "dedup":
+        m = json.loads((tmp_path / "o" / ("_manifest.json" if stage == "embed" else "manifest.json")).read_text())
+        assert m["status"] == "failed" and repr(twice) in m["error"]
+
+
+@pytest.mark.parametrize("stage", ["basic", "embed"])
+def test_distinct_keys_in_two_shards_pass(tmp_path, stage):
+    c = _two_shards(tmp_path, ["a", "b", "b"], ["c", "d"])
+    args = {"basic": ["basic", *FAST], "embed": ["embed", "--model", TINY]}[stage]
+    assert main([*args, "--data", str(c), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    m = json.loads((tmp_path / "o" / ("_manifest.json" if stage == "embed" else "manifest.json")).read_text())
+    assert m["status"] == "complete" and m["samples"] == 4 and m["skipped"]["by_kind"] == {"duplicate": 1}
+
+
+def test_basic_tables_sharing_a_key_are_refused(tmp_path, capsys):
+    """Tables (here with an integer ``uid`` key column) follow the same rule: a uid in two tables is refused
+    naming both; repeated within one table it is a skipped duplicate."""
+    d = tmp_path / "t"
+    d.mkdir()
+    cap = "A red car parked on the street."
+    pq.write_table(pa.table({"uid": [1, 2, 2], "caption": [cap] * 3, "width": [640] * 3, "height": [480] * 3}),
+                   d / "a.parquet")
+    pq.write_table(pa.table({"uid": [3, 4], "caption": [cap] * 2, "width": [640] * 2, "height": [480] * 2}),
+                   d / "b.parquet")
+    assert main(["basic", "--data", str(d), "--out", str(tmp_path / "ok"), *FAST]) == 0
+    pq.write_table(pa.table({"uid": [5, 1], "caption": [cap] * 2, "width": [640] * 2, "height": [480] * 2}),
+                   d / "c.parquet")
+    assert main(["basic", "--data", str(d), "--out", str(tmp_path / "o"), *FAST]) == 2
+    err = _err(capsys)
+    assert "the key '1' names samples in two inputs" in err and "a.parquet" in err and "c.parquet" in err
+
+
+def test_repeated_key_counts_inputs_not_rows(tmp_path):
+    """Many rows of one key within one part (an embedding part's image, caption and sentence rows) are one
+    sample; the first pair of parts sharing a key is reported, by index in the list given."""
+    files = []
+    for name, keys in (("p0", ["a", "a", "a", "b"]), ("p1", ["c", "c"]), ("p2", ["d", "b", "b"])):
+        files.append(tmp_path / f"{name}.parquet")
+        pq.write_table(pa.table({"key": keys, "x": list(range(len(keys)))}), files[-1])
+    assert repeated_key(files[:2]) is None and repeated_key(files[1:]) is None and repeated_key(files[:1]) is None
+    assert repeated_key(files) == ("b", 0, 2)
+    assert repeated_key(files[::-1]) == ("b", 0, 2)

@@ -81,3 +81,51 @@ def test_max_hallucination_refuses_every_other_amount(tmp_path, capsys, amount):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--max-hallucination" in err and amount[0] in err
     assert not (tmp_path / "o").exists()
+
+
+# keep beside max_hallucination: one rule in the selection settings (check_guarantee), wherever they come from
+@pytest.mark.parametrize("given", [{"keep": 0.3}, {"keep": 0.2}, {"keep": 1.0}, {"top_k": 5}, {"threshold": 50}])
+def test_max_hallucination_refuses_an_amount_given_as_settings(tmp_path, given):
+    """Settings built from a mapping (a YAML file, the notebook API) bypass argparse's exclusive group: the settings
+    themselves refuse it (0.2, the default share, too), naming both keys."""
+    from halsift.corpus.config import from_dict
+    from halsift.filtering.selection.config import SelectConfig
+
+    data = {"scores": [str(tmp_path / "s")], "max_hallucination": 0.1, "calibration": str(tmp_path / "c"), **given}
+    name = next(iter(given))
+    with pytest.raises(ConfigError, match=rf"^max_hallucination: .*drop {name}$"):
+        from_dict(SelectConfig, data)
+
+
+@pytest.mark.parametrize("dry", [True, False])
+@pytest.mark.parametrize("how", ["yaml", "override"])
+def test_a_recipe_select_section_with_keep_and_max_hallucination_is_refused(tmp_path, capsys, monkeypatch, dry, how):
+    import halsift.launch.recipe as recipe
+
+    def must_not_run(*a, **k):
+        raise AssertionError("the recipe reached run_recipe")
+
+    monkeypatch.setattr(recipe, "run_recipe", must_not_run)
+    monkeypatch.chdir(tmp_path)
+    if how == "yaml":
+        (tmp_path / "r.yaml").write_text(f"run_dir: {tmp_path / 'run'}\nselect:\n  keep: 0.3\n"
+                                         "  max_hallucination: 0.1\n")
+        argv = ["run", str(tmp_path / "r.yaml")]
+    else:
+        argv = ["run", "quickstart", f"run_dir={tmp_path / 'run'}", "select.max_hallucination=0.1",
+                "select.keep=0.2"]
+    assert main([*argv, *(["--dry-run"] if dry else [])]) == 2
+    err = _err(capsys)
+    assert "select.max_hallucination" in err and "drop select.keep" in err
+
+
+def test_max_hallucination_alone_and_keep_alone_still_load():
+    from halsift.filtering.selection.config import DEFAULT_KEEP, SelectConfig, amount
+    from halsift.launch.recipe_config import SelectCfg
+    from halsift.corpus.config import from_dict
+
+    assert from_dict(SelectCfg, {"max_hallucination": 0.1}, "select").keep is None
+    assert from_dict(SelectCfg, {"keep": 0.4}, "select").resolved("x")[1]["keep"] == 0.4
+    assert SelectCfg().resolved("x")[1]["keep"] == DEFAULT_KEEP == 0.2
+    cfg = from_dict(SelectConfig, {"scores": ["s"], "max_hallucination": 0.1, "calibration": "c"})
+    assert amount(cfg.keep, cfg.top_k, 37.5) == {"keep": None, "top_k": None, "threshold": 37.5}
