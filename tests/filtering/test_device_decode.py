@@ -193,6 +193,7 @@ def test_embed_leaves_out_an_image_no_decoder_reads(tmp_path):
     assert isinstance(jpeg_or_pixels(junk), EncodedJpeg)
     data = _shards(tmp_path / "data", [BLOBS[1], junk, BLOBS[2]])
     enc = load_encoder("clip:arch=halsift-tiny,pretrained=random,seed=3,decode=gpu")
-    stats = embed_part(enc, Part("p.parquet", str(next(data.glob("*.tar")))), tmp_path / "p.parquet", 64, {})
+    stats = embed_part(enc, Part("p.parquet", str(next(data.glob("*.tar")))), tmp_path / "p.parquet", 64,
+                       {"source_fp": "s", "model_fp": "m", "dim": int(enc.embed_dim())})
     assert stats["images"] == 2 and stats["texts"] == 2 * 4  # 3 sentences + the caption, for the two readable ones
     assert stats["skipped"]["total"] == 1 and stats["skipped"]["samples"][0]["key"] == "s001"
