@@ -15,6 +15,7 @@ parquet metadata; ``running`` until done, ``failed`` with the reason when an err
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -30,7 +31,6 @@ from halsift.corpus.errors import InputError
 from halsift.corpus.fingerprint import file_fingerprint
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.run_folder import check_or_start, failing, forget_part, part_done, part_reusable
-from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name, write_part_atomic
 from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, write_json_atomic
 from halsift.filtering.curation.basic import PRESETS, apply_presets, fields_table, header_size, merge_counts, \
@@ -68,7 +68,7 @@ def _pick(names: list[str], options: tuple, path: Path, what: str) -> str:
     return found
 
 
-def _table_batches(path: Path) -> Iterator[tuple[list[str], list[str], list[tuple[int, int] | None], str]]:
+def _table_batches(path: Path, row_group: int | None = None) -> Iterator[tuple[list[str], list[str], list[tuple[int, int] | None], str]]:
     """(keys, captions, sizes, size source) per record batch of a parquet table."""
     try:
         f = pq.ParquetFile(path)
@@ -80,7 +80,8 @@ def _table_batches(path: Path) -> Iterator[tuple[list[str], list[str], list[tupl
     if size is None:
         raise BasicError(f"data: {path} has no size columns (expected original_width/original_height or "
                          "width/height); give the shards instead to read sizes from the image headers")
-    for b in f.iter_batches(batch_size=BATCH, columns=[key, cap, *size]):
+    groups = None if row_group is None else [row_group]
+    for b in f.iter_batches(batch_size=BATCH, columns=[key, cap, *size], row_groups=groups):
         ws, hs = b.column(size[0]).to_pylist(), b.column(size[1]).to_pylist()
         sizes = [(int(w), int(h)) if w and h and w > 0 and h > 0 else None for w, h in zip(ws, hs)]
         yield ([str(k) for k in b.column(key).to_pylist()], [c or "" for c in b.column(cap).to_pylist()], sizes,
@@ -109,12 +110,14 @@ def _shard_batches(path: Path, skipped: SkipCounter, size_from: str):
         yield keys, caps, sizes, srcs
 
 
-def _one_part(kind: str, path: Path, dest: Path, detector, presets: list[str], size_from: str, bar) -> dict:
-    """Compute and write one input's part; returns its counts (also stored in the part's metadata)."""
+def _one_part(kind: str, path: Path, dest: Path, detector, presets: list[str], size_from: str, bar,
+              row_group: int | None = None) -> dict:
+    """Compute and write one input's part (of a table: its row group ``row_group``, else all of it); returns its
+    counts (also stored in the part's metadata)."""
     skipped = SkipCounter(max_examples=20)
     tables, langs, size_src = [], Counter(), Counter()
     corrupt = None
-    batches = _table_batches(path) if kind == "table" else _shard_batches(path, skipped, size_from)
+    batches = _table_batches(path, row_group) if kind == "table" else _shard_batches(path, skipped, size_from)
     try:
         for keys, caps, sizes, src in batches:
             detected = detector.detect(caps)
@@ -127,7 +130,7 @@ def _one_part(kind: str, path: Path, dest: Path, detector, presets: list[str], s
         skipped.add(path.name, str(e), "corrupt_shard", n=e.lost or 1)
     t = pa.concat_tables(tables) if tables else fields_table([], [], [], [])
     t, counts = apply_presets(t, presets)
-    info = {"input": str(path), "rows": len(t), "presets": counts, "lang": dict(langs), "size_source": dict(size_src),
+    info = {"input": str(path), "row_group": row_group, "rows": len(t), "presets": counts, "lang": dict(langs), "size_source": dict(size_src),
             "skipped": skipped.to_json(), "corrupt": corrupt}
     t = t.replace_schema_metadata({META_KEY: json.dumps(info).encode()})
     write_part_atomic(t, dest)
@@ -135,8 +138,12 @@ def _one_part(kind: str, path: Path, dest: Path, detector, presets: list[str], s
 
 
 def run_basic(data: str, out: str | os.PathLike, *, presets: list[str], detector, size_from: str = "auto",
-              show_progress: bool = True) -> dict:
-    """Write the field parts of every input in ``data`` to ``out`` (finished parts are kept) and the manifest."""
+              show_progress: bool = True, engine: str = "local", **flags) -> dict:
+    """Write the field parts of every input in ``data`` to ``out`` (finished parts are kept) and the manifest. The
+    parts are made on the scoring engine ``engine`` (:mod:`halsift.filtering.scoring.stage`) with its ``flags``
+    (``num_tasks``, ``task_index``, ``claim_timeout``, ``address``, ``workers``); a parquet table with several row
+    groups gives one part per row group. Returns the manifest (``status: running`` from a task that left parts to
+    others, with the engine's ``lines``)."""
     unknown = [p for p in presets if p not in PRESETS]
     if unknown:
         raise BasicError(f"preset: {unknown[0]!r} is not a preset (known: {', '.join(PRESETS)})")
@@ -147,34 +154,75 @@ def run_basic(data: str, out: str | os.PathLike, *, presets: list[str], detector
         raise BasicError(f"data: two inputs share the name {next(n for n in names if names.count(n) > 1)}")
     settings = {"data": [str(p.resolve()) for p in inputs], "kind": kind, "presets": presets,
                 "size_from": size_from, "language": detector.settings}
+    from halsift.filtering.scoring.engine import resolve_engine
+    from halsift.filtering.scoring.stage import StageJob, check_stage
+
+    job = StageJob("basic", out, [], _make_part, _part_done, honours=_HONOURS, why_not=_WHY_NOT,
+                   show_progress=show_progress, **flags)
+    check_stage(job)  # a refused flag before the folder is touched
     _open_out(out, settings)
     with failing(out, "manifest.json"):
-        return _run(kind, inputs, names, out, settings, detector, presets, size_from, show_progress)
+        t0 = time.perf_counter()
+        parts = _plan(kind, inputs, names, out, detector, presets, size_from)
+        job = dataclasses.replace(job, parts=parts)
+        before = {p.name for p in parts if _part_done(p)}
+        summary = resolve_engine(engine, job).stage(job)
+        if not summary.complete:
+            return {"status": "running", "settings": settings, "lines": summary.lines, "parts": [p.name for p in parts],
+                    "parts_done_before": summary.stats["reused"]}
+        wall = time.perf_counter() - t0
+        infos = [json.loads(pq.read_schema(out / p.name).metadata[META_KEY]) for p in parts]
+        done_before = len(before)
+        rows_now = sum(i["rows"] for i, p in zip(infos, parts) if p.name not in before)
+        manifest = _manifest(infos, settings, [p.name for p in parts])
+        manifest.update(parts_done_before=done_before, wall_time_s=round(wall, 3), lines=summary.lines,
+                        samples_per_s=round(rows_now / wall, 1) if wall > 0 and rows_now else None)
+        write_json_atomic(out / "manifest.json", manifest)
+        return manifest
 
 
-def _run(kind: str, inputs: list[Path], names: list[str], out: Path, settings: dict, detector, presets: list[str],
-         size_from: str, show_progress: bool) -> dict:
-    t0 = time.perf_counter()
-    bar = progress(desc="basic", unit="sample", disable=not show_progress)
-    parts, done_before = [], 0
+_HONOURS = frozenset({"num_tasks", "task_index", "claim_timeout", "address", "workers"})
+_WHY_NOT = {"decode_workers": "decodes no image (sizes come from the recorded size or the image header)"}
+
+
+def _plan(kind: str, inputs: list[Path], names: list[str], out: Path, detector, presets: list[str],
+          size_from: str) -> list:
+    """The parts: one per shard, or per row group of a parquet table with several (``part-<table>.rgNNNNN``)."""
+    from halsift.filtering.scoring.stage import StagePart
+
+    parts = []
     for path, name in zip(inputs, names):
-        dest = out / name
-        made = {"source_fp": file_fingerprint(path)}
-        if part_reusable(out, name, made):
-            parts.append(json.loads(pq.read_schema(dest).metadata[META_KEY]))
-            done_before += 1
-            continue
-        forget_part(out, name)
-        parts.append(_one_part(kind, path, dest, detector, presets, size_from, bar))
-        part_done(out, name, made)
-    bar.close()
-    wall = time.perf_counter() - t0
-    rows_now = sum(p["rows"] for p in parts[done_before:]) if done_before < len(parts) else 0
-    manifest = _manifest(parts, settings, names)
-    manifest.update(parts_done_before=done_before, wall_time_s=round(wall, 3),
-                    samples_per_s=round(rows_now / wall, 1) if wall > 0 and rows_now else None)
-    write_json_atomic(out / "manifest.json", manifest)
-    return manifest
+        fp = file_fingerprint(path)
+        groups = [None]
+        if kind == "table":
+            try:
+                n = pq.ParquetFile(path).metadata.num_row_groups
+            except (pa.ArrowInvalid, OSError) as e:
+                raise BasicError(f"data: {path} is not a readable parquet table ({e})") from None
+            groups = [None] if n <= 1 else list(range(n))
+        for g in groups:
+            made = {"source_fp": fp} if g is None else {"source_fp": fp, "row_group": g}
+            pname = name if g is None else part_name(0, f"{path.name.removesuffix('.parquet')}.rg{g:05d}")
+            parts.append(StagePart(pname, (kind, path, g, out, made, detector, tuple(presets), size_from)))
+    return parts
+
+
+def _part_done(part) -> bool:
+    kind, path, g, out, made, *_ = part.args
+    return part_reusable(out, part.name, made)
+
+
+def _make_part(part) -> dict:
+    kind, path, g, out, made, detector, presets, size_from = part.args
+    forget_part(out, part.name)
+    info = _one_part(kind, path, out / part.name, detector, list(presets), size_from, _NoBar(), g)
+    part_done(out, part.name, made)
+    return info
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
 
 
 def _open_out(out: Path, settings: dict) -> None:
