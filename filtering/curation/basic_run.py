@@ -68,7 +68,8 @@ def _pick(names: list[str], options: tuple, path: Path, what: str) -> str:
     return found
 
 
-def _table_batches(path: Path, row_group: int | None = None) -> Iterator[tuple[list[str], list[str], list[tuple[int, int] | None], str]]:
+def _table_batches(path: Path, row_group: int | None = None
+                   ) -> Iterator[tuple[list[str], list[str], list[tuple[int, int] | None], str]]:
     """(keys, captions, sizes, size source) per record batch of a parquet table."""
     try:
         f = pq.ParquetFile(path)
@@ -130,7 +131,8 @@ def _one_part(kind: str, path: Path, dest: Path, detector, presets: list[str], s
         skipped.add(path.name, str(e), "corrupt_shard", n=e.lost or 1)
     t = pa.concat_tables(tables) if tables else fields_table([], [], [], [])
     t, counts = apply_presets(t, presets)
-    info = {"input": str(path), "row_group": row_group, "rows": len(t), "presets": counts, "lang": dict(langs), "size_source": dict(size_src),
+    info = {"input": str(path), "row_group": row_group, "rows": len(t), "presets": counts, "lang": dict(langs),
+            "size_source": dict(size_src),
             "skipped": skipped.to_json(), "corrupt": corrupt}
     t = t.replace_schema_metadata({META_KEY: json.dumps(info).encode()})
     write_part_atomic(t, dest)

@@ -22,6 +22,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from halsift.corpus.config import field as cfield
+from halsift.corpus.errors import InputError
+
+class StageError(InputError):
+    """A flag a per-shard stage cannot honour, or a bad value (one line naming the flag)."""
+
 
 FLAGS = ("decode_workers", "num_tasks", "task_index", "claim_timeout", "address", "workers")
 
@@ -77,14 +82,12 @@ class StageRun:
 
 def check_stage(job: StageJob) -> None:
     """The stage's own refusals: a flag it does not honour, one line naming it; a bad count."""
-    from halsift.filtering.scoring.engine import EngineError
-
     for flag in FLAGS:
         if flag in job.given() and flag not in job.honours:
             why = job.why_not.get(flag, "not honoured")
-            raise EngineError(f"--{flag.replace('_', '-')}: halsift {job.stage} {why}")
+            raise StageError(f"--{flag.replace('_', '-')}: halsift {job.stage} {why}")
     if job.decode_workers < 0:
-        raise EngineError(f"--decode-workers: expected >= 0, got {job.decode_workers}")
+        raise StageError(f"--decode-workers: expected >= 0, got {job.decode_workers}")
 
 
 def _pool(n: int):
@@ -181,9 +184,7 @@ def run_ray(job: StageJob, max_failures: int = 3) -> StageRun:
 
     ray = _ray()
     if job.workers is not None and job.workers < 1:
-        from halsift.filtering.scoring.engine import EngineError
-
-        raise EngineError(f"--workers: expected >= 1, got {job.workers}")
+        raise StageError(f"--workers: expected >= 1, got {job.workers}")
     todo = [p for p in job.parts if not job.done(p)]
     run = StageRun(reused=len(job.parts) - len(todo))
     if not todo:
@@ -238,4 +239,5 @@ class StageFlags:
         return {f: getattr(self, f) for f in FLAGS}
 
 
-__all__ = ["FLAGS", "StageFlags", "StageJob", "StagePart", "StageRun", "check_stage", "run_local", "run_ray", "run_task"]
+__all__ = ["FLAGS", "StageError", "StageFlags", "StageJob", "StagePart", "StageRun", "check_stage", "run_local",
+           "run_ray", "run_task"]

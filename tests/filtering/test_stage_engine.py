@@ -185,7 +185,6 @@ def test_each_refused_flag_names_itself(tmp_path, capsys, cmd, flags, expect):
 
 
 def test_engine_ray_without_ray_is_refused_in_one_line(tmp_path, capsys):
-    pytest.importorskip("halsift")
     try:
         import ray  # noqa: F401
         pytest.skip("Ray is installed here")
