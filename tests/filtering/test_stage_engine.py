@@ -195,3 +195,15 @@ def test_engine_ray_without_ray_is_refused_in_one_line(tmp_path, capsys):
         assert main([cmd, "--data", str(data), "--out", str(tmp_path / cmd), "--engine", "ray", *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert "--engine ray: Ray is not installed" in err and len(err.splitlines()) == 1, err
+
+
+def test_slurm_array_runs_basic_and_dedup_as_tasks():
+    from halsift.launch.slurm_array import TASK_ID, task_command
+
+    for cmd in ("basic", "dedup", "embed"):
+        argv = task_command([cmd, "--data", "d", "--out", "o"], 4)
+        assert argv[-4:] == ["--num-tasks", "4", "--task-index", TASK_ID]
+    with pytest.raises(ValueError, match="drop --engine"):
+        task_command(["dedup", "--data", "d", "--out", "o", "--engine", "ray"], 4)
+    with pytest.raises(ValueError, match="not 'train'"):
+        task_command(["train", "--out", "o"], 4)
