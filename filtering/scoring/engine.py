@@ -81,7 +81,7 @@ class Engine(ABC):
 
     def embed(self, job: "EmbedJob") -> EngineSummary:
         """``halsift embed``'s job (:mod:`.embed`): the same parts, split the way this engine splits score's."""
-        raise EngineError(f"--engine {self.name}: halsift embed runs on --engine local or tasks")
+        raise EngineError(f"--engine {self.name}: halsift embed runs on --engine local, tasks or ray")
 
     def stage(self, job: "StageJob") -> EngineSummary:
         """A per-shard corpus stage (``basic``, dedup's hashes, :mod:`.stage`): its parts, split the way this engine
@@ -212,6 +212,15 @@ class RayEngine(Engine):
         from halsift.filtering.scoring.stage import run_ray
 
         return run_ray(job)
+
+    def embed(self, job: "EmbedJob") -> EngineSummary:
+        self.check(job, EMBED | {"address", "workers"})
+        if job.workers is not None and job.workers < 1:
+            raise EngineError(f"--workers: expected >= 1, got {job.workers}")
+        from halsift.filtering.scoring.embed import embed_ray
+
+        m = embed_ray(job)
+        return EngineSummary(self.name, Path(job.out), bool(m.get("complete")), True, [], m)
 
 
 ENGINES: dict[str, Engine] = {}
