@@ -176,6 +176,10 @@ def run_task(job: StageJob, num_tasks: int, task_index: int, stale_after: float)
     return run
 
 
+def _call(make: Callable[[StagePart], Any], part: StagePart) -> Any:
+    return make(part)  # a Ray task's body (Ray's remote functions are functions, not partials)
+
+
 def run_ray(job: StageJob, max_failures: int = 3) -> StageRun:
     """One Ray task per part not done (``job.workers`` at a time, default: the cluster's CPUs); a part whose worker
     died is retried up to ``max_failures`` times."""
@@ -191,14 +195,14 @@ def run_ray(job: StageJob, max_failures: int = 3) -> StageRun:
         return run
     if not ray.is_initialized():
         ray.init(address=job.address, log_to_driver=False)
-    make = ray.remote(num_cpus=1, max_retries=max_failures)(job.make)
+    make = ray.remote(num_cpus=1, max_retries=max_failures)(_call)
     limit = job.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     queue, running = list(todo), {}
     with progress(total=len(todo), desc=f"{job.stage} ray", unit="part", disable=not job.show_progress) as bar:
         while queue or running:
             while queue and len(running) < limit:
                 p = queue.pop(0)
-                running[make.remote(p)] = p
+                running[make.remote(job.make, p)] = p
             finished, _ = ray.wait(list(running), num_returns=1)
             running.pop(finished[0])
             ray.get(finished[0])
