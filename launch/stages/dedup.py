@@ -30,13 +30,7 @@ def stage_dedup(r: Recipe, p: Paths) -> dict:
 
     out = p.stage("dedup")
     source = p.source_corpus
-    flags = r.dedup.engine_flags()
-    for name in ("num_tasks", "task_index", "claim_timeout"):
-        if flags.pop(name) is not None:
-            from halsift.corpus.errors import InputError
-
-            raise InputError(f"dedup.{name}: a recipe runs dedup whole; run `halsift dedup --num-tasks` tasks "
-                             "yourself, then the recipe")
+    flags = {f: getattr(r.dedup, f) for f in ("decode_workers", "address", "workers")}  # a recipe runs it whole
     m = run_dedup(source, out, against=against_sets(r, p), model=r.dedup.model or None, exact_on=r.dedup.exact_on,
                   phash_distance=r.dedup.phash_distance, near_thumbnail=r.dedup.near_thumbnail,
                   eval_thumbnail=r.dedup.eval_thumbnail, cosine=r.dedup.cosine, nprobe=r.dedup.nprobe,
