@@ -157,11 +157,11 @@ def run_basic(data: str, out: str | os.PathLike, *, presets: list[str], detector
     settings = {"data": [str(p.resolve()) for p in inputs], "kind": kind, "presets": presets,
                 "size_from": size_from, "language": detector.settings}
     from halsift.filtering.scoring.engine import resolve_engine
-    from halsift.filtering.scoring.stage import StageJob, check_stage
+    from halsift.filtering.scoring.stage import StageJob
 
     job = StageJob("basic", out, [], _make_part, _part_done, honours=_HONOURS, why_not=_WHY_NOT,
                    show_progress=show_progress, **flags)
-    check_stage(job)  # a refused flag before the folder is touched
+    resolve_engine(engine, job).check_stage(job)  # a refused flag before the folder is touched
     _open_out(out, settings)
     with failing(out, "manifest.json"):
         t0 = time.perf_counter()

@@ -83,6 +83,7 @@ def shard_stage(shards: list[Path], out: Path, model: str | None, show_progress:
     if engine == "local" and not job.given():
         return None
     e = resolve_engine(engine, job)
+    e.check_stage(job)  # a refused flag before any work
     model_fp = spec_fingerprint(model) if model else None
     parts = [StagePart(part_path(out / "_parts", s).name, (Path(s), out, model, model_fp)) for s in shards]
     job.out.mkdir(parents=True, exist_ok=True)

@@ -86,16 +86,20 @@ class Engine(ABC):
     def stage(self, job: "StageJob") -> EngineSummary:
         """A per-shard corpus stage (``basic``, dedup's hashes, :mod:`.stage`): its parts, split the way this engine
         splits score's. ``complete``: every part is written."""
+        self.check_stage(job)
+        run = self._stage(job)
+        return EngineSummary(self.name, Path(job.out), run.complete, True, run.lines,
+                             {"parts": len(job.parts), "made": run.made, "reused": run.reused,
+                              "missing": len(run.missing)})
+
+    def check_stage(self, job: "StageJob") -> None:
+        """Refuse, in one line naming the flag, a stage job this engine cannot run (before any work)."""
         from halsift.filtering.scoring.stage import check_stage
 
         check_stage(job)
         for name in sorted(job.given()):
             if name not in self.honours:
                 raise EngineError(self.refusal(name))
-        run = self._stage(job)
-        return EngineSummary(self.name, Path(job.out), run.complete, True, run.lines,
-                             {"parts": len(job.parts), "made": run.made, "reused": run.reused,
-                              "missing": len(run.missing)})
 
     def _stage(self, job: "StageJob"):
         from halsift.filtering.scoring.stage import run_local
@@ -177,13 +181,18 @@ class TaskEngine(Engine):
                                           f"the last task to finish completes {Path(job.out) / '_manifest.json'}"]
         return EngineSummary(self.name, Path(job.out), bool(m["complete"]), True, lines, m)
 
+    def check_stage(self, job: "StageJob") -> None:
+        super().check_stage(job)
+        from halsift.filtering.scoring.tasks import task_from_env
+
+        if task_from_env(job.num_tasks, job.task_index) is None:
+            raise EngineError("--engine tasks: give --num-tasks (or run it as a SLURM array task)")
+
     def _stage(self, job: "StageJob"):
         from halsift.filtering.scoring.stage import run_task
         from halsift.filtering.scoring.tasks import STALE_AFTER_S, task_from_env
 
         task = task_from_env(job.num_tasks, job.task_index)
-        if task is None:
-            raise EngineError("--engine tasks: give --num-tasks (or run it as a SLURM array task)")
         return run_task(job, *task, STALE_AFTER_S if job.claim_timeout is None else job.claim_timeout)
 
 
@@ -207,6 +216,14 @@ class RayEngine(Engine):
         m = score_ray(job)
         return EngineSummary(self.name, Path(job.out), True, True,
                              [f"ray: {m['workers']} workers, {m['parts_redone']} parts redone after a worker died"], m)
+
+    def check_stage(self, job: "StageJob") -> None:
+        super().check_stage(job)
+        if job.workers is not None and job.workers < 1:
+            raise EngineError(f"--workers: expected >= 1, got {job.workers}")
+        from halsift.filtering.scoring.ray_engine import _ray
+
+        _ray()  # Ray not installed: one line, before any work
 
     def _stage(self, job: "StageJob"):
         from halsift.filtering.scoring.stage import run_ray

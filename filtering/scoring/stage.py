@@ -187,8 +187,6 @@ def run_ray(job: StageJob, max_failures: int = 3) -> StageRun:
     from halsift.filtering.scoring.ray_engine import _ray
 
     ray = _ray()
-    if job.workers is not None and job.workers < 1:
-        raise StageError(f"--workers: expected >= 1, got {job.workers}")
     todo = [p for p in job.parts if not job.done(p)]
     run = StageRun(reused=len(job.parts) - len(todo))
     if not todo:

@@ -184,17 +184,14 @@ def test_each_refused_flag_names_itself(tmp_path, capsys, cmd, flags, expect):
     assert expect in err and len(err.splitlines()) == 1, err
 
 
-def test_engine_ray_without_ray_is_refused_in_one_line(tmp_path, capsys):
-    try:
-        import ray  # noqa: F401
-        pytest.skip("Ray is installed here")
-    except ImportError:
-        pass
+def test_engine_ray_without_ray_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed (import ray raises ImportError)
     for cmd, data, extra in (("basic", _shards(tmp_path / "shards"), FAST),
                              ("dedup", _corpus(tmp_path), ["--no-progress"])):
         assert main([cmd, "--data", str(data), "--out", str(tmp_path / cmd), "--engine", "ray", *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert "--engine ray: Ray is not installed" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "basic").exists()  # refused before the folder is made
 
 
 def test_slurm_array_runs_basic_and_dedup_as_tasks():
