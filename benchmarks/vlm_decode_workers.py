@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
         root = Path(tmp)
         model = build_tiny_vlm(args.arch, root / "vlm", seed=0, init_std=0.5)
         data = make_corpus(root / "data", args.samples, args.per_shard, args.image_size)
-        spec = f"vlm:model={model},mode={args.mode},dtype=float32,device={args.device},batch_size={args.batch_size}"
+        spec = f"vlm:model={model},mode={args.mode},dtype=float32,device={args.device},forward_batch={args.batch_size}"
         if args.vllm:
             spec = f"vllm:model={model},mode=yes_prob,max_model_len=4096,gpu_memory_utilization=0.5"
         tables = {}

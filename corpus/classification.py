@@ -19,21 +19,18 @@ reads them. A problem (a missing file, an empty class list, a label out of range
 
 from __future__ import annotations
 
-import io
 import os
-import re
-import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from halsift.corpus.errors import InputError
+from halsift.corpus.shards import ShardFormatError, shard_parts
 
 CLASSNAMES_FILE = "classnames.txt"
 TEMPLATES_FILE = "zeroshot_classification_templates.txt"
 WDS_IMAGE_EXTS = ("webp", "png", "jpg", "jpeg")  # CLIP_benchmark's to_tuple order: the first present is the image
 FOLDER_IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # torchvision's
-_WDS_NAME = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's key/extension split (first dot of the name)
 
 
 class ClassificationFormatError(InputError):
@@ -85,24 +82,12 @@ class ClassificationSet:
 
 
 def _tar_samples(shard: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """Samples of a webdataset shard: consecutive members with the same key, extensions lower-cased."""
-    key, members = None, {}
+    """Samples of a webdataset shard (the shard reader's grouping: :func:`~halsift.corpus.shards.shard_parts`)."""
     try:
-        with tarfile.open(shard, "r") as tar:
-            for info in tar:
-                m = _WDS_NAME.match(info.name)
-                if not info.isfile() or not m:
-                    continue
-                k, ext = m.group(1), m.group(2).lower()
-                if k != key and members:
-                    yield key, members
-                    members = {}
-                key = k
-                members[ext] = tar.extractfile(info).read()
-    except (tarfile.TarError, OSError) as e:
-        raise ClassificationFormatError(f"{shard}: not a readable tar ({e})") from None
-    if members:
-        yield key, members
+        yield from shard_parts(shard)
+    except (ShardFormatError, OSError) as e:
+        raise ClassificationFormatError(str(e) if isinstance(e, ShardFormatError)
+                                        else f"{shard}: not a readable tar ({e})") from None
 
 
 def read_lines(path: Path, what: str) -> list[str]:
@@ -123,12 +108,22 @@ def read_lines(path: Path, what: str) -> list[str]:
 
 
 def _templates(path: Path) -> list[str]:
+    """The templates of ``path``; each field must be the plain ``{c}`` (a format spec such as ``{c:>8}`` is fine):
+    no other name, no attribute access (``{c.__class__}``) or index (``{c[0]}``), so that a template file can only
+    place the class name."""
+    import string
+
     lines = read_lines(path, "prompt templates with {c} where the class name goes")
     for i, t in enumerate(lines, 1):
         try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(t) if f is not None]
+            bad = next((f for f in fields if f != "c"), None)
+            if bad is not None:
+                raise ValueError(f"the field {{{bad}}}: only {{c}} is allowed, no other name, attribute or index")
             t.format(c="x")
-        except (KeyError, IndexError, ValueError) as e:
-            raise ClassificationFormatError(f"{path}:{i}: template {t!r} does not format with {{c}} ({e!r})") from None
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
+            why = e.args[0] if isinstance(e, ValueError) and e.args else repr(e)
+            raise ClassificationFormatError(f"{path}:{i}: template {t!r} does not format with {{c}} ({why})") from None
     return lines
 
 

@@ -236,8 +236,9 @@ def deep_merge(base: dict, over: Mapping) -> dict:
     return out
 
 
-def load_yaml(path: str | Path) -> dict:
-    """Read a YAML mapping; errors name the file."""
+def load_yaml(path: str | Path, empty_ok: bool = True) -> dict:
+    """Read a YAML mapping; errors name the file. ``empty_ok=False``: an empty or ``null`` document is an error
+    too (a recipe that says nothing must not run every default stage)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"recipe: {path} does not exist")
@@ -246,6 +247,9 @@ def load_yaml(path: str | Path) -> dict:
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({clip_text(str(e))})") from None
     if data is None:
+        if not empty_ok:
+            raise ConfigError(f"{path}: the file is empty (or null); expected a mapping of settings, e.g. the "
+                              "shipped recipes (halsift run --list)")
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")

@@ -140,6 +140,42 @@ def _turbo_pixels(data: bytes, size: tuple[int, int], draft: int | None) -> np.n
     return pixels if pixels.shape[:2] == (out_h, out_w) else None
 
 
+def header_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from the image header, without decoding the pixels and whatever the size (a 20000x20000
+    JPEG too: Pillow's bomb check would refuse to open it); ``None`` when the header is unreadable. Stages that
+    decode judge the size against :data:`DEFAULT_MAX_PIXELS` (:func:`check_size`); ``basic`` records it."""
+    if not data:
+        return None
+    if data[:3] == b"\xff\xd8\xff" and _simplejpeg is not None:
+        try:
+            h, w, _, _ = _simplejpeg.decode_jpeg_header(data)
+            return (int(w), int(h)) if w > 0 and h > 0 else None
+        except Exception:  # noqa: BLE001 - a header libjpeg-turbo does not read: Pillow below
+            pass
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR" and len(data) >= 24:
+        w, h = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        return (w, h) if w > 0 and h > 0 else None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:  # lazy: reads the header, not the pixels
+                w, h = im.size
+    except Exception:  # noqa: BLE001 - any parser failure of a hostile file: unreadable
+        return None
+    return (int(w), int(h)) if w > 0 and h > 0 else None
+
+
+def check_size(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+    """The one image-size rule of every stage that reads shards, for a reader that does not decode (a text-only
+    detector): :class:`ImageDecodeError` of kind ``bomb`` when the header says more than ``max_pixels`` pixels, as
+    decoding would (an unreadable header is left to the decoder, where there is one)."""
+    size = header_size(data)
+    if size is not None and size[0] * size[1] > max_pixels:
+        w, h = size
+        raise ImageDecodeError(key, f"decompression bomb refused: {w}x{h} = {w * h} pixels > limit {max_pixels}",
+                               "bomb")
+
+
 def decode_image(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXELS,
                  draft: int | None = None) -> Image.Image:
     """Decode image bytes to an RGB image, or raise :class:`ImageDecodeError` naming ``key`` and the reason.
@@ -157,6 +193,33 @@ def decode_pixels(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXE
     decodes, no PIL image is built (for a consumer that batches arrays: ~20 µs per image less)."""
     out = _decode(data, key, max_pixels, draft)
     return out if isinstance(out, np.ndarray) else np.asarray(out)
+
+
+class EncodedJpeg:
+    """A JPEG kept undecoded for a batched decoder on the model's device (``decode=gpu``): its bytes and
+    ``(width, height)``, read from a header that passed the checks of :func:`_plain_jpeg_size` (libjpeg reads it,
+    3-channel or greyscale, no Exif/XMP orientation nor MPO index, within the decompression-bomb limit)."""
+
+    __slots__ = ("data", "size")
+
+    def __init__(self, data: bytes, size: tuple[int, int]) -> None:
+        self.data, self.size = data, size
+
+
+def _ends_whole(data: bytes) -> bool:
+    """Whether a JPEG ends with its end-of-image marker (trailing padding allowed): a cut file does not."""
+    return data.rstrip(b"\x00").endswith(b"\xff\xd9")
+
+
+def jpeg_or_pixels(data: bytes, key: str = "", max_pixels: int = DEFAULT_MAX_PIXELS,
+                   draft: int | None = None) -> EncodedJpeg | np.ndarray:
+    """An :class:`EncodedJpeg` for a plain, whole JPEG (its header checked, the bomb limit included, nothing decoded:
+    ~2 us), else :func:`decode_pixels` (other formats, oriented or cut JPEGs), with its errors."""
+    if data:
+        size = _plain_jpeg_size(data, max_pixels)
+        if size is not None and _ends_whole(data):
+            return EncodedJpeg(data, size)
+    return decode_pixels(data, key, max_pixels, draft)
 
 
 def _decode(data: bytes, key: str, max_pixels: int, draft: int | None) -> np.ndarray | Image.Image:
@@ -286,7 +349,8 @@ def decode_sample(sample, skipped: SkipCounter, max_pixels: int = DEFAULT_MAX_PI
 
     Skips (with kind): no image member (``missing_image``), an empty/whitespace caption when
     ``need_caption`` (``empty_caption``), and every :class:`ImageDecodeError` kind. ``draft``: see
-    :func:`decode_image`. ``arrays``: the pixels as :func:`decode_pixels` returns them.
+    :func:`decode_image`. ``arrays``: the pixels as :func:`decode_pixels` returns them (``"jpeg"``: as
+    :func:`jpeg_or_pixels` does).
     """
     if not sample.image and not sample.ext:
         skipped.add(sample.key, "sample has no image member", "missing_image")
@@ -295,7 +359,15 @@ def decode_sample(sample, skipped: SkipCounter, max_pixels: int = DEFAULT_MAX_PI
         skipped.add(sample.key, "empty caption", "empty_caption")
         return None
     try:
-        return (decode_pixels if arrays else decode_image)(sample.image, sample.key, max_pixels, draft)
+        return image_decoder(arrays)(sample.image, sample.key, max_pixels, draft)
     except ImageDecodeError as e:
         skipped.add_error(e)
         return None
+
+
+def image_decoder(arrays: bool | str = False):
+    """The decoder of a detector's ``image_arrays``: False :func:`decode_image` (PIL), True :func:`decode_pixels`
+    (uint8 arrays), ``"jpeg"`` :func:`jpeg_or_pixels` (plain JPEGs undecoded, the rest as arrays)."""
+    if arrays == "jpeg":
+        return jpeg_or_pixels
+    return decode_pixels if arrays else decode_image

@@ -32,9 +32,35 @@ class _BoundedLoader(yaml.SafeLoader):
 
     def compose_document(self):
         node = super().compose_document()
+        if node is not None:
+            _refuse_recursion(node, [], set(), set())
         if _expanded_size(node, {}) > MAX_YAML_NODES:
             raise yaml.YAMLError(f"aliases expand to more than {MAX_YAML_NODES} nodes (an alias bomb?)")
         return node
+
+
+def _refuse_recursion(node: yaml.Node, path: list[str], open_: set[int], done: set[int]) -> None:
+    """Raise ``yaml.YAMLError`` naming the key (``a.b[2]``) and line of an alias that contains itself (``&x [*x]``):
+    no value of a config can be infinite. Each node is walked once (``done``), so an alias bomb costs its size."""
+    if id(node) in done:
+        return
+    if id(node) in open_:
+        where = ".".join(path) or "(top level)"
+        raise yaml.YAMLError(f"the key {where} (line {node.start_mark.line + 1}) is a recursive alias: it contains "
+                             "itself")
+    children: list[tuple[str, yaml.Node]] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = [(f"[{i}]", c) for i, c in enumerate(node.value)]
+    elif isinstance(node, yaml.MappingNode):
+        children = [(str(k.value) if isinstance(k, yaml.ScalarNode) else "?", v) for k, v in node.value]
+    if not children:
+        return
+    open_.add(id(node))
+    for name, child in children:
+        step = path[:-1] + [path[-1] + name] if name.startswith("[") and path else path + [name]
+        _refuse_recursion(child, step, open_, done)
+    open_.discard(id(node))
+    done.add(id(node))
 
 
 def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:

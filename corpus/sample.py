@@ -12,7 +12,9 @@ samples. The rules, first match wins (the kind counted in parentheses):
 3. no image member (``missing_image``);
 4. the caption (``.txt``) is missing or blank (``empty_caption``);
 5. the caption splits into no sentence, e.g. only punctuation (``empty_caption``; :func:`sentences_of`);
-6. the image does not decode (its kind: :func:`~halsift.corpus.images.decode_image`'s robust rules);
+6. the image does not decode (its kind: :func:`~halsift.corpus.images.decode_image`'s robust rules); read
+   without decoding, its header still says no more pixels than the one limit (``bomb``:
+   :func:`~halsift.corpus.images.check_size`);
 7. the shard is truncated or unreadable (``corrupt_shard``, after its readable samples; n = samples lost).
 
 The items a detector scores (:class:`Item`) are made here too, from a sample (:func:`sample_items`), a caption
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from halsift.corpus.images import DEFAULT_MAX_PIXELS, ImageDecodeError, SkipCounter, decode_image, decode_pixels
+from halsift.corpus.images import DEFAULT_MAX_PIXELS, ImageDecodeError, SkipCounter, check_size, image_decoder
 from halsift.corpus.sentences import sentence_texts
 from halsift.corpus.shards import Sample, ShardFormatError, expand_shards, iter_shard
 
@@ -107,10 +109,11 @@ def _text_flaw(sample: Sample) -> tuple[str, str] | None:
 
 
 def validate(sample: Sample, skipped: SkipCounter, *, decode: bool = True, draft: int | None = None,
-             arrays: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> ValidSample | None:
+             arrays: bool | str = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> ValidSample | None:
     """The sample as a :class:`ValidSample`, or None after counting in ``skipped`` the rule it breaks (module
     docstring). ``decode=False`` checks every rule but the image decoding (the image is left None); ``draft``,
-    ``arrays``, ``max_pixels``: as :func:`~halsift.corpus.images.decode_image` / ``decode_pixels`` take them."""
+    ``arrays``, ``max_pixels``: as :func:`~halsift.corpus.images.decode_sample` takes them (``"jpeg"``: plain JPEGs
+    kept undecoded, :class:`~halsift.corpus.images.EncodedJpeg`)."""
     flaw = _text_flaw(sample)
     if flaw is not None:
         skipped.add(sample.key, *flaw)
@@ -120,12 +123,14 @@ def validate(sample: Sample, skipped: SkipCounter, *, decode: bool = True, draft
         skipped.add(sample.key, "caption has no sentences", "empty_caption")
         return None
     image = None
-    if decode:
-        try:
-            image = (decode_pixels if arrays else decode_image)(sample.image, sample.key, max_pixels, draft)
-        except ImageDecodeError as e:
-            skipped.add_error(e)
-            return None
+    try:
+        if decode:
+            image = image_decoder(arrays)(sample.image, sample.key, max_pixels, draft)
+        else:  # the same size limit without decoding: every stage keeps and skips the same samples
+            check_size(sample.image, sample.key, max_pixels)
+    except ImageDecodeError as e:
+        skipped.add_error(e)
+        return None
     return ValidSample(sample.key, image, sample.caption, texts, truth, sample.meta, sample)
 
 
@@ -146,6 +151,19 @@ def read_samples(spec: str | os.PathLike | Iterable, skipped: SkipCounter, **opt
     """:func:`read_shard` over every shard of ``spec`` (:func:`~halsift.corpus.shards.expand_shards`)."""
     for path in expand_shards(spec):
         yield from read_shard(path, skipped, **opts)
+
+
+def nothing_read(samples: int, skipped: dict, verb: str) -> str | None:
+    """The one empty-input rule of the stages that read shards (score, dedup, basic): no valid sample at all (0-byte
+    or empty tars, every sample skipped) is an error, and this is its line (``nothing to VERB: ...`` with the skip
+    counts by kind and an example), else None. ``skipped``: a :class:`SkipCounter`'s JSON."""
+    if samples:
+        return None
+    kinds = skipped.get("by_kind") or {}
+    why = ", ".join(f"{k}={v}" for k, v in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+    return (f"nothing to {verb}: {skipped.get('total', 0)} sample(s) skipped" + (f" ({why})" if why else "") +
+            (f"; e.g. {skipped['samples'][0]['key']}: {skipped['samples'][0]['reason']}"
+             if skipped.get("samples") else "; the input holds no samples"))
 
 
 # ---------------------------------------------------------------------------------------------- items
@@ -181,5 +199,6 @@ def bench_items(rows: Sequence, image: Any = None) -> list[Item]:
                   "spans": r.spans}) for i, r in enumerate(rows)]
 
 
-__all__ = ["CAPTION_INDEX", "Item", "ValidSample", "bench_items", "caption_items", "caption_label", "read_samples",
+__all__ = ["CAPTION_INDEX", "Item", "ValidSample", "bench_items", "caption_items", "caption_label", "nothing_read",
+           "read_samples",
            "read_shard", "sample_items", "sentences_of", "validate"]

@@ -10,6 +10,7 @@ stdlib ``tarfile`` (the format webdataset reads; its own ``ShardWriter`` has no 
 
 from __future__ import annotations
 
+import functools
 import glob
 import io
 import json
@@ -244,6 +245,24 @@ def expand_shards(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> list
     return paths
 
 
+def _record(path: Path) -> object:
+    """The parsed JSON of a count record (``None`` when missing or unreadable). One folder's ``sizes.json`` is
+    parsed once, not once per shard (that was quadratic in shards): cached by path, inode, size and mtime."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return _parsed_record(str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed_record(path: str, ino: int, size: int, mtime_ns: int) -> object:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _expected_count(path: Path) -> tuple[int, str] | tuple[None, None]:
     """The count ``sizes.json`` (or the shard's own ``NNNNNN_stats.json``) beside ``path`` records for it, and that
     file's name. In a ``_stats.json`` with ``successes`` (img2dataset's: its ``count`` counts download attempts,
@@ -251,10 +270,7 @@ def _expected_count(path: Path) -> tuple[int, str] | tuple[None, None]:
     sizes = path.parent / "sizes.json"
     stats = path.with_name(path.name.removesuffix(".tar") + "_stats.json")
     for record, fields in ((sizes, (path.name,)), (stats, ("successes", "count"))):
-        try:
-            obj = json.loads(record.read_text())
-        except (OSError, ValueError):
-            continue
+        obj = _record(record)
         if not isinstance(obj, dict):
             continue
         for field_ in fields:
@@ -347,16 +363,14 @@ class SampleGroups:
                 yield cur, parts
 
 
-def iter_shard(path: str | os.PathLike, skipped=None) -> Iterator[Sample]:
-    """Stream the samples of one tar, grouping members by key (:class:`SampleGroups`: a key's first sample only).
+def shard_parts(path: str | os.PathLike, skipped=None) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """The samples of one tar as ``(key, {ext: bytes})``, grouped by :class:`SampleGroups` (a key's first sample
+    only; a repeat is counted in ``skipped`` as ``duplicate``): the one tar reader of the package, for caption
+    shards, CLIP_benchmark ``wds`` folders and evaluation images alike.
 
-    A sample missing its image, caption or json is yielded with empty fields so that callers can skip it and
-    count the reason. ``skipped`` (a :class:`~halsift.corpus.images.SkipCounter`) counts the samples left out
-    here: a key repeated in the shard (kind ``duplicate``) and a caption that is not valid UTF-8 (kind
-    ``bad_caption``); every command passes one, so they appear in its skip counts. A shard that cannot be opened,
-    is truncated (a size that is not whole 512-byte tar blocks, a cut member) or holds fewer samples than
-    ``sizes.json`` records raises ``ShardFormatError`` naming it, after the samples that were complete before the
-    damage have been yielded.
+    A shard that cannot be opened, is truncated (a size that is not whole 512-byte tar blocks, a cut member) or
+    holds fewer samples than ``sizes.json`` records raises ``ShardFormatError`` naming it, after the samples that
+    were complete before the damage have been yielded.
     """
     path = Path(path)
     if not path.exists():
@@ -374,29 +388,8 @@ def iter_shard(path: str | os.PathLike, skipped=None) -> Iterator[Sample]:
     except (tarfile.TarError, OSError) as e:
         raise ShardFormatError(f"{path}: not a readable tar ({e})") from e
     groups = SampleGroups(path.name, skipped)
-
-    def build(key: str, parts: dict[str, bytes]) -> Sample | None:
-        ext = next((e for e in IMAGE_EXTS if e in parts), "")
-        meta: dict = {}
-        if "json" in parts:
-            try:
-                meta = json.loads(parts["json"].decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                meta = {"_bad_json": True}
-            if not isinstance(meta, dict):
-                meta = {"_bad_json": True}
-        caption = caption_text(parts.get("txt", b""))
-        if caption is None:
-            if skipped is not None:
-                skipped.add(key, bad_caption_reason(parts["txt"]), BAD_CAPTION)
-            return None
-        return Sample(key=key, image=parts.get(ext, b""), caption=caption, meta=meta, ext=ext, shard=path.name)
-
     try:
-        for key, parts in groups(members, cut=bool(damage)):
-            sample = build(key, parts)
-            if sample is not None:
-                yield sample
+        yield from groups(members, cut=bool(damage))
     except (tarfile.TarError, OSError, EOFError) as e:
         damage = str(e)
     finally:
@@ -411,6 +404,34 @@ def iter_shard(path: str | os.PathLike, skipped=None) -> Iterator[Sample]:
     if expected is not None and count < expected:
         raise ShardFormatError(f"{path}: holds {count} samples but {record} records {expected} (truncated?)",
                                expected - count)
+
+
+def iter_shard(path: str | os.PathLike, skipped=None) -> Iterator[Sample]:
+    """Stream the samples of one tar (:func:`shard_parts`: a key's first sample only).
+
+    A sample missing its image, caption or json is yielded with empty fields so that callers can skip it and
+    count the reason. ``skipped`` (a :class:`~halsift.corpus.images.SkipCounter`) counts the samples left out
+    here: a key repeated in the shard (kind ``duplicate``) and a caption that is not valid UTF-8 (kind
+    ``bad_caption``); every command passes one, so they appear in its skip counts. A damaged shard raises
+    ``ShardFormatError`` as :func:`shard_parts` does.
+    """
+    shard = Path(path).name
+    for key, parts in shard_parts(path, skipped):
+        ext = next((e for e in IMAGE_EXTS if e in parts), "")
+        meta: dict = {}
+        if "json" in parts:
+            try:
+                meta = json.loads(parts["json"].decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                meta = {"_bad_json": True}
+            if not isinstance(meta, dict):
+                meta = {"_bad_json": True}
+        caption = caption_text(parts.get("txt", b""))
+        if caption is None:
+            if skipped is not None:
+                skipped.add(key, bad_caption_reason(parts["txt"]), BAD_CAPTION)
+            continue
+        yield Sample(key=key, image=parts.get(ext, b""), caption=caption, meta=meta, ext=ext, shard=shard)
 
 
 def iter_samples(spec, skipped=None) -> Iterator[Sample]:

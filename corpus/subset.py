@@ -31,6 +31,31 @@ def uid_array(uids: Iterable[str]) -> np.ndarray:
     return arr
 
 
+def sample_uid(meta: dict, key: str) -> str | None:
+    """A sample's DataComp uid: its json ``uid``, else its key when that is 32 hex digits, else None."""
+    uid = meta.get("uid")
+    if uid is None and _UID_RE.match(key):
+        uid = key
+    return None if uid is None else str(uid)
+
+
+def check_uids_up_front(data: str | os.PathLike) -> None:
+    """Raise ``ValueError`` naming the shard and sample when the first sample of a shard of ``data`` has no uid:
+    a ``.npy`` subset file needs one per kept sample, and a selection must not be written only to fail after
+    (img2dataset output without a ``uid`` field). One sample a shard: a cheap check before any work."""
+    from halsift.corpus.images import SkipCounter
+    from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard
+
+    for shard in expand_shards(data):
+        try:
+            first = next(iter(iter_shard(shard, SkipCounter())), None)
+        except ShardFormatError:
+            continue  # a damaged shard: the selection counts it
+        if first is not None and sample_uid(first.meta, str(first.meta.get("parent_key", first.key))) is None:
+            raise ValueError(f"{shard}: sample {first.key}: json field 'uid' is missing (a DataComp uid, needed for "
+                             "the .npy subset file); export a key list (.txt) instead")
+
+
 def selection_ids(select_dir: str | os.PathLike, uids: bool) -> list[str]:
     """The source samples a selection kept: their json ``uid`` (``uids=True``; a sample without one whose key is
     itself 32 hex digits uses the key) or their source keys (``parent_key`` for sentence units)."""
@@ -42,9 +67,7 @@ def selection_ids(select_dir: str | os.PathLike, uids: bool) -> list[str]:
         if not uids:
             out.append(key)
             continue
-        uid = s.meta.get("uid")
-        if uid is None and _UID_RE.match(key):
-            uid = key
+        uid = sample_uid(s.meta, key)
         if uid is None:
             raise ValueError(f"sample {key}: json field 'uid' is missing (a DataComp uid); export a key list "
                              "(.txt) instead")

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from halsift.corpus.bench import path_inside
 from halsift.corpus.errors import InputError
 
 # SugarCrepe's seven categories, in its main_eval.py order
@@ -56,6 +57,10 @@ def read_category(path: str | os.PathLike, images: str | os.PathLike) -> list[Pa
             if not isinstance(item.get(f), str) or not item[f].strip():
                 raise SugarCrepeFormatError(f"{where}: field {f!r} missing or not a non-empty string")
         image = images / item["filename"]
+        root = os.path.normpath(images.absolute())
+        if not path_inside(os.path.normpath(image.absolute()), root):  # as bench images outside their folder
+            raise SugarCrepeFormatError(f"{where}: field 'filename' {item['filename']!r} is outside the image folder "
+                                        f"{images}")
         if not image.is_file():
             raise SugarCrepeFormatError(f"{where}: image {image} is missing")
         pairs.append(Pair(str(key), image, item["caption"], item["negative_caption"]))

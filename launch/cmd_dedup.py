@@ -22,7 +22,8 @@ def run(args: argparse.Namespace) -> int:
     m = run_dedup(cfg.data, cfg.out, against=cfg.against, embeddings=cfg.embeddings, model=cfg.model,
                   exact_on=cfg.exact_on, phash_distance=cfg.phash_distance, near_thumbnail=cfg.near_thumbnail,
                   eval_thumbnail=cfg.eval_thumbnail, cosine=cfg.cosine, nprobe=cfg.nprobe,
-                  show_progress=not cfg.no_progress, engine=cfg.engine, **cfg.engine_flags())
+                  show_progress=not cfg.no_progress, allow_implausible=cfg.allow_implausible, engine=cfg.engine,
+                  **cfg.engine_flags())
     for line in m.get("lines", []):
         print(line, flush=True)
     if m.get("status") == "parts":

@@ -63,7 +63,7 @@ def load_recipe(name: str, overrides: list[str]):
     from halsift.corpus.config import deep_merge, from_dict, load_yaml, parse_overrides
     from halsift.launch.recipe_config import Recipe
 
-    data = deep_merge(load_yaml(resolve_recipe_path(name)), parse_overrides(overrides))
+    data = deep_merge(load_yaml(resolve_recipe_path(name), empty_ok=False), parse_overrides(overrides))
     return from_dict(Recipe, data)
 
 

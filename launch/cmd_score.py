@@ -40,10 +40,15 @@ def run_config(cfg: ScoreConfig) -> int:
     from halsift.filtering.scoring.tasks import TaskError
     from halsift.launch.cli import UsageError
 
+    from halsift.filtering.scoring.cascade import CascadeError, is_cascade, run_cascade
+
     job = job_of(cfg)
     try:
-        result = resolve_engine(cfg.engine, job).run(job)
-    except (TaskError, EngineError) as e:
+        if is_cascade(cfg.detector):  # a staged job: each stage an ordinary score run on the same engine
+            result = run_cascade(job, cfg.engine)
+        else:
+            result = resolve_engine(cfg.engine, job).run(job)
+    except (TaskError, EngineError, CascadeError) as e:
         raise UsageError(str(e)) from None
     except RunMismatch as e:
         raise UsageError(f"--out: {e}") from e

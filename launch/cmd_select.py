@@ -27,6 +27,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(SelectConfig, args)  # the checks of SelectConfig.validate, errors naming the flag
+    if cfg.export_keys and cfg.export_keys.endswith(".npy"):  # found before any shard or manifest is written
+        from halsift.corpus.subset import check_uids_up_front
+        from halsift.launch.cli import UsageError
+
+        try:
+            check_uids_up_front(cfg.data)
+        except ValueError as e:
+            raise UsageError(f"--export-keys: {e}") from None
     m = run_engine(cfg)
     if m is None:  # a task of several: the last one to finish writes the manifest and what follows from it
         return 0

@@ -1,5 +1,7 @@
 """``halsift train detector``: LoRA fine-tuning of a clip or vlm detector on an annotated bench (flags mirror
-DetectorTrainConfig's fields); the result is a detector spec ``lora:OUT/adapter``."""
+DetectorTrainConfig's fields); the result is a detector spec ``lora:OUT/adapter``. With ``--teacher SCORES
+--embeddings EMB``: a student head distilled from a judge's scores (:mod:`halsift.training.distill`), the detector
+``student:path=OUT/student,embeddings=EMB``."""
 
 from __future__ import annotations
 
@@ -19,6 +21,14 @@ add_arguments = config_arguments(DetectorTrainConfig, _SHORT, detectors=True)
 
 def run(args: argparse.Namespace) -> int:
     cfg = parsed_config(DetectorTrainConfig, args, DetectorTrainConfig.resolved_kind)
+    if cfg.teacher:  # distillation: a student head on stored embeddings (issue 44)
+        from halsift.training.distill import distill
+
+        s = distill(cfg.teacher, cfg.embeddings, cfg.out, steps=cfg.steps, batch_size=max(cfg.batch_size, 1),
+                    lr=cfg.lr, hidden=cfg.head_hidden, sample=cfg.teacher_sample, seed=cfg.seed)
+        print(f"detector: {s['spec']}  {s['units']} teacher units, held-out spearman "
+              f"{s['held_out_spearman']:.3f}" if s["held_out_spearman"] is not None else f"detector: {s['spec']}")
+        return 0
     from halsift.training.detector_train import train_detector
 
     try:

@@ -17,6 +17,7 @@ from halsift.filtering.curation.config import DedupConfig
 from halsift.filtering.scoring.config import RUN_ONLY as SCORE_RUN_ONLY, ScoreConfig
 from halsift.filtering.scoring.settings import check_settings
 from halsift.filtering.selection.config import SelectConfig, amount, check_guarantee, check_selection
+from halsift.eval.runs.bench import BenchEvalConfig
 from halsift.synth.world_config import WorldSettings
 from halsift.training.clip_config import ClipTrainConfig
 
@@ -264,9 +265,17 @@ class SelectCfg(SelectSection):
         return v.filter, {**how_much, "unit": v.unit or self.unit, "agg": v.agg or self.agg}
 
 
+# BenchEvalConfig fields a recipe sets itself (its bench and score folders, eval/ folder, detectors' ensembles,
+# seed) or leaves to other stages (the report's index.html; the likelihood analysis runs as `halsift eval bench`)
+EVAL_SET = ("bench", "scores", "detector", "out", "ensemble", "seed", "html", "likelihood", "likelihood_images")
+EvalBenchSection = fields_of(BenchEvalConfig, "EvalBenchSection", EVAL_SET,
+                             "`eval bench`'s settings a recipe's eval section takes (same defaults)")
+
+
 @dataclass
-class EvalCfg:
-    keep: float = field(0.2, help="top fraction whose precision is reported on the bench")
+class EvalCfg(EvalBenchSection):
+    """A recipe's eval section: `eval bench`'s settings (one definition, one check), and the recipe's own."""
+
     bench_split: str = field("", help="evaluate detectors on this bench split only ('' = all rows)")
     batch_size: int = field(128, help="evaluation batch size")
     zeroshot: bool = field(True, help="zero-shot classification of every model (data.zeroshot or the world's tasks)")
@@ -275,6 +284,11 @@ class EvalCfg:
 
     def validate(self) -> None:
         check_split("bench_split", self.bench_split)
+        self.bench_config(bench="-", scores=["-"]).validate()
+
+    def bench_config(self, **recipe_set: Any) -> BenchEvalConfig:
+        """The ``eval bench`` settings of this section, with the fields the recipe sets (:data:`EVAL_SET`)."""
+        return BenchEvalConfig(**{f.name: getattr(self, f.name) for f in fields(EvalBenchSection)}, **recipe_set)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from halsift.corpus.config import field
+from halsift.training.optimizer_config import optimizer_field
 
 
 @dataclass
@@ -28,10 +29,10 @@ class WorldJudgeSettings:
     vocab_size: int = field(1024, help="tokenizer vocabulary size")
     pretrain_steps: int = field(2400, help="caption pre-training steps")
     pretrain_batch: int = field(16, help="caption pre-training batch size")
-    pretrain_lr: float = field(2e-3, help="caption pre-training learning rate")
+    pretrain_lr: float = optimizer_field("lr", 2e-3, help="caption pre-training learning rate")
     judge_steps: int = field(600, help="yes/no LoRA tuning steps (at most; early-stopped on val)")
     judge_batch: int = field(32, help="yes/no LoRA tuning batch size")
-    judge_lr: float = field(5e-4, help="yes/no LoRA tuning learning rate")
+    judge_lr: float = optimizer_field("lr", 5e-4, help="yes/no LoRA tuning learning rate")
     lora_r: int = field(16, help="LoRA rank of the judge")
     eval_every: int = field(25, help="evaluate on the bench's val split every N judge steps")
     patience: int = field(6, help="stop after this many evaluations without a better val AUROC")

@@ -21,10 +21,17 @@ import torch
 from halsift.corpus.config import field as _f
 from halsift.corpus.safe_paths import remove_tree, replace_path
 from halsift.training.engine import Task, run
+from halsift.training.optimizer_config import optimizer_section
+
+
+CaptionOptimizer = optimizer_section(
+    "CaptionOptimizer", lr=2e-3, warmup=20, fixed={"wd": 0.0, "schedule": "linear_floor"},
+    help={"lr": "peak learning rate (AdamW, no weight decay)",
+          "warmup": "linear warmup steps, then linear decay to 5% of the peak at the last step"})
 
 
 @dataclasses.dataclass
-class CaptionPretrainConfig:
+class CaptionPretrainConfig(CaptionOptimizer):
     """One caption pre-training run; saved as ``config.json`` in the run folder (no wandb: metrics.jsonl only)."""
 
     model: str = _f("", help="folder of a saved transformers image-text-to-text model and its processor")
@@ -33,8 +40,6 @@ class CaptionPretrainConfig:
     save_to: str = _f("", help="folder the trained model and processor are saved to (replaced atomically)")
     steps: int = _f(300, help="optimizer steps")
     batch_size: int = _f(16, help="captions per step")
-    lr: float = _f(2e-3, help="peak learning rate (AdamW, no weight decay)")
-    warmup: int = _f(20, help="linear warmup steps, then linear decay to 5% of the peak at the last step")
     grad_clip: float = _f(1.0, help="max gradient norm (0 = off)")
     freeze_vision: bool = _f(False, help="leave the vision tower as it is (LLaVA stage 1)")
     seed: int = _f(0, help="seed of the batch order (and of anything drawn at random)")
@@ -50,6 +55,7 @@ class CaptionPretrainConfig:
         small = [n for n in ("steps", "batch_size", "log_every") if getattr(self, n) < 1]
         if small:
             raise ValueError(f"{small[0]}: must be >= 1, got {getattr(self, small[0])}")
+        self.check_optimizer()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -82,11 +88,7 @@ class CaptionTask(Task):
         self.describe: dict[int, dict] = {}  # image index -> processor features: each image is processed once
         if cfg.freeze_vision:  # LLaVA stage 1: the (pre-trained) vision tower stays as it is
             model.model.vision_tower.requires_grad_(False)
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                                      weight_decay=0.0)
-        warm, steps = max(1, cfg.warmup), cfg.steps
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: min(1.0, (s + 1) / warm) * max(0.05, 1 - s / steps))
+        optimizer, scheduler = cfg.build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.steps)
         return model, optimizer, scheduler
 
     def _pairs(self) -> list[tuple]:

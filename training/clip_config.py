@@ -12,10 +12,17 @@ from pathlib import Path
 
 from halsift.corpus.config import WandbMode
 from halsift.corpus.config import field as _f
+from halsift.training.optimizer_config import optimizer_section
+
+
+ClipOptimizer = optimizer_section(
+    "ClipOptimizer", lr=5e-5, wd=0.1, beta1=0.9, beta2=0.98, eps=1e-6, warmup=10, fixed={"schedule": "cosine"},
+    help={"wd": "weight decay (not applied to gains, biases, logit scale)",
+          "warmup": "linear warmup steps, then cosine decay to 0"})
 
 
 @dataclasses.dataclass
-class ClipTrainConfig:
+class ClipTrainConfig(ClipOptimizer):
     """Everything one CLIP fine-tuning run needs; saved as ``config.json`` in the run folder."""
 
     data: list[str] = _f(default_factory=list, help="shard specs: folder, glob or brace pattern (one per source)")
@@ -29,12 +36,6 @@ class ClipTrainConfig:
     steps: int = _f(100, help="optimizer steps")
     batch_size: int = _f(64, help="samples per micro-batch per process")
     grad_accum: int = _f(1, help="micro-batches per optimizer step (negatives stay within a micro-batch)")
-    lr: float = _f(5e-5, help="peak learning rate (AdamW)")
-    wd: float = _f(0.1, help="weight decay (not applied to gains, biases, logit scale)")
-    beta1: float = _f(0.9, help="AdamW beta1")
-    beta2: float = _f(0.98, help="AdamW beta2")
-    eps: float = _f(1e-6, help="AdamW epsilon")
-    warmup: int = _f(10, help="linear warmup steps, then cosine decay to 0")
     grad_clip: float = _f(1.0, help="max gradient norm (0 = off)")
     precision: str = _f("auto", help="auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32")
     lock_image: bool = _f(False, help="freeze the image tower")
@@ -74,13 +75,13 @@ class ClipTrainConfig:
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup", "workers", "shuffle_buffer", "checkpoint_every", "eval_every", "keep_checkpoints",
+        self.check_optimizer()
+        for name in ("workers", "shuffle_buffer", "checkpoint_every", "eval_every", "keep_checkpoints",
                      "lock_text_unlocked"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
-        for name in ("lr", "wd", "grad_clip"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.grad_clip < 0:
+            raise ValueError(f"grad_clip: must be >= 0, got {self.grad_clip}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

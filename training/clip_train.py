@@ -155,9 +155,9 @@ class ContrastiveTask(Task):
             model.lock_image_tower(unlocked_groups=0, freeze_bn_stats=True)
         if cfg.lock_text:
             model.lock_text_tower(unlocked_layers=cfg.lock_text_unlocked, freeze_layer_norm=True)
-        optimizer = torch.optim.AdamW(param_groups(model, cfg.wd), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                      eps=cfg.eps, fused=torch.cuda.is_available())  # one kernel on the GPU
-        return model, optimizer, cosine_with_warmup(optimizer, cfg.warmup, cfg.steps)
+        optimizer, scheduler = cfg.build_optimizer(param_groups(model, cfg.wd), cfg.steps,
+                                                   fused=torch.cuda.is_available())  # one kernel on the GPU
+        return model, optimizer, scheduler
 
     def resume(self, state: dict) -> None:
         cfg, start = self.cfg, int(state["step"])

@@ -13,6 +13,7 @@ import os
 
 from halsift.corpus.config import WandbMode
 from halsift.corpus.config import field as _f
+from halsift.training.optimizer_config import optimizer_section
 
 KINDS = ("auto", "clip", "vlm")
 BALANCE = ("loss", "sample", "none")
@@ -22,8 +23,13 @@ CLIP_TARGETS = ["attn", "c_fc", "c_proj"]
 VLM_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+DetectorOptimizer = optimizer_section(
+    "DetectorOptimizer", lr=1e-3, wd=0.0, warmup=10, fixed={"schedule": "cosine"},
+    help={"lr": "peak learning rate of the adapter (AdamW)", "warmup": "linear warmup steps, then cosine decay to 0"})
+
+
 @dataclasses.dataclass
-class DetectorTrainConfig:
+class DetectorTrainConfig(DetectorOptimizer):
     """Everything one detector fine-tuning run needs; saved as ``config.json`` in the run folder."""
 
     base: str = _f("", help="base detector spec: clip:arch=...,checkpoint=... or vlm:model=DIR,mode=yes_prob|logits")
@@ -42,9 +48,6 @@ class DetectorTrainConfig:
     head_lr: float = _f(0.0, help="clip: learning rate of the head (0 = same as lr)")
     steps: int = _f(200, help="optimizer steps (at most)")
     batch_size: int = _f(32, help="sentences per batch per process")
-    lr: float = _f(1e-3, help="peak learning rate of the adapter (AdamW)")
-    wd: float = _f(0.0, help="weight decay")
-    warmup: int = _f(10, help="linear warmup steps, then cosine decay to 0")
     grad_clip: float = _f(1.0, help="max gradient norm (0 = off)")
     balance: str = _f("loss", help="class balance: loss (weight each class by half its inverse frequency) | "
                                    "sample (class-balanced sampling) | none")
@@ -63,14 +66,21 @@ class DetectorTrainConfig:
     wandb_project: str = _f("halsift", help="wandb project")
     wandb_run: str = _f("", help="wandb run name ('' = the run folder's name)")
     wandb_mode: WandbMode = _f("offline", help="wandb mode: offline | online | disabled")
+    teacher: str = _f("", help="distil instead: a score folder of a judge (e.g. a cascade's _stages/sample) whose "
+                               "scores a student head on --embeddings learns; no bench, no base, no labels")
+    embeddings: str = _f("", help="with --teacher: a `halsift embed` folder of the shards the teacher scored")
+    teacher_sample: int = _f(0, help="with --teacher: train on at most this many of its units, drawn uniformly "
+                                     "(0 = all)")
     seed: int = _f(0, help="seed for LoRA/head init and batch order")
     resume: bool = _f(False, help="continue from the newest complete checkpoint in out/checkpoints")
 
     def validate(self) -> None:
         """Raise ValueError naming the field on a bad value."""
-        for name in ("base", "bench", "out"):
+        for name in ("embeddings", "out") if self.teacher else ("base", "bench", "out"):
             if not getattr(self, name):
-                raise ValueError(f"{name}: required")
+                raise ValueError(f"{name}: required" + (" with --teacher" if self.teacher else ""))
+        if self.teacher_sample < 0:
+            raise ValueError(f"teacher_sample: must be >= 0, got {self.teacher_sample}")
         if self.kind not in KINDS:
             raise ValueError(f"kind: expected one of {KINDS}, got {self.kind!r}")
         if self.balance not in BALANCE:
@@ -82,8 +92,9 @@ class DetectorTrainConfig:
         for name in ("steps", "batch_size", "lora_r", "eval_every", "eval_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for name in ("head_hidden", "warmup", "max_val_rows", "patience", "checkpoint_every", "keep_checkpoints",
-                     "workers", "lr", "head_lr", "wd", "grad_clip", "lora_alpha"):
+        self.check_optimizer()
+        for name in ("head_hidden", "max_val_rows", "patience", "checkpoint_every", "keep_checkpoints",
+                     "workers", "head_lr", "grad_clip", "lora_alpha"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.lora_dropout < 1:
@@ -91,6 +102,8 @@ class DetectorTrainConfig:
 
     def resolved_kind(self) -> str:
         """``clip`` or ``vlm``: ``kind``, or the base spec's family when ``kind=auto``."""
+        if self.teacher:
+            return "student"
         if self.kind != "auto":
             return self.kind
         family = self.base.split(":", 1)[0].strip()

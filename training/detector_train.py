@@ -39,7 +39,7 @@ from halsift.corpus.safe_paths import remove_tree, replace_path
 from halsift.filtering.detectors.base import Item
 from halsift.filtering.models.lora_adapters import FORMAT as EXPORT_FORMAT  # the adapter folder's format tag
 from halsift.training.detector_config import DetectorTrainConfig
-from halsift.training.engine import Task, cosine_with_warmup, run
+from halsift.training.engine import Task, run
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -245,11 +245,11 @@ class DetectorTask(Task):
         cfg, y = self.cfg, self.y_train
         self.task = build_task(cfg)
         module = self.task.module.to(accelerator.device)
-        optimizer = torch.optim.AdamW(self.task.param_groups(cfg), lr=cfg.lr, weight_decay=cfg.wd)
+        optimizer, scheduler = cfg.build_optimizer(self.task.param_groups(cfg), cfg.steps)
         n_pos = int(y.sum())
         self.class_w = (torch.tensor([len(y) / (2 * (len(y) - n_pos)), len(y) / (2 * n_pos)])
                         if cfg.balance == "loss" else torch.ones(2))
-        return module, optimizer, cosine_with_warmup(optimizer, cfg.warmup, cfg.steps)
+        return module, optimizer, scheduler
 
     def resume(self, state: dict) -> None:
         self.progress.update({k: state[k] for k in self.progress if k in state})

@@ -12,12 +12,12 @@ Anything else is :class:`AgainstError` (one line). Images that do not decode are
 from __future__ import annotations
 
 import os
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from halsift.corpus.errors import InputError
 from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_image, load_image_file
+from halsift.corpus.shards import ShardFormatError, shard_parts
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
 
@@ -106,12 +106,16 @@ def _load(image_id: str, path: Path, skipped: SkipCounter) -> Iterator[tuple[str
 
 
 def _wds_tar(split: str, tar: Path, skipped: SkipCounter) -> Iterator[tuple[str, object]]:
-    with tarfile.open(tar) as tf:
-        for m in tf:
-            stem, _, ext = m.name.rpartition(".")
-            if m.isfile() and f".{ext.lower()}" in IMAGE_EXTS:
-                data = tf.extractfile(m).read()
-                try:
-                    yield f"{split}/{stem}", decode_image(data, f"{split}/{stem}")
-                except ImageDecodeError as e:
-                    skipped.add_error(e)
+    """The images of one CLIP_benchmark shard, read by the shard reader (a damaged shard is counted, after its
+    readable samples)."""
+    try:
+        for key, parts in shard_parts(tar, skipped):
+            ext = next((e for e in parts if f".{e}" in IMAGE_EXTS), None)
+            if ext is None:
+                continue
+            try:
+                yield f"{split}/{key}", decode_image(parts[ext], f"{split}/{key}")
+            except ImageDecodeError as e:
+                skipped.add_error(e)
+    except ShardFormatError as e:
+        skipped.add(str(tar), str(e), "corrupt_shard", n=e.lost or 1)

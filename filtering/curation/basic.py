@@ -16,7 +16,6 @@ aspect ratio <= 3).
 
 from __future__ import annotations
 
-import io
 import operator
 from dataclasses import dataclass
 
@@ -68,17 +67,11 @@ def text_counts(caption: str) -> tuple[int, int]:
 
 
 def header_size(image: bytes) -> tuple[int, int] | None:
-    """(width, height) from the image header, without decoding the pixels; ``None`` when unreadable."""
-    from PIL import Image, UnidentifiedImageError
+    """(width, height) from the image header, without decoding the pixels and whatever the size; ``None`` when
+    unreadable (:func:`halsift.corpus.images.header_size`)."""
+    from halsift.corpus.images import header_size as size_of
 
-    if not image:
-        return None
-    try:
-        with Image.open(io.BytesIO(image)) as im:  # lazy: reads the header, not the pixels
-            w, h = im.size
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-        return None
-    return (int(w), int(h)) if w > 0 and h > 0 else None
+    return size_of(image)
 
 
 def recorded_size(meta: dict) -> tuple[int, int] | None:

@@ -31,6 +31,7 @@ from halsift.corpus.errors import InputError
 from halsift.corpus.fingerprint import file_fingerprint
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.run_folder import check_or_start, failing, forget_part, part_done, part_reusable
+from halsift.corpus.sample import nothing_read
 from halsift.corpus.scores import part_name, write_part_atomic
 from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, write_json_atomic
 from halsift.filtering.curation.basic import PRESETS, apply_presets, fields_table, header_size, merge_counts, \
@@ -68,9 +69,13 @@ def _pick(names: list[str], options: tuple, path: Path, what: str) -> str:
     return found
 
 
-def _table_batches(path: Path, row_group: int | None = None
+def _table_batches(path: Path, skipped: SkipCounter, row_group: int | None = None, earlier: frozenset = frozenset()
                    ) -> Iterator[tuple[list[str], list[str], list[tuple[int, int] | None], str]]:
-    """(keys, captions, sizes, size source) per record batch of a parquet table."""
+    """(keys, captions, sizes, size source) per record batch of a parquet table (of its row group ``row_group``,
+    else all of it). Size columns must hold numbers (one line naming the file and column otherwise, before any row
+    is read); a key repeated in the table is counted as ``duplicate`` and its first row kept: the shards' rule
+    (:func:`~halsift.corpus.shards.iter_shard`). ``earlier``: the keys of this row group that an earlier one holds
+    (:func:`_repeated_in_groups`)."""
     try:
         f = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
@@ -81,12 +86,43 @@ def _table_batches(path: Path, row_group: int | None = None
     if size is None:
         raise BasicError(f"data: {path} has no size columns (expected original_width/original_height or "
                          "width/height); give the shards instead to read sizes from the image headers")
+    for col in size:
+        t = f.schema_arrow.field(col).type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)):
+            raise BasicError(f"data: {path}: the size column {col!r} holds {t}; expected numbers (pixels)")
+    seen: set[str] = set(earlier)
     groups = None if row_group is None else [row_group]
     for b in f.iter_batches(batch_size=BATCH, columns=[key, cap, *size], row_groups=groups):
         ws, hs = b.column(size[0]).to_pylist(), b.column(size[1]).to_pylist()
-        sizes = [(int(w), int(h)) if w and h and w > 0 and h > 0 else None for w, h in zip(ws, hs)]
-        yield ([str(k) for k in b.column(key).to_pylist()], [c or "" for c in b.column(cap).to_pylist()], sizes,
-               size[0])
+        keys, caps, sizes = [], [], []
+        for k, c, w, h in zip(b.column(key).to_pylist(), b.column(cap).to_pylist(), ws, hs):
+            k = str(k)
+            if k in seen:
+                skipped.add(k, "the key repeats an earlier row of the table (the first is kept)", "duplicate")
+                continue
+            seen.add(k)
+            keys.append(k)
+            caps.append(c or "")
+            sizes.append((int(w), int(h)) if _positive(w) and _positive(h) else None)
+        yield keys, caps, sizes, size[0]
+
+
+def _positive(v) -> bool:
+    """A usable size: a finite number > 0 (NaN and infinities are missing)."""
+    return v is not None and v == v and 0 < v < float("inf")
+
+
+def _repeated_in_groups(f: pq.ParquetFile, path: Path) -> list[frozenset]:
+    """Per row group, its keys that an earlier row group holds (so that parts made apart skip the rows one pass
+    over the table skips). Reads the key column only."""
+    key = _pick(f.schema_arrow.names, KEY_COLUMNS, path, "key")
+    seen: set[str] = set()
+    out = []
+    for g in range(f.metadata.num_row_groups):
+        keys = [str(k) for k in f.read_row_group(g, columns=[key]).column(0).to_pylist()]
+        out.append(frozenset(k for k in keys if k in seen))
+        seen.update(keys)
+    return out
 
 
 def _shard_batches(path: Path, skipped: SkipCounter, size_from: str):
@@ -112,13 +148,14 @@ def _shard_batches(path: Path, skipped: SkipCounter, size_from: str):
 
 
 def _one_part(kind: str, path: Path, dest: Path, detector, presets: list[str], size_from: str, bar,
-              row_group: int | None = None) -> dict:
+              row_group: int | None = None, earlier: frozenset = frozenset()) -> dict:
     """Compute and write one input's part (of a table: its row group ``row_group``, else all of it); returns its
     counts (also stored in the part's metadata)."""
     skipped = SkipCounter(max_examples=20)
     tables, langs, size_src = [], Counter(), Counter()
     corrupt = None
-    batches = _table_batches(path, row_group) if kind == "table" else _shard_batches(path, skipped, size_from)
+    batches = _table_batches(path, skipped, row_group, earlier) if kind == "table" \
+        else _shard_batches(path, skipped, size_from)
     try:
         for keys, caps, sizes, src in batches:
             detected = detector.detect(caps)
@@ -177,6 +214,9 @@ def run_basic(data: str, out: str | os.PathLike, *, presets: list[str], detector
         done_before = len(before)
         rows_now = sum(i["rows"] for i, p in zip(infos, parts) if p.name not in before)
         manifest = _manifest(infos, settings, [p.name for p in parts])
+        empty = nothing_read(manifest["samples"], manifest["skipped"], "read")
+        if empty:  # the one empty-input rule (0-byte or empty inputs); the parts stay, the manifest is not written
+            raise BasicError(f"data: {empty}")
         manifest.update(parts_done_before=done_before, wall_time_s=round(wall, 3), lines=summary.lines,
                         samples_per_s=round(rows_now / wall, 1) if wall > 0 and rows_now else None)
         write_json_atomic(out / "manifest.json", manifest)
@@ -195,17 +235,18 @@ def _plan(kind: str, inputs: list[Path], names: list[str], out: Path, detector, 
     parts = []
     for path, name in zip(inputs, names):
         fp = file_fingerprint(path)
-        groups = [None]
+        groups, earlier = [None], [frozenset()]
         if kind == "table":
             try:
-                n = pq.ParquetFile(path).metadata.num_row_groups
+                f = pq.ParquetFile(path)
             except (pa.ArrowInvalid, OSError) as e:
                 raise BasicError(f"data: {path} is not a readable parquet table ({e})") from None
-            groups = [None] if n <= 1 else list(range(n))
-        for g in groups:
+            if f.metadata.num_row_groups > 1:
+                groups, earlier = list(range(f.metadata.num_row_groups)), _repeated_in_groups(f, path)
+        for g, before in zip(groups, earlier):
             made = {"source_fp": fp} if g is None else {"source_fp": fp, "row_group": g}
             pname = name if g is None else part_name(0, f"{path.name.removesuffix('.parquet')}.rg{g:05d}")
-            parts.append(StagePart(pname, (kind, path, g, out, made, detector, tuple(presets), size_from)))
+            parts.append(StagePart(pname, (kind, path, g, out, made, detector, tuple(presets), size_from, before)))
     return parts
 
 
@@ -215,9 +256,9 @@ def _part_done(part) -> bool:
 
 
 def _make_part(part) -> dict:
-    kind, path, g, out, made, detector, presets, size_from = part.args
+    kind, path, g, out, made, detector, presets, size_from, earlier = part.args
     forget_part(out, part.name)
-    info = _one_part(kind, path, out / part.name, detector, list(presets), size_from, _NoBar(), g)
+    info = _one_part(kind, path, out / part.name, detector, list(presets), size_from, _NoBar(), g, earlier)
     part_done(out, part.name, made)
     return info
 

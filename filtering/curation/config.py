@@ -39,6 +39,8 @@ class DedupConfig(StageFlags):
     cosine: float = field(0.95, help="with embeddings: near duplicates and leaks at cosine at least this", cli=_T)
     nprobe: int = field(8, help="with embeddings: k-means cells searched per vector (more: higher recall, slower)",
                         cli=_T)
+    allow_implausible: bool = field(False, help="write the result even when more than half of the corpus is "
+                                                "listed as leaks or as duplicates (refused otherwise)")
     no_progress: bool = field(False, help="no progress bars")
 
     def validate(self) -> None:

@@ -23,7 +23,10 @@ BATCH = 64
 
 
 class ImageEncoder:
-    """The image tower of a CLIP-family detector spec (``clip:...``): PIL images -> L2-normalised float32 rows."""
+    """The image tower of a CLIP-family detector spec (``clip:...``): images -> L2-normalised float32 rows, batched
+    as the detector scores them (:class:`~halsift.filtering.detectors.pixel_batch.PixelBatcher`: 8-bit pixels
+    normalized in one step; with ``decode=gpu`` plain JPEGs decoded on the model's device). Images are what
+    :attr:`image_arrays` asks the shard reader for; a row no decoder read is NaN."""
 
     def __init__(self, spec: str) -> None:
         from halsift.filtering.detectors.spec import load_detector
@@ -33,6 +36,10 @@ class ImageEncoder:
             raise InputError(f"--model {spec}: not a CLIP-family detector (expected one with an image encoder, "
                              "e.g. clip:arch=ViT-B-32,pretrained=openai)")
         self.spec, self.det = spec, det
+        from halsift.filtering.detectors.pixel_batch import PixelBatcher
+
+        self.pixels = getattr(det, "pixels", None) or PixelBatcher(det.preprocess)
+        self.image_arrays = getattr(det, "image_arrays", False) if hasattr(det, "pixels") else False
 
     def __call__(self, images: list) -> np.ndarray:
         import torch
@@ -41,8 +48,10 @@ class ImageEncoder:
         dtype = next(self.det.model.parameters()).dtype
         with torch.inference_mode():
             for b in range(0, len(images), BATCH):
-                pix = torch.stack([self.det.preprocess(im) for im in images[b:b + BATCH]]).to(self.det.device, dtype)
-                out.append(torch.nn.functional.normalize(self.det.model.encode_image(pix).float(), dim=-1).cpu())
+                pix = self.pixels.finish(self.pixels(images[b:b + BATCH]), self.det.device, dtype)
+                vec = torch.nn.functional.normalize(self.det.model.encode_image(pix).float(), dim=-1).cpu()
+                vec[self.pixels.unreadable] = float("nan")
+                out.append(vec)
         return torch.cat(out).numpy() if out else np.empty((0, 0), np.float32)
 
 
@@ -77,7 +86,7 @@ def encode_shard(shard: Path, folder: Path, encoder: ImageEncoder, model_fp: str
     if part_reusable(folder, path.name, made):
         return None
     keys, images = [], []
-    for s in read_shard(shard, SkipCounter()):
+    for s in read_shard(shard, SkipCounter(), arrays=encoder.image_arrays):
         keys.append(s.key)
         images.append(s.image)
     vecs = encoder(images) if images else None
@@ -85,6 +94,8 @@ def encode_shard(shard: Path, folder: Path, encoder: ImageEncoder, model_fp: str
     path.unlink(missing_ok=True)
     if vecs is None:
         return None
+    ok = np.isfinite(vecs).all(1)  # images no decoder read are left out, as a skipped sample is
+    keys, vecs = [k for k, good in zip(keys, ok) if good], vecs[ok]
     write_embedding_part(embedding_table(keys, [IMAGE] * len(keys), vecs), path, {"shard": str(shard), **made})
     part_done(folder, path.name, made)
     return int(vecs.shape[1])

@@ -97,6 +97,21 @@ def preprocess_side(preprocess: Any) -> int | None:
     return int(size) if size else None
 
 
+
+def renamed_option(family: str, old: str, old_value: Any, new: str, new_value: Any, default: Any) -> Any:
+    """The value of spec option ``new`` of ``family``, also accepted under its former name ``old`` (with a
+    warning; giving both is an error). A spec that keeps the old name keeps its canonical text, so its
+    fingerprint does not change."""
+    if old_value is None:
+        return new_value
+    if new_value != default:
+        raise ValueError(f"{old}= and {new}= name the same {family} option: give only {new}=")
+    import warnings
+
+    warnings.warn(f"{family} detector option {old}= is now {new}= (rows per forward pass; not score's "
+                  f"--batch-size); the old name still works", FutureWarning, stacklevel=3)
+    return old_value
+
 class Detector:
     """Base class. Subclasses set ``family`` and implement :meth:`score_batch`.
 
@@ -110,7 +125,8 @@ class Detector:
     set_level: bool = False  # set-level: scores depend on the whole set (``members`` + :meth:`combine_scores`)
     judge: Any = None  # vlm-judge: the loaded VLM it lends (a vlm_judge.VlmJudge; not imported: it imports this)
     decode_size: int | None = None  # JPEGs may decode at a reduced scale down to this side (None: in full)
-    image_arrays: bool = False  # items' images may come as uint8 [H, W, 3] RGB arrays instead of PIL images
+    image_arrays: bool | str = False  # items' images may come as uint8 [H, W, 3] RGB arrays instead of PIL images;
+    # "jpeg": plain JPEGs undecoded too (EncodedJpeg: decode=gpu), the rest as arrays
 
     def __init__(self, spec: str = "") -> None:
         self.spec = spec or self.family
@@ -122,6 +138,16 @@ class Detector:
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
         """Score ``items`` (one result per item, same order)."""
         raise NotImplementedError
+
+    def fingerprint_spec(self) -> str:
+        """What a score folder's detector fingerprint hashes: the spec, plus any choice it resolved that changes
+        scores (a clip detector's ``decode=auto`` on CUDA)."""
+        return self.spec
+
+    def take_decode_counts(self) -> dict:
+        """How the images scored since the last call were decoded (``{"device", "host", "fallback",
+        "unreadable"}`` counts; {} for a detector that does not say), reset."""
+        return {}
 
     def prepare(self, items: Sequence[Item]) -> Any:
         """The CPU half of scoring ``items`` (image preprocessing, tokenization), for the runner's read-ahead

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from halsift.filtering.detectors.base import Detector, Item, Result, preprocess_side
-from halsift.filtering.models.clip_models import encode_text, load_clip
-from halsift.filtering.detectors.pixel_batch import PixelBatcher, image_text_inputs
+from halsift.filtering.models.clip_models import encode_text, load_clip, used_positions
+from halsift.filtering.detectors.pixel_batch import PixelBatcher, device_decoding, image_text_inputs
 
 class ClipDetector(Detector):
     """Score (image, sentence) by open_clip cosine similarity.
@@ -39,7 +39,8 @@ class ClipDetector(Detector):
     required; ``device``,
     ``precision`` (auto|fp32|bf16|fp16; ``auto``, the default: bf16 with TF32 matmuls on CUDA, fp32 elsewhere),
     ``map`` (linear|sigmoid), ``center`` (sigmoid map), ``fast_decode`` (JPEGs decoded at a reduced DCT scale
-    that keeps the model's input side), ``delay`` (seconds to sleep per batch; for interruption tests only).
+    that keeps the model's input side), ``decode`` (auto|cpu|gpu: where JPEGs are decoded; see
+    :mod:`~halsift.filtering.detectors.pixel_batch`), ``delay`` (seconds to sleep per batch; interruption tests only).
     """
 
     family = "clip"
@@ -61,12 +62,15 @@ class ClipDetector(Detector):
                        "photos; pixels differ slightly from a full decode)",
         "embeddings": "a folder written by `halsift embed` with this model: read the image and text vectors "
                       "from it instead of encoding (scores equal up to their float16 rounding)",
+        "decode": "where JPEGs are decoded: auto (gpu on CUDA, else cpu) | cpu (the input workers, libjpeg-turbo) | "
+                  "gpu (batched on the model's device by torchvision: nvJPEG on CUDA; other images, and fast_decode, "
+                  "on the host)",
     }
 
     def __init__(self, arch: str = "ViT-B-32", pretrained: str | None = None, checkpoint: str | None = None,
                  seed: int = 0, device: str = "cpu", precision: str = "auto", map: str = "linear",
                  center: float = 0.25, delay: float = 0.0, fast_decode: bool = False,
-                 embeddings: str | None = None) -> None:
+                 embeddings: str | None = None, decode: str = "auto") -> None:
         super().__init__()
         if map not in ("linear", "sigmoid"):
             raise ValueError(f"map={map!r}: expected 'linear' or 'sigmoid'")
@@ -74,12 +78,16 @@ class ClipDetector(Detector):
             raise ValueError(f"precision={precision!r}: expected auto, fp32, bf16 or fp16")
         from halsift.filtering.detectors.spec import format_spec
 
-        # what the vectors depend on: the model and its weights, and the decoded pixels (fast_decode)
-        self.encoder_id = format_spec("clip", {"arch": arch, "pretrained": pretrained, "checkpoint": checkpoint,
-                                               "seed": int(seed), "fast_decode": bool(fast_decode)})
+        # what the vectors depend on: the model and its weights, and the decoded pixels (fast_decode, decode)
+        id_opts = {"arch": arch, "pretrained": pretrained, "checkpoint": checkpoint, "seed": int(seed),
+                   "fast_decode": bool(fast_decode)}
+        self.encoder_id = format_spec("clip", id_opts)
         model, preprocess, tokenizer = load_clip(arch, pretrained, checkpoint, seed)
         self._setup(model, preprocess, tokenizer, map=map, center=center, delay=delay,
                     precision=precision)
+        self._id_opts = id_opts  # to() adds decode=gpu where JPEGs are decoded on the device
+        self.decode = decode
+        device_decoding(decode, device, self.pixels, "clip detector")  # checks the option before the model moves
         self.arch = arch  # the open_clip name the model was built from (a merged LoRA's open_clip_config.json)
         self.decode_size = preprocess_side(preprocess) if fast_decode else None
         self.to(device)
@@ -112,6 +120,9 @@ class ClipDetector(Detector):
         self.precision = precision
         self.device = "cpu"
         self.lookup = None  # an EmbeddingLookup (embeddings=DIR): vectors read, not encoded
+        self.decode = "cpu"
+        self.image_arrays: bool | str = True  # "jpeg" where JPEGs are decoded on the model's device
+        self._id_opts: dict | None = None
 
     def to(self, device: Any) -> "ClipDetector":
         import torch
@@ -125,7 +136,22 @@ class ClipDetector(Detector):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
         self.model.to(device=device, dtype=dtype)
         self.device = device
+        on_device = device_decoding(self.decode, device, self.pixels, "clip detector")
+        self.image_arrays = "jpeg" if on_device else True
+        if self._id_opts is not None:  # decode=gpu pixels differ slightly: stored vectors tell the decoders apart
+            from halsift.filtering.detectors.spec import format_spec
+
+            self.encoder_id = format_spec("clip", {**self._id_opts, **({"decode": "gpu"} if on_device else {})})
         return self
+
+    def fingerprint_spec(self) -> str:
+        """The spec, plus ``decode=gpu`` where ``decode=auto`` resolved to it: a score folder resumes only with the
+        same decoder."""
+        return self.spec + (",decode=gpu" if self.image_arrays == "jpeg" and "decode=" not in self.spec else "")
+
+    def take_decode_counts(self) -> dict:
+        """Images decoded on the device / host / fallback / unreadable since the last call (decode=gpu)."""
+        return self.pixels.take_counts()
 
     def embed_dim(self) -> int:
         """The width of the model's embeddings (one text encoded)."""
@@ -154,7 +180,11 @@ class ClipDetector(Detector):
             return (img * txt).sum(-1)
         img, txt, idx = self.encode(prepared)
         with torch.inference_mode():
-            return (img[idx] * txt).sum(-1).cpu()
+            cos = (img[idx] * txt).sum(-1).cpu()
+            if self.pixels.unreadable:  # images no decoder read: NaN, scored as unparsed by score_prepared
+                bad = set(self.pixels.unreadable)
+                cos[torch.as_tensor([int(r) in bad for r in idx.tolist()])] = float("nan")
+        return cos
 
     def encode(self, prepared: dict):
         """The L2-normalised float32 embeddings of :meth:`prepare`'s output: ``(images [distinct, D], texts
@@ -164,11 +194,12 @@ class ClipDetector(Detector):
 
         dtype = next(self.model.parameters()).dtype
         with torch.inference_mode():
+            used = used_positions(prepared["tokens"])  # on the CPU copy: no device sync between the two towers
             pix = self.pixels.finish(prepared["pixels"], self.device, dtype)
             tok = prepared["tokens"].to(self.device, non_blocking=True)
-            idx = prepared["rows"].to(self.device)
+            idx = prepared["rows"].to(self.device, non_blocking=True)
             img = torch.nn.functional.normalize(self.model.encode_image(pix).float(), dim=-1)
-            txt = torch.nn.functional.normalize(encode_text(self.model, tok).float(), dim=-1)
+            txt = torch.nn.functional.normalize(encode_text(self.model, tok, used).float(), dim=-1)
         return img, txt, idx
 
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
@@ -185,7 +216,7 @@ class ClipDetector(Detector):
             scores = 100 * (scale * (cos - self.center)).sigmoid()
         if self.delay:
             time.sleep(self.delay)
-        return [Result(float(s)) for s in scores.tolist()]
+        return [Result(float(s)) if s == s else Result(50.0, parsed=False) for s in scores.tolist()]
 
 
 def cosine_to_score(cos: float) -> float:

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from halsift.filtering.detectors.base import Detector, Item, PreparedDetector, Result, preprocess_side
-from halsift.filtering.detectors.pixel_batch import PixelBatcher, image_text_inputs
+from halsift.filtering.detectors.base import Detector, Item, PreparedDetector, Result, preprocess_side, renamed_option
+from halsift.filtering.detectors.pixel_batch import PixelBatcher, device_decoding, image_text_inputs
 from halsift.filtering.models.lora_adapters import apply_adapter, read_description
 
 COS_SCALE = 10.0
@@ -84,14 +84,21 @@ class LoraClipDetector(PreparedDetector):
     family = "lora"
     image_arrays = True  # PixelBatcher takes decoded arrays as they are
 
-    def __init__(self, scorer: ClipLoraScorer, preprocess, tokenizer, spec: str = "lora:in-memory") -> None:
+    def __init__(self, scorer: ClipLoraScorer, preprocess, tokenizer, spec: str = "lora:in-memory",
+                 decode: str = "cpu") -> None:
         super().__init__(spec)
         self.scorer, self.preprocess, self.tokenizer = scorer, preprocess, tokenizer
         self.pixels = PixelBatcher(preprocess)
+        self.decode = decode
+        device_decoding(decode, "cpu", self.pixels, "lora detector")  # checks the option
 
     def to(self, device: Any) -> "LoraClipDetector":
         self.scorer.to(device)
+        self.image_arrays = "jpeg" if device_decoding(self.decode, device, self.pixels, "lora detector") else True
         return self
+
+    def take_decode_counts(self) -> dict:
+        return self.pixels.take_counts()
 
     def prepare(self, items: Sequence[Item]) -> dict:
         """The CPU half: each distinct image preprocessed once, each item's image row, the tokenized sentences."""
@@ -108,7 +115,10 @@ class LoraClipDetector(PreparedDetector):
                 logits = self.scorer(pixels, prepared["tokens"].to(dev), prepared["rows"].to(dev))
         finally:
             self.scorer.train(was)
-        return [Result(float(s)) for s in (100 * logits.float().sigmoid()).cpu().tolist()]
+        bad = set(self.pixels.unreadable)  # images no decoder read (decode=gpu): unparsed, never a score
+        rows = prepared["rows"].tolist()
+        return [Result(50.0, parsed=False) if int(r) in bad else Result(float(s))
+                for r, s in zip(rows, (100 * logits.float().sigmoid()).cpu().tolist())]
 
 
 def save_head(head: ClipHead, path: Path) -> None:
@@ -151,7 +161,8 @@ class LoraDetector(Detector):
     """A base ``clip``/``vlm`` detector plus the LoRA adapter (and clip head) in ``path`` (see module docstring).
 
     Options: ``path`` (the adapter folder), ``merge`` (merge the adapter into the base weights after loading),
-    ``device``, ``batch_size`` (vlm: rows per forward pass; default the base spec's), ``trust_remote_code`` (off;
+    ``device``, ``forward_batch`` (vlm: rows per forward pass; default the base spec's; ``batch_size`` is its former
+    name), ``trust_remote_code`` (off;
     only this option written by the user, never the folder's ``detector.yaml``, lets the models of its base run code
     shipped with their weights).
     """
@@ -163,16 +174,21 @@ class LoraDetector(Detector):
         "path": "the adapter/ folder of a halsift train detector run (lora:DIR is short for lora:path=DIR)",
         "merge": "merge the adapter into the base weights after loading (same scores, no LoRA overhead)",
         "device": "cpu, cuda, cuda:1 ...",
-        "batch_size": "vlm kind: rows per forward call (default: the base detector's)",
+        "forward_batch": "vlm kind: rows per forward call (default: the base detector's)",
         "trust_remote_code": "let every model of the adapter's base run its repository's own code (off; the "
                              "folder's detector.yaml never turns it on)",
         "fast_decode": "clip kind: decode JPEGs at 1/2-1/8 scale, never below the model's input side (pixels "
                        "differ slightly from a full decode)",
+        "decode": "clip kind: where JPEGs are decoded: auto (gpu on CUDA, else cpu) | cpu (the input workers) | gpu "
+                  "(batched on the model's device by torchvision)",
+        "batch_size": "former name of forward_batch (accepted with a warning)",
     }
 
-    def __init__(self, path: str, merge: bool = False, device: str = "cpu", batch_size: int | None = None,
-                 trust_remote_code: bool = False, fast_decode: bool = False) -> None:
+    def __init__(self, path: str, merge: bool = False, device: str = "cpu", forward_batch: int | None = None,
+                 trust_remote_code: bool = False, fast_decode: bool = False, decode: str = "auto",
+                 batch_size: int | None = None) -> None:
         super().__init__()
+        forward_batch = renamed_option("lora", "batch_size", batch_size, "forward_batch", forward_batch, None)
         from halsift.filtering.detectors.spec import load_detector
         from halsift.filtering.detectors.trust import from_file
 
@@ -193,12 +209,12 @@ class LoraDetector(Detector):
             if not head_path.is_file():
                 raise FileNotFoundError(f"lora detector: {head_path} is missing (the clip head)")
             scorer = ClipLoraScorer(model.float(), load_head(head_path)).eval()
-            self.inner: Detector = LoraClipDetector(scorer, base.preprocess, base.tokenizer)
+            self.inner: Detector = LoraClipDetector(scorer, base.preprocess, base.tokenizer, decode=decode)
             self.decode_size = preprocess_side(base.preprocess) if fast_decode else None
         else:
             base.model = model.eval()
-            if batch_size:
-                base.batch_size = int(batch_size)
+            if forward_batch:
+                base.batch_size = int(forward_batch)
             self.inner = base
         self.to(device)
 
@@ -222,6 +238,13 @@ class LoraDetector(Detector):
     def to(self, device: Any) -> "LoraDetector":
         self.inner.to(device)
         return self
+
+    def fingerprint_spec(self) -> str:
+        """The spec, plus ``decode=gpu`` where ``decode=auto`` resolved to it (clip kind)."""
+        return self.spec + (",decode=gpu" if self.image_arrays == "jpeg" and "decode=" not in self.spec else "")
+
+    def take_decode_counts(self) -> dict:
+        return self.inner.take_decode_counts()
 
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
         return self.inner.score_batch(items)

@@ -57,7 +57,13 @@ _REGISTRY: dict[str, str | type] = {
     "api": "halsift.filtering.detectors.api:ApiDetector",
     "lora": "halsift.filtering.detectors.lora:LoraDetector",
     "vllm": "halsift.filtering.detectors.vllm_judge:VllmDetector",
+    "cascade": "halsift.filtering.detectors.cascade:CascadeDetector",
+    "subset": "halsift.filtering.detectors.cascade:SubsetDetector",
+    "student": "halsift.filtering.detectors.student:StudentDetector",
 }
+# options that are themselves a detector spec, kept as text (``cheap=[clip:arch=X,checkpoint=Y]``: the brackets
+# are dropped); walked like ensemble members by :func:`iter_specs`
+_NESTED = {"cascade": ("cheap", "judge"), "subset": ("detector",)}
 # families whose first option may be given without its key: ``lora:DIR`` == ``lora:path=DIR``
 _POSITIONAL = {"lora": "path"}
 
@@ -163,6 +169,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
             raise SpecError(f"detector spec {spec!r}: option {k!r} given twice")
         if k == "members":
             opts[k] = _split_members(v)
+        elif k in _NESTED.get(family, ()):
+            opts[k] = v[1:-1].strip() if v.startswith("[") and v.endswith("]") else v
         else:
             try:
                 opts[k] = yaml.safe_load(v) if v else ""
@@ -302,6 +310,39 @@ def _check_types(family: str, opts: dict[str, Any], where: str) -> None:
         from_dict(cfg, values)
     except ConfigError as e:
         raise SpecError(f"detector spec {where!r}: {e}") from None
+    for k, interval in option_ranges(family).items():
+        v = values.get(k)
+        if v is not None and not isinstance(v, bool) and isinstance(v, (int, float)) and not in_interval(v, interval):
+            raise SpecError(f"detector spec {where!r}: {k}={v!r}: expected a value in {interval}")
+
+
+def option_ranges(family: str) -> dict[str, str]:
+    """The family's ``OPTION_RANGES`` (option -> interval such as ``"(0, 1]"`` or ``"[1, inf)"``), declared once
+    on its class beside ``OPTION_HELP`` and read from the source without importing it (like the options): the dry
+    run and the build check the same ranges."""
+    target = _REGISTRY[family]
+    if not isinstance(target, str):
+        return dict(getattr(target, "OPTION_RANGES", {}))
+    mod, cls = target.split(":")
+    found = importlib.util.find_spec(mod)
+    if found is None or not (found.origin or "").endswith(".py"):
+        return {}
+    for node in ast.parse(Path(found.origin).read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return next((ast.literal_eval(s.value) for s in node.body if isinstance(s, ast.Assign)
+                         and [getattr(x, "id", "") for x in s.targets] == ["OPTION_RANGES"]), {})
+    return {}
+
+
+def in_interval(value: float, interval: str) -> bool:
+    """``value`` lies in ``interval``: ``[lo, hi]`` with ``(``/``)`` open ends and ``inf``; NaN lies in none."""
+    m = re.fullmatch(r"\s*([\[(])\s*(-?[\w.]+)\s*,\s*(-?[\w.]+)\s*([\])])\s*", interval)
+    if m is None:
+        raise ValueError(f"not an interval: {interval!r}")
+    lo, hi = float(m.group(2)), float(m.group(3))
+    above = value >= lo if m.group(1) == "[" else value > lo
+    below = value <= hi if m.group(4) == "]" else value < hi
+    return bool(above and below)
 
 
 def _family_options(family: str, where: str) -> list[str]:
@@ -382,6 +423,9 @@ def _walk(spec: str | os.PathLike | dict, out: list) -> None:
     members = opts.get("members")
     for member in members if isinstance(members, list) else []:
         _walk(member, out)
+    for key in _NESTED.get(family, ()):
+        if isinstance(opts.get(key), (str, dict)) and opts[key]:
+            _walk(opts[key], out)
 
 
 def check_spec(spec: str | os.PathLike | dict) -> list[tuple[str, str, dict[str, Any]]]:

@@ -61,7 +61,7 @@ attention over the whole row costs more than it saves, so CPU models keep the ca
 Sliding-window models (Gemma 3) and attention implementations that take no 4-D mask (flash attention) fall back
 to the cached path.
 
-Without reuse, full sequences are left-padded into one batch (``batch_size`` rows per forward/generate call).
+Without reuse, full sequences are left-padded into one batch (``forward_batch`` rows per forward/generate call).
 
 **CPU half** (:meth:`VlmDetector.prepare`): the ``max_pixels`` cap, the processor (one prefix per distinct image)
 and tokenization (``mode=pmi``: the captions' token plan), on CPU, so that the runner's read-ahead thread or
@@ -85,7 +85,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from halsift.filtering.detectors import vlm_prompts as P
-from halsift.filtering.detectors.base import Detector, DetectorError, Item, PreparedDetector, Result, image_group
+from halsift.filtering.detectors.base import (Detector, DetectorError, Item, PreparedDetector, Result, image_group,
+                                              renamed_option)
 from halsift.filtering.detectors.vlm_judge import DEFAULT_MAX_PIXELS, DTYPES, VlmJudge, cap_pixels
 
 MODES = ("logits", "yes_prob", "prompt", "localize", "pmi")
@@ -131,7 +132,7 @@ def _check_options(mode: str, cot: bool, self_ensemble: int, batch_size: int, ma
     if int(self_ensemble) < 0 or (self_ensemble and mode != "prompt"):
         raise ValueError(f"self_ensemble={self_ensemble!r}: expected 0, or N >= 1 with mode=prompt")
     if int(batch_size) < 1:
-        raise ValueError(f"batch_size={batch_size!r}: expected an integer >= 1")
+        raise ValueError(f"forward_batch={batch_size!r}: expected an integer >= 1")
     if not isinstance(max_pixels, int) or max_pixels < 0:
         raise ValueError(f"max_pixels={max_pixels!r}: expected an integer >= 0 (0: no cap)")
     if mode == "pmi" and not references:
@@ -176,7 +177,7 @@ class VlmDetector(PreparedDetector):
                 "cannot serve (sliding windows, flash attention) fall back to false",
         "preprocess": "where the processor's image half runs: cpu (in prepare: read-ahead thread or decode "
                       "workers) | device (batched on the model's device when scoring) | auto (device on CUDA)",
-        "batch_size": "rows per forward/generate call",
+        "forward_batch": "rows per forward/generate call (not score's --batch-size, the items per detector call)",
         "dtype": "auto | float32 | bfloat16 | float16",
         "device": "auto (CUDA when there is one) | cpu | cuda | cuda:1 ...",
         "device_map": "transformers device_map (e.g. auto) for models larger than one device",
@@ -189,16 +190,18 @@ class VlmDetector(PreparedDetector):
         "n_references": "mode=pmi: how many reference images (the first decodable ones)",
         "temperature": "mode=pmi: temperature of sigmoid(PMI / temperature)",
         "max_pixels": "images with more pixels are downscaled (aspect kept) before the processor; 0 = no cap",
+        "batch_size": "former name of forward_batch (accepted with a warning)",
     }
 
     def __init__(self, model: str, mode: str = "logits", cot: bool = False, self_ensemble: int = 0,
                  context: bool = False, reuse_prefix: bool = True, pack: bool | None = None,
-                 preprocess: str = "auto", batch_size: int = 16, dtype: str = "auto", device: str = "auto",
+                 preprocess: str = "auto", forward_batch: int = 16, dtype: str = "auto", device: str = "auto",
                  device_map: str | None = None, attn_implementation: str | None = None,
                  trust_remote_code: bool = False, max_new_tokens: int | None = None, seed: int = 0,
                  references: str | None = None, n_references: int = 8, temperature: float | None = None,
-                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+                 max_pixels: int = DEFAULT_MAX_PIXELS, batch_size: int | None = None) -> None:
         super().__init__()
+        batch_size = renamed_option("vlm", "batch_size", batch_size, "forward_batch", forward_batch, 16)
         temperature = _check_options(mode, cot, self_ensemble, batch_size, max_pixels, references, temperature, dtype)
         judge = VlmJudge.load(model, dtype=dtype, device=device, device_map=device_map,
                               attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,

@@ -78,9 +78,15 @@ def embed_part(encoder, part: Part, out_path: Path, batch_size: int, meta: dict,
             return
         img, txt, rows = encoder.encode(encoder.prepare(batch))
         img, txt, rows = img.float().cpu().numpy(), txt.float().cpu().numpy(), rows.cpu().numpy()
+        bad = set(getattr(getattr(encoder, "pixels", None), "unreadable", None) or ())  # decode=gpu: none read it
         seen: set[int] = set()
         for i, it in enumerate(batch):
             r = int(rows[i])
+            if r in bad:
+                if r not in seen:
+                    seen.add(r)
+                    skipped.add(it.key, "image read by neither the GPU nor the host decoder", "corrupt")
+                continue
             if r not in seen:  # the image vector, once per image, before its texts
                 seen.add(r)
                 keys.append(it.key)

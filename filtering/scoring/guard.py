@@ -72,11 +72,9 @@ def final_check(detector: str, sentences: int, parse_failures: int, skipped: dic
     """The error line of a finished folder that must not be called complete, else None: nothing scored (with the
     skip counts by kind), or a parse-failure rate above ``max_parse_failures`` over all its items."""
     if sentences == 0:
-        kinds = skipped.get("by_kind") or {}
-        why = ", ".join(f"{k}={v}" for k, v in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
-        return (f"nothing to score: {skipped.get('total', 0)} sample(s) skipped" + (f" ({why})" if why else "") +
-                (f"; e.g. {skipped['samples'][0]['key']}: {skipped['samples'][0]['reason']}"
-                 if skipped.get("samples") else "; the input holds no samples"))
+        from halsift.corpus.sample import nothing_read
+
+        return nothing_read(0, skipped, "score")
     if parse_failures > check_rate(max_parse_failures) * sentences:
         return str(_rate_error(detector, parse_failures, sentences, max_parse_failures, "in the folder"))
     return None

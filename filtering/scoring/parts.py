@@ -166,11 +166,14 @@ class PartRows:
         self.cols: dict[str, list] = {"key": [], "sentence_index": [], "score": [], "parsed": [], "captioner": []}
         self.spans: list = []
         self.t_model = 0.0
+        self.decode: dict[str, int] = {}  # the detector's image decode counts (decode=gpu), summed over batches
 
     def add(self, rows: Sequence[tuple[str, int, str]], results: Sequence) -> None:
         """``rows``: (key, sentence_index, captioner) of each scored item, in order; ``results`` the detector's."""
         if len(results) != len(rows):
             raise RuntimeError(f"detector {self.detector.name} returned {len(results)} results for {len(rows)} items")
+        for k, n in self.detector.take_decode_counts().items():
+            self.decode[k] = self.decode.get(k, 0) + n
         scores = [float(r.score) for r in results]
         self.guard.check(rows, scores, [bool(r.parsed) for r in results])  # before the clip below hides a NaN
         for (key, index, captioner), r, score_ in zip(rows, results, scores):
@@ -191,7 +194,8 @@ class PartRows:
         stats = {"part": part.name, "source": part.source, "rank": rank, "world_size": world, "samples": samples,
                  "sentences": len(c["key"]), "parse_failures": c["parsed"].count(False), "skipped": skipped,
                  "time_model_s": round(self.t_model, 4), "time_data_s": round(wall - self.t_model, 4),
-                 "time_decode_s": round(decode_s, 4), "wall_s": round(wall, 4), **(fingerprints or {})}
+                 "time_decode_s": round(decode_s, 4), "wall_s": round(wall, 4), **(fingerprints or {}),
+                 **({"image_decode": self.decode} if self.decode else {})}
         forget_part(out_path.parent, out_path.name)
         write_part_atomic(table.replace_schema_metadata({PART_META_KEY: json.dumps(stats).encode()}), out_path)
         if fingerprints:
@@ -285,7 +289,7 @@ def start_run(job, state, refuse=None) -> Run:
     for folder in stored_embeddings(detector):
         check_embedded_from(folder, shards)
     ident = {"detector": detector.spec, "detector_name": detector.name, "unit": job.unit, "inputs": inputs,
-             "detector_fp": spec_fingerprint(detector.spec), "settings": job.settings(),
+             "detector_fp": spec_fingerprint(detector.fingerprint_spec()), "settings": job.settings(),
              "run_settings": job.run_settings()}
     check_or_start(out, ident, state)
     return Run(detector, out, parts, ident, job.full_hash)
@@ -318,6 +322,10 @@ def finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, scor
     for s in stats:
         skipped.merge(SkipCounter.from_json(s["skipped"]))
     sentences = sum(s["sentences"] for s in stats)
+    decode: dict[str, int] = {}
+    for s in stats:
+        for k, n in s.get("image_decode", {}).items():
+            decode[k] = decode.get(k, 0) + n
     t_model = sum(s["time_model_s"] for s in stats)
     t_data = sum(s["time_data_s"] for s in stats)
     manifest = {
@@ -341,6 +349,9 @@ def finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, scor
                        "data": percent(t_data / max(t_model + t_data, 1e-9), 2),
                        "decode": percent(sum(s.get("time_decode_s", 0.0) for s in stats)
                                          / max(t_model + t_data, 1e-9), 2)},
+        # decode=gpu: images decoded on the device, on the host (not plain JPEGs), on the host after the device
+        # decoder refused them (fallback), and by neither (unreadable: their sentences count as parse failures)
+        **({"image_decode": decode} if decode else {}),
         **(extra or {}),
     }
     error = final_check(ident.get("detector_name", ident["detector"]), sentences, manifest["parse_failures"],

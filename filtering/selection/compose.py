@@ -33,10 +33,11 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.fingerprint import file_fingerprint
 from halsift.filtering.detectors.base import CAPTION_INDEX
-from halsift.filtering.selection.expression import Expr, check_names, parse
+from halsift.filtering.selection.expression import Expr, check_names, check_namespace, parse
 from halsift.filtering.selection.score_folder import ScoreFolder, SelectError, check_repeated_rows, check_score_folder
 
 EXCLUDE_CLAUSE = "not excluded"
+MAX_PAIRS_CLAUSES = 16  # the accounting's overlaps: pairs among the first 16 clauses
 DUPLICATES = "duplicates.parquet"
 
 
@@ -53,10 +54,7 @@ def split_scores(values: list[str] | str) -> list[tuple[str | None, str]]:
     if len(out) > 1 and any(n is None for n, _ in out):
         raise SelectError("scores: name every folder when giving several, e.g. --scores judge=DIR1 "
                           "--scores clip=DIR2")
-    names = [n for n, _ in out]
-    dup = next((n for n in names if n is not None and names.count(n) > 1), None)
-    if dup:
-        raise SelectError(f"scores: the name {dup!r} is given twice")
+    check_namespace([(n, "scores") for n, _ in out if n is not None])
     return out
 
 
@@ -80,6 +78,7 @@ class Composition:
     where: Expr | None
     rank: Expr | None
     digests: dict = field(default_factory=dict)
+    float_fields: frozenset = frozenset()  # field columns of a floating type: NaN is read as missing
 
     # ------------------------------------------------------------------ what a selection records
     def record(self) -> dict:
@@ -93,17 +92,32 @@ class Composition:
 
     # ------------------------------------------------------------------ SQL
     def _columns(self) -> dict[str, str]:
+        """Expression name -> its SQL in the join (score folder i's score, field column j)."""
         cols = {name: f'"s{i}"."score"' for name, i in self.aliases.items()}
-        cols.update({c: f'"f"."{c}"' for c in self.field_columns})
+        cols.update({c: f'"f"."c{j}"' for j, c in enumerate(self.field_columns)})
         return cols
 
+    def _wide(self) -> dict[str, str]:
+        """Expression name -> its column in ``wide``: ``u0, u1, ...``, never the user's spelling, so that no user
+        name can shadow an internal column (``key``, ``part``...) or another name."""
+        return {name: f'"u{k}"' for k, name in enumerate(self._columns())}
+
     def _views(self, con, unit: str, agg: str) -> None:
-        """Create the view ``wide``: key, sentence_index, part, every score by name, every field, ``excluded``."""
+        """Create the view ``wide``: key, sentence_index, part, every score and field (``u0, u1...``), ``excluded``.
+        Parquet statistics written by pyarrow leave NaN out of min/max, and DuckDB's statistics propagation then
+        folds ``isnan(x)`` to false: it is off while the inputs are loaded (NaN read as missing)."""
+        con.execute("SET disabled_optimizers = 'statistics_propagation'")
+        try:
+            self._load(con, unit, agg)
+        finally:
+            con.execute("RESET disabled_optimizers")
+
+    def _load(self, con, unit: str, agg: str) -> None:
         sentence_units = unit == "sentence" or agg == "prune"
         for i, s in enumerate(self.scores):
             files = "[" + ", ".join(_q(p) for p in s.folder.parts) + "]"
             det = f" AND detector = {_q(s.folder.detector)}" if s.folder.other_detectors else ""
-            raw = (f"SELECT key, sentence_index::INTEGER AS sentence_index, score::DOUBLE AS score, "
+            raw = (f"SELECT key, sentence_index::INTEGER AS sentence_index, {_nan_null('score::DOUBLE')} AS score, "
                    f"parse_filename(filename) AS part FROM read_parquet({files}, filename=true)")
             if s.caption_level:
                 rows = f"SELECT * FROM ({raw}) WHERE sentence_index = {CAPTION_INDEX}{det}"
@@ -124,7 +138,10 @@ class Composition:
             joins.append(f'LEFT JOIN "s{i}" ON {on}')
         if self.fields:
             files = "[" + ", ".join(_q(p) for p in self.fields) + "]"
-            con.execute(f'CREATE TEMP TABLE "f" AS SELECT * FROM read_parquet({files}, union_by_name=true)')
+            sel = ", ".join(f'{_nan_null(_ident(c)) if c in self.float_fields else _ident(c)} AS "c{j}"'
+                            for j, c in enumerate(self.field_columns))
+            con.execute(f'CREATE TEMP TABLE "f" AS SELECT key{", " + sel if sel else ""} '
+                        f'FROM read_parquet({files}, union_by_name=true)')
             dup = con.execute('SELECT key, count(*) FROM "f" GROUP BY key HAVING count(*) > 1 LIMIT 1').fetchall()
             if dup:
                 raise SelectError(f"fields: the key {dup[0][0]!r} has {dup[0][1]} rows in the field tables "
@@ -135,13 +152,14 @@ class Composition:
             con.register("_excluded_keys", pa.table({"key": pa.array(sorted(_excluded(self.exclude)), pa.string())}))
             con.execute('CREATE TEMP TABLE "x" AS SELECT DISTINCT key FROM _excluded_keys')
             excluded = '("s0".key IN (SELECT key FROM "x"))'
-        cols = ", ".join(f'{sql} AS "{name}"' for name, sql in self._columns().items())
+        wide = self._wide()
+        cols = ", ".join(f'{sql} AS {wide[name]}' for name, sql in self._columns().items())
         con.execute(f'CREATE TEMP TABLE wide AS SELECT "s0".key AS key, "s0".sentence_index AS sentence_index, '
                     f'"s0".part AS part, {excluded} AS _excluded, {cols} FROM "s0" {" ".join(joins)}')
 
     def _clauses(self) -> list[tuple[str, str]]:
         """(text, SQL over ``wide`` that is TRUE when the clause holds) of each clause."""
-        cols = {name: f'"{name}"' for name in self._columns()}
+        cols = self._wide()
         out = [(text, self.where.sql(cols, node)) for text, node in self.where.clauses()] if self.where else []
         if self.exclude:
             out.append((EXCLUDE_CLAUSE, "(NOT _excluded)"))
@@ -153,8 +171,8 @@ class Composition:
         import duckdb
 
         self._views(con, unit, agg)
-        cols = {name: f'"{name}"' for name in self._columns()}
-        rank = self.rank.sql(cols) if self.rank else f'"{self.scores[0].name}"'
+        cols = self._wide()
+        rank = self.rank.sql(cols) if self.rank else cols[self.scores[0].name]
         clauses = self._clauses()
         where = " AND ".join(f"coalesce({sql}, FALSE)" for _, sql in clauses) or "TRUE"
         try:
@@ -168,15 +186,20 @@ class Composition:
         return info
 
     def _accounting(self, con, clauses: list[tuple[str, str]], view: str) -> dict:
-        fails = [f"NOT coalesce({sql}, FALSE)" for _, sql in clauses]
+        # each clause's failure once, as a column of a table (linear in the clauses: "removed only" is "fails, and
+        # one clause fails"); overlaps for the first MAX_PAIRS_CLAUSES clauses only (quadratic in them)
+        fails = [f'"_fail{i}"' for i in range(len(clauses))]
+        defs = ", ".join(f"NOT coalesce({sql}, FALSE) AS {f}" for (_, sql), f in zip(clauses, fails))
+        nfail = " + ".join(f"{f}::INTEGER" for f in fails) or "0"
+        con.execute(f"CREATE TEMP TABLE _fails AS SELECT {defs + ', ' if defs else ''}{nfail} AS _nfail FROM wide")
         aggs = ["count(*)"]
-        for i, f in enumerate(fails):
-            others = " OR ".join(g for j, g in enumerate(fails) if j != i) or "FALSE"
-            aggs += [f"count(*) FILTER ({f})", f"count(*) FILTER (({f}) AND NOT ({others}))"]
-        pairs = [(i, j) for i in range(len(fails)) for j in range(i + 1, len(fails))]
-        aggs += [f"count(*) FILTER (({fails[i]}) AND ({fails[j]}))" for i, j in pairs]
-        aggs.append(f"count(*) FILTER (NOT ({' OR '.join(fails) or 'FALSE'}))")
-        row = con.execute(f"SELECT {', '.join(aggs)} FROM wide").fetchall()[0]
+        for f in fails:
+            aggs += [f"count(*) FILTER ({f})", f"count(*) FILTER ({f} AND _nfail = 1)"]
+        paired = fails[:MAX_PAIRS_CLAUSES]
+        pairs = [(i, j) for i in range(len(paired)) for j in range(i + 1, len(paired))]
+        aggs += [f"count(*) FILTER ({fails[i]} AND {fails[j]})" for i, j in pairs]
+        aggs.append("count(*) FILTER (_nfail = 0)")
+        row = con.execute(f"SELECT {', '.join(aggs)} FROM _fails").fetchall()[0]
         n, rest = row[0], list(row[1:])
         per = [{"clause": text, "removed": rest[2 * i], "removed_only": rest[2 * i + 1]}
                for i, (text, _) in enumerate(clauses)]
@@ -184,7 +207,8 @@ class Composition:
         overlaps = [{"clauses": [clauses[i][0], clauses[j][0]], "removed": rest[k]} for k, (i, j) in enumerate(pairs)]
         passed = rest[len(pairs)]
         candidates = con.execute(f"SELECT count(*) FROM {view}").fetchall()[0][0]
-        missing = {s.name: con.execute(f'SELECT count(*) FROM wide WHERE "{s.name}" IS NULL').fetchall()[0][0]
+        wide = self._wide()
+        missing = {s.name: con.execute(f'SELECT count(*) FROM wide WHERE {wide[s.name]} IS NULL').fetchall()[0][0]
                    for s in self.scores[1:]}
         return {"units": n, "clauses": per, "overlaps": overlaps, "passed": passed,
                 "rank_missing": passed - candidates, "candidates": candidates, "missing_scores": missing,
@@ -203,6 +227,15 @@ class Composition:
         finally:
             con.close()
         return t.cast(pa.schema([("key", pa.string()), ("sentence_index", pa.int32()), ("score", pa.float64())])), info
+
+
+def _nan_null(sql: str) -> str:
+    """``sql`` with NaN read as missing (NULL): a NaN then satisfies no comparison and has no rank."""
+    return f"(CASE WHEN isnan({sql}) THEN NULL ELSE {sql} END)"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _q(x) -> str:
@@ -261,6 +294,17 @@ def _key_columns(path: Path, flag: str) -> list[str]:
     return names
 
 
+def _field_schema(path: Path, flag: str) -> pa.Schema:
+    """The schema of a field table: a string ``key`` column, one line naming ``flag`` and the file otherwise."""
+    _key_columns(path, flag)
+    schema = pq.read_schema(path)
+    key = schema.field("key").type
+    if not (pa.types.is_string(key) or pa.types.is_large_string(key)):
+        raise SelectError(f"{flag}: the 'key' column of {path} holds {key}; sample keys are strings (write them as "
+                          "text, e.g. '000123')")
+    return schema
+
+
 def _digest(paths: list[Path]) -> str:
     items = []
     for p in paths:
@@ -275,7 +319,8 @@ def composition(scores: list[tuple[str | None, str]], *, fields: list[str] = (),
     """Check every input of a composed selection and the expressions' names; raises :class:`SelectError` (one
     line) naming the flag (``prefix`` + its name: ``--where``, or a recipe's ``select.where``), the file or the
     unknown name and what is available."""
-    named: list[_Scores] = []
+    parsed = {flag: parse(text, prefix + flag) for flag, text in (("where", where), ("rank", rank)) if text}
+    named: list[_Scores] = []  # the expressions first: a refused one costs no folder check
     aliases: dict[str, int] = {}
     for i, (name, path) in enumerate(scores):
         folder = check_score_folder(path, detector if i == 0 else None, allow_partial)
@@ -284,35 +329,40 @@ def composition(scores: list[tuple[str | None, str]], *, fields: list[str] = (),
         label = name or "score"
         named.append(_Scores(label, Path(path), folder, caption_level))
         aliases[label] = i
-        if name is None and folder.detector and folder.detector.isidentifier() and folder.detector != "score":
-            aliases.setdefault(folder.detector, i)  # an unnamed folder also answers to its detector's name
+    check_namespace([(a, f"{prefix}scores") for a in aliases])
+    for i, s in enumerate(named):  # an unnamed folder also answers to its detector's name, where that is free
+        det = s.folder.detector
+        if scores[i][0] is None and det and det.isidentifier():
+            try:
+                check_namespace([(a, "") for a in aliases] + [(det, "")])
+            except SelectError:
+                continue
+            aliases[det] = i
     field_files = [f for p in fields for f in _parquet_files(Path(p), f"{prefix}fields")]
     columns: list[str] = []
+    floats: set[str] = set()
+    spelled = [(a, f"{prefix}scores") for a in aliases]
     for f in field_files:
-        names = _key_columns(f, f"{prefix}fields")
-        for c in names:
-            if c == "key" or c in columns:
-                continue
-            if c in aliases:
-                raise SelectError(f"{prefix}fields: the column {c!r} of {f} has the name of a score folder; rename one")
-            if not c.isidentifier():
-                continue  # not nameable in an expression
+        schema = _field_schema(f, f"{prefix}fields")
+        for c in schema.names:
+            if c == "key" or c in columns or not c.isidentifier():
+                continue  # the join key; seen in an earlier table; not nameable in an expression
+            spelled.append((c, f"{prefix}fields: the column of {f}"))
+            check_namespace(spelled)
             columns.append(c)
+            if pa.types.is_floating(schema.field(c).type):
+                floats.add(c)
     excl = [Path(p) / DUPLICATES if Path(p).is_dir() else Path(p) for p in exclude]
     for p in excl:
         read_exclude(p, f"{prefix}exclude")  # checked now: one line before anything is written
     available = list(aliases) + columns
-    exprs = []
-    for flag, text in (("where", where), ("rank", rank)):
-        if text:
-            e = parse(text, prefix + flag)
+    exprs = [parsed.get("where"), parsed.get("rank")]
+    for e in exprs:
+        if e is not None:
             check_names(e, available)
-            exprs.append(e)
-        else:
-            exprs.append(None)
     digests = {"fields": _digest(field_files) if field_files else None, "exclude": _digest(excl) if excl else None,
                **{f"scores/{s.name}": s.folder.digest() for s in named}}
-    return Composition(named, aliases, field_files, columns, excl, exprs[0], exprs[1], digests)
+    return Composition(named, aliases, field_files, columns, excl, exprs[0], exprs[1], digests, frozenset(floats))
 
 
 def _caption_only(p: Path) -> bool:

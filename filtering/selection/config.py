@@ -39,7 +39,7 @@ class SelectConfig:
     data: str = field("", help="the shards that were scored (folder / glob / brace pattern)", cli={"required": True})
     out: str = field("", help="new folder: shards + sizes.json + manifest.json + kept.parquet (rerun the same "
                               "command into it to finish a killed select)", cli={"required": True})
-    keep: float = field(0.2, help="fraction of units to keep (the seeds' top 20%%); --top-k or --threshold "
+    keep: float = field(0.2, help="fraction of units to keep (the seeds' top 20%); --top-k or --threshold "
                                   "replaces it", cli={"exclusive": "amount"})
     top_k: int | None = field(None, help="number of units to keep instead of a fraction", cli={"exclusive": "amount"})
     threshold: float | None = field(None, help="keep units scoring at least this (0-100) instead of a fraction",
@@ -97,8 +97,9 @@ class SelectConfig:
     # selection with a guarantee (issue 32: halsift.filtering.selection.guaranteed)
     max_hallucination: float | None = field(
         None, help="keep as much as possible while the kept units' hallucination rate is at most this fraction "
-                   "(0-1) with --confidence, certified on --calibration (Learn-then-Test); replaces --keep",
-        cli={"group": _GUARANTEE, "metavar": "A"})
+                   "(0-1) with --confidence, certified on --calibration (Learn-then-Test); not with --keep, --top-k or "
+                   "--threshold",
+        cli={"group": _GUARANTEE, "metavar": "A", "exclusive": "amount"})  # --keep/--top-k/--threshold: refused
     confidence: float = field(0.9, help="confidence (0-1) of the --max-hallucination bound",
                               cli={"group": _GUARANTEE, "metavar": "C"})
     calibration: str | None = field(None, help="labelled units scored by the same detector: the score folder of "

@@ -2,14 +2,27 @@
 confidence ``C``, certified on labelled calibration units scored by the same detector.
 
 The method is Learn-then-Test (Angelopoulos, Bates, Candès, Jordan, Lei 2021, "Learn then Test: Calibrating
-Predictive Algorithms to Achieve Risk Control", arXiv:2110.01052) with fixed-sequence testing: each candidate
-threshold ``t`` (the distinct calibration scores) has the null hypothesis "the hallucination rate of the units
-scoring >= t exceeds A"; the thresholds are tested from the strictest to the loosest at level ``delta = 1 - C`` and
-the sequence stops at the first that is not rejected; the loosest rejected one is chosen. A null is rejected when the
-exact one-sided Clopper-Pearson upper bound on the kept units' rate is <= A, i.e. when the binomial tail p-value
-``P(Binomial(n_t, A) <= k_t)`` is <= delta (``n_t`` calibration units kept, ``k_t`` of them hallucinated).
-Thresholds that keep so few calibration units that even zero hallucinations could not certify A are skipped before
-testing (that depends on the scores only, never on the labels), so the sequence does not stop at its first step.
+Predictive Algorithms to Achieve Risk Control", arXiv:2110.01052). Each candidate threshold ``t`` (the distinct
+calibration scores) has the null hypothesis "the hallucination rate of the units scoring >= t exceeds A". A null is
+rejected when the exact one-sided Clopper-Pearson upper bound on the kept units' rate is <= A, i.e. when the binomial
+tail p-value ``P(Binomial(n_t, A) <= k_t)`` is <= the level (``n_t`` calibration units kept, ``k_t`` of them
+hallucinated). The loosest rejected threshold is chosen.
+
+Which nulls are tested, ``method``:
+
+- ``multistart`` (default): fixed-sequence testing from a few starts, Bonferroni over them (LTT's fixed sequence
+  with multiple starts; a family-wise error bound by the union bound). The starts are the strictest thresholds
+  keeping at least 0 (the strictest that could certify), 10, 25 and 50 % of the calibration units, chosen from the
+  calibration scores alone (never the labels), duplicates dropped; from each start the thresholds are tested from
+  strict to loose at level ``delta / m`` (``m`` starts) and that sequence stops at its first failure. One sequence
+  stopped early by a handful of hallucinations among the strictest units no longer ends the search: a detector whose
+  very top holds a few confident mistakes (a VLM judge) is still certified at the looser thresholds whose bound is
+  below A. The price is the level: each test is at ``delta / m`` instead of ``delta``.
+- ``sequence``: one fixed sequence from the strictest threshold at level ``delta`` (the method before issue 44).
+
+Thresholds that keep so few calibration units that even zero hallucinations could not certify A (at the test's
+level) are skipped before testing (that depends on the scores only, never on the labels), so a sequence does not
+stop at its first step.
 
 Assumption, stated plainly: the calibration units and the corpus units are exchangeable (drawn from the same
 distribution, e.g. a uniform sample of the corpus, or a bench of the corpus's captioners on the corpus's image
@@ -34,6 +47,10 @@ from scipy.stats import beta
 from halsift.corpus.errors import InputError
 
 MIN_LABELS_SEARCH = 10_000_000  # the largest number of labels :func:`labels_needed` searches up to
+METHODS = ("multistart", "sequence")
+# multistart: the kept shares of the calibration units (0: the strictest threshold that could certify) where a
+# fixed sequence starts; fixed in advance, so at most 4 sequences, each at level delta / (number of sequences)
+START_SHARES = (0.0, 0.1, 0.25, 0.5)
 
 
 class GuaranteeError(InputError):
@@ -77,8 +94,10 @@ class Guarantee:
     bound: float | None = None  # the upper bound on the kept units' hallucination rate at ``threshold``
     estimate: float | None = None  # the point estimate of that rate (weighted where the sample is stratified)
     calibration_kept: int | None = None  # calibration units scoring >= threshold
-    tested: int = 0  # thresholds tested in the fixed sequence (rejections + the failure that stopped it)
+    tested: int = 0  # thresholds tested in all sequences (rejections + the failures that stopped them)
     design: str = "exchangeable"  # or "stratified"
+    method: str = "multistart"  # or "sequence"
+    sequences: int = 1  # fixed sequences run; each tested at level (1 - confidence) / sequences
     best_bound: float | None = None  # the lowest bound any threshold reaches (for the refusal line)
     best_threshold: float | None = None
     labels_needed: int | None = None  # about how many labels would certify A (None: no number would)
@@ -99,16 +118,36 @@ def _zero_free(n: int, alpha: float, delta: float) -> bool:
     return n > 0 and (1 - alpha) ** n <= delta
 
 
+def sequence_starts(n_t: np.ndarray, total: int, shares: tuple[float, ...] = START_SHARES) -> list[int]:
+    """Where the fixed sequences start (indices into the strictest-first thresholds): per share ``q`` of
+    :data:`START_SHARES`, the strictest threshold keeping at least ``q * total`` calibration units; duplicates
+    dropped. It reads the calibration scores only, never the labels, so the number of sequences is fixed before
+    any label is seen."""
+    n_t = np.asarray(n_t)
+    out: list[int] = []
+    for q in shares:
+        i = int(np.searchsorted(n_t, q * total, side="left"))
+        if i < len(n_t) and i not in out:
+            out.append(i)
+    return out or [0]
+
+
 def certify(scores: np.ndarray, hallucinated: np.ndarray, max_hallucination: float, confidence: float,
-            strata: Strata | None = None, corpus_scores: np.ndarray | None = None) -> Guarantee:
-    """Learn-then-Test with fixed-sequence testing (module docstring): the loosest threshold whose kept
-    calibration units certify ``max_hallucination`` at ``confidence``. ``strata`` (with the corpus's
-    ``corpus_scores``): the stratified sample's bound. ``Guarantee.threshold`` is None when none certifies."""
+            strata: Strata | None = None, corpus_scores: np.ndarray | None = None,
+            method: str = "multistart") -> Guarantee:
+    """Learn-then-Test (module docstring): the loosest threshold whose kept calibration units certify
+    ``max_hallucination`` at ``confidence``. ``method``: ``multistart`` (fixed sequences from the starts of
+    :func:`sequence_starts`, Bonferroni over them) or ``sequence`` (one fixed sequence from the strictest
+    threshold). ``strata`` (with the corpus's ``corpus_scores``): the stratified sample's bound.
+    ``Guarantee.threshold`` is None when none certifies."""
     check_levels(max_hallucination, confidence)
+    if method not in METHODS:
+        raise GuaranteeError(f"guarantee method: expected one of {', '.join(METHODS)}, got {method!r}")
     s = np.asarray(scores, np.float64)
     y = np.asarray(hallucinated, bool)
     alpha, delta = float(max_hallucination), 1.0 - float(confidence)
-    g = Guarantee(max_hallucination, confidence, len(s), design="stratified" if strata is not None else "exchangeable")
+    g = Guarantee(max_hallucination, confidence, len(s), design="stratified" if strata is not None else "exchangeable",
+                  method=method)
     if not len(s):
         return g
     order = np.argsort(-s, kind="stable")
@@ -117,6 +156,10 @@ def certify(scores: np.ndarray, hallucinated: np.ndarray, max_hallucination: flo
     # n_t and k_t for every threshold: units scoring >= t
     n_t = np.searchsorted(-s_sorted, -thresholds, side="right")
     k_t = np.concatenate([[0], np.cumsum(y_sorted)])[n_t]
+    starts = [0] if method == "sequence" else sequence_starts(n_t, len(s))
+    g.sequences = len(starts)
+    delta = delta / len(starts)  # Bonferroni over the sequences
+    confidence = 1.0 - delta
     if strata is None:
         bounds = upper_bound(k_t, n_t, confidence)
         possible = np.array([_zero_free(int(n), alpha, delta) for n in n_t])
@@ -124,21 +167,22 @@ def certify(scores: np.ndarray, hallucinated: np.ndarray, max_hallucination: flo
     else:
         bounds, possible, est = _stratified(s, y, thresholds, strata, corpus_scores, confidence, alpha)
     chosen = None
-    for i in np.flatnonzero(possible):
-        g.tested += 1
-        ok = bool(bounds[i] <= alpha)
-        g.steps.append({"threshold": float(thresholds[i]), "kept": int(n_t[i]), "hallucinated": int(k_t[i]),
-                        "bound": float(bounds[i]), "rejected": ok})
-        if not ok:
-            break
-        chosen = i
+    for start in starts:
+        for i in np.flatnonzero(possible[start:]) + start:
+            g.tested += 1
+            ok = bool(bounds[i] <= alpha)
+            g.steps.append({"start": int(start), "threshold": float(thresholds[i]), "kept": int(n_t[i]),
+                            "hallucinated": int(k_t[i]), "bound": float(bounds[i]), "rejected": ok})
+            if not ok:
+                break
+            chosen = i if chosen is None else max(chosen, i)
     best = int(np.argmin(bounds))
     g.best_bound, g.best_threshold = float(bounds[best]), float(thresholds[best])
     if chosen is not None:
         g.threshold, g.bound = float(thresholds[chosen]), float(bounds[chosen])
         g.estimate, g.calibration_kept = float(est[chosen]), int(n_t[chosen])
     else:
-        g.labels_needed = labels_needed(k_t, n_t, len(s), alpha, confidence)
+        g.labels_needed = labels_needed(k_t, n_t, len(s), alpha, confidence, starts)
     return g
 
 
@@ -173,37 +217,78 @@ def _stratified(s: np.ndarray, y: np.ndarray, thresholds: np.ndarray, strata: St
     return np.array(bounds), np.array(possible), np.array(est)
 
 
-def labels_needed(k_t: np.ndarray, n_t: np.ndarray, total: int, alpha: float, confidence: float) -> int | None:
-    """About how many calibration labels would certify ``alpha``: for each threshold whose observed rate is below
-    it, the smallest sample whose kept units, at the same kept share and rate, bound the rate by ``alpha``; the
-    least over thresholds. None when every threshold's observed rate is >= ``alpha`` (no number would do)."""
-    best = None
-    for k, n in zip(k_t, n_t):
-        if n == 0 or k / n >= alpha:
-            continue
-        rate, share = k / n, n / total
-        lo, hi = 1, MIN_LABELS_SEARCH  # bisect on the kept count m: the bound at (rate * m, m) falls with m
-        if upper_bound(math.floor(rate * hi), hi, confidence) > alpha:
-            continue
-        while lo < hi:
-            m = (lo + hi) // 2
-            if upper_bound(math.floor(rate * m), m, confidence) <= alpha:
-                hi = m
-            else:
-                lo = m + 1
-        need = math.ceil(lo / share)
-        best = need if best is None else min(best, need)
-    return best
+def labels_needed(k_t: np.ndarray, n_t: np.ndarray, total: int, alpha: float, confidence: float,
+                  starts: tuple[int, ...] | list[int] = (0,)) -> int | None:
+    """About how many calibration labels in all would certify ``alpha``: the least ``N`` above ``total`` at which
+    the same procedure (fixed-sequence testing from each of ``starts``, at the corrected ``confidence``; thresholds
+    skipped that zero errors could not certify) certifies, each threshold keeping the same share ``n_t / total`` at the same rate
+    ``k_t / n_t`` (``k_t``, ``n_t`` strictest first). So it is never a number at or below the labels given. None
+    when no threshold's observed rate is below ``alpha``, or none up to :data:`MIN_LABELS_SEARCH` would do."""
+    k_t, n_t = np.asarray(k_t, np.float64), np.asarray(n_t, np.float64)
+    if total <= 0 or not np.any((n_t > 0) & (k_t < alpha * n_t)):
+        return None
+    rates, shares, delta = k_t / np.maximum(n_t, 1), n_t / total, 1.0 - confidence
+
+    def certifies(n: int) -> bool:
+        for start in starts:  # any sequence whose first tested threshold passes certifies
+            for rate, share in zip(rates[start:], shares[start:]):
+                m = math.floor(share * n)
+                if _zero_free(m, alpha, delta):  # the first threshold tested decides: the sequence stops if it fails
+                    if upper_bound(math.floor(rate * m), m, confidence) <= alpha:
+                        return True
+                    break
+        return False
+
+    below, n = total, total + 1
+    while not certifies(n):
+        below, n = n, max(n + 1, int(n * 1.25))
+        if n > MIN_LABELS_SEARCH:
+            return None
+    lo, hi = below + 1, n  # the least n in (below, hi] that certifies (the bounds fall as n grows: bisect)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if certifies(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def _pct(x: float, other: float) -> str:
+    """``x`` as a percentage with the fewest decimals (1 to 4) that do not print it equal to ``other``."""
+    for d in range(1, 5):
+        if f"{100 * x:.{d}f}" != f"{100 * other:.{d}f}":
+            break
+    return f"{100 * x:.{d}f}%"
 
 
 def refusal(g: Guarantee, source: str) -> str:
-    """The one line when no threshold certifies ``A``: the best bound reachable and the labels that would do."""
+    """The one line when no threshold certifies ``A``: the best bound the procedure reaches (the first threshold the
+    fixed sequence tests, where it stops), a lower bound further on that it cannot reach, and about how many labels
+    in all would certify ``A`` (more than were given)."""
     a, c = 100 * g.max_hallucination, 100 * g.confidence
     head = (f"--max-hallucination {g.max_hallucination:g}: no threshold certifies a hallucination rate <= {a:g}% at "
             f"{c:g}% confidence on the {g.calibration_units} calibration units of {source}")
     if g.best_bound is None:
         return head + " (none)"
-    best = f"; the best bound reachable is {100 * g.best_bound:.1f}% (threshold {g.best_threshold:g})"
+    alpha = g.max_hallucination
+    if g.steps:  # every sequence stopped at its first test
+        firsts: dict[int, dict] = {}
+        for step in g.steps:
+            firsts.setdefault(step.get("start", 0), step)
+        first = min(firsts.values(), key=lambda step: step["bound"])
+        where = ("the first tested, where the fixed sequence stops" if len(firsts) == 1 else
+                 f"the best first test of the {len(firsts)} fixed sequences, where each stops")
+        best = (f"; the best bound reachable is {_pct(first['bound'], alpha)} (threshold {first['threshold']:g}, "
+                f"{first['kept']} units kept: {where})")
+        if g.best_bound <= alpha:
+            best += (f"; threshold {g.best_threshold:g} has a lower bound, {_pct(g.best_bound, alpha)}, but comes "
+                     "after it")
+    else:
+        best = (f"; the best bound reachable is {_pct(g.best_bound, alpha)} (threshold {g.best_threshold:g}; even no "
+                "hallucination at all could not certify A on so few units)")
     if g.labels_needed is None:
-        return head + best + "; no number of labels would do: the observed rate of every kept set is >= A"
-    return head + best + f"; about {g.labels_needed} labelled units (at this rate and score spread) would certify it"
+        return head + best + ("; no number of labels would do: at the observed rates the fixed sequence fails its "
+                              "first threshold at any sample size")
+    return head + best + (f"; about {g.labels_needed} labelled units in all ({g.calibration_units} given; at this rate "
+                          "and score spread) would certify it")

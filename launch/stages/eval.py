@@ -37,7 +37,9 @@ def stage_eval(r: Recipe, p: Paths) -> dict:
         bench = bench_subset(p.bench, r.eval.bench_split, p.run)
         if not bench:
             raise ConfigError(f"eval.bench_split: no rows of split {r.eval.bench_split!r} in {p.bench}")
-        bench_metrics = evaluate_bench(bench, scores, out_dir / "bench", keep=r.eval.keep, seed=r.seed)
+        cfg = r.eval.bench_config(bench=str(bench), seed=r.seed)
+        bench_metrics = evaluate_bench(bench, scores, out_dir / "bench", keep=cfg.keep, seed=cfg.seed,
+                                       self_pref_map=cfg.self_preference_map(), n_boot=cfg.n_boot, plots=cfg.plots)
     device = run_device(r)
     models = {"no-tune": [p.base]} if r.finetune.no_tune and p.retrieval else {}
     if "finetune" in r.stages and p.retrieval:

@@ -47,6 +47,7 @@ def scores_dir(p: Paths, name: str, what: str) -> Path:
 def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
     """Score the corpus and the bench with every detector; under ``halsift launch`` on every rank (``ranks``: see
     :mod:`halsift.launch.recipe_ranks`), each scoring its share of the parts; the ensembles on rank 0."""
+    from halsift.filtering.scoring.cascade import is_cascade
     from halsift.filtering.detectors.spec import load_detector
     from halsift.launch.recipe_ranks import main_process_first
 
@@ -55,6 +56,9 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
         bench = bench_subset(p.bench, r.eval.bench_split, p.run)  # only the rows the eval stage reads
         calibration = bench_subset(p.bench, calibration_splits(r), p.run) if needs_calibration(r, p) else ""
     for name, spec in detector_specs(r, p).items():
+        if is_cascade(spec):  # staged: the cheap pass, the judged sample and band, then bench/calibration through its plan
+            info[name] = _score_cascade(r, p, name, spec, bench, calibration)
+            continue
         detector = load_detector(spec)  # loaded once for its corpus, bench and calibration jobs
         if p.corpus and "select" in r.stages:  # embeddings (of the corpus's shards) apply to the corpus alone
             run_score(r, spec if r.score.embeddings else detector, p.corpus, scores_dir(p, name, "corpus"))
@@ -85,6 +89,23 @@ def run_score(r: Recipe, detector, data, out: Path, **given) -> None:
     result = run_job(job_of(r.score, detector=detector, data=data, out=out, **given), r.score.engine)
     if not result.complete:
         raise RuntimeError(f"{out}: the score run did not complete ({'; '.join(result.lines)}); rerun the recipe")
+
+
+def _score_cascade(r: Recipe, p: Paths, name: str, spec: str, bench: str | Path, calibration: str | Path) -> str:
+    """A cascade (issue 44): fitted on the corpus, then the bench and the calibration rows through its frozen
+    plan (:mod:`halsift.filtering.scoring.cascade`)."""
+    from halsift.filtering.scoring.cascade import score_cascade
+
+    corpus = scores_dir(p, name, "corpus")
+    if not (p.corpus and "select" in r.stages):
+        raise ConfigError(f"score.detectors.{name}: a cascade is fitted on the corpus; it needs data.corpus and "
+                          "the select stage")
+    kw = {"max_parse_failures": r.score.max_parse_failures}
+    score_cascade(spec, p.corpus, corpus, unit=r.score.unit, batch_size=r.score.batch_size, **kw)
+    for data, what in ((bench, "bench"), (calibration, "calibration")):
+        if data:
+            score_cascade(spec, data, scores_dir(p, name, what), plan=corpus, **kw)
+    return spec
 
 
 def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:

@@ -1,4 +1,4 @@
-"""The notebook API (`import halsift`): the README example, run on the tiny models."""
+"""The notebook API (`import halsift`): the example of docs/commands.md, run on the tiny models."""
 
 from __future__ import annotations
 

@@ -44,19 +44,61 @@ def sugarcrepe_fixture(root, missing: bool = False):
     return root
 
 
+def _reference(root, pairs: dict) -> dict[str, float]:
+    """SugarCrepe's accuracy per category (%) computed here from the model alone: each pair's image and two
+    captions encoded one at a time with open_clip's own calls, right when cos(image, caption) > cos(image,
+    negative)."""
+    import torch
+    from PIL import Image
+
+    from halsift.filtering.models.clip_models import load_clip
+
+    model, preprocess, tokenizer = load_clip("halsift-tiny", "random")
+    model.eval()
+    out = {}
+    with torch.no_grad():
+        for cat, items in pairs.items():
+            right = 0
+            for it in items.values():
+                img = model.encode_image(preprocess(Image.open(root / "images" / it["filename"]).convert("RGB"))[None])
+                txt = model.encode_text(tokenizer([it["caption"], it["negative_caption"]]))
+                img, txt = img / img.norm(dim=-1, keepdim=True), txt / txt.norm(dim=-1, keepdim=True)
+                pos, neg = (txt @ img[0]).tolist()
+                assert abs(pos - neg) > 1e-5, "a near tie: the reference cannot decide this pair"
+                right += pos > neg
+            out[cat] = 100.0 * right / len(items)
+    return out
+
+
 def test_cli_writes_metrics_and_sugarcrepe_json(tmp_path, capsys):
-    root = sugarcrepe_fixture(tmp_path / "sc")
+    """The command's accuracies equal a reference computed independently from the same model, on pairs whose
+    accuracy is not symmetric (a swapped caption/negative would change it)."""
+    from PIL import Image
+
+    root = tmp_path / "sc"
+    (root / "images").mkdir(parents=True)
+    colours = ["red", "blue", "green", "yellow", "white", "black"]
+    for c in colours:
+        Image.new("RGB", (32, 32), c).save(root / "images" / f"{c}.png")
+    pairs = {"replace_att": {str(i): {"filename": f"{c}.png", "caption": f"a {c} square",
+                                      "negative_caption": f"a {colours[(i + 1) % 6]} square"}
+                             for i, c in enumerate(colours)},
+             "add_obj": {str(i): {"filename": f"{c}.png", "caption": f"a {c} square",
+                                  "negative_caption": f"a {c} square and a {colours[(i + 2) % 6]} star"}
+                         for i, c in enumerate(colours[:5])}}
+    for cat, d in pairs.items():
+        (root / f"{cat}.json").write_text(json.dumps(d))
+    want = _reference(root, pairs)
+    assert any(v != 50.0 for v in want.values()), "swapping caption and negative would go unnoticed"
     assert main(["eval", "compositional", "--model", "halsift-tiny", "--pretrained", "random", "--device", "cpu",
-                 "--data", str(root),
-                 "--images", str(root / "images"), "--out", str(tmp_path / "o")]) == 0
+                 "--data", str(root), "--images", str(root / "images"), "--out", str(tmp_path / "o")]) == 0
     m = json.loads((tmp_path / "o" / "metrics.json").read_text())
-    assert set(m) == {"compositional/replace_att", "compositional/add_obj", "compositional/mean",
-                      "compositional/pairs"} and m["compositional/pairs"] == 3
-    assert m["compositional/replace_att"] in (0.0, 50.0, 100.0) and m["compositional/add_obj"] in (0.0, 100.0)
-    assert m["compositional/mean"] == pytest.approx((m["compositional/replace_att"] + m["compositional/add_obj"]) / 2)
+    assert m == pytest.approx({"compositional/replace_att": want["replace_att"],
+                               "compositional/add_obj": want["add_obj"],
+                               "compositional/mean": (want["replace_att"] + want["add_obj"]) / 2,
+                               "compositional/pairs": 11})
     sc = json.loads((tmp_path / "o" / "sugarcrepe.json").read_text())
-    assert sc == pytest.approx({"replace_att": m["compositional/replace_att"] / 100,
-                                "add_obj": m["compositional/add_obj"] / 100})
+    assert sc == pytest.approx({k: v / 100 for k, v in want.items()})
 
 
 @pytest.mark.parametrize("case, message", [

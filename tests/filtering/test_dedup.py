@@ -194,9 +194,12 @@ def test_hamming_pairs_equal_brute_force():
     dist = (bits[:, None, :] != bits[None, :, :]).sum(-1)
     for t in (0, 2, 4, 7):
         want = {(i, j) for i, j in zip(*np.nonzero(dist <= t)) if i < j}
-        a, b, d = hamming_pairs(hashes, t)
-        assert set(zip(a.tolist(), b.tolist())) == want
-        assert all(dist[x, y] == z for x, y, z in zip(a, b, d))
+        for chunks in (None, 1, 2, 3, 4, 5, 8):  # the default for 300 hashes, and every chunking a size may pick
+            if chunks == 1 and t > 2:
+                continue  # one 64-bit chunk probes sum(C(64, k), k <= t) buckets: right, but slow
+            a, b, d = hamming_pairs(hashes, t, chunks=chunks)
+            assert set(zip(a.tolist(), b.tolist())) == want, (t, chunks)
+            assert all(dist[x, y] == z for x, y, z in zip(a, b, d))
 
 
 def test_embeddings_of_another_width_are_one_line(tmp_path, capsys):
@@ -218,3 +221,23 @@ def test_embeddings_of_another_width_are_one_line(tmp_path, capsys):
                  "--against", str(evals), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--against images" in err[0] and "expected 8" in err[0], err
+
+
+def test_a_damaged_clip_benchmark_shard_is_counted_after_its_readable_images(leaky_world, tmp_path):
+    """--against reads CLIP_benchmark shards with the shard reader: a shard cut short yields the images before the
+    damage and is counted as corrupt_shard, and the other shards are read whole."""
+    from halsift.corpus.clip_benchmark_wds import export_retrieval
+    from halsift.corpus.images import SkipCounter
+    from halsift.filtering.curation.against import iter_images
+
+    export_retrieval(leaky_world[0] / "retrieval", tmp_path / "wds", maxcount=7)
+    whole = [i for i, _ in iter_images(tmp_path / "wds", SkipCounter())]
+    shard = tmp_path / "wds" / "test" / "0.tar"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:len(data) // 2 + 100])  # not whole 512-byte blocks: cut inside a member
+    skipped = SkipCounter()
+    got = [i for i, _ in iter_images(tmp_path / "wds", skipped)]
+    first = [i for i in whole if i.startswith("test/")][:7]
+    assert 0 < len(set(first) & set(got)) < 7 and set(got) - set(first) == set(whole) - set(first)
+    assert skipped.counts["corrupt_shard"] >= 1
+    assert [e["key"] for e in skipped.examples if e["kind"] == "corrupt_shard"] == [str(shard)]

@@ -151,7 +151,7 @@ def test_decode_workers_give_the_same_scores(vlm_path, vlm_adapter, tmp_path, ki
     refs = tmp_path / "refs"
     refs.mkdir()
     Image.new("RGB", (40, 40), (10, 30, 220)).save(refs / "a.png")
-    spec = {"vlm": f"vlm:model={vlm_path},mode=yes_prob,dtype=float32,device=cpu,batch_size=4",
+    spec = {"vlm": f"vlm:model={vlm_path},mode=yes_prob,dtype=float32,device=cpu,forward_batch=4",
             "pmi": f"vlm:model={vlm_path},mode=pmi,references={refs},n_references=1,dtype=float32,device=cpu",
             "lora": f"lora:{vlm_adapter}"}[kind]
     assert supports_workers(load_detector(spec))  # the workers path is taken, not the in-process fallback

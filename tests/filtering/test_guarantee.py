@@ -1,4 +1,5 @@
-"""Issue 32: selection with a guarantee (Learn-then-Test, fixed sequence, exact binomial bounds) and its refusals."""
+"""Issue 32: selection with a guarantee (Learn-then-Test, fixed sequence, exact binomial bounds) and its refusals.
+The handmade cases test the single fixed sequence (``method="sequence"``); test_guarantee_power.py the multi-start."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_ltt_picks_the_loosest_threshold_of_the_fixed_sequence():
     # would spend the error budget twice.
     assert 0.8**10 > 0.1 >= 0.8**11
     assert binom_cdf(1, 12, 0.2) > 0.1 and binom_cdf(1, 19, 0.2) < 0.1
-    g = certify(SCORES, HALLUCINATED, 0.2, 0.9)
+    g = certify(SCORES, HALLUCINATED, 0.2, 0.9, method="sequence")
     assert g.threshold == 90.0
     assert g.calibration_kept == 11 and g.estimate == 0.0 and g.tested == 2
     assert g.bound == pytest.approx(1 - 0.1 ** (1 / 11))  # Clopper-Pearson upper bound for 0 of 11
@@ -45,7 +46,7 @@ def test_a_later_first_hallucination_buys_a_looser_threshold():
     # P(Bin(16, .2) <= 1) = 0.1407 > 0.1 -> stop at n = 15 (score 86)
     y = np.array([i in {15, 27, 28, 29} for i in range(30)])
     assert binom_cdf(1, 16, 0.2) > 0.1
-    assert certify(SCORES, y, 0.2, 0.9).threshold == 86.0
+    assert certify(SCORES, y, 0.2, 0.9, method="sequence").threshold == 86.0
 
 
 def test_clopper_pearson_matches_the_binomial_tail():
@@ -56,7 +57,7 @@ def test_clopper_pearson_matches_the_binomial_tail():
 
 
 def test_no_threshold_certifies_a_strict_rate_and_the_labels_needed_would():
-    g = certify(SCORES, HALLUCINATED, 0.05, 0.9)  # needs n >= 45 at zero errors: 30 units cannot
+    g = certify(SCORES, HALLUCINATED, 0.05, 0.9, method="sequence")  # needs n >= 45 at zero errors: 30 units cannot
     assert g.threshold is None and g.tested == 0
     bounds = [float(upper_bound(int(HALLUCINATED[:n].sum()), n, 0.9)) for n in range(1, 31)]
     assert g.best_bound == pytest.approx(min(bounds))

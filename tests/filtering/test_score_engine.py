@@ -55,11 +55,54 @@ def test_each_engine_refuses_what_it_does_not_honour(engine, setting, value, mes
         ENGINES[engine].check(job)
 
 
-def test_every_engine_honours_the_common_settings():
-    for e in ENGINES.values():
-        assert COMMON <= e.honours and "decode_workers" in e.honours, e.name
-        e.check(dataclasses.replace(ScoreJob("random:seed=0", "d", "o"), unit="caption", batch_size=3,
-                                    device="cpu", max_parse_failures=0.5, show_progress=False))
+# each engine's entry point: (module, function) that its run() calls with the job's settings
+ENTRY = {"local": ("halsift.filtering.scoring.runner", "score"),
+         "tasks": ("halsift.filtering.scoring.tasks", "score_task"),
+         "ray": ("halsift.filtering.scoring.ray_engine", "score_ray")}
+
+
+def _received(args: tuple, kwargs: dict) -> list:
+    """Every value a call received: its arguments, and the fields of a job passed whole."""
+    values = [*args, *kwargs.values()]
+    return values + [getattr(v, f.name) for v in values if dataclasses.is_dataclass(v) for f in dataclasses.fields(v)]
+
+
+def _same(x, y) -> bool:
+    return x is y if isinstance(y, bool) else type(x) is type(y) and x == y
+
+
+@pytest.mark.parametrize("engine", sorted(ENTRY))
+def test_every_engine_honours_the_common_settings(engine, monkeypatch, tmp_path):
+    """Each engine passes every common setting's value on to the scoring it runs (not only declares it): a job
+    whose every common setting differs from its default and from the others reaches the engine's entry point with
+    each value."""
+    import importlib
+
+    module, name = ENTRY[engine]
+    calls = []
+
+    def record(*args, **kwargs):
+        calls.append(_received(args, kwargs))
+        raise _Stop("reached")
+
+    monkeypatch.setattr(importlib.import_module(module), name, record)
+    job = ScoreJob("clip:arch=halsift-tiny,pretrained=random", str(tmp_path / "data"), str(tmp_path / "out"),
+                   unit="caption", batch_size=7, device="cuda:3", decode_workers=5, max_parse_failures=0.37,
+                   show_progress=False, embeddings=str(tmp_path / "emb"),
+                   **({"num_tasks": 3, "task_index": 1} if engine == "tasks" else {}))
+    assert COMMON == {"detector", "data", "out", "unit", "batch_size", "device", "decode_workers",
+                      "max_parse_failures", "show_progress", "embeddings"}, "a new common setting: add it above"
+    with pytest.raises(_Stop, match="^reached$"):
+        ENGINES[engine].run(job)
+    (got,) = calls
+    want = {"detector": job.spec(), **{k: getattr(job, k) for k in COMMON - {"detector", "embeddings"}}}
+    assert "embeddings=" in want["detector"]  # the embeddings reach the detector through its spec
+    lost = sorted(k for k, v in want.items() if not any(_same(x, v) for x in got))
+    assert not lost, f"--engine {engine} does not pass on {lost}"
+
+
+class _Stop(Exception):
+    """Raised by the recorded entry point: the engine got that far with the job's values."""
 
 
 def test_local_resolves_to_tasks_when_a_task_is_named_or_in_a_slurm_array():

@@ -54,10 +54,10 @@ def test_parse_score(text, expected):
 @pytest.mark.parametrize("mode", ["logits", "yes_prob"])
 def test_batch_padding_and_prefix_reuse_match_single_items(tiny_vlms, arch, mode):
     items = _items()
-    single = _det(tiny_vlms[arch], mode=mode, reuse_prefix=False, batch_size=1)
+    single = _det(tiny_vlms[arch], mode=mode, reuse_prefix=False, forward_batch=1)
     ref = [single.score_batch([it])[0].score for it in items]
-    batched = [r.score for r in _det(tiny_vlms[arch], mode=mode, reuse_prefix=False, batch_size=16).score_batch(items)]
-    reused = _det(tiny_vlms[arch], mode=mode, reuse_prefix=True, batch_size=16).score_batch(items)
+    batched = [r.score for r in _det(tiny_vlms[arch], mode=mode, reuse_prefix=False, forward_batch=16).score_batch(items)]
+    reused = _det(tiny_vlms[arch], mode=mode, reuse_prefix=True, forward_batch=16).score_batch(items)
     assert batched == pytest.approx(ref, abs=1e-3)
     assert [r.score for r in reused] == pytest.approx(ref, abs=1e-3)
     assert all(r.parsed for r in reused)
@@ -67,7 +67,7 @@ def test_batch_padding_and_prefix_reuse_match_single_items(tiny_vlms, arch, mode
 def test_prefix_reuse_right_padding_path(tiny_vlms):
     """The right-padded continuation layout (used for sliding-window models) on a model without windows."""
     items = _items()
-    det = _det(tiny_vlms["qwen2-vl"], batch_size=16)
+    det = _det(tiny_vlms["qwen2-vl"], forward_batch=16)
     assert det._mid_pad  # Qwen2-VL has no sliding window: pads go between prefix and continuation
     mid = [r.score for r in det.score_batch(items)]
     det._mid_pad = False
@@ -76,6 +76,31 @@ def test_prefix_reuse_right_padding_path(tiny_vlms):
     ref = [r.score for r in _det(tiny_vlms["qwen2-vl"], reuse_prefix=False).score_batch(items)]
     assert right == pytest.approx(ref, abs=1e-3) and mid == pytest.approx(ref, abs=1e-3)
 
+
+
+def test_forward_batch_is_its_own_name_and_the_old_one_still_works(tiny_vlms):
+    """``forward_batch`` (rows per forward pass) is not score's ``--batch-size``: the vlm option's former name
+    ``batch_size`` still works, with a warning, and keeps its spec text (so its fingerprint); both at once is an
+    error naming them."""
+    import warnings
+
+    from halsift.filtering.detectors.spec import SpecError, check_spec, load_detector
+
+    base = f"vlm:model={tiny_vlms['qwen2-vl']},dtype=float32,device=cpu,reuse_prefix=false"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = load_detector(f"{base},forward_batch=2")
+    assert new.batch_size == 2
+    with pytest.warns(FutureWarning, match=r"batch_size= is now forward_batch="):
+        old = load_detector(f"{base},batch_size=2")
+    # the canonical text main wrote for this spec before the rename (sorted keys), so the same fingerprint
+    assert old.batch_size == 2
+    assert old.spec == f"vlm:batch_size=2,device=cpu,dtype=float32,model={tiny_vlms['qwen2-vl']},reuse_prefix=false"
+    items = _items()
+    assert [r.score for r in old.score_batch(items)] == [r.score for r in new.score_batch(items)]
+    check_spec(f"{base},batch_size=2")  # the dry run accepts the old name too
+    with pytest.raises(SpecError, match=r"batch_size= and forward_batch= name the same vlm option"):
+        load_detector(f"{base},batch_size=2,forward_batch=4")
 
 def _manual_next_probs(det, item, extra=()):
     """Next-token distribution after prefix + continuation (+ extra tokens), by one plain forward pass."""
@@ -129,10 +154,10 @@ def test_logits_digit_tokenizer_resolves_1_10_100(tiny_vlms):
 
 def test_prompt_mode_parses_greedy_text_and_batch_invariant(tiny_vlms):
     items = _items(2)
-    det = _det(tiny_vlms["qwen2-vl"], mode="prompt", max_new_tokens=6, batch_size=16)
+    det = _det(tiny_vlms["qwen2-vl"], mode="prompt", max_new_tokens=6, forward_batch=16)
     res = det.score_batch(items)
     texts = list(det.last_texts)
-    one = _det(tiny_vlms["qwen2-vl"], mode="prompt", max_new_tokens=6, batch_size=1)
+    one = _det(tiny_vlms["qwen2-vl"], mode="prompt", max_new_tokens=6, forward_batch=1)
     singles = []
     for it in items:
         one.score_batch([it])
@@ -245,7 +270,7 @@ def test_pmi_mode_scores_image_pmi_against_references(tiny_vlms, tmp_path, arch)
     ref.save(tmp_path / "refs" / "a.png")
     (tmp_path / "refs" / "notes.txt").write_text("not an image")
     det = load_detector(f"vlm:model={tiny_vlms[arch]},mode=pmi,references={tmp_path / 'refs'},n_references=1,"
-                        "temperature=2,dtype=float32,device=cpu,batch_size=4")
+                        "temperature=2,dtype=float32,device=cpu,forward_batch=4")
     got = [r.score for r in det.score_batch(items)]
     own = sentence_logliks(det, items)
     swapped = [Item(it.key, it.sentence_index, it.sentence, it.context, ref, "ref") for it in items]

@@ -55,23 +55,23 @@ def test_packed_sentences_equal_one_pass_per_sentence(tiny_vlms, arch, context, 
     """Packed scores (one sequence per image: prefix + every sentence, block mask, positions restarting after
     the prefix) equal a plain full forward pass per sentence and the KV-cache reuse path, within 1e-3."""
     items = _captions(n_sent)
-    single = _det(tiny_vlms[arch], reuse_prefix=False, batch_size=1, context=context)
+    single = _det(tiny_vlms[arch], reuse_prefix=False, forward_batch=1, context=context)
     ref = [single.score_batch([it])[0].score for it in items]
-    packed = _det(tiny_vlms[arch], pack=True, context=context, batch_size=64)
+    packed = _det(tiny_vlms[arch], pack=True, context=context, forward_batch=64)
     assert packed.packs
     got = _scores(packed, items)
     assert got == pytest.approx(ref, abs=1e-3)
-    assert _scores(_det(tiny_vlms[arch], pack=False, context=context, batch_size=64), items) == \
+    assert _scores(_det(tiny_vlms[arch], pack=False, context=context, forward_batch=64), items) == \
         pytest.approx(ref, abs=1e-3)
     assert max(ref) - min(ref) > 0.1  # not vacuous: the scores differ between sentences
 
 
 def test_packed_yes_prob_eager_attention_and_split_captions(tiny_vlms):
     """``yes_prob`` packs too; an eager-attention model takes the additive mask; a caption split over batches
-    (batch_size below its sentence count) re-encodes its image and keeps its scores."""
+    (forward_batch below its sentence count) re-encodes its image and keeps its scores."""
     items = _captions(8)
     path = tiny_vlms["qwen2-vl"]
-    for opts in (dict(mode="yes_prob"), dict(attn_implementation="eager"), dict(batch_size=5)):
+    for opts in (dict(mode="yes_prob"), dict(attn_implementation="eager"), dict(forward_batch=5)):
         ref = [r.score for r in _det(path, reuse_prefix=False, **opts).score_batch(items)]
         det = _det(path, pack=True, **opts)
         assert det.packs, opts
@@ -214,7 +214,7 @@ def test_score_with_decode_workers_and_deferred_images_writes_the_host_scores(ti
     from halsift.launch.cli import main
 
     data = make_corpus(tmp_path / "data", shards=2, per_shard=3)  # 32 px images: all but the first deferred
-    spec = f"vlm:model={tiny_vlms['qwen2-vl']},dtype=float32,batch_size=8"
+    spec = f"vlm:model={tiny_vlms['qwen2-vl']},dtype=float32,forward_batch=8"
     base = ["score", "--data", str(data), "--no-progress", "--batch-size", "8"]
     assert main([*base, "--detector", spec + ",pack=false,preprocess=cpu", "--out", str(tmp_path / "host")]) == 0
     assert main([*base, "--detector", spec + ",pack=true,preprocess=device", "--out", str(tmp_path / "dev"),

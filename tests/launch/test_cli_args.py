@@ -51,13 +51,67 @@ def test_launch_describe_lists_every_flag_with_default_and_meaning(capsys):
     assert "array: null  # a job array of N independent" in out
 
 
-def test_launch_flags_come_from_its_config_class():
-    """Every LaunchConfig field is a flag whose unset value is the field's default; repeatable flags add up."""
+# per LaunchConfig field: flags giving it a value other than its default, and what the launcher then writes
+# (the local command on stderr, the sbatch script on stdout), or the one line it refuses with
+_LOCAL = ["--dry-run"]
+_SLURM = ["--slurm", "--dry-run"]
+LAUNCH_FLAGS = {
+    "gpus": (["--gpus", "3", *_LOCAL], "accelerate.commands.launch --num_processes=3"),
+    "cpu": (["--cpu", "3", *_LOCAL], "torch.distributed.run --nproc_per_node=3"),
+    "nodes": (["--nodes", "2", "--backend", "torchrun", *_LOCAL], "--nnodes=2"),
+    "node_rank": (["--nodes", "2", "--node-rank", "1", "--backend", "torchrun", *_LOCAL], "--node_rank=1"),
+    "master_addr": (["--master-addr", "10.9.8.7", "--backend", "torchrun", *_LOCAL], "--master_addr=10.9.8.7"),
+    "master_port": (["--master-port", "29877", "--backend", "torchrun", *_LOCAL], "--master_port=29877"),
+    "backend": (["--gpus", "2", "--backend", "torchrun", *_LOCAL], "torch.distributed.run --nproc_per_node=2"),
+    "dry_run": (_LOCAL, "+ "),
+    "slurm": (_SLURM, "#SBATCH --nodes=1"),
+    "script": (["--slurm", "--script", "{tmp}/job.sbatch"], "wrote {tmp}/job.sbatch"),
+    "submit": (["--slurm", "--script", "{tmp}/job.sbatch", "--submit"], "--submit: sbatch not found on PATH"),
+    "wait": ([*_SLURM, "--wait"], "--wait: only with --submit"),
+    "output": ([*_SLURM, "--output", "LOGX"], "#SBATCH --output=LOGX"),
+    "python": ([*_SLURM, "--python", "/opt/x/pythonX"], "/opt/x/pythonX -m accelerate"),
+    "partition": ([*_SLURM, "--partition", "PARTX"], "#SBATCH --partition=PARTX"),
+    "account": ([*_SLURM, "--account", "ACCX"], "#SBATCH --account=ACCX"),
+    "qos": ([*_SLURM, "--qos", "QOSX"], "#SBATCH --qos=QOSX"),
+    "time": ([*_SLURM, "--time", "07:06:05"], "#SBATCH --time=07:06:05"),
+    "cpus_per_task": ([*_SLURM, "--cpus-per-task", "13"], "#SBATCH --cpus-per-task=13"),
+    "job_name": ([*_SLURM, "--job-name", "JOBX"], "#SBATCH --job-name=JOBX"),
+    "setup": ([*_SLURM, "--setup", "module load X", "--setup", "echo Y"], "module load X\necho Y\n"),
+    "array": ([*_SLURM, "--array", "5"], "--num-tasks 5 --task-index \"$SLURM_ARRAY_TASK_ID\""),
+    "max_parallel": ([*_SLURM, "--array", "5", "--max-parallel", "2"], "#SBATCH --array=0-4%2"),
+    "requeue": ([*_SLURM, "--array", "5", "--requeue"], "#SBATCH --requeue"),
+    "sbatch_extra": ([*_SLURM, "--sbatch-extra=--mem=77G"], "#SBATCH --mem=77G"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAUNCH_FLAGS))
+def test_each_launch_flag_changes_what_is_launched(name, tmp_path, capsys, monkeypatch):
+    """Each LaunchConfig field, given on the command line, reaches the command or sbatch script the launcher
+    writes (or its one-line refusal): the flag acts, not only parses."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here, whatever the machine has
+    flags, want = LAUNCH_FLAGS[name]
+    flags, want = [f.replace("{tmp}", str(tmp_path)) for f in flags], want.replace("{tmp}", str(tmp_path))
+    try:
+        code = main(["launch", *flags, "--", "score", "--x"])
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    assert want in out.out + out.err, (name, out.out + out.err)
+    if name not in ("dry_run", "slurm"):  # the same launch without the flag writes something else
+        base = [f for f in _SLURM if "--slurm" in flags] or _LOCAL
+        try:
+            main(["launch", *base, "--", "score", "--x"])
+        except SystemExit:
+            pass
+        plain = capsys.readouterr()
+        assert want not in plain.out + plain.err, name
+    assert code in (0, 2), (name, code)
+
+
+def test_every_launch_setting_has_a_case_and_repeatable_flags_add_up():
     from halsift.launch.cmd_launch import LaunchConfig
 
-    args = build_parser().parse_args(["launch", "--", "score"])
-    for f in dataclasses.fields(LaunchConfig):
-        assert getattr(args, f.name) == field_default(f), f.name
+    assert sorted(LAUNCH_FLAGS) == sorted(f.name for f in dataclasses.fields(LaunchConfig))
     args = build_parser().parse_args(["launch", "--setup", "a b", "--setup", "c", "--sbatch-extra=--x=1", "--",
                                       "score", "--setup", "d"])
     assert args.setup == ["a b", "c"] and args.sbatch_extra == ["--x=1"]

@@ -78,3 +78,19 @@ def test_the_check_sees_a_flag_declared_outside_the_settings():
     p.add_argument("--hand-made", type=int, default=0)
     assert "hand_made" in _settings(p)
     assert "hand_made" not in {m.group(1) for m in re.finditer(r"(?m)^(\w+):", _describe(p))}
+
+
+@pytest.mark.parametrize("path, module", sorted(COMMANDS.items()), ids=[" ".join(k) for k in sorted(COMMANDS)])
+def test_no_argparse_escape_leaks_into_describe_or_help(path, module):
+    """A help text is plain text: argparse's ``%%`` escape is added when the flag is built, never written in a
+    field's help, so neither ``--describe`` (``halsift run --describe`` included) nor ``--help`` shows ``%%``."""
+    p = _parser(module)
+    described = _describe(p)
+    assert "%%" not in described, f"halsift {' '.join(path)} --describe prints '%%'"
+    assert "%%" not in p.format_help(), f"halsift {' '.join(path)} --help prints '%%'"
+
+
+def test_no_argparse_escape_in_the_docs():
+    leaks = [str(f.relative_to(ROOT)) for f in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+             if "%%" in f.read_text()]
+    assert not leaks, f"'%%' (argparse's escape) in {leaks}"

@@ -30,7 +30,7 @@ OLD_STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "p
 OLD_SECTION_FIELDS = {"score": ("unit", "batch_size", "max_parse_failures", "detectors", "ensembles"),
                       # issue 42: dedup gained its engine flags (engine, address, workers, decode_workers): run-only
                       "dedup": ("against", "model", "exact_on", "phash_distance", "near_thumbnail", "eval_thumbnail",
-                                "cosine", "nprobe", "enabled")}
+                                "cosine", "nprobe", "enabled", "allow_implausible")}
 
 
 def old_stage_fingerprints(r) -> dict[str, dict]:
@@ -54,32 +54,34 @@ def old_stage_fingerprints(r) -> dict[str, dict]:
     return out
 
 
-# `stage_fingerprints(load_recipe("quickstart", ["run_dir=/tmp/x"]))` printed by the old runner at 608b057 (run_dir
-# is no input). They change, legitimately, when a field or default of a hashed section changes: then recompute them
-# with old_stage_fingerprints above and say so in the commit (existing run folders re-run from that stage).
-# Since 608b057: the score section gained `max_parse_failures` (issue 35), so score and every stage after it moved;
-# the select section became `halsift select`'s fields (top_k's default 0 -> null, the command's) and gained the
-# composed-selection and guaranteed-selection keys (issues 31, 32), so select and every stage after it moved;
-# issue 33: world gained zeroshot_images / compositional_images, data gained zeroshot / compositional, eval gained
-# zeroshot / compositional: every stage moved (existing runs re-run from the world stage, which writes the new sets).
-# issue 31: the world gained leaks/exact_copies (quickstart plants them) and the dedup stage runs before score.
-QUICKSTART = {
-    "world": ("675df6377f8743d2", {"seed": "5feceb66ffc86f38", "world": "2aabc6b38e1e6713"}),
-    "pretrain": ("908371d53b1e8407", {"data": "cef95a3a080af27b",
-                                      "model": "980c750c33c77a7a", "pretrain": "0ff8129adb5f1f21"}),
-    "detectors": ("23ed05a718f29511", {"detectors": "ffedc5abd8f933dc"}),
-    "dedup": ("ca0a8a7647441b36", {"dedup": "8133a4627afecaf5"}),
-    "score": ("b1b02a9a6f77db9a", {"score": "9c1267a0eb192137", "eval.bench_split": "4d967a30111bf29f"}),
-    "select": ("00ab04934655115f", {"select": "f3463167872114d3"}),
-    "finetune": ("73991962668db7c4", {"finetune": "326249b506be0f30"}),
-    "eval": ("36134b744ec496af", {"eval": "2a954114747a80c9", "evals": "566be1eec8e9a06e"}),
-    "report": ("59d284890a1dbaa5", {"name": "9cff4eeb32be37bd"}),
-}
+# A change to one recipe key re-runs the stage(s) that read it and every stage after them, and nothing before:
+# (override, the first stage it re-runs). Keys no stage reads (run_dir) re-run nothing.
+RERUNS = [
+    ("seed=1", "world"), ("world.images=100", "world"), ("data.pretrain=x", "pretrain"),
+    ("model.arch=ViT-B-32", "pretrain"), ("pretrain.steps=5", "pretrain"), ("pretrain.lr=0.5", "pretrain"),
+    ("detectors.clip-lora.options.steps=3", "detectors"), ("dedup.enabled=false", "dedup"), ("dedup.allow_implausible=true", "dedup"),
+    ("score.batch_size=7", "score"), ("eval.bench_split=val", "score"), ("select.keep=0.5", "select"),
+    ("finetune.seeds=[0,1]", "finetune"), ("finetune.warmup=3", "finetune"), ("eval.keep=0.5", "eval"),
+    ("evals.ihalla.prompts=10", "eval"), ("name=other", "report"), ("run_dir={tmp}/elsewhere", None),
+]
 
 
-def test_quickstart_fingerprints_are_the_old_runners(tmp_path):
-    got = stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}"]))
-    assert {s: (got[s]["fingerprint"], got[s]["sections"]) for s in QUICKSTART} == QUICKSTART
+@pytest.mark.parametrize("override, first", RERUNS, ids=[o for o, _ in RERUNS])
+def test_a_change_reruns_its_stage_and_the_ones_after_it(tmp_path, override, first):
+    before = stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}"]))
+    after = stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}",
+                                                          override.replace("{tmp}", str(tmp_path))]))
+    changed = [s for s in REGISTRY if before[s]["fingerprint"] != after[s]["fingerprint"]]
+    assert changed == (list(REGISTRY)[list(REGISTRY).index(first):] if first else []), override
+    if first:  # it re-runs because a section it reads moved, not only through the chain
+        assert before[first]["sections"] != after[first]["sections"], override
+
+
+def test_the_quickstart_fingerprints_are_stable_and_chained(tmp_path):
+    """The same recipe loaded twice (in another run_dir) hashes alike; each fingerprint covers the one before."""
+    one = stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}/a"]))
+    two = stage_fingerprints(load_recipe("quickstart", [f"run_dir={tmp_path}/b"]))
+    assert one == two and len({v["fingerprint"] for v in one.values()}) == len(one)
 
 
 @pytest.mark.parametrize("name,overrides", [(n, []) for n in sorted(shipped_recipes())] + [

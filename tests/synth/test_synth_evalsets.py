@@ -12,7 +12,7 @@ import pytest
 
 from halsift.corpus.classification import read_classification
 from halsift.corpus.sugarcrepe import CATEGORIES, read_sugarcrepe
-from halsift.synth.scene import COLOURS, NUMBER_WORDS, SHAPES, Group, relation
+from halsift.synth.scene import COLOURS, NUMBER_WORDS, REL_OPPOSITE, SHAPES, Group, relation
 from halsift.synth.world import generate_world
 from halsift.synth.zeroshot_tasks import TASKS, zeroshot_scene
 
@@ -59,14 +59,53 @@ def test_every_caption_is_true_and_every_negative_false(world):
             assert item["caption"] != item["negative_caption"]
 
 
+_PHRASE = rf"((?:a|an|one|two|three) (?:(?:{'|'.join(COLOURS)}) )?(?:{'|'.join(SHAPES)})s?)"
+_PARTS = re.compile(rf"^{_PHRASE} {_REL} {_PHRASE}(?:, and {_PHRASE})?\.$", re.IGNORECASE)
+
+
+def _parts(text: str) -> tuple[list[str], str, list[str], str]:
+    """(A's words, relation, B's words, the added object or '') of a compositional caption, lower-cased, with
+    the article 'an' read as 'a' (it follows the next word)."""
+    m = _PARTS.match(text)
+    assert m, text
+    a, rel, b, added = ((g or "").lower() for g in m.groups())
+    words = lambda p: ["a" if w == "an" else w for w in p.split()]  # noqa: E731
+    return words(a), rel, words(b), added
+
+
+def _differ_in(x: list[str], y: list[str], words) -> bool:
+    """x and y are the same phrase but for one word, which is one of ``words`` in both (a colour, a shape)."""
+    diff = [(u, v) for u, v in zip(x, y) if u != v]
+    stem = lambda w: w.rstrip("s") if w.rstrip("s") in SHAPES else w  # noqa: E731 - plural shapes
+    return len(x) == len(y) and len(diff) == 1 and all(stem(w) in words for w in diff[0])
+
+
 def test_negatives_change_what_the_category_says(world):
-    item = {c: json.loads((world / "compositional" / f"{c}.json").read_text())["0"] for c in CATEGORIES}
-    pos, rel = item["replace_rel"]["caption"], item["replace_rel"]["negative_caption"]
-    assert pos.split()[:3] == rel.split()[:3] and pos != rel  # same objects, another relation
-    assert item["add_obj"]["negative_caption"].startswith(item["add_obj"]["caption"][:-1] + ", and ")
-    assert sorted(item["swap_obj"]["negative_caption"].lower().split()) != sorted(pos.lower().split()) or \
-        item["swap_obj"]["negative_caption"] != pos
-    assert len(item["add_att"]["negative_caption"].split()) == len(item["add_att"]["caption"].split()) + 1
+    """Each category's negative is its caption with exactly the change the category names (SugarCrepe), for every
+    pair: another relation, the objects swapped, an object or attribute added, one word replaced."""
+    for cat in CATEGORIES:
+        for item in json.loads((world / "compositional" / f"{cat}.json").read_text()).values():
+            (a, rel, b, added), (na, nrel, nb, nadded) = _parts(item["caption"]), _parts(item["negative_caption"])
+            where = (cat, item["caption"], item["negative_caption"])
+            if cat == "replace_rel":
+                assert (na, nb, nadded) == (a, b, "") and nrel == REL_OPPOSITE[rel], where
+            elif cat == "swap_obj":
+                assert (na, nrel, nb, nadded) == (b, rel, a, ""), where
+            elif cat == "add_obj":
+                assert (na, nrel, nb) == (a, rel, b) and not added and nadded, where
+                assert item["negative_caption"] == item["caption"][:-1] + f", and {nadded}.", where
+            elif cat == "add_att":
+                assert (nrel, nb, nadded) == (rel, b, "") and not any(w in COLOURS for w in a), where
+                assert len(na) == len(a) + 1 and na[1] in COLOURS and na[:1] + na[2:] == a, where
+            elif cat == "replace_obj":
+                assert (nrel, nb, nadded) == (rel, b, "") and _differ_in(a, na, SHAPES), where
+            elif cat == "replace_att":
+                assert (nrel, nb, nadded) == (rel, b, "") and _differ_in(a, na, COLOURS), where
+            elif cat == "swap_att":
+                assert nrel == rel and _differ_in(a, na, COLOURS) and _differ_in(b, nb, COLOURS), where
+                assert (na[1], nb[1]) == (b[1], a[1]), where  # the two colours exchanged
+            else:
+                raise AssertionError(f"no check for category {cat}")
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))

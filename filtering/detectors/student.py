@@ -1,0 +1,80 @@
+"""``student``: a small head on stored CLIP embeddings, distilled from a judge's scores (``halsift train detector
+--teacher SCORES --embeddings EMB``, :mod:`halsift.training.distill`); no image is decoded, no model run but the head.
+
+Spec: ``student:path=DIR,embeddings=EMB`` (``DIR``: the ``student/`` folder distillation writes, holding
+``model.safetensors`` and ``config.json``; ``EMB``: a ``halsift embed`` folder of the shards to score, embedded by the
+same model as the training vectors). A cheap stage for a cascade ([cascade.md](../../docs/cascade.md)).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from halsift.filtering.detectors.base import Detector, Item, Result
+
+FORMAT = "halsift-student/1"
+
+
+def features(image: np.ndarray, text: np.ndarray) -> np.ndarray:
+    """The head's input per unit: ``[image, text, image * text, cosine]`` (vectors L2-normalised)."""
+    img, txt = np.asarray(image, np.float32), np.asarray(text, np.float32)
+    prod = img * txt
+    return np.concatenate([img, txt, prod, prod.sum(1, keepdims=True)], axis=1)
+
+
+def head(dim: int, hidden: int):
+    """The student's head: ``features`` (``3 * dim + 1``) -> one logit."""
+    import torch
+
+    n_in = 3 * dim + 1
+    if hidden <= 0:
+        return torch.nn.Linear(n_in, 1)
+    return torch.nn.Sequential(torch.nn.Linear(n_in, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, 1))
+
+
+class StudentDetector(Detector):
+    """Options: ``path`` (the distilled ``student/`` folder), ``embeddings`` (a ``halsift embed`` folder)."""
+
+    family = "student"
+    needs_image = False
+
+    OPTION_HELP = {
+        "path": "the student/ folder `halsift train detector --teacher` wrote (model.safetensors, config.json)",
+        "embeddings": "a `halsift embed` folder of the data to score, by the model the student was trained on",
+    }
+
+    def __init__(self, path: str = "", embeddings: str = "") -> None:
+        super().__init__()
+        import torch
+        from safetensors.torch import load_file
+
+        from halsift.filtering.detectors.embedding_lookup import EmbeddingLookup
+
+        folder = Path(path)
+        cfg_path = folder / "config.json"
+        if not cfg_path.is_file():
+            raise ValueError(f"path={path}: no student here (expected config.json and model.safetensors from "
+                             "`halsift train detector --teacher`)")
+        cfg = json.loads(cfg_path.read_text())
+        if cfg.get("format") != FORMAT:
+            raise ValueError(f"path={path}: config.json is not a {FORMAT} student")
+        if not embeddings:
+            raise ValueError("embeddings: required (a `halsift embed` folder of the data to score)")
+        self.lookup = EmbeddingLookup(embeddings, cfg["embeddings_model"], int(cfg["dim"]))
+        self.model = head(int(cfg["dim"]), int(cfg["hidden"]))
+        self.model.load_state_dict(load_file(str(folder / "model.safetensors")))
+        self.model.eval()
+        self._torch = torch
+
+    def score_batch(self, items: Sequence[Item]) -> list[Result]:
+        if not items:
+            return []
+        v = self.lookup.vectors(items)
+        x = self._torch.from_numpy(features(v["image_vectors"], v["text_vectors"]))
+        with self._torch.no_grad():
+            p = self._torch.sigmoid(self.model(x)[:, 0]).numpy()
+        return [Result(float(100.0 * s)) for s in p]

@@ -1,0 +1,298 @@
+"""``halsift score --detector cascade:...``: the cascade as a staged job (issue 44).
+
+Each stage is an ordinary score run (:class:`~halsift.filtering.scoring.engine.ScoreJob`) into ``OUT/_stages/NAME``
+on the engine the command names, so it resumes and splits into ranks, tasks or Ray actors like any score run:
+
+1. ``cheap``: the cheap detector over every unit;
+2. ``sample``: the judge (a ``subset`` detector: :class:`~halsift.filtering.detectors.cascade.SubsetDetector`) on the
+   units of the uniform random sample (:func:`.cascade_plan.in_sample`, rate ``sample * budget``);
+3. the plan (:mod:`.cascade_plan`: cut, band, map), fitted on the corpus and frozen in ``OUT/_cascade/plan.json``
+   (a rerun reads it, never refits; a changed spec is refused);
+4. ``band``: the judge on the band's units not in the sample;
+5. the folder itself: one part per cheap part, each unit's standing score (the judge's where it was judged, else the
+   mapped cheap score) and ``scored_by`` (``judge`` or ``cheap``); the manifest's ``cascade`` block says the judge
+   share actually spent.
+
+With ``plan=CORPUS_OUT`` (calibration units, e.g. a bench) stages 2-4 are one stage ``judged``: the judge on the
+units of the frozen band or of the sample rule, nothing fitted. Independent tasks (``--num-tasks``) each run every
+stage; a task that finishes its share of a stage waits (polling) until the other tasks finish theirs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from halsift.corpus.errors import InputError
+from halsift.filtering.scoring.cascade_plan import Plan, fit_plan, in_sample
+from halsift.filtering.scoring.engine import EngineSummary, ScoreJob
+
+STAGES, PLAN_DIR, PLAN_FILE = "_stages", "_cascade", "plan.json"
+POLL_S = 10.0  # a task waiting for the other tasks' share of a stage checks again after this many seconds
+
+
+class CascadeError(InputError):
+    """A cascade that cannot run as asked (one line)."""
+
+
+def is_cascade(spec: Any) -> bool:
+    """Whether a detector spec (string, file, mapping or detector) is a cascade; builds nothing."""
+    from halsift.filtering.detectors.base import Detector
+    from halsift.filtering.detectors.spec import iter_specs
+
+    if isinstance(spec, Detector):
+        return spec.family == "cascade"
+    try:
+        return iter_specs(spec)[0][1] == "cascade"
+    except Exception:  # noqa: BLE001 - a bad spec is reported by the run that builds it
+        return False
+
+
+class _Solo:
+    """The barrier of a process that shares nothing (a task, a Ray driver)."""
+
+    is_main_process = True
+    num_processes = 1
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+
+def _state(engine: str, job: ScoreJob):
+    if engine == "local" and not (job.num_tasks or job.task_index is not None):
+        from halsift.filtering.scoring.tasks import task_from_env
+
+        if task_from_env(job.num_tasks, job.task_index) is None:
+            from halsift.filtering.scoring.runner import _state as rank_state
+
+            return rank_state(job.device)
+    return _Solo()
+
+
+def _stage(job: ScoreJob, detector: Any, out: Path, engine: str, embeddings: str | None = None) -> EngineSummary:
+    """Run one stage as an ordinary score job; a task waits until the stage's folder is complete."""
+    from halsift.filtering.scoring.engine import resolve_engine
+
+    stage = dataclasses.replace(job, detector=detector, out=str(out), embeddings=embeddings)
+    while True:
+        s = resolve_engine(engine, stage).run(stage)
+        if s.complete:
+            return s
+        time.sleep(POLL_S)
+
+
+def _units(folder: Path):
+    from halsift.corpus.scores import read_scores
+
+    t = read_scores(folder, ["key", "sentence_index", "score", "parsed"])
+    return (t["key"].to_pylist(), t["sentence_index"].to_numpy().astype(np.int64),
+            t["score"].to_numpy().astype(np.float64), t["parsed"].to_numpy(zero_copy_only=False))
+
+
+def _write_keys(path: Path, keys: list[str], idx: np.ndarray, state) -> None:
+    import pyarrow as pa
+
+    from halsift.corpus.scores import write_part_atomic
+
+    import pyarrow.parquet as pq
+
+    table = pa.table({"key": pa.array(keys, pa.string()), "sentence_index": pa.array(idx, pa.int32())})
+    # rewritten only when it changed: the subset detector's fingerprint covers the file, so an identical rewrite
+    # would make the stage rescore every part
+    if state.is_main_process and not (path.is_file() and pq.read_table(path).equals(table)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_part_atomic(table, path)
+    state.wait_for_everyone()
+
+
+def _judged(folder: Path, keys_file: Path) -> dict[tuple[str, int], tuple[float, bool]]:
+    """The judge's rows of a subset stage: only the units its key file lists (the rest are placeholders)."""
+    import pyarrow.parquet as pq
+
+    want = pq.read_table(keys_file)
+    wanted = set(zip(want["key"].to_pylist(), want["sentence_index"].to_pylist()))
+    k, i, s, p = _units(folder)
+    return {(a, int(b)): (float(c), bool(d)) for a, b, c, d in zip(k, i, s, p) if (a, int(b)) in wanted}
+
+
+def judge_members(judge: Any) -> tuple[list, list[float] | None, str]:
+    """``(member specs, weights, norm)``: a set-level judge (an ensemble normalised over the scored set) is run
+    member by member and combined with the sample's frozen statistics; any other judge is its own single member."""
+    from halsift.filtering.detectors.spec import iter_specs
+
+    _, family, opts = iter_specs(judge)[0]
+    if family == "ensemble" and opts.get("norm", "none") != "none":
+        members = list(opts["members"])
+        weights = opts.get("weights")
+        weights = [float(weights)] if isinstance(weights, (int, float)) else weights
+        return members, None if weights is None else [float(w) for w in weights], opts["norm"]
+    return [judge], None, "none"
+
+
+def _judge_stage(job: ScoreJob, judge: Any, keys_file: Path, folder: Path, engine: str
+                 ) -> dict[tuple[str, int], tuple[np.ndarray, bool]]:
+    """The judge on the units of ``keys_file`` (one subset stage per member of a set-level judge): per unit its
+    member scores and whether every member parsed."""
+    members, _, _ = judge_members(judge)
+    per = []
+    for i, m in enumerate(members):
+        d = folder if len(members) == 1 else folder / f"m{i}"
+        _stage(job, {"family": "subset", "detector": m, "keys": str(keys_file)}, d, engine)
+        per.append(_judged(d, keys_file))
+    return {u: (np.array([p[u][0] for p in per]), all(p[u][1] for p in per)) for u in per[0]}
+
+
+def load_plan(where: str | Path) -> Plan:
+    """The frozen plan of a cascade score folder (or its ``plan.json``)."""
+    p = Path(where)
+    p = p / PLAN_DIR / PLAN_FILE if p.is_dir() else p
+    if not p.is_file():
+        raise CascadeError(f"plan={where}: no frozen cascade plan there (expected a cascade score folder, "
+                           f"holding {PLAN_DIR}/{PLAN_FILE})")
+    return Plan.from_json(json.loads(p.read_text()))
+
+
+def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
+    """Run the cascade of ``job.detector`` as the staged job of the module docstring."""
+    from halsift.corpus.shards import write_json_atomic
+    from halsift.filtering.detectors.spec import load_detector
+
+    det = load_detector(job.detector)
+    spec = det.canonical()
+    out = Path(job.out)
+    stages, pdir = out / STAGES, out / PLAN_DIR
+    state = _state(engine, job)
+    _, weights, norm = judge_members(det.judge_spec)
+
+    _stage(job, det.cheap, stages / "cheap", engine, job.embeddings)
+    keys, idx, cheap, _ = _units(stages / "cheap")
+    rate = det.sample * det.budget
+    if det.plan:  # calibration units through the corpus's frozen cascade
+        plan = load_plan(det.plan)
+        if plan.spec != spec:
+            raise CascadeError(f"plan={det.plan}: fitted for {plan.spec!r}, not this cascade {spec!r}")
+        sampled = in_sample(keys, idx, plan.seed, plan.sample_rate)
+        judged_mask = sampled | plan.in_band(cheap)
+        _write_keys(pdir / "judged.parquet", [k for k, m in zip(keys, judged_mask) if m], idx[judged_mask], state)
+        raw = _judge_stage(job, det.judge_spec, pdir / "judged.parquet", stages / "judged", engine)
+        band_mask = judged_mask & ~sampled
+    else:
+        sampled = in_sample(keys, idx, det.seed, rate)
+        _write_keys(pdir / "sample.parquet", [k for k, m in zip(keys, sampled) if m], idx[sampled], state)
+        raw = _judge_stage(job, det.judge_spec, pdir / "sample.parquet", stages / "sample", engine)
+        plan_path = pdir / PLAN_FILE
+        if plan_path.is_file():  # frozen: a rerun never refits
+            plan = load_plan(plan_path)
+            if plan.spec != spec or plan.units != len(keys):
+                raise CascadeError(f"{out}: holds a cascade fitted for {plan.spec!r} on {plan.units} units; this run "
+                                   f"is {spec!r} on {len(keys)}: use a new --out")
+        else:
+            js = np.stack([raw[(k, int(i))][0] for k, i, m in zip(keys, idx, sampled) if m]) if sampled.any() \
+                else np.empty((0, 1))
+            try:
+                plan = fit_plan(spec, cheap, sampled, js, det.budget, det.keep, rate, det.seed, norm, weights)
+            except ValueError as e:
+                raise CascadeError(str(e)) from None
+            if state.is_main_process:
+                pdir.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(plan_path, plan.to_json())
+            state.wait_for_everyone()
+        band_mask = plan.in_band(cheap) & ~sampled
+        _write_keys(pdir / "band.parquet", [k for k, m in zip(keys, band_mask) if m], idx[band_mask], state)
+        raw.update(_judge_stage(job, det.judge_spec, pdir / "band.parquet", stages / "band", engine))
+    units = list(raw)
+    combined = plan.judge_scores(np.stack([raw[u][0] for u in units])) if units else np.empty(0)
+    scores = {u: (float(v), raw[u][1]) for u, v in zip(units, combined)}
+    manifest = _combine(job, spec, plan, stages / "cheap", scores, int(sampled.sum()), int(band_mask.sum()),
+                        det.plan, state)
+    return EngineSummary(engine, out, True, state.is_main_process, [cascade_line(manifest)] if manifest else [],
+                         manifest or {})
+
+
+def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict, sample_units: int,
+             band_units: int, frozen_from: str | None, state) -> dict | None:
+    """Write the cascade's own parts (one per cheap part) and manifest; returns the manifest (main process)."""
+    import pyarrow.parquet as pq
+
+    from halsift.corpus.fingerprint import spec_fingerprint
+    from halsift.corpus.percent import percent
+    from halsift.corpus.scores import scores_table, write_part_atomic
+    from halsift.filtering.scoring.part_records import PART_META_KEY
+    from halsift.filtering.scoring.parts import MANIFEST, check_or_start, finish_manifest, part_stats
+
+    out = Path(job.out)
+    cheap_manifest = json.loads((cheap_dir / MANIFEST).read_text())
+    ident = {"detector": spec, "detector_name": spec, "unit": job.unit, "inputs": cheap_manifest["inputs"]}
+    check_or_start(out, ident, state)
+    if not state.is_main_process:
+        state.wait_for_everyone()
+        return None
+    t0 = time.perf_counter()
+    parts = [SimpleNamespace(name=n) for n in cheap_manifest["part_files"]]
+    by = {"judge": 0, "cheap": 0}
+    for p in parts:
+        t = pq.read_table(cheap_dir / p.name, columns=["key", "sentence_index", "score", "parsed", "captioner"])
+        keys, idx = t["key"].to_pylist(), t["sentence_index"].to_pylist()
+        mapped = plan.mapped(t["score"].to_numpy())
+        cheap_parsed = t["parsed"].to_pylist()
+        score, parsed, who = [], [], []
+        for j, (k, i) in enumerate(zip(keys, idx)):
+            hit = judged.get((k, int(i)))
+            score.append(hit[0] if hit else float(mapped[j]))
+            parsed.append(hit[1] if hit else bool(cheap_parsed[j]))
+            who.append("judge" if hit else "cheap")
+        by["judge"] += who.count("judge")
+        by["cheap"] += who.count("cheap")
+        table = scores_table(keys, idx, score, parsed, spec, {"captioner": t["captioner"].to_pylist(),
+                                                               "scored_by": who})
+        stats = {**part_stats(cheap_dir / p.name), "parse_failures": parsed.count(False),
+                 "detector_fp": spec_fingerprint(spec)}
+        write_part_atomic(table.replace_schema_metadata({PART_META_KEY: json.dumps(stats).encode()}), out / p.name)
+    units = by["judge"] + by["cheap"]
+    calls = sample_units + band_units
+    block = {"plan": str(out / PLAN_DIR / PLAN_FILE) if not frozen_from else str(frozen_from),
+             "frozen_from": frozen_from, "units": units, "judge_calls": calls,
+             "judge_share": percent(calls / units, 4) if units else None, "budget": percent(plan.budget, 4),
+             "keep": percent(plan.keep, 4), "sample_units": sample_units, "band_units": band_units,
+             "band": list(plan.band) if plan.band else None, "cut": plan.cut, "scored_by": by,
+             "stages": [str(d) for d in sorted((out / STAGES).iterdir())]}
+    m = finish_manifest(out, ident, parts, time.perf_counter() - t0, units, 0, 1,
+                        max_parse_failures=job.max_parse_failures, extra={"cascade": block})
+    state.wait_for_everyone()
+    return m
+
+
+def cascade_line(m: dict) -> str:
+    c = m["cascade"]
+    return (f"cascade: the judge scored {c['judge_calls']} of {c['units']} units ({c['judge_share']:g}%, budget "
+            f"{c['budget']:g}%): {c['sample_units']} sampled, {c['band_units']} in the band"
+            + (f" (frozen plan of {c['frozen_from']})" if c["frozen_from"] else ""))
+
+
+def with_plan(spec: Any, plan_dir: str | Path) -> Any:
+    """A cascade spec (string, spec file or mapping) with ``plan=plan_dir``: the same cascade through a frozen plan."""
+    import os
+
+    from halsift.filtering.detectors.spec import _is_spec_file, _read_spec_file
+
+    if isinstance(spec, dict):
+        return {**spec, "plan": str(plan_dir)}
+    text = os.fspath(spec)
+    if _is_spec_file(text):
+        return {**_read_spec_file(Path(text)), "plan": str(plan_dir)}
+    return f"{text},plan={plan_dir}"
+
+
+def score_cascade(spec: Any, data: str | Path, out: str | Path, plan: str | Path | None = None, **job: Any
+                  ) -> Path:
+    """Library entry (recipes): run a cascade on ``data`` into ``out`` on this process's ranks; ``plan``: a corpus's
+    cascade folder whose frozen plan the units pass through (a bench, calibration units). ``job``: more
+    :class:`ScoreJob` settings (``unit``, ``batch_size``, ``max_parse_failures``, ``show_progress``)."""
+    run_cascade(ScoreJob(detector=with_plan(spec, plan) if plan else spec, data=data, out=out, **job))
+    return Path(out)

@@ -1,0 +1,74 @@
+"""One optimizer section for every trainer (issue 40): each trainer's config takes its optimizer fields from
+training/optimizer_config.py with its own defaults and YAML keys, and builds AdamW and the schedule there."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from halsift.synth.world_judge_config import WorldJudgeSettings
+from halsift.training.caption_pretrain import CaptionPretrainConfig
+from halsift.training.clip_config import ClipTrainConfig
+from halsift.training.detector_config import DetectorTrainConfig
+from halsift.training.optimizer_config import FIELDS, OptimizerSettings
+
+# (config, its required fields, the optimizer keys and defaults it offers, AdamW's settings it fixes, schedule)
+TRAINERS = [
+    (ClipTrainConfig, {"data": ["x"], "out": "o"},
+     {"lr": 5e-5, "wd": 0.1, "beta1": 0.9, "beta2": 0.98, "eps": 1e-6, "warmup": 10}, {}, "cosine"),
+    (DetectorTrainConfig, {"base": "clip:arch=x", "bench": "b", "out": "o"},
+     {"lr": 1e-3, "wd": 0.0, "warmup": 10}, {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}, "cosine"),
+    (CaptionPretrainConfig, {"model": "m", "shards": "s", "out": "o", "save_to": "t"},
+     {"lr": 2e-3, "warmup": 20}, {"wd": 0.0, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}, "linear_floor"),
+]
+
+
+def _factor(schedule: str, warmup: int, steps: int, s: int) -> float:
+    """The schedules written out from their definitions (engine.cosine_with_warmup; caption pre-training's)."""
+    if schedule == "cosine":
+        if s < warmup:
+            return (s + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, steps - warmup))))
+    return min(1.0, (s + 1) / max(1, warmup)) * max(0.05, 1 - s / steps)
+
+
+@pytest.mark.parametrize("cls, required, offered, fixed, schedule", TRAINERS, ids=lambda x: getattr(x, "__name__", ""))
+def test_each_trainer_offers_its_fields_and_builds_what_they_say(cls, required, offered, fixed, schedule):
+    assert issubclass(cls, OptimizerSettings)
+    names = {f.name for f in dataclasses.fields(cls)}
+    assert {k for k in FIELDS if k in names} == set(offered), "the YAML keys of the trainer's optimizer fields"
+    cfg = cls(**required)
+    assert {k: getattr(cfg, k) for k in offered} == offered, "the trainer's defaults"
+    cfg = cls(**required, lr=0.5, warmup=3)
+    cfg.validate()
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    opt, sched = cfg.build_optimizer(params, steps=11)
+    group = opt.param_groups[0]
+    want = {**fixed, **{k: v for k, v in offered.items() if k not in ("lr", "warmup")}}
+    assert group["betas"] == (want["beta1"], want["beta2"]) and group["eps"] == want["eps"]
+    assert group["weight_decay"] == want["wd"]
+    lrs = []
+    for _ in range(11):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.5 * _factor(schedule, 3, 11, s) for s in range(11)])
+
+
+@pytest.mark.parametrize("cls, required, offered, fixed, schedule", TRAINERS, ids=lambda x: getattr(x, "__name__", ""))
+def test_a_bad_optimizer_value_is_refused_naming_the_field(cls, required, offered, fixed, schedule):
+    with pytest.raises(ValueError, match=r"^lr: must be >= 0, got -1"):
+        cls(**required, lr=-1.0).validate()
+    if "beta2" in offered:
+        with pytest.raises(ValueError, match=r"^beta2: expected 0 <= beta < 1, got 1.0"):
+            cls(**required, beta2=1.0).validate()
+
+
+def test_the_world_judge_lrs_are_optimizer_fields_with_their_defaults():
+    s = WorldJudgeSettings()
+    assert (s.pretrain_lr, s.judge_lr) == (2e-3, 5e-4)
+    types = {f.name: f.type for f in dataclasses.fields(WorldJudgeSettings)}
+    assert types["pretrain_lr"] in (float, "float") and types["judge_lr"] in (float, "float")

@@ -1,0 +1,98 @@
+"""Distillation (``halsift train detector --teacher SCORES --embeddings EMB --out DIR``, issue 44): a cheap student
+head on stored CLIP embeddings trained on a judge's scores, no human labels.
+
+The teacher is a score folder (e.g. the judge on a uniform sample of the corpus, or the ``sample`` stage of a cascade);
+its units' image and sentence vectors come from a ``halsift embed`` folder of the same shards. The head
+(:func:`halsift.filtering.detectors.student.head` on ``[image, text, image * text, cosine]``) is fitted to the
+teacher's score / 100 with a soft-target logistic loss; a tenth of the units (by hash) is held out, and the step
+with the lowest held-out loss is kept. Writes ``DIR/student/`` (``model.safetensors``, ``config.json``), the detector
+``student:path=DIR/student,embeddings=EMB``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from halsift.corpus.errors import InputError
+
+
+def teacher_units(teacher: str | os.PathLike, embeddings: str | os.PathLike, sample: int = 0, seed: int = 0
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """(features, targets 0-1, held-out mask, embedding model) of the teacher's scored units that have vectors."""
+    from halsift.corpus.embedding_store import IMAGE, read_embeddings, read_manifest
+    from halsift.corpus.scores import read_scores
+    from halsift.filtering.detectors.baselines import hash_uniform
+    from halsift.filtering.detectors.student import features
+
+    t = read_scores(teacher, ["key", "sentence_index", "score"])
+    keys, idx = t["key"].to_pylist(), t["sentence_index"].to_pylist()
+    score = t["score"].to_numpy().astype(np.float64)
+    if sample and sample < len(keys):
+        pick = np.sort(np.random.default_rng(seed).choice(len(keys), sample, replace=False))
+        keys, idx, score = [keys[i] for i in pick], [idx[i] for i in pick], score[pick]
+    model = read_manifest(embeddings)["model"]
+    img = read_embeddings(embeddings, IMAGE)
+    txt = read_embeddings(embeddings, None)
+    by_img = {k: v for k, v in zip(img.keys, img.vectors)}
+    by_txt = {(k, int(i)): v for k, i, v in zip(txt.keys, txt.sentence_index, txt.vectors) if i >= 0}
+    rows = [j for j, (k, i) in enumerate(zip(keys, idx)) if k in by_img and (k, int(i)) in by_txt]
+    if len(rows) < 10:
+        raise InputError(f"--teacher {teacher}: {len(rows)} of its {len(keys)} units have vectors in --embeddings "
+                         f"{embeddings} (embed the shards the teacher scored)")
+    x = features(np.stack([by_img[keys[j]] for j in rows]), np.stack([by_txt[(keys[j], int(idx[j]))] for j in rows]))
+    held = np.array([hash_uniform(seed, "distill\x00" + keys[j], int(idx[j])) < 0.1 for j in rows])
+    return x, score[rows] / 100.0, held, model
+
+
+def distill(teacher: str | os.PathLike, embeddings: str | os.PathLike, out: str | os.PathLike, steps: int = 500,
+            batch_size: int = 256, lr: float = 1e-3, hidden: int = 64, sample: int = 0, seed: int = 0) -> dict:
+    """Train the student (module docstring); returns its ``config.json`` (with ``spec`` and held-out metrics)."""
+    import torch
+    from safetensors.torch import save_file
+    from scipy.stats import spearmanr
+
+    from halsift.corpus.shards import write_json_atomic
+    from halsift.filtering.detectors.student import FORMAT, head
+
+    x, y, held, model_id = teacher_units(teacher, embeddings, sample, seed)
+    torch.manual_seed(seed)
+    net = head((x.shape[1] - 1) // 3, hidden)
+    opt = torch.optim.AdamW(net.parameters(), lr=lr)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y.astype(np.float32))
+    tr, va = np.flatnonzero(~held), np.flatnonzero(held)
+    if not len(va):
+        va = tr
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    rng = np.random.default_rng(seed)
+    best, best_state, best_step = float("inf"), None, 0
+    for step in range(1, steps + 1):
+        b = torch.from_numpy(rng.choice(tr, min(batch_size, len(tr)), replace=False))
+        net.train()
+        loss = loss_fn(net(xt[b])[:, 0], yt[b])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 10 == 0 or step == steps:
+            net.eval()
+            with torch.no_grad():
+                v = float(loss_fn(net(xt[va])[:, 0], yt[va]))
+            if v < best:
+                best, best_step = v, step
+                best_state = {k: t.detach().clone() for k, t in net.state_dict().items()}
+    net.load_state_dict(best_state)
+    with torch.no_grad():
+        pred = torch.sigmoid(net(xt[va])[:, 0]).numpy()
+    folder = Path(out) / "student"
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(folder / "model.safetensors"))
+    cfg = {"format": FORMAT, "dim": (x.shape[1] - 1) // 3, "hidden": hidden, "embeddings_model": model_id,
+           "teacher": str(teacher), "embeddings": str(embeddings), "units": int(len(y)), "held_out": int(len(va)),
+           "best_step": best_step, "held_out_loss": best,
+           "held_out_spearman": float(spearmanr(pred, y[va]).statistic) if len(va) > 2 else None,
+           "spec": f"student:path={folder},embeddings={embeddings}"}
+    write_json_atomic(folder / "config.json", cfg)
+    return cfg
