@@ -101,6 +101,7 @@ def test_basic_task_killed_mid_part_reruns_to_identical_output(tmp_path):
 
 def test_basic_parquet_row_groups_are_parts(tmp_path):
     rows = [{"key": k, "caption": cap, "width": w, "height": h} for k, cap, (w, h) in SAMPLES]
+    rows.append({**rows[4], "caption": "A repeated key in a later row group."})  # skipped as a duplicate
     (tmp_path / "grouped").mkdir()
     (tmp_path / "whole").mkdir()
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "grouped" / "t.parquet", row_group_size=3)  # 3 groups
@@ -112,9 +113,10 @@ def test_basic_parquet_row_groups_are_parts(tmp_path):
     g, w = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("g", "w"))
     assert g["parts"] == [f"part-t.rg{i:05d}.parquet" for i in range(3)] and w["parts"] == ["part-t.parquet"]
     assert g["status"] == "complete" and g["presets"] == w["presets"] and g["samples"] == len(SAMPLES)
+    assert g["skipped"]["by_kind"] == w["skipped"]["by_kind"] == {"duplicate": 1}
     assert _rows(tmp_path / "g") == _rows(tmp_path / "w")
     # a changed row group's table: every part of it is made again (the table's content fingerprint changed)
-    pq.write_table(pa.Table.from_pylist(rows[::-1]), tmp_path / "grouped" / "t.parquet", row_group_size=3)
+    pq.write_table(pa.Table.from_pylist(rows[:-1][::-1]), tmp_path / "grouped" / "t.parquet", row_group_size=3)
     assert main(["basic", "--data", str(tmp_path / "grouped"), "--out", str(tmp_path / "g"), *FAST]) == 0
     assert json.loads((tmp_path / "g" / "manifest.json").read_text())["parts_done_before"] == 0
     assert _rows(tmp_path / "g") == _rows(tmp_path / "w")
