@@ -135,9 +135,9 @@ UNLOCKED = ("launch", "run")  # launch: its ranks take the lock; run: a recipe h
 
 
 def _shares_out(args) -> bool:
-    """``score``/``select`` as one of several tasks (``--num-tasks``, or a SLURM array task): the tasks share one
+    """``score``/``select``/``embed``/``basic``/``dedup`` as one of several tasks (``--num-tasks``, or a SLURM array task): the tasks share one
     ``--out`` on purpose and coordinate through per-part claims (:mod:`halsift.filtering.scoring.tasks`), not the lock."""
-    if args._name not in ("score", "select"):
+    if args._name not in ("score", "select", "embed", "basic", "dedup"):
         return False
     from halsift.filtering.scoring.tasks import TaskError, task_from_env
 

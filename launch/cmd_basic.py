@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from halsift.corpus.config import config_from_args, field
+from halsift.filtering.scoring.stage import StageFlags
 from halsift.launch.describe import config_arguments
 
 HELP = "basic-filter fields (language, words, characters, image size, aspect) of shards or a parquet table"
 
 
 @dataclass
-class BasicConfig:
+class BasicConfig(StageFlags):
     """``halsift basic``'s settings."""
 
     data: str = field("", help="shards (halsift's or img2dataset's; folder / glob / brace pattern) or parquet "
@@ -51,7 +52,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(BasicConfig, args)
     detector = make_detector(cfg.languages, cfg.lang_low_accuracy, cfg.lid_model)
     m = run_basic(cfg.data, cfg.out, presets=cfg.preset, detector=detector, size_from=cfg.size_from,
-                  show_progress=not cfg.no_progress)
+                  show_progress=not cfg.no_progress, engine=cfg.engine, **cfg.engine_flags())
+    for line in m.get("lines", []):
+        print(line, flush=True)
+    if m["status"] != "complete":
+        return 0
     for name, c in m["presets"].items():
         rules = ", ".join(f"{r} {n}" for r, n in c["removed"].items())
         print(f"{name}: {c['passed']} of {c['samples']} samples pass; removed by rule: {rules}")

@@ -22,7 +22,14 @@ def run(args: argparse.Namespace) -> int:
     m = run_dedup(cfg.data, cfg.out, against=cfg.against, embeddings=cfg.embeddings, model=cfg.model,
                   exact_on=cfg.exact_on, phash_distance=cfg.phash_distance, near_thumbnail=cfg.near_thumbnail,
                   eval_thumbnail=cfg.eval_thumbnail, cosine=cfg.cosine, nprobe=cfg.nprobe,
-                  show_progress=not cfg.no_progress, allow_implausible=cfg.allow_implausible)
+                  show_progress=not cfg.no_progress, allow_implausible=cfg.allow_implausible, engine=cfg.engine,
+                  **cfg.engine_flags())
+    for line in m.get("lines", []):
+        print(line, flush=True)
+    if m.get("status") == "parts":
+        print(f"dedup: {m['made']} shard parts made, {m['reused']} reused; run dedup without --num-tasks for the "
+              f"duplicates", flush=True)
+        return 0
     print(json.dumps({k: m[k] for k in ("samples", "counts", "removed", "groups")}, sort_keys=True))
     print(f"dedup: {m['removed']} of {m['samples']} samples listed in {cfg.out}/duplicates.parquet "
           f"(exact {m['counts']['exact']}, near {m['counts']['near']}, eval {m['counts']['eval']}); "

@@ -126,7 +126,8 @@ class TrainedDetectorCfg:
             raise ValueError(f"options.{fixed[0]}: set by the recipe, not an option")
 
 
-DedupSection = fields_of(DedupConfig, "DedupSection", ("data", "out", "embeddings", "no_progress"),
+DedupSection = fields_of(DedupConfig, "DedupSection", ("data", "out", "embeddings", "no_progress", "num_tasks",
+                                                       "task_index", "claim_timeout"),
                          "`halsift dedup`'s settings a recipe's dedup section takes (same names, defaults, help)")
 
 
@@ -148,7 +149,8 @@ SCORE_SET = ("detector", "data", "out", "num_tasks", "task_index", "claim_timeou
 ScoreSection = fields_of(ScoreConfig, "ScoreSection", SCORE_SET,
                          "`halsift score`'s settings a recipe's score section takes (same names, defaults, help)")
 # what a stage's fingerprint leaves out of its sections: settings that change how a stage runs, not what it makes
-FINGERPRINT_OMITS = {"score": tuple(n for n in SCORE_RUN_ONLY if n not in SCORE_SET)}
+FINGERPRINT_OMITS = {"score": tuple(n for n in SCORE_RUN_ONLY if n not in SCORE_SET),
+                     "dedup": ("engine", "address", "workers", "decode_workers")}
 # settings added to a section after recipes were fingerprinted: left out of the fingerprint while at their default
 # (a field absent from an old record compares equal only to its default), so existing run folders are not re-run
 FINGERPRINT_SINCE = {"score": {"embeddings": None}}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from halsift.launch.launchers import ENTRY, SbatchOptions, sbatch_common, sbatch_header, script_value, shell_command
 
-ARRAY_COMMANDS = ("score", "select")  # the commands that take --num-tasks/--task-index
+ARRAY_COMMANDS = ("score", "select", "embed", "basic", "dedup")  # the commands that take --num-tasks/--task-index
 TASK_ID = '"$SLURM_ARRAY_TASK_ID"'
 
 
@@ -53,15 +53,15 @@ class ArraySpec(SbatchOptions):
 def task_command(command: Sequence[str], tasks: int) -> list[str]:
     """``command`` with ``--num-tasks`` / ``--task-index`` appended (the index as an unquoted shell variable)."""
     if not command or command[0] not in ARRAY_COMMANDS:
-        raise ValueError(f"--array: runs `halsift score` or `select` as independent tasks, not "
+        raise ValueError(f"--array: runs `halsift {'`, `'.join(ARRAY_COMMANDS)}` as independent tasks, not "
                          f"{command[0] if command else '?'!r} (train/eval run once: submit them without --array)")
     given = {a.split("=", 1)[0] for a in command}
     if "--task-index" in given:
         raise ValueError("--array: sets --task-index itself from $SLURM_ARRAY_TASK_ID; drop it from the command")
     if "--num-tasks" in given:
         raise ValueError(f"--array: sets --num-tasks itself ({tasks}); drop it from the command")
-    if command[0] == "score" and "--engine" in given:
-        raise ValueError("--array: each task scores with the local engine; drop --engine")
+    if command[0] in ("score", "embed", "basic", "dedup") and "--engine" in given:
+        raise ValueError("--array: each task runs on the local engine; drop --engine")
     return [*command, "--num-tasks", str(tasks), "--task-index", TASK_ID]
 
 

@@ -16,6 +16,7 @@ or a key found in two inputs, :func:`~halsift.corpus.sample.key_in_two_inputs`).
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -31,7 +32,6 @@ from halsift.corpus.errors import InputError
 from halsift.corpus.fingerprint import file_fingerprint
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.run_folder import check_or_start, failing, forget_part, part_done, part_reusable
-from halsift.corpus.progress import progress
 from halsift.corpus.sample import key_in_two_inputs, nothing_read, repeated_key
 from halsift.corpus.scores import part_name, write_part_atomic
 from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, write_json_atomic
@@ -70,11 +70,13 @@ def _pick(names: list[str], options: tuple, path: Path, what: str) -> str:
     return found
 
 
-def _table_batches(path: Path, skipped: SkipCounter
+def _table_batches(path: Path, skipped: SkipCounter, row_group: int | None = None, earlier: frozenset = frozenset()
                    ) -> Iterator[tuple[list[str], list[str], list[tuple[int, int] | None], str]]:
-    """(keys, captions, sizes, size source) per record batch of a parquet table. Size columns must hold numbers
-    (one line naming the file and column otherwise, before any row is read); a key repeated in the table is
-    counted as ``duplicate`` and its first row kept: the shards' rule (:func:`~halsift.corpus.shards.iter_shard`)."""
+    """(keys, captions, sizes, size source) per record batch of a parquet table (of its row group ``row_group``,
+    else all of it). Size columns must hold numbers (one line naming the file and column otherwise, before any row
+    is read); a key repeated in the table is counted as ``duplicate`` and its first row kept: the shards' rule
+    (:func:`~halsift.corpus.shards.iter_shard`). ``earlier``: the keys of this row group that an earlier one holds
+    (:func:`_repeated_in_groups`)."""
     try:
         f = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
@@ -89,8 +91,9 @@ def _table_batches(path: Path, skipped: SkipCounter
         t = f.schema_arrow.field(col).type
         if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)):
             raise BasicError(f"data: {path}: the size column {col!r} holds {t}; expected numbers (pixels)")
-    seen: set[str] = set()
-    for b in f.iter_batches(batch_size=BATCH, columns=[key, cap, *size]):
+    seen: set[str] = set(earlier)
+    groups = None if row_group is None else [row_group]
+    for b in f.iter_batches(batch_size=BATCH, columns=[key, cap, *size], row_groups=groups):
         ws, hs = b.column(size[0]).to_pylist(), b.column(size[1]).to_pylist()
         keys, caps, sizes = [], [], []
         for k, c, w, h in zip(b.column(key).to_pylist(), b.column(cap).to_pylist(), ws, hs):
@@ -108,6 +111,19 @@ def _table_batches(path: Path, skipped: SkipCounter
 def _positive(v) -> bool:
     """A usable size: a finite number > 0 (NaN and infinities are missing)."""
     return v is not None and v == v and 0 < v < float("inf")
+
+
+def _repeated_in_groups(f: pq.ParquetFile, path: Path) -> list[frozenset]:
+    """Per row group, its keys that an earlier row group holds (so that parts made apart skip the rows one pass
+    over the table skips). Reads the key column only."""
+    key = _pick(f.schema_arrow.names, KEY_COLUMNS, path, "key")
+    seen: set[str] = set()
+    out = []
+    for g in range(f.metadata.num_row_groups):
+        keys = [str(k) for k in f.read_row_group(g, columns=[key]).column(0).to_pylist()]
+        out.append(frozenset(k for k in keys if k in seen))
+        seen.update(keys)
+    return out
 
 
 def _shard_batches(path: Path, skipped: SkipCounter, size_from: str):
@@ -132,12 +148,15 @@ def _shard_batches(path: Path, skipped: SkipCounter, size_from: str):
         yield keys, caps, sizes, srcs
 
 
-def _one_part(kind: str, path: Path, dest: Path, detector, presets: list[str], size_from: str, bar) -> dict:
-    """Compute and write one input's part; returns its counts (also stored in the part's metadata)."""
+def _one_part(kind: str, path: Path, dest: Path, detector, presets: list[str], size_from: str, bar,
+              row_group: int | None = None, earlier: frozenset = frozenset()) -> dict:
+    """Compute and write one input's part (of a table: its row group ``row_group``, else all of it); returns its
+    counts (also stored in the part's metadata)."""
     skipped = SkipCounter(max_examples=20)
     tables, langs, size_src = [], Counter(), Counter()
     corrupt = None
-    batches = _table_batches(path, skipped) if kind == "table" else _shard_batches(path, skipped, size_from)
+    batches = _table_batches(path, skipped, row_group, earlier) if kind == "table" \
+        else _shard_batches(path, skipped, size_from)
     try:
         for keys, caps, sizes, src in batches:
             detected = detector.detect(caps)
@@ -150,7 +169,8 @@ def _one_part(kind: str, path: Path, dest: Path, detector, presets: list[str], s
         skipped.add(path.name, str(e), "corrupt_shard", n=e.lost or 1)
     t = pa.concat_tables(tables) if tables else fields_table([], [], [], [])
     t, counts = apply_presets(t, presets)
-    info = {"input": str(path), "rows": len(t), "presets": counts, "lang": dict(langs), "size_source": dict(size_src),
+    info = {"input": str(path), "row_group": row_group, "rows": len(t), "presets": counts, "lang": dict(langs),
+            "size_source": dict(size_src),
             "skipped": skipped.to_json(), "corrupt": corrupt}
     t = t.replace_schema_metadata({META_KEY: json.dumps(info).encode()})
     write_part_atomic(t, dest)
@@ -158,8 +178,12 @@ def _one_part(kind: str, path: Path, dest: Path, detector, presets: list[str], s
 
 
 def run_basic(data: str, out: str | os.PathLike, *, presets: list[str], detector, size_from: str = "auto",
-              show_progress: bool = True) -> dict:
-    """Write the field parts of every input in ``data`` to ``out`` (finished parts are kept) and the manifest."""
+              show_progress: bool = True, engine: str = "local", **flags) -> dict:
+    """Write the field parts of every input in ``data`` to ``out`` (finished parts are kept) and the manifest. The
+    parts are made on the scoring engine ``engine`` (:mod:`halsift.filtering.scoring.stage`) with its ``flags``
+    (``num_tasks``, ``task_index``, ``claim_timeout``, ``address``, ``workers``); a parquet table with several row
+    groups gives one part per row group. Returns the manifest (``status: running`` from a task that left parts to
+    others, with the engine's ``lines``)."""
     unknown = [p for p in presets if p not in PRESETS]
     if unknown:
         raise BasicError(f"preset: {unknown[0]!r} is not a preset (known: {', '.join(PRESETS)})")
@@ -170,40 +194,83 @@ def run_basic(data: str, out: str | os.PathLike, *, presets: list[str], detector
         raise BasicError(f"data: two inputs share the name {next(n for n in names if names.count(n) > 1)}")
     settings = {"data": [str(p.resolve()) for p in inputs], "kind": kind, "presets": presets,
                 "size_from": size_from, "language": detector.settings}
+    from halsift.filtering.scoring.engine import resolve_engine
+    from halsift.filtering.scoring.stage import StageJob
+
+    job = StageJob("basic", out, [], _make_part, _part_done, honours=_HONOURS, why_not=_WHY_NOT,
+                   show_progress=show_progress, **flags)
+    resolve_engine(engine, job).check_stage(job)  # a refused flag before the folder is touched
     _open_out(out, settings)
     with failing(out, "manifest.json"):
-        return _run(kind, inputs, names, out, settings, detector, presets, size_from, show_progress)
+        t0 = time.perf_counter()
+        parts = _plan(kind, inputs, names, out, detector, presets, size_from)
+        job = dataclasses.replace(job, parts=parts)
+        before = {p.name for p in parts if _part_done(p)}
+        summary = resolve_engine(engine, job).stage(job)
+        if not summary.complete:
+            return {"status": "running", "settings": settings, "lines": summary.lines, "parts": [p.name for p in parts],
+                    "parts_done_before": summary.stats["reused"]}
+        wall = time.perf_counter() - t0
+        infos = [json.loads(pq.read_schema(out / p.name).metadata[META_KEY]) for p in parts]
+        done_before = len(before)
+        rows_now = sum(i["rows"] for i, p in zip(infos, parts) if p.name not in before)
+        manifest = _manifest(infos, settings, [p.name for p in parts])
+        empty = nothing_read(manifest["samples"], manifest["skipped"], "read")
+        if empty:  # the one empty-input rule (0-byte or empty inputs); the parts stay, the manifest is not written
+            raise BasicError(f"data: {empty}")
+        twice = repeated_key([out / p.name for p in parts])
+        if twice:  # the one duplicate-key rule: a key names one sample (within an input the first is kept)
+            raise BasicError(key_in_two_inputs(twice[0], str(parts[twice[1]].args[1]), str(parts[twice[2]].args[1]),
+                                               "data"))
+        manifest.update(parts_done_before=done_before, wall_time_s=round(wall, 3), lines=summary.lines,
+                        samples_per_s=round(rows_now / wall, 1) if wall > 0 and rows_now else None)
+        write_json_atomic(out / "manifest.json", manifest)
+        return manifest
 
 
-def _run(kind: str, inputs: list[Path], names: list[str], out: Path, settings: dict, detector, presets: list[str],
-         size_from: str, show_progress: bool) -> dict:
-    t0 = time.perf_counter()
-    bar = progress(desc="basic", unit="sample", disable=not show_progress)
-    parts, done_before = [], 0
+_HONOURS = frozenset({"num_tasks", "task_index", "claim_timeout", "address", "workers"})
+_WHY_NOT = {"decode_workers": "decodes no image (sizes come from the recorded size or the image header)"}
+
+
+def _plan(kind: str, inputs: list[Path], names: list[str], out: Path, detector, presets: list[str],
+          size_from: str) -> list:
+    """The parts: one per shard, or per row group of a parquet table with several (``part-<table>.rgNNNNN``)."""
+    from halsift.filtering.scoring.stage import StagePart
+
+    parts = []
     for path, name in zip(inputs, names):
-        dest = out / name
-        made = {"source_fp": file_fingerprint(path)}
-        if part_reusable(out, name, made):
-            parts.append(json.loads(pq.read_schema(dest).metadata[META_KEY]))
-            done_before += 1
-            continue
-        forget_part(out, name)
-        parts.append(_one_part(kind, path, dest, detector, presets, size_from, bar))
-        part_done(out, name, made)
-    bar.close()
-    wall = time.perf_counter() - t0
-    rows_now = sum(p["rows"] for p in parts[done_before:]) if done_before < len(parts) else 0
-    manifest = _manifest(parts, settings, names)
-    empty = nothing_read(manifest["samples"], manifest["skipped"], "read")
-    if empty:  # the one empty-input rule (0-byte or empty inputs); the parts stay, the manifest is not written
-        raise BasicError(f"data: {empty}")
-    twice = repeated_key([out / n for n in names])
-    if twice:  # the one duplicate-key rule: a key names one sample (within an input the first is kept)
-        raise BasicError(key_in_two_inputs(twice[0], str(inputs[twice[1]]), str(inputs[twice[2]]), "data"))
-    manifest.update(parts_done_before=done_before, wall_time_s=round(wall, 3),
-                    samples_per_s=round(rows_now / wall, 1) if wall > 0 and rows_now else None)
-    write_json_atomic(out / "manifest.json", manifest)
-    return manifest
+        fp = file_fingerprint(path)
+        groups, earlier = [None], [frozenset()]
+        if kind == "table":
+            try:
+                f = pq.ParquetFile(path)
+            except (pa.ArrowInvalid, OSError) as e:
+                raise BasicError(f"data: {path} is not a readable parquet table ({e})") from None
+            if f.metadata.num_row_groups > 1:
+                groups, earlier = list(range(f.metadata.num_row_groups)), _repeated_in_groups(f, path)
+        for g, before in zip(groups, earlier):
+            made = {"source_fp": fp} if g is None else {"source_fp": fp, "row_group": g}
+            pname = name if g is None else part_name(0, f"{path.name.removesuffix('.parquet')}.rg{g:05d}")
+            parts.append(StagePart(pname, (kind, path, g, out, made, detector, tuple(presets), size_from, before)))
+    return parts
+
+
+def _part_done(part) -> bool:
+    kind, path, g, out, made, *_ = part.args
+    return part_reusable(out, part.name, made)
+
+
+def _make_part(part) -> dict:
+    kind, path, g, out, made, detector, presets, size_from, earlier = part.args
+    forget_part(out, part.name)
+    info = _one_part(kind, path, out / part.name, detector, list(presets), size_from, _NoBar(), g, earlier)
+    part_done(out, part.name, made)
+    return info
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
 
 
 def _open_out(out: Path, settings: dict) -> None:

@@ -331,8 +331,12 @@ def _embedding_rows(folder: Path, con):
 def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: str | None = None,
               model: str | None = None, exact_on: str = "image", phash_distance: int = 4,
               near_thumbnail: float = 0.97, eval_thumbnail: float = 0.92, cosine: float = 0.95,
-              nprobe: int = 8, show_progress: bool = True, allow_implausible: bool = False) -> dict:
-    """Write ``out/duplicates.parquet`` and ``out/manifest.json``; returns the manifest (module docstring)."""
+              nprobe: int = 8, show_progress: bool = True, allow_implausible: bool = False, engine: str = "local",
+              **engine_flags) -> dict:
+    """Write ``out/duplicates.parquet`` and ``out/manifest.json``; returns the manifest (module docstring).
+    ``engine``/``engine_flags`` (``num_tasks``, ``task_index``, ``decode_workers`` ...): the per-shard part on the
+    scoring engines (:func:`.hash_parts.shard_stage`); a task run writes its parts only and returns
+    ``{"status": "parts", ...}``."""
     from halsift.filtering.curation.against import kind_of
 
     t0 = time.time()
@@ -346,6 +350,11 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
     check_out_folder(out)
     check_against_not_corpus(shards, list(against))
     out.mkdir(parents=True, exist_ok=True)
+    from halsift.filtering.curation.hash_parts import shard_stage
+
+    staged = shard_stage(shards, out, model, show_progress, engine, **engine_flags)
+    if staged is not None and staged[1]:
+        return {"status": "parts", "complete": staged[0].complete, "lines": staged[0].lines, **staged[0].stats}
     timing: dict[str, float] = {}
     part_files, skipped, reused = _corpus_parts(shards, out, show_progress)
     empty = nothing_read(sum(pq.read_metadata(f).num_rows for f in part_files), skipped.to_json(), "dedup")

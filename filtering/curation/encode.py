@@ -56,36 +56,59 @@ class ImageEncoder:
 
 
 def encode_corpus(shards: Iterable[Path], folder: Path, encoder: ImageEncoder, bar=None) -> None:
-    """Write one embedding part per shard into ``folder``, then its manifest. A finished part is kept only when made
-    from this content of its shard by this model and unaltered since (:mod:`halsift.corpus.run_folder`); else it is
-    made again (a part of an older folder, without a record, too)."""
+    """Write one embedding part per shard into ``folder`` (:func:`encode_shard`), then its manifest."""
     folder.mkdir(parents=True, exist_ok=True)
     dim = None
     model_fp = spec_fingerprint(encoder.spec)
     for shard in shards:
-        path = folder / part_name(0, str(shard))
-        made = {"source_fp": file_fingerprint(shard), "model_fp": model_fp}
-        if not part_reusable(folder, path.name, made):
-            keys, images = [], []
-            for s in read_shard(shard, SkipCounter(), arrays=encoder.image_arrays):
-                keys.append(s.key)
-                images.append(s.image)
-            vecs = encoder(images) if images else None
-            forget_part(folder, path.name)
-            path.unlink(missing_ok=True)
-            if vecs is not None:
-                ok = np.isfinite(vecs).all(1)  # images no decoder read are left out, as a skipped sample is
-                keys, vecs = [k for k, good in zip(keys, ok) if good], vecs[ok]
-                dim = vecs.shape[1]
-                write_embedding_part(embedding_table(keys, [IMAGE] * len(keys), vecs), path,
-                                     {"shard": str(shard), **made})
-                part_done(folder, path.name, made)
+        dim = encode_shard(shard, folder, encoder, model_fp) or dim
         if bar is not None:
             bar.update()
     if dim is None:
         dim = _dim_of_parts(folder) or int(encoder([_blank()]).shape[1])
     write_json_atomic(folder / MANIFEST, {"format": FORMAT, "model": encoder.spec, "dim": int(dim),
                                           "dtype": "float16", "normalized": True, "complete": True})
+
+
+def embedding_made_from(shard: Path, model_fp: str) -> dict:
+    """What a shard's embedding part is made from: the shard's content fingerprint and the model's."""
+    return {"source_fp": file_fingerprint(shard), "model_fp": model_fp}
+
+
+def encode_shard(shard: Path, folder: Path, encoder: ImageEncoder, model_fp: str) -> int | None:
+    """Write ``shard``'s embedding part into ``folder`` unless it is kept: a finished part is kept only when made
+    from this content of its shard by this model and unaltered since (:mod:`halsift.corpus.run_folder`); else it is
+    made again (a part of an older folder, without a record, too). Returns the width of the vectors written now
+    (``None`` when the part was kept or the shard has no valid image)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / part_name(0, str(shard))
+    made = embedding_made_from(shard, model_fp)
+    if part_reusable(folder, path.name, made):
+        return None
+    keys, images = [], []
+    for s in read_shard(shard, SkipCounter(), arrays=encoder.image_arrays):
+        keys.append(s.key)
+        images.append(s.image)
+    vecs = encoder(images) if images else None
+    forget_part(folder, path.name)
+    path.unlink(missing_ok=True)
+    if vecs is None:
+        return None
+    ok = np.isfinite(vecs).all(1)  # images no decoder read are left out, as a skipped sample is
+    keys, vecs = [k for k, good in zip(keys, ok) if good], vecs[ok]
+    write_embedding_part(embedding_table(keys, [IMAGE] * len(keys), vecs), path, {"shard": str(shard), **made})
+    part_done(folder, path.name, made)
+    return int(vecs.shape[1])
+
+
+_ENCODERS: dict[str, ImageEncoder] = {}
+
+
+def cached_encoder(spec: str) -> ImageEncoder:
+    """One :class:`ImageEncoder` per spec and process (a worker making several parts loads the model once)."""
+    if spec not in _ENCODERS:
+        _ENCODERS[spec] = ImageEncoder(spec)
+    return _ENCODERS[spec]
 
 
 def _dim_of_parts(folder: Path) -> int | None:

@@ -9,6 +9,7 @@ an older folder, which recorded the shard's size and mtime only, is made again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -64,3 +65,50 @@ def read_part(path: Path) -> tuple[pa.Table, SkipCounter]:
     t = pq.read_table(path)
     meta = json.loads((t.schema.metadata or {}).get(b"halsift", b"{}"))
     return t, SkipCounter.from_json(meta.get("skipped", {}))
+
+
+# ------------------------------------------------------------------------------------------------ on the engines
+def shard_stage(shards: list[Path], out: Path, model: str | None, show_progress: bool, engine: str = "local",
+                **flags):
+    """Dedup's per-shard part (descriptor parts, and with ``model`` embedding parts in ``out/embeddings``) on the
+    scoring engine ``engine`` with its ``flags`` (:mod:`halsift.filtering.scoring.stage`). ``None`` when neither
+    asks for anything (a plain run makes its parts in line). Returns ``(engine summary, task)``: ``task`` is true
+    for a task run, which writes only its parts (a plain run afterwards does the global part)."""
+    from halsift.corpus.fingerprint import spec_fingerprint
+    from halsift.filtering.scoring.engine import resolve_engine
+    from halsift.filtering.scoring.stage import StageJob, StagePart
+
+    job = StageJob("dedup", out / "_parts", [], _make_shard_parts, _shard_parts_done, show_progress=show_progress,
+                   **flags)
+    if engine == "local" and not job.given():
+        return None
+    e = resolve_engine(engine, job)
+    e.check_stage(job)  # a refused flag before any work
+    model_fp = spec_fingerprint(model) if model else None
+    parts = [StagePart(part_path(out / "_parts", s).name, (Path(s), out, model, model_fp)) for s in shards]
+    job.out.mkdir(parents=True, exist_ok=True)
+    job = dataclasses.replace(job, parts=parts)
+    return e.stage(job), e.name == "tasks"
+
+
+def _shard_parts_done(part) -> bool:
+    shard, out, model, model_fp = part.args
+    path = part_path(out / "_parts", shard)
+    if not part_is_current(path, shard):
+        return False
+    if model is None or pq.ParquetFile(path).metadata.num_rows == 0:  # no valid image: no embedding part
+        return True
+    from halsift.filtering.curation.encode import embedding_made_from
+
+    return part_reusable(out / "embeddings", path.name, embedding_made_from(shard, model_fp))
+
+
+def _make_shard_parts(part) -> None:
+    shard, out, model, model_fp = part.args
+    path = part_path(out / "_parts", shard)
+    if not part_is_current(path, shard):
+        hash_shard(shard, path)
+    if model is not None:
+        from halsift.filtering.curation.encode import cached_encoder, encode_shard
+
+        encode_shard(shard, out / "embeddings", cached_encoder(model), model_fp)

@@ -56,6 +56,9 @@ class LanguageDetector:
         self.settings = {"detector": "lingua", "languages": sorted(c.lower() for c in languages),
                          "low_accuracy": low_accuracy}
 
+    def __reduce__(self):  # rebuilt from its settings in another process (basic's parts on Ray)
+        return LanguageDetector, (self.settings["languages"], self.settings["low_accuracy"])
+
     def detect(self, texts: Sequence[str]) -> list[tuple[str, float]]:
         out = []
         for values in self.detector.compute_language_confidence_values_in_parallel(list(texts)):
@@ -85,6 +88,9 @@ class FastTextDetector:
         except ValueError as e:
             raise LanguageError(f"lid_model: {path} is not a fastText model ({e})") from None
         self.settings = {"detector": "fasttext", "model": str(path.resolve())}
+
+    def __reduce__(self):  # rebuilt from its model file in another process (basic's parts on Ray)
+        return FastTextDetector, (self.settings["model"],)
 
     def detect(self, texts: Sequence[str]) -> list[tuple[str, float]]:
         labels, probs = self.model.predict([re.sub(r"\s+", " ", t) for t in texts], k=1)

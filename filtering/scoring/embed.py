@@ -50,6 +50,8 @@ class EmbedJob:
     num_tasks: int | None = None
     task_index: int | None = None
     claim_timeout: float | None = None
+    address: str | None = None  # --engine ray
+    workers: int | None = None
 
 
 def load_encoder(spec):
@@ -263,4 +265,42 @@ def _embed_claims(job: EmbedJob, encoder, out: Path, parts: list[Part], ident: d
     return finish(out, ident, parts, metas, time.perf_counter() - t0, embedded, done)
 
 
-__all__ = ["EmbedJob", "embed_local", "embed_part", "embed_task", "load_encoder"]
+def embed_ray(job: EmbedJob) -> dict:
+    """The parts on a Ray cluster (:func:`.stage.run_ray`: one Ray task per part not written, ``job.workers`` at a
+    time), each worker process loading the encoder once; then the manifest."""
+    from functools import partial
+
+    from halsift.filtering.scoring.ray_engine import _ray
+    from halsift.filtering.scoring.stage import StageJob, StagePart, run_ray
+
+    _ray()  # refused in one line before any work when Ray is absent
+    t0 = time.perf_counter()
+    encoder, out, parts, ident, metas = start(job)
+    if not (out / MANIFEST).exists():
+        write_json_atomic(out / MANIFEST, {**ident, "complete": False, "status": "running"})
+    with failing(out, MANIFEST):
+        stage = StageJob("embed", out, [StagePart(p.name, (p,)) for p in parts],
+                         partial(_embed_one, job, metas), partial(_embedded, out, metas),
+                         show_progress=job.show_progress, address=job.address, workers=job.workers)
+        run = run_ray(stage)
+        return finish(out, ident, parts, metas, time.perf_counter() - t0, run.made, run.reused)
+
+
+_WORKER_ENCODERS: dict = {}
+
+
+def _embed_one(job: EmbedJob, metas: dict, part) -> None:
+    from halsift.filtering.scoring.tasks import task_device
+
+    p: Part = part.args[0]
+    if job.model not in _WORKER_ENCODERS:
+        _WORKER_ENCODERS[job.model] = load_encoder(job.model)
+        _WORKER_ENCODERS[job.model].to(job.device or task_device())
+    embed_part(_WORKER_ENCODERS[job.model], p, Path(job.out) / p.name, job.batch_size, metas[p.name])
+
+
+def _embedded(out: Path, metas: dict, part) -> bool:
+    return _reusable(out / part.name, metas[part.name])
+
+
+__all__ = ["EmbedJob", "embed_local", "embed_part", "embed_ray", "embed_task", "load_encoder"]

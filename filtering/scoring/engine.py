@@ -29,6 +29,7 @@ from halsift.filtering.scoring.job import ScoreJob, given  # the job (re-exporte
 
 if TYPE_CHECKING:
     from halsift.filtering.scoring.embed import EmbedJob
+    from halsift.filtering.scoring.stage import StageJob
 
 EngineName = Literal["local", "tasks", "ray"]  # the registry's names (a test keeps them in step with ENGINES)
 
@@ -80,7 +81,30 @@ class Engine(ABC):
 
     def embed(self, job: "EmbedJob") -> EngineSummary:
         """``halsift embed``'s job (:mod:`.embed`): the same parts, split the way this engine splits score's."""
-        raise EngineError(f"--engine {self.name}: halsift embed runs on --engine local or tasks")
+        raise EngineError(f"--engine {self.name}: halsift embed runs on --engine local, tasks or ray")
+
+    def stage(self, job: "StageJob") -> EngineSummary:
+        """A per-shard corpus stage (``basic``, dedup's hashes, :mod:`.stage`): its parts, split the way this engine
+        splits score's. ``complete``: every part is written."""
+        self.check_stage(job)
+        run = self._stage(job)
+        return EngineSummary(self.name, Path(job.out), run.complete, True, run.lines,
+                             {"parts": len(job.parts), "made": run.made, "reused": run.reused,
+                              "missing": len(run.missing)})
+
+    def check_stage(self, job: "StageJob") -> None:
+        """Refuse, in one line naming the flag, a stage job this engine cannot run (before any work)."""
+        from halsift.filtering.scoring.stage import check_stage
+
+        check_stage(job)
+        for name in sorted(job.given()):
+            if name not in self.honours:
+                raise EngineError(self.refusal(name))
+
+    def _stage(self, job: "StageJob"):
+        from halsift.filtering.scoring.stage import run_local
+
+        return run_local(job)
 
 
 _RAY_ONLY = "--address/--workers: only with --engine ray"
@@ -157,6 +181,20 @@ class TaskEngine(Engine):
                                           f"the last task to finish completes {Path(job.out) / '_manifest.json'}"]
         return EngineSummary(self.name, Path(job.out), bool(m["complete"]), True, lines, m)
 
+    def check_stage(self, job: "StageJob") -> None:
+        super().check_stage(job)
+        from halsift.filtering.scoring.tasks import task_from_env
+
+        if task_from_env(job.num_tasks, job.task_index) is None:
+            raise EngineError("--engine tasks: give --num-tasks (or run it as a SLURM array task)")
+
+    def _stage(self, job: "StageJob"):
+        from halsift.filtering.scoring.stage import run_task
+        from halsift.filtering.scoring.tasks import STALE_AFTER_S, task_from_env
+
+        task = task_from_env(job.num_tasks, job.task_index)
+        return run_task(job, *task, STALE_AFTER_S if job.claim_timeout is None else job.claim_timeout)
+
 
 class RayEngine(Engine):
     """Actors on a Ray cluster (:func:`.ray_engine.score_ray`)."""
@@ -178,6 +216,28 @@ class RayEngine(Engine):
         m = score_ray(job)
         return EngineSummary(self.name, Path(job.out), True, True,
                              [f"ray: {m['workers']} workers, {m['parts_redone']} parts redone after a worker died"], m)
+
+    def check_stage(self, job: "StageJob") -> None:
+        super().check_stage(job)
+        if job.workers is not None and job.workers < 1:
+            raise EngineError(f"--workers: expected >= 1, got {job.workers}")
+        from halsift.filtering.scoring.ray_engine import _ray
+
+        _ray()  # Ray not installed: one line, before any work
+
+    def _stage(self, job: "StageJob"):
+        from halsift.filtering.scoring.stage import run_ray
+
+        return run_ray(job)
+
+    def embed(self, job: "EmbedJob") -> EngineSummary:
+        self.check(job, EMBED | {"address", "workers"})
+        if job.workers is not None and job.workers < 1:
+            raise EngineError(f"--workers: expected >= 1, got {job.workers}")
+        from halsift.filtering.scoring.embed import embed_ray
+
+        m = embed_ray(job)
+        return EngineSummary(self.name, Path(job.out), bool(m.get("complete")), True, [], m)
 
 
 ENGINES: dict[str, Engine] = {}
@@ -212,8 +272,12 @@ def resolve_engine(name: str, job: Any, env: dict | None = None) -> Engine:
 
 
 def run_job(job: Any, engine: str = "local") -> EngineSummary:
-    """Resolve ``engine`` for ``job`` (a :class:`ScoreJob` or an ``EmbedJob``) and run it."""
+    """Resolve ``engine`` for ``job`` (a :class:`ScoreJob`, an ``EmbedJob`` or a ``StageJob``) and run it."""
+    from halsift.filtering.scoring.stage import StageJob
+
     e = resolve_engine(engine, job)
+    if isinstance(job, StageJob):
+        return e.stage(job)
     return e.run(job) if isinstance(job, ScoreJob) else e.embed(job)
 
 

@@ -30,10 +30,11 @@ def stage_dedup(r: Recipe, p: Paths) -> dict:
 
     out = p.stage("dedup")
     source = p.source_corpus
+    flags = {f: getattr(r.dedup, f) for f in ("decode_workers", "address", "workers")}  # a recipe runs it whole
     m = run_dedup(source, out, against=against_sets(r, p), model=r.dedup.model or None, exact_on=r.dedup.exact_on,
                   phash_distance=r.dedup.phash_distance, near_thumbnail=r.dedup.near_thumbnail,
                   eval_thumbnail=r.dedup.eval_thumbnail, cosine=r.dedup.cosine, nprobe=r.dedup.nprobe,
-                  show_progress=True, allow_implausible=r.dedup.allow_implausible)
+                  show_progress=True, allow_implausible=r.dedup.allow_implausible, engine=r.dedup.engine, **flags)
     kept = write_without(expand_shards(source), excluded_keys(out), out / "corpus")
     print(f"[halsift run] dedup: removed {m['removed']} of {m['samples']} corpus samples (leaks {m['counts']['eval']}, "
           f"exact {m['counts']['exact']}, near {m['counts']['near']}); {kept} kept in {out / 'corpus'}")

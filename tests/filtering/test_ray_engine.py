@@ -3,6 +3,7 @@ worker SIGKILLed mid-part has its part redone by a replacement. Skipped when Ray
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -71,3 +72,35 @@ def test_cli_engine_ray(cluster, tmp_path, capsys):
                  "--engine", "ray", "--workers", "2", "--device", "cpu", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "ray: 2 workers, 0 parts redone" in out and "in 2 parts" in out
+
+
+def test_basic_dedup_and_embed_on_ray_equal_one_process(cluster, tmp_path):
+    """The per-shard corpus stages (filtering/scoring/stage.py) on Ray write the parts one process writes."""
+    import pyarrow.parquet as pq
+
+    from halsift.filtering.scoring.embed import EmbedJob
+    from halsift.filtering.scoring.engine import run_job
+    from halsift.launch.cli import main
+    from test_basic_filters import FAST, _shards
+    from test_dedup import _corpus
+
+    data = _shards(tmp_path / "shards", per_shard=2)
+    for flags, out in ((["--engine", "ray", "--workers", "2"], "ray"), ([], "one")):
+        assert main(["basic", "--data", str(data), "--out", str(tmp_path / f"b-{out}"), *flags, *FAST]) == 0
+    rows = [sorted((r for p in sorted((tmp_path / f"b-{o}").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()),
+                   key=lambda r: r["key"]) for o in ("ray", "one")]
+    assert rows[0] == rows[1] and len(rows[0]) == 8
+    corpus = _corpus(tmp_path)
+    for flags, out in ((["--engine", "ray"], "ray"), ([], "one")):
+        assert main(["dedup", "--data", str(corpus), "--out", str(tmp_path / f"d-{out}"), *flags,
+                     "--no-progress"]) == 0
+    dups = [sorted(pq.read_table(tmp_path / f"d-{o}" / "duplicates.parquet").to_pylist(), key=lambda r: r["key"])
+            for o in ("ray", "one")]
+    assert dups[0] == dups[1] and {r["key"] for r in dups[0]} == {"c20", "c21", "c22"}
+    tiny = "clip:arch=halsift-tiny,pretrained=random,seed=0"
+    job = EmbedJob(tiny, corpus, tmp_path / "e-ray", batch_size=5, show_progress=False, workers=2)
+    r = run_job(job, engine="ray")
+    assert r.complete and r.stats["parts_embedded_this_run"] == 3
+    run_job(dataclasses.replace(job, out=tmp_path / "e-one", workers=None))
+    for p in sorted((tmp_path / "e-one").glob("part-*.parquet")):
+        assert pq.read_table(tmp_path / "e-ray" / p.name).equals(pq.read_table(p))

@@ -27,7 +27,10 @@ OLD_STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "p
                     "select": ("select",), "finetune": ("finetune",), "eval": ("eval", "evals"), "report": ("name",)}
 # the score section's fields at that commit: the fields it gained since (the rest of `halsift score`'s settings)
 # either change only how scoring runs or are at their default here, so the fingerprints may not change
-OLD_SECTION_FIELDS = {"score": ("unit", "batch_size", "max_parse_failures", "detectors", "ensembles")}
+OLD_SECTION_FIELDS = {"score": ("unit", "batch_size", "max_parse_failures", "detectors", "ensembles"),
+                      # issue 42: dedup gained its engine flags (engine, address, workers, decode_workers): run-only
+                      "dedup": ("against", "model", "exact_on", "phash_distance", "near_thumbnail", "eval_thumbnail",
+                                "cosine", "nprobe", "enabled", "allow_implausible")}
 
 
 def old_stage_fingerprints(r) -> dict[str, dict]:
