@@ -4,9 +4,10 @@
 #
 #   OUT=/some/folder bash benchmarks/gpu_device_run.sh
 #
-# 1. installs the wheels in $WHL (default .whl/: made by gpu-wheels.sh with EXTRA= the lines of the wheel list that
-#    came with this script) and halsift itself into a temporary --target folder (no dependencies resolved: none
-#    can be downloaded there);
+# 1. installs the wheels in $WHL (default .whl/: cp312 manylinux wheels of what such a machine lacks, fetched where
+#    pip works with `pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl open_clip_torch ftfy
+#    wcwidth webdataset==0.2.86 braceexpand simplejpeg pydantic pydantic_core annotated-types typing-inspection`)
+#    and halsift itself into a temporary --target folder (no dependencies resolved: none can be downloaded there);
 # 2. checks that the score/select command path imports, and prints the card;
 # 3. runs `python3 benchmarks/gpu_suite.py --quick --out $OUT/gpu_suite.json` under a hard limit: every part's
 #    figures land in $OUT/gpu_suite_parts/ the moment they are measured, and $OUT/gpu_suite.json as each part ends.
@@ -30,7 +31,7 @@ if compgen -G "$WHL/*.whl" > /dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --target "$S" "$WHL"/*.whl \
     || echo "WARNING: some wheels of $WHL did not install"
 else
-  echo "WARNING: no wheels in $WHL (run gpu-wheels.sh first); going on with what the machine has"
+  echo "WARNING: no wheels in $WHL (see this script's header); going on with what the machine has"
 fi
 export PYTHONPATH=$S${PYTHONPATH:+:$PYTHONPATH} PATH=$S/bin:$PATH
 if ! $PY -m pip install -q --no-index --no-deps --no-build-isolation --target "$S" .; then
