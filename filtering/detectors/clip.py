@@ -181,9 +181,11 @@ class ClipDetector(Detector):
         img, txt, idx = self.encode(prepared)
         with torch.inference_mode():
             cos = (img[idx] * txt).sum(-1).cpu()
+            self.unread_items = None
             if self.pixels.unreadable:  # images no decoder read: NaN, scored as unparsed by score_prepared
                 bad = set(self.pixels.unreadable)
-                cos[torch.as_tensor([int(r) in bad for r in idx.tolist()])] = float("nan")
+                self.unread_items = torch.as_tensor([int(r) in bad for r in idx.tolist()])
+                cos[self.unread_items] = float("nan")
         return cos
 
     def encode(self, prepared: dict):
@@ -208,7 +210,9 @@ class ClipDetector(Detector):
     def score_prepared(self, items: Sequence[Item], prepared: dict | None) -> list[Result]:
         if not items:
             return []
+        self.unread_items = None
         cos = self.cosines(items, prepared)
+        unread = [False] * len(items) if self.unread_items is None else self.unread_items.tolist()
         if self.map == "linear":
             scores = ((cos + 1) * 50).clamp(0, 100)
         else:
@@ -216,7 +220,8 @@ class ClipDetector(Detector):
             scores = 100 * (scale * (cos - self.center)).sigmoid()
         if self.delay:
             time.sleep(self.delay)
-        return [Result(float(s)) if s == s else Result(50.0, parsed=False) for s in scores.tolist()]
+        # only an image no decoder read is unparsed; any other NaN (a broken model) stays NaN for the run's guard
+        return [Result(50.0, parsed=False) if bad else Result(float(s)) for s, bad in zip(scores.tolist(), unread)]
 
 
 def cosine_to_score(cos: float) -> float:

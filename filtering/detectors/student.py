@@ -50,8 +50,7 @@ class StudentDetector(Detector):
     def __init__(self, path: str = "", embeddings: str = "") -> None:
         super().__init__()
         import torch
-        from safetensors.torch import load_file
-
+        from halsift.corpus.weights import read_safetensors
         from halsift.filtering.detectors.embedding_lookup import EmbeddingLookup
 
         folder = Path(path)
@@ -66,7 +65,7 @@ class StudentDetector(Detector):
             raise ValueError("embeddings: required (a `halsift embed` folder of the data to score)")
         self.lookup = EmbeddingLookup(embeddings, cfg["embeddings_model"], int(cfg["dim"]))
         self.model = head(int(cfg["dim"]), int(cfg["hidden"]))
-        self.model.load_state_dict(load_file(str(folder / "model.safetensors")))
+        self.model.load_state_dict(read_safetensors(folder / "model.safetensors", "student weights"))
         self.model.eval()
         self._torch = torch
 

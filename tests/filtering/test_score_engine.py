@@ -56,7 +56,7 @@ def test_each_engine_refuses_what_it_does_not_honour(engine, setting, value, mes
 
 
 # each engine's entry point: (module, function) that its run() calls with the job's settings
-ENTRY = {"local": ("halsift.filtering.scoring.runner", "score"),
+ENTRY = {"local": ("halsift.filtering.scoring.runner", "score_job"),
          "tasks": ("halsift.filtering.scoring.tasks", "score_task"),
          "ray": ("halsift.filtering.scoring.ray_engine", "score_ray")}
 
@@ -88,15 +88,19 @@ def test_every_engine_honours_the_common_settings(engine, monkeypatch, tmp_path)
     monkeypatch.setattr(importlib.import_module(module), name, record)
     job = ScoreJob("clip:arch=halsift-tiny,pretrained=random", str(tmp_path / "data"), str(tmp_path / "out"),
                    unit="caption", batch_size=7, device="cuda:3", decode_workers=5, max_parse_failures=0.37,
-                   show_progress=False, embeddings=str(tmp_path / "emb"),
+                   show_progress=False, embeddings=str(tmp_path / "emb"), full_hash=True,
                    **({"num_tasks": 3, "task_index": 1} if engine == "tasks" else {}))
     assert COMMON == {"detector", "data", "out", "unit", "batch_size", "device", "decode_workers",
-                      "max_parse_failures", "show_progress", "embeddings"}, "a new common setting: add it above"
+                      "max_parse_failures", "show_progress", "embeddings", "full_hash"}, \
+        "a new common setting: add it above"
     with pytest.raises(_Stop, match="^reached$"):
         ENGINES[engine].run(job)
     (got,) = calls
-    want = {"detector": job.spec(), **{k: getattr(job, k) for k in COMMON - {"detector", "embeddings"}}}
-    assert "embeddings=" in want["detector"]  # the embeddings reach the detector through its spec
+    if any(isinstance(v, ScoreJob) for v in got):  # the job passed whole: it carries every value itself
+        want = {k: getattr(job, k) for k in COMMON}
+    else:  # settings passed one by one: the embeddings reach the detector through its spec
+        want = {"detector": job.spec(), **{k: getattr(job, k) for k in COMMON - {"detector", "embeddings"}}}
+        assert "embeddings=" in want["detector"]
     lost = sorted(k for k, v in want.items() if not any(_same(x, v) for x in got))
     assert not lost, f"--engine {engine} does not pass on {lost}"
 
