@@ -15,7 +15,7 @@ score:
   detectors:
     oracle: oracle
     cascade: "cascade:cheap=[ensemble:members=[oracle;random:seed=0],weights=[0.1,0.9]],judge=[oracle],budget=0.5"
-select: {keep: 0.2, max_hallucination: 0.6}
+select: {max_hallucination: 0.6}
 wandb: {mode: disabled}
 """
 
