@@ -98,9 +98,9 @@ def test_one_task_steals_what_no_one_holds(corpus, tmp_path):
 def test_two_overlapping_tasks_split_the_parts_without_duplicates(corpus, tmp_path):
     out = tmp_path / "o"
     # both think they are task 0 of 1 (a requeued task running beside its old copy): claims keep them apart.
-    # 0.3 s per batch (~4 s of work): more than two start-ups can drift apart on a loaded 2-core machine (CI once
-    # saw one process finish every part at 0.15 s before the other had started)
-    procs = [subprocess.Popen(_task_cmd(corpus, out, 1, 0, 0.3), env=ENV, stdout=subprocess.PIPE,
+    # 0.6 s per batch (~8 s of work): more than two start-ups can drift apart on a loaded 2-core machine (CI once
+    # saw one process finish every part at 0.15 s, and a run beside 8 busy sessions at 0.3 s, before the other started)
+    procs = [subprocess.Popen(_task_cmd(corpus, out, 1, 0, 0.6), env=ENV, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
