@@ -20,7 +20,7 @@ TINY = ["world.images=60", "world.bench_images=12", "world.pretrain_images=60", 
         "select.variants={oracle@0.5: {filter: oracle, keep: 0.5}}"]
 
 
-def _recall5(weights, retrieval) -> dict[str, float]:
+def _recall5(weights, retrieval) -> tuple[dict[str, float], dict[str, float]]:
     """i2t and t2i recall@5 (0-100) of halsift-tiny ``weights`` on a retrieval folder, computed here from scratch:
     an image is a hit when one of its captions is among the 5 captions most similar to it; a caption when its
     image is among the 5 images most similar to it."""
@@ -47,7 +47,23 @@ def _recall5(weights, retrieval) -> dict[str, float]:
     sim = img @ txt.T
     i2t = [(owner[t] == i).any() for i, t in enumerate(np.argsort(-sim, axis=1)[:, :5])]
     t2i = [owner[j] in t for j, t in enumerate(np.argsort(-sim.T, axis=1)[:, :5])]
-    return {"i2t/r@5": 100 * float(np.mean(i2t)), "t2i/r@5": 100 * float(np.mean(t2i))}
+    # queries whose hit or miss turns on float rounding: the own item's similarity within TIE of the 5th best
+    # other one (the eval encodes with the text tower cut to the used positions, in float64, with torch's threads)
+    near_i2t = sum(_near_cut(sim[i], owner == i) for i in range(len(rows)))
+    near_t2i = sum(_near_cut(sim[:, j], np.arange(len(rows)) == owner[j]) for j in range(len(owner)))
+    return {"i2t/r@5": 100 * float(np.mean(i2t)), "t2i/r@5": 100 * float(np.mean(t2i))}, \
+        {"i2t/r@5": 100 * near_i2t / len(rows), "t2i/r@5": 100 * near_t2i / len(owner)}
+
+
+TIE = 1e-4  # similarities this close are the same up to the two encoders' float rounding
+
+
+def _near_cut(sims, own) -> bool:
+    """Whether the best own item's similarity is within :data:`TIE` of the 5th best other item's."""
+    import numpy as np
+
+    others = np.sort(sims[~own])[::-1]
+    return len(others) >= 5 and abs(float(sims[own].max()) - float(others[4])) < TIE
 
 
 def _check_retrieval(run, names) -> None:
@@ -55,9 +71,9 @@ def _check_retrieval(run, names) -> None:
     metrics = json.loads((run / "report" / "metrics.json").read_text())
     for name in names:
         weights = run / ("pretrain" if name == "no-tune" else f"finetune/{name}/seed0") / "final"
-        want = _recall5(weights / "open_clip_model.safetensors", run / "world" / "retrieval")
+        want, slack = _recall5(weights / "open_clip_model.safetensors", run / "world" / "retrieval")
         got = {k: metrics[f"{name}/synthetic/{k}"] for k in want}
-        assert got == pytest.approx(want, abs=1e-6), name
+        assert all(abs(got[k] - want[k]) <= slack[k] + 1e-6 for k in want), (name, got, want, slack)
 
 
 def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
