@@ -29,7 +29,17 @@ class CountingOracle(OracleDetector):
         return super().score_batch(items)
 
 
-register_family("countoracle", CountingOracle)
+@pytest.fixture(autouse=True, scope="module")
+def _counting_oracle():
+    """The family, registered for this module's tests only: a family left in the registry would reach every later
+    test of the session (docs/config.md's reference lists every registered family)."""
+    from halsift.filtering.detectors import spec as spec_module
+
+    register_family("countoracle", CountingOracle)
+    yield
+    spec_module._REGISTRY.pop("countoracle", None)
+    for key in [k for k in spec_module._CONFIGS if k[0] == "countoracle"]:
+        del spec_module._CONFIGS[key]
 
 CHEAP = "ensemble:members=[oracle;random:seed=0],weights=[0.1,0.9]"  # a noisy oracle: it misorders many units
 SPEC = f"cascade:cheap=[{CHEAP}],judge=[countoracle],budget=0.3,keep=0.2"
