@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -141,33 +142,17 @@ def run_task(job: StageJob, num_tasks: int, task_index: int, stale_after: float)
     board = ClaimBoard(Path(job.out), f"{job.stage}-{task_index}@{HOST}:{os.getpid()}", stale_after)
     run = StageRun()
     window = max(1, job.decode_workers)
-    order = iter(task_order(list(job.parts), num_tasks, task_index))
+    order = task_order(list(job.parts), num_tasks, task_index)
+
+    def tally(kind: str) -> None:
+        run.reused += kind == "done"
+
+    windows = board.windows(order, window, job.done, tally)
     with progress(desc=f"{job.stage} task {task_index}/{num_tasks}", unit="part",
-                  disable=not job.show_progress) as bar:
-        while True:
-            claimed = {}
-            for p in order:
-                if job.done(p):
-                    run.reused += 1
-                    continue
-                claim = board.try_claim(p.name)
-                if claim is None:
-                    continue
-                if job.done(p):  # finished between the check and the claim
-                    board.finish(p.name, claim)
-                    run.reused += 1
-                    continue
-                claimed[p.name] = (p, claim)
-                if len(claimed) == window:
-                    break
-            if not claimed:
-                break
-            try:
-                run.made += _make_all(job, [p for p, _ in claimed.values()], bar,
-                                      on_made=lambda p: board.finish(p.name, claimed.pop(p.name)[1]))
-            finally:
-                for name, (_, claim) in claimed.items():  # not written (an error): release the claims
-                    board.finish(name, claim)
+                  disable=not job.show_progress) as bar, closing(windows):
+        for claimed in windows:
+            run.made += _make_all(job, [p for p, _ in claimed.values()], bar,
+                                  on_made=lambda p: board.finish(p.name, claimed.pop(p.name)[1]))
     run.missing = [p.name for p in job.parts if not job.done(p)]
     if run.missing:
         held = board.held(run.missing)
@@ -217,7 +202,7 @@ _G = {"group": "scale-out (independent tasks, SLURM arrays, Ray)"}
 
 @dataclass
 class StageFlags:
-    """The engine flags of a per-shard corpus stage's command (``halsift basic``, ``halsift dedup``), as score's."""
+    """The engine flags of a per-shard corpus stage's command (``halsift basic``, ``dedup``, ``embed``), as score's."""
 
     engine: Literal["local", "tasks", "ray"] = cfield(
         "local", help="local: this process (tasks when --num-tasks or a SLURM array task's environment is given); "

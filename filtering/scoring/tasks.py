@@ -26,9 +26,11 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from halsift.corpus.errors import InputError
 from halsift.corpus.progress import progress
@@ -183,6 +185,38 @@ class ClaimBoard:
         for _, p in self._attempts(part):
             p.unlink(missing_ok=True)
 
+    def windows(self, parts: Iterable[Any], size: int, done: Callable[[Any], bool],
+                tally: Callable[[str], None] = lambda _: None) -> Iterator[dict[str, tuple[Any, Claim]]]:
+        """Claim up to ``size`` of ``parts`` at a time and yield them as ``{name: (part, claim)}``, skipping a part
+        that is ``done`` (``tally("done")``) or held by a live task (``tally("held")``). The caller pops and finishes
+        each part it writes; the claims left when it comes back or the generator closes (an error) are released:
+        use it under ``contextlib.closing``."""
+        it = iter(parts)
+        while True:
+            claimed: dict[str, tuple[Any, Claim]] = {}
+            for p in it:
+                if done(p):
+                    tally("done")
+                    continue
+                claim = self.try_claim(p.name)
+                if claim is None:
+                    tally("held")
+                    continue
+                if done(p):  # finished between the check and the claim
+                    self.finish(p.name, claim)
+                    tally("done")
+                    continue
+                claimed[p.name] = (p, claim)
+                if len(claimed) == size:
+                    break
+            if not claimed:
+                return
+            try:
+                yield claimed
+            finally:
+                for name, (_, claim) in claimed.items():
+                    self.finish(name, claim)
+
     def held(self, parts: Sequence[str]) -> list[str]:
         """The parts among ``parts`` that a live claim holds."""
         out = []
@@ -287,26 +321,14 @@ def _task(job, run_: Run, num_tasks: int, task_index: int, stale_after: float, s
     loaded, bar = False, None
     ts = time.perf_counter()
     order = iter(task_order(parts, num_tasks, task_index, steal))
-    with torch_threads(decode_workers if use_workers else 0) as threads:
-        while True:
-            claimed: dict[str, tuple[Part, Claim]] = {}
-            for p in order:
-                if part_done(out, p, fps[p.name]):
-                    run["parts_skipped_done"] += 1
-                    continue
-                claim = board.try_claim(p.name)
-                if claim is None:
-                    run["parts_held_elsewhere"] += 1
-                    continue
-                if part_done(out, p, fps[p.name]):  # finished between our check and our claim
-                    board.finish(p.name, claim)
-                    run["parts_skipped_done"] += 1
-                    continue
-                claimed[p.name] = (p, claim)
-                if len(claimed) == window:
-                    break
-            if not claimed:
-                break
+    counts = {"done": "parts_skipped_done", "held": "parts_held_elsewhere"}
+
+    def tally(kind: str) -> None:
+        run[counts[kind]] += 1
+
+    with torch_threads(decode_workers if use_workers else 0) as threads, \
+            closing(board.windows(order, window, lambda p: part_done(out, p, fps[p.name]), tally)) as windows:
+        for claimed in windows:
             if not loaded:
                 detector.to(job.device or task_device())
                 bar = progress(desc=f"score task {task_index}/{num_tasks}", unit="sent",
@@ -319,17 +341,13 @@ def _task(job, run_: Run, num_tasks: int, task_index: int, stale_after: float, s
                 run["sentences"] += stats["sentences"]
                 bar.set_postfix(parts_scored=run["parts_scored"], parts=len(parts))
 
-            try:
-                if use_workers:
-                    score_parts_in_workers(detector, [p for p, _ in claimed.values()], out, unit, batch_size,
-                                           decode_workers, bar, task_index, num_tasks, fps, guard, on_part=written)
-                else:
-                    (p, _), = claimed.values()
-                    written(p.name, score_part(detector, p, out / p.name, unit, batch_size, bar, task_index,
-                                               num_tasks, fingerprints=fps[p.name], guard=guard))
-            finally:
-                for name, (_, claim) in claimed.items():  # parts not written (an error): release their claims
-                    board.finish(name, claim)
+            if use_workers:
+                score_parts_in_workers(detector, [p for p, _ in claimed.values()], out, unit, batch_size,
+                                       decode_workers, bar, task_index, num_tasks, fps, guard, on_part=written)
+            else:
+                (p, _), = claimed.values()
+                written(p.name, score_part(detector, p, out / p.name, unit, batch_size, bar, task_index,
+                                           num_tasks, fingerprints=fps[p.name], guard=guard))
     if bar is not None:
         bar.close()
     run.update(end=time.time(), parts_taken_over=board.taken_over,
