@@ -52,6 +52,7 @@ class EmbedJob:
     claim_timeout: float | None = None
     address: str | None = None  # --engine ray
     workers: int | None = None
+    decode_workers: int = 0  # embed N parts at a time in as many processes (each loads the encoder once)
 
 
 def load_encoder(spec):
@@ -163,126 +164,121 @@ def start(job: EmbedJob):
     return encoder, out, parts, ident, metas
 
 
-def finish(out: Path, ident: dict, parts: list[Part], metas: dict, wall: float, embedded: int,
-           resumed: int) -> dict:
-    """Write the manifest: ``complete`` when every part is written (and reusable), with the parts' summed counts."""
-    have = [p for p in parts if _reusable(out / p.name, metas[p.name])]
-    metas = [part_meta(out / p.name) for p in have]
+def refusal(parts: list[Part], metas: list[dict], out: Path) -> str | None:
+    """The rules of every stage that reads shards, once every part is written (``metas``: their records): nothing
+    read at all, or a key naming samples of two shards; ``None`` when neither holds."""
     skipped = SkipCounter(max_examples=10_000)
     for m in metas:
         skipped.merge(SkipCounter.from_json(m["skipped"]))
-    if len(have) == len(parts):  # the rules of every stage that reads shards, before a folder is called complete
-        empty = nothing_read(sum(m["samples"] for m in metas), skipped.to_json(), "embed")
-        if empty:
-            raise EmbeddingStoreError(f"--data: {empty}")
-        twice = repeated_key([out / p.name for p in parts])
-        if twice:
-            raise EmbeddingStoreError(key_in_two_inputs(twice[0], parts[twice[1]].source, parts[twice[2]].source,
-                                                        "--data"))
+    empty = nothing_read(sum(m["samples"] for m in metas), skipped.to_json(), "embed")
+    if empty:
+        return f"--data: {empty}"
+    twice = repeated_key([out / p.name for p in parts])
+    return key_in_two_inputs(twice[0], parts[twice[1]].source, parts[twice[2]].source, "--data") if twice else None
+
+
+def written(out: Path, parts: list[Part], metas: dict) -> list[dict]:
+    """The records of the parts written (and reusable)."""
+    return [part_meta(out / p.name) for p in parts if _reusable(out / p.name, metas[p.name])]
+
+
+def finish(out: Path, ident: dict, parts: list[Part], metas: dict, wall: float, embedded: int,
+           resumed: int) -> dict:
+    """Write the manifest: ``complete`` when every part is written (and reusable), with the parts' summed counts;
+    :func:`refusal`'s line raised (the folder then says ``failed``)."""
+    have = written(out, parts, metas)
+    skipped = SkipCounter(max_examples=10_000)
+    for m in have:
+        skipped.merge(SkipCounter.from_json(m["skipped"]))
+    error = refusal(parts, have, out) if len(have) == len(parts) else None
+    if error:
+        raise EmbeddingStoreError(error)
     manifest = {**ident, "complete": len(have) == len(parts),
                 "status": "complete" if len(have) == len(parts) else "running", "parts": len(parts),
                 "parts_written": len(have),
                 "part_files": [p.name for p in parts], "parts_resumed": resumed, "parts_embedded_this_run": embedded,
-                "samples": sum(m["samples"] for m in metas), "images": sum(m["images"] for m in metas),
-                "texts": sum(m["texts"] for m in metas), "skipped": skipped.to_json(), "wall_time_s": round(wall, 3)}
+                "samples": sum(m["samples"] for m in have), "images": sum(m["images"] for m in have),
+                "texts": sum(m["texts"] for m in have), "skipped": skipped.to_json(), "wall_time_s": round(wall, 3)}
     write_json_atomic(out / MANIFEST, manifest)
     return manifest
 
 
+def _stage(job: EmbedJob, out: Path, parts: list[Part], metas: dict):
+    """The parts as a :class:`.stage.StageJob`: the one way every per-shard stage claims and makes its parts."""
+    from functools import partial
+
+    from halsift.filtering.scoring.stage import StageJob, StagePart, check_stage
+
+    stage = StageJob("embed", out, [StagePart(p.name, (p,)) for p in parts], partial(_embed_one, job, metas),
+                     partial(_embedded, out, metas), show_progress=job.show_progress,
+                     decode_workers=job.decode_workers, num_tasks=job.num_tasks, task_index=job.task_index,
+                     claim_timeout=job.claim_timeout, address=job.address, workers=job.workers)
+    check_stage(stage)
+    return stage
+
+
+def _begin(job: EmbedJob, encoder, device) -> None:
+    """This process's encoder, on ``device``, is the one the parts made here use (a decode worker loads its own)."""
+    _WORKER_ENCODERS[job.model] = encoder.to(job.device or device)
+
+
 def embed_local(job: EmbedJob) -> dict:
-    """Embed on this process, or on every rank of a launch (parts round-robin); rank 0 writes the manifest."""
-    from halsift.filtering.scoring.runner import _state
+    """Embed on this process (``decode_workers`` parts at a time in as many processes), or on every rank of a launch
+    (parts round-robin); rank 0 writes the manifest."""
+    from halsift.filtering.scoring.runner import _reduce, _state
+    from halsift.filtering.scoring.stage import run_local
 
     t0 = time.perf_counter()
     encoder, out, parts, ident, metas = start(job)
     state = _state(job.device)
+    _begin(job, encoder, state.device)
     state.wait_for_everyone()
     if state.is_main_process and not (out / MANIFEST).exists():
         write_json_atomic(out / MANIFEST, {**ident, "complete": False, "status": "running"})
     with failing(out, MANIFEST):
-        return _embed_ranks(job, encoder, out, parts, ident, metas, state, t0)
-
-
-def _embed_ranks(job: EmbedJob, encoder, out: Path, parts: list[Part], ident: dict, metas: dict, state,
-                 t0: float) -> dict:
-    from halsift.filtering.scoring.runner import _reduce
-
-    rank, world = state.process_index, state.num_processes
-    mine = parts[rank::world]
-    todo = [p for p in mine if not _reusable(out / p.name, metas[p.name])]
-    if todo:
-        encoder.to(job.device or state.device)
-        bar = progress(desc=f"embed rank {rank}", unit="item", disable=not job.show_progress)
-        for p in todo:
-            embed_part(encoder, p, out / p.name, job.batch_size, metas[p.name], bar)
-        bar.close()
-    embedded = int(_reduce(state, len(todo), "sum"))
-    state.wait_for_everyone()
-    m = {}
-    if state.is_main_process:
-        m = finish(out, ident, parts, metas, time.perf_counter() - t0, embedded, len(parts) - embedded)
-    state.wait_for_everyone()
-    return m
+        mine = parts[state.process_index::state.num_processes]
+        embedded = int(_reduce(state, run_local(_stage(job, out, mine, metas)).made, "sum"))
+        state.wait_for_everyone()
+        have = written(out, parts, metas)
+        error = refusal(parts, have, out) if len(have) == len(parts) else None
+        if error:  # every rank stops with the one line (none waits for rank 0's manifest)
+            raise EmbeddingStoreError(error)
+        m = {}
+        if state.is_main_process:
+            m = finish(out, ident, parts, metas, time.perf_counter() - t0, embedded, len(parts) - embedded)
+        state.wait_for_everyone()
+        return m
 
 
 def embed_task(job: EmbedJob, num_tasks: int, task_index: int, stale_after: float) -> dict:
-    """One of ``num_tasks`` independent tasks: claim parts (:class:`.tasks.ClaimBoard`), embed them; the task that
-    finds every part written completes the manifest."""
+    """One of ``num_tasks`` independent tasks: claim parts (:func:`.stage.run_task`), embed them; each task writes
+    the manifest (``complete`` once every part is written)."""
+    from halsift.filtering.scoring.stage import run_task
+    from halsift.filtering.scoring.tasks import task_device
+
     t0 = time.perf_counter()
     encoder, out, parts, ident, metas = start(job)
+    _begin(job, encoder, task_device())
     if not (out / MANIFEST).exists():
         write_json_atomic(out / MANIFEST, {**ident, "complete": False, "status": "running"})
     with failing(out, MANIFEST):
-        return _embed_claims(job, encoder, out, parts, ident, metas, num_tasks, task_index, stale_after, t0)
-
-
-def _embed_claims(job: EmbedJob, encoder, out: Path, parts: list[Part], ident: dict, metas: dict, num_tasks: int,
-                  task_index: int, stale_after: float, t0: float) -> dict:
-    from halsift.filtering.scoring.tasks import HOST, ClaimBoard, task_device, task_order
-
-    board = ClaimBoard(out, f"embed-{task_index}@{HOST}:{os.getpid()}", stale_after)
-    done = sum(_reusable(out / p.name, metas[p.name]) for p in parts)
-    embedded, bar = 0, None
-    for p in task_order(parts, num_tasks, task_index):
-        if _reusable(out / p.name, metas[p.name]):
-            continue
-        claim = board.try_claim(p.name)
-        if claim is None:
-            continue
-        try:
-            if _reusable(out / p.name, metas[p.name]):
-                continue
-            if bar is None:
-                encoder.to(job.device or task_device())
-                bar = progress(desc=f"embed task {task_index}/{num_tasks}", unit="item",
-                               disable=not job.show_progress)
-            embed_part(encoder, p, out / p.name, job.batch_size, metas[p.name], bar)
-            embedded += 1
-        finally:
-            board.finish(p.name, claim)
-    if bar is not None:
-        bar.close()
-    return finish(out, ident, parts, metas, time.perf_counter() - t0, embedded, done)
+        run = run_task(_stage(job, out, parts, metas), num_tasks, task_index, stale_after)
+        return finish(out, ident, parts, metas, time.perf_counter() - t0, run.made, run.reused)
 
 
 def embed_ray(job: EmbedJob) -> dict:
     """The parts on a Ray cluster (:func:`.stage.run_ray`: one Ray task per part not written, ``job.workers`` at a
     time), each worker process loading the encoder once; then the manifest."""
-    from functools import partial
-
     from halsift.filtering.scoring.ray_engine import _ray
-    from halsift.filtering.scoring.stage import StageJob, StagePart, run_ray
+    from halsift.filtering.scoring.stage import run_ray
 
     _ray()  # refused in one line before any work when Ray is absent
     t0 = time.perf_counter()
-    encoder, out, parts, ident, metas = start(job)
+    _, out, parts, ident, metas = start(job)
     if not (out / MANIFEST).exists():
         write_json_atomic(out / MANIFEST, {**ident, "complete": False, "status": "running"})
     with failing(out, MANIFEST):
-        stage = StageJob("embed", out, [StagePart(p.name, (p,)) for p in parts],
-                         partial(_embed_one, job, metas), partial(_embedded, out, metas),
-                         show_progress=job.show_progress, address=job.address, workers=job.workers)
-        run = run_ray(stage)
+        run = run_ray(_stage(job, out, parts, metas))
         return finish(out, ident, parts, metas, time.perf_counter() - t0, run.made, run.reused)
 
 
@@ -293,9 +289,8 @@ def _embed_one(job: EmbedJob, metas: dict, part) -> None:
     from halsift.filtering.scoring.tasks import task_device
 
     p: Part = part.args[0]
-    if job.model not in _WORKER_ENCODERS:
-        _WORKER_ENCODERS[job.model] = load_encoder(job.model)
-        _WORKER_ENCODERS[job.model].to(job.device or task_device())
+    if job.model not in _WORKER_ENCODERS:  # a decode worker or Ray worker: loaded and placed once per process
+        _WORKER_ENCODERS[job.model] = load_encoder(job.model).to(job.device or task_device())
     embed_part(_WORKER_ENCODERS[job.model], p, Path(job.out) / p.name, job.batch_size, metas[p.name])
 
 

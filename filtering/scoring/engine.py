@@ -54,7 +54,8 @@ class EngineSummary:
 
 COMMON = frozenset({"detector", "data", "out", "unit", "batch_size", "device", "decode_workers",
                     "max_parse_failures", "show_progress", "embeddings", "full_hash"})  # honoured by every engine
-EMBED = frozenset({"model", "data", "out", "batch_size", "device", "show_progress"})  # halsift embed's job, anywhere
+# halsift embed's job, on any engine (decode_workers: local and tasks; Ray runs --workers parts at a time)
+EMBED = frozenset({"model", "data", "out", "batch_size", "device", "show_progress"})
 
 
 class Engine(ABC):
@@ -132,7 +133,7 @@ class LocalEngine(Engine):
         return EngineSummary(self.name, Path(out), True, PartialState().is_main_process)
 
     def embed(self, job: "EmbedJob") -> EngineSummary:
-        self.check(job, EMBED)
+        self.check(job, EMBED | {"decode_workers"})
         from halsift.filtering.scoring.embed import embed_local
 
         m = embed_local(job)
@@ -168,7 +169,7 @@ class TaskEngine(Engine):
         return EngineSummary(self.name, Path(job.out), run["complete"], True, lines, run)
 
     def embed(self, job: "EmbedJob") -> EngineSummary:
-        self.check(job, EMBED | {"num_tasks", "task_index", "claim_timeout"})
+        self.check(job, EMBED | {"decode_workers", "num_tasks", "task_index", "claim_timeout"})
         from halsift.filtering.scoring.embed import embed_task
         from halsift.filtering.scoring.tasks import STALE_AFTER_S, task_from_env
 
@@ -205,6 +206,8 @@ class RayEngine(Engine):
     def refusal(self, setting: str) -> str:
         if setting in ("num_tasks", "task_index", "claim_timeout"):
             return "--engine ray: Ray deals the parts itself; drop --num-tasks/--task-index/--claim-timeout"
+        if setting == "decode_workers":
+            return "--decode-workers: halsift embed on --engine ray makes --workers parts at a time; drop it"
         return super().refusal(setting)
 
     def run(self, job: ScoreJob) -> EngineSummary:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from kill_mid_part import kill_mid_part
 from filtering_data import make_corpus
 
 from halsift.corpus.scores import read_scores_df
@@ -116,18 +116,8 @@ def test_task_killed_mid_part_reruns_to_identical_output(tmp_path):
     corpus = make_corpus(tmp_path / "c", shards=3, per_shard=3, seed=2)
     out = tmp_path / "killed"
     cmd = _task_cmd(corpus, out, 2, 1, 0.4)  # about 1 s per part: the kill lands inside the second part
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def claimed_unfinished():
-        return [c for c in (out / CLAIMS).glob("*.parquet.*") if not (out / c.name.rsplit(".", 1)[0]).exists()]
-
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None and not (
-            list(out.glob("part-*.parquet")) and claimed_unfinished()):
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert len(claimed_unfinished()) == 1 and len(list(out.glob("part-*.parquet"))) == 1
+    kill_mid_part(cmd, ENV, out, timeout=120)
+    assert len(list(out.glob("part-*.parquet"))) == 1
     assert _manifest(out)["status"] == "running"
     res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from halsift.launch.cli import main
+from kill_mid_part import kill_mid_part
 from test_basic_filters import FAST, SAMPLES, _shards
 from test_dedup import _corpus
 
@@ -52,22 +51,6 @@ def _dups(folder: Path) -> list[dict]:
     return sorted(pq.read_table(folder / "duplicates.parquet").to_pylist(), key=lambda r: r["key"])
 
 
-def _kill_mid_part(cmd: list[str], out: Path, parts: Path) -> None:
-    """Start ``cmd``, SIGKILL it once it has written a part and holds a claim on an unwritten one."""
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def claimed_unfinished():
-        return [c for c in (parts / "_claims").glob("*.parquet.*") if not (parts / c.name.rsplit(".", 1)[0]).exists()]
-
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None and not (
-            list(parts.glob("part-*.parquet")) and claimed_unfinished()):
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert len(claimed_unfinished()) == 1, proc.stderr.read()[-2000:]
-
-
 # ------------------------------------------------------------------------------------------------ basic
 def test_basic_as_two_overlapping_tasks_equals_one_process(tmp_path):
     data = _shards(tmp_path / "shards", per_shard=2)  # 4 parts
@@ -89,7 +72,7 @@ def test_basic_task_killed_mid_part_reruns_to_identical_output(tmp_path):
     out = tmp_path / "killed"
     cmd = _cmd(BASIC_SLOW, 1.0, ["basic", "--data", str(data), "--out", str(out), "--num-tasks", "2",
                                  "--task-index", "1", *FAST])
-    _kill_mid_part(cmd, out, out)
+    kill_mid_part(cmd, ENV, out)
     assert json.loads((out / "manifest.json").read_text())["status"] == "running"
     res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -145,7 +128,7 @@ def test_dedup_task_killed_mid_part_reruns_to_identical_output(tmp_path):
     out = tmp_path / "killed"
     cmd = _cmd(DEDUP_SLOW, 1.0, ["dedup", "--data", str(data), "--out", str(out), "--num-tasks", "2",
                                  "--task-index", "0", "--no-progress"])
-    _kill_mid_part(cmd, out, out / "_parts")
+    kill_mid_part(cmd, ENV, out / "_parts")
     res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "2 shard parts made, 1 reused" in res.stdout, res.stdout
@@ -167,6 +150,24 @@ def test_dedup_model_parts_in_decode_workers_equal_one_process(tmp_path):
     w, one = (_rows(tmp_path / d / "embeddings") for d in ("w", "one"))
     assert [r["key"] for r in w] == [r["key"] for r in one]
     assert all(max(abs(a - b) for a, b in zip(x["embedding"], y["embedding"])) < 1e-3 for x, y in zip(w, one))
+
+
+def test_embed_in_decode_workers_equals_one_process(tmp_path, capsys):
+    """``embed --decode-workers 2`` makes two parts at a time in two processes: the rows of one process; on Ray
+    (which makes --workers parts at a time) the flag is refused in one line naming it."""
+    data = _corpus(tmp_path)
+    common = ["embed", "--model", "clip:arch=halsift-tiny,pretrained=random,seed=1", "--data", str(data),
+              "--no-progress"]
+    assert main([*common, "--out", str(tmp_path / "w"), "--decode-workers", "2"]) == 0
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    w, one = (_rows(tmp_path / d) for d in ("w", "one"))
+    assert len(w) == len(one) > 0
+    assert [(r["key"], r["sentence_index"]) for r in w] == [(r["key"], r["sentence_index"]) for r in one]
+    assert all(max(abs(a - b) for a, b in zip(x["embedding"], y["embedding"])) < 1e-3 for x, y in zip(w, one))
+    capsys.readouterr()
+    assert main([*common, "--out", str(tmp_path / "r"), "--engine", "ray", "--decode-workers", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--decode-workers: halsift embed on --engine ray" in err and len(err.splitlines()) == 1, err
 
 
 # ------------------------------------------------------------------------------------------------ refusals
