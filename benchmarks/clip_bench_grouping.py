@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     class PerRow(ClipDetector):
         """The old grouping: no image identity beyond the row id, so each row encodes its image."""
 
-        def cosines(self, items):
-            return super().cosines([replace(it, image_id="") for it in items])
+        def prepare(self, items):
+            return super().prepare([replace(it, image_id="") for it in items])
 
     with tempfile.TemporaryDirectory() as tmp:
         generate_world(tmp, images=40, seed=0, bench_images=args.bench_images)

@@ -59,7 +59,7 @@ def encode_corpus(shards: Iterable[Path], folder: Path, encoder: ImageEncoder, b
     """Write one embedding part per shard into ``folder`` (:func:`encode_shard`), then its manifest."""
     folder.mkdir(parents=True, exist_ok=True)
     dim = None
-    model_fp = spec_fingerprint(encoder.spec)
+    model_fp = spec_fingerprint(encoder.spec)  # the spec names the device, which decides decode=auto (gpu on CUDA)
     for shard in shards:
         dim = encode_shard(shard, folder, encoder, model_fp) or dim
         if bar is not None:

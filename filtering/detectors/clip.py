@@ -171,22 +171,26 @@ class ClipDetector(Detector):
 
     def cosines(self, items: Sequence[Item], prepared: dict | None = None):
         """Cosine similarity per item (a float32 CPU tensor); each distinct image (``image_id`` or else ``key``, and
-        the image object) is encoded once."""
+        the image object) is encoded once; NaN for an item whose image no decoder read."""
+        return self._cosines(items, prepared)[0]
+
+    def _cosines(self, items: Sequence[Item], prepared: dict | None):
+        """:meth:`cosines` and, per item, whether no decoder read its image (a bool list, or ``None``: all read)."""
         import torch
 
         prepared = prepared if prepared is not None else self.prepare(items)
         if "image_vectors" in prepared:  # read from an embeddings folder: float16 vectors, cosine in float32
             img, txt = (torch.as_tensor(prepared[k]).float() for k in ("image_vectors", "text_vectors"))
-            return (img * txt).sum(-1)
+            return (img * txt).sum(-1), None
         img, txt, idx = self.encode(prepared)
+        unread = None
         with torch.inference_mode():
             cos = (img[idx] * txt).sum(-1).cpu()
-            self.unread_items = None
             if self.pixels.unreadable:  # images no decoder read: NaN, scored as unparsed by score_prepared
                 bad = set(self.pixels.unreadable)
-                self.unread_items = torch.as_tensor([int(r) in bad for r in idx.tolist()])
-                cos[self.unread_items] = float("nan")
-        return cos
+                unread = [int(r) in bad for r in idx.tolist()]
+                cos[torch.as_tensor(unread)] = float("nan")
+        return cos, unread
 
     def encode(self, prepared: dict):
         """The L2-normalised float32 embeddings of :meth:`prepare`'s output: ``(images [distinct, D], texts
@@ -210,9 +214,8 @@ class ClipDetector(Detector):
     def score_prepared(self, items: Sequence[Item], prepared: dict | None) -> list[Result]:
         if not items:
             return []
-        self.unread_items = None
-        cos = self.cosines(items, prepared)
-        unread = [False] * len(items) if self.unread_items is None else self.unread_items.tolist()
+        cos, unread = self._cosines(items, prepared)
+        unread = unread or [False] * len(items)
         if self.map == "linear":
             scores = ((cos + 1) * 50).clamp(0, 100)
         else:
