@@ -82,6 +82,8 @@ def _fast_members(fh: BinaryIO, first: tuple[str, int, bool], total: int
                 raise tarfile.ReadError("unexpected end of data")
             fh.seek(end)
             hdr = fh.read(BLOCK)
+            if not hdr:  # a tar ends with zero blocks; none at all is a tar cut on a block boundary
+                raise tarfile.ReadError("it ends without its end-of-archive blocks (cut on a 512-byte boundary?)")
             head = _plain_header(hdr)
             if head is None and len(hdr) == BLOCK and hdr != _ZERO:  # not plain: tarfile reads the rest
                 fh.seek(end)

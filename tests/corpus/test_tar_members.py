@@ -93,3 +93,18 @@ def test_unread_members_are_skipped(tmp_path):
     members = open_members(path, False, path.stat().st_size)
     picked = [(n, r()) for n, r in members if n.endswith(".txt")]
     assert picked == [(n, b) for n, b in _tarfile_all(path) if n.endswith(".txt")]
+
+
+def test_tar_cut_between_members_is_damage(tmp_path):
+    """Cut on a member boundary (whole 512-byte blocks, no end-of-archive blocks): tarfile reads it as complete."""
+    path = _tar(tmp_path / "000000.tar", [("s0.txt", b"a"), ("s0.json", b"{}"), ("s1.txt", b"b"),
+                                          ("s1.json", b"{}")])
+    whole = path.read_bytes()
+    assert [s.key for s in iter_shard(path)] == ["s0", "s1"]  # the whole tar: no damage
+    path.write_bytes(whole[:3 * 1024])  # s0's two members and s1.txt: s1.json and the end blocks are gone
+    assert [n for n, _ in _tarfile_all(path)] == ["s0.txt", "s0.json", "s1.txt"]  # what the check is for
+    names = []
+    with pytest.raises(ShardFormatError, match="after sample s0 .*end-of-archive"):
+        for s in iter_shard(path):
+            names.append(s.key)
+    assert names == ["s0"]  # s1 may be cut short: not yielded
