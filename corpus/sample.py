@@ -25,6 +25,8 @@ The items a detector scores (:class:`Item`) are made here too, from a sample (:f
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,16 +177,22 @@ def key_in_two_inputs(key: str, first: str, second: str, stage: str) -> str:
             "sample of the corpus (select refuses it too)")
 
 
+KEYS_MEMORY = "128MB"  # DuckDB's memory for the key grouping of repeated_key (flat peak memory at any corpus size)
+
+
 def repeated_key(parts: Sequence[str | os.PathLike], column: str = "key") -> tuple[str, int, int] | None:
     """``(key, i, j)``, ``i < j``, for a key found in two of ``parts`` (parquet files, indices into the list), else
     None. Any number of rows per key within one part is allowed (a sample's image, caption and sentence rows);
-    one DuckDB query over the key columns, so memory stays bounded for a corpus of any size."""
+    one DuckDB query over the key columns in at most :data:`KEYS_MEMORY` (it spills beyond), so memory stays flat
+    for a corpus of any size."""
     if len(parts) < 2:
         return None
     import duckdb
 
     files = [os.fspath(p) for p in parts]
-    con = duckdb.connect()
+    spill = tempfile.mkdtemp(prefix="halsift-keys-")  # beyond KEYS_MEMORY the grouping spills here
+    con = duckdb.connect(config={"memory_limit": KEYS_MEMORY, "temp_directory": spill, "threads": 1,
+                                 "preserve_insertion_order": False})
     try:
         hit = con.execute(
             f'SELECT CAST("{column}" AS VARCHAR) AS k, min(filename), max(filename) FROM read_parquet($1, '
@@ -192,6 +200,7 @@ def repeated_key(parts: Sequence[str | os.PathLike], column: str = "key") -> tup
             [files]).fetchone()
     finally:
         con.close()
+        shutil.rmtree(spill, ignore_errors=True)
     if hit is None:
         return None
     index = {f: i for i, f in enumerate(files)}

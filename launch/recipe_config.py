@@ -253,6 +253,11 @@ class SelectCfg(SelectSection):
             if not v.filter:
                 raise ValueError(f"select.variants.{name}.filter: required (a key of score.detectors or "
                                  "score.ensembles)")
+            if self.max_hallucination is not None and v.sets_amount() and (v.agg or self.agg) != "repair":
+                given = "top_k" if v.top_k else "threshold" if v.threshold is not None else "keep"
+                raise ValueError(f"select.variants.{name}.{given}: select.max_hallucination chooses how much every "
+                                 "selection keeps (its certified threshold); drop it, or give the variant agg: "
+                                 "repair (which keeps its amount)")
 
     def resolved(self, name: str) -> tuple[str, dict]:
         """``(filter, select() keyword arguments: keep, top_k, threshold, unit, agg)`` of selection ``name``: a

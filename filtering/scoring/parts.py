@@ -19,7 +19,7 @@ from halsift.corpus.fingerprint import file_fingerprint, path_fingerprint, spec_
 from halsift.corpus.images import ImageDecodeError, SkipCounter, load_image_file
 from halsift.corpus.percent import percent
 from halsift.corpus.run_folder import check_or_start as check_folder, forget_part, part_done, part_reusable
-from halsift.corpus.sample import bench_items, read_shard, sample_items
+from halsift.corpus.sample import bench_items, key_in_two_inputs, read_shard, repeated_key, sample_items
 from halsift.corpus.scores import part_name, scores_table, write_part_atomic
 from halsift.corpus.shards import expand_shards, write_json_atomic
 from halsift.filtering.detectors.base import Detector, Item
@@ -356,6 +356,10 @@ def finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, scor
     }
     error = final_check(ident.get("detector_name", ident["detector"]), sentences, manifest["parse_failures"],
                         manifest["skipped"], max_parse_failures)
+    shards = all(getattr(p, "captions", None) is None for p in parts)  # a bench's parts split its captions
+    twice = repeated_key([out / p.name for p in parts]) if shards and not error else None
+    if twice:  # the duplicate-key rule of every stage that reads shards (select refuses such a folder too)
+        error = key_in_two_inputs(twice[0], parts[twice[1]].source, parts[twice[2]].source, "score")
     if error:
         manifest.update(status="failed", error=error)
     write_json_atomic(out / MANIFEST, manifest)

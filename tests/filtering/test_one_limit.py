@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 import tarfile
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from filtering_data import free_port
 from PIL import Image
 
 from halsift.corpus.images import DEFAULT_MAX_PIXELS, ImageDecodeError, check_size, header_size
@@ -143,7 +147,7 @@ def test_empty_inputs_are_refused_by_every_stage(tmp_path, capsys, how, stage):
     if stage == "dedup":
         assert not (tmp_path / "o" / "duplicates.parquet").exists()
     if stage in ("basic", "embed"):  # a failed run's manifest says so, and why
-        m = json.loads((tmp_path / "o" / ("_manifest.json" if stage == "embed" else "manifest.json")).read_text())
+        m = json.loads((tmp_path / "o" / ("manifest.json" if stage == "basic" else "_manifest.json")).read_text())
         assert m["status"] == "failed" and "nothing to" in json.dumps(m)
 
 
@@ -213,8 +217,8 @@ def test_a_key_repeated_within_a_shard_is_kept_once_by_every_stage(tmp_path):
 
 
 def test_a_key_in_two_shards_is_refused_where_the_shards_meet(tmp_path, capsys):
-    """dedup sees every shard at once: it refuses a key naming samples of two shards, as select refuses it in two
-    score parts (both name the key)."""
+    """dedup sees every shard at once: it refuses a key naming samples of two shards, as score does once its parts
+    are written (both name the key and the two shards; the parts stay) and select then refuses the failed folder."""
     with ShardWriter(tmp_path / "c", maxcount=3) as w:
         for i, k in enumerate(["a", "b", "c"]):
             w.write(Sample(k, _png(seed=i), f"A photo number {i}.", dict(M), ext="png"))
@@ -227,11 +231,13 @@ def test_a_key_in_two_shards_is_refused_where_the_shards_meet(tmp_path, capsys):
     assert "'b'" in err and "000000.tar" in err and "000001.tar" in err
     assert not (tmp_path / "d" / "duplicates.parquet").exists()
     assert main(["score", "--detector", "random:seed=1", "--data", str(tmp_path / "c"), "--out", str(tmp_path / "s"),
-                 "--no-progress"]) == 0
-    capsys.readouterr()
+                 "--no-progress"]) == 2
+    err = _err(capsys)
+    assert "the key 'b' names samples in two inputs" in err and "000000.tar" in err and "000001.tar" in err
+    assert sorted(p.name for p in (tmp_path / "s").glob("part-*.parquet")) != []  # the parts stay
     assert main(["select", "--scores", str(tmp_path / "s"), "--data", str(tmp_path / "c"), "--out",
                  str(tmp_path / "sel"), "--keep", "1", "--no-progress"]) == 2
-    assert "key='b'" in _err(capsys)
+    assert "the key 'b' names samples in two inputs" in _err(capsys)  # the failed folder's reason
 
 
 def test_only_skipped_samples_are_refused_by_embed(tmp_path, capsys):
@@ -259,21 +265,22 @@ def _two_shards(tmp_path, first: list[str], second: list[str]):
     return c
 
 
-@pytest.mark.parametrize("stage", ["basic", "embed", "dedup"])
+@pytest.mark.parametrize("stage", ["basic", "embed", "dedup", "score"])
 @pytest.mark.parametrize("keys", [(["a", "b", "c"], ["d", "b", "e"]), (["a", "z"], ["x", "y", "z"]),
                                   (["a", "b", "b"], ["c", "a"])])
 def test_a_key_in_two_shards_is_refused_by_every_stage_that_sees_them(tmp_path, capsys, stage, keys):
     """The one duplicate-key rule: the same line names the key and both shards, wherever the key sits in them (a
     repeat within the first shard is still only a skipped duplicate)."""
     c = _two_shards(tmp_path, *keys)
-    args = {"basic": ["basic", *FAST], "embed": ["embed", "--model", TINY], "dedup": ["dedup"]}[stage]
+    args = {"basic": ["basic", *FAST], "embed": ["embed", "--model", TINY], "dedup": ["dedup"],
+            "score": ["score", "--detector", "random:seed=1"]}[stage]
     assert main([*args, "--data", str(c), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     err = _err(capsys)
     twice = (set(keys[0]) & set(keys[1])).pop()
     assert f"the key {twice!r} names samples in two inputs" in err
     assert "000000.tar" in err and "000001.tar" in err
     if stage != "dedup":
-        m = json.loads((tmp_path / "o" / ("_manifest.json" if stage == "embed" else "manifest.json")).read_text())
+        m = json.loads((tmp_path / "o" / ("manifest.json" if stage == "basic" else "_manifest.json")).read_text())
         assert m["status"] == "failed" and repr(twice) in m["error"]
 
 
@@ -314,3 +321,16 @@ def test_repeated_key_counts_inputs_not_rows(tmp_path):
     assert repeated_key(files[:2]) is None and repeated_key(files[1:]) is None and repeated_key(files[:1]) is None
     assert repeated_key(files) == ("b", 0, 2)
     assert repeated_key(files[::-1]) == ("b", 0, 2)
+
+
+def test_a_key_in_two_shards_stops_every_rank_of_a_launch(tmp_path):
+    """Under two ranks every rank stops with the rule's one line (none is left waiting for rank 0's manifest)."""
+    c = _two_shards(tmp_path, ["a", "b"], ["c", "b"])
+    env = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "halsift.launch.cli", "embed", "--model", TINY, "--data", str(c), "--out", str(tmp_path / "o"),
+           "--device", "cpu", "--no-progress"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    assert proc.stderr.count("the key 'b' names samples in two inputs") == 2, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "o" / "_manifest.json").read_text())["status"] == "failed"

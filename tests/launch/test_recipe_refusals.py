@@ -129,3 +129,21 @@ def test_max_hallucination_alone_and_keep_alone_still_load():
     assert SelectCfg().resolved("x")[1]["keep"] == DEFAULT_KEEP == 0.2
     cfg = from_dict(SelectConfig, {"scores": ["s"], "max_hallucination": 0.1, "calibration": "c"})
     assert amount(cfg.keep, cfg.top_k, 37.5) == {"keep": None, "top_k": None, "threshold": 37.5}
+
+
+@pytest.mark.parametrize("variant,refused", [({"keep": 0.4}, "keep"), ({"top_k": 5}, "top_k"),
+                                             ({"threshold": 60.0}, "threshold"), ({"agg": "prune"}, None),
+                                             ({"keep": 0.4, "agg": "repair"}, None)])
+def test_a_variant_amount_under_max_hallucination_is_refused_naming_it(variant, refused):
+    """Under select.max_hallucination the certified threshold decides every selection's amount: a variant's own
+    keep/top_k/threshold is refused by name, not silently replaced (a repair variant keeps its amount)."""
+    from halsift.corpus.config import ConfigError, from_dict
+    from halsift.launch.recipe_config import SelectCfg
+
+    data = {"max_hallucination": 0.1, "variants": {"v": {"filter": "clip", **variant}}}
+    if refused is None:
+        assert from_dict(SelectCfg, data, "select").variants["v"].filter == "clip"
+        return
+    with pytest.raises(ConfigError, match=rf"select\.variants\.v\.{refused}: select\.max_hallucination chooses"):
+        from_dict(SelectCfg, data, "select")
+    assert from_dict(SelectCfg, {"variants": data["variants"]}, "select").variants["v"].sets_amount()
