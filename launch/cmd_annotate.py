@@ -19,8 +19,9 @@ class AnnotateConfig:
 
     scores: str = field("", help="score folder of the corpus (`halsift score`)", cli={"required": True})
     data: str = field("", help="the shards that were scored (folder / glob / brace pattern)", cli={"required": True})
-    out: str = field("", help="new folder: index.html (the page), images/, sample.jsonl, design.json; save the "
-                              "exported labels.jsonl here", cli={"required": True})
+    out: str = field("", help="new folder: index.html (the page), images/, sample.jsonl, design.json, annotate.json "
+                              "(the run's record: the same command again keeps the page); save the exported "
+                              "labels.jsonl here", cli={"required": True})
     n: int = field(300, help="sentences to draw")
     seed: int = field(0, help="seed of the draw")
     detector: str | None = field(None, help="the detector's rows in a score folder of several")
@@ -35,19 +36,51 @@ CONFIG = AnnotateConfig  # the settings (docs/config.md, --describe)
 add_arguments = config_arguments(AnnotateConfig, config_file=False, defaults=True)
 
 
+RECORD = "annotate.json"  # the folder's run record (halsift.corpus.run_folder): what drew the sample, and how it ended
+
+
+def identity(cfg: AnnotateConfig) -> dict:
+    """What the sample is drawn from: the score folder (its manifest's content: the parts it records), the shards,
+    and the draw's settings."""
+    from pathlib import Path
+
+    from halsift.corpus.run_folder import content
+    from halsift.corpus.shards import expand_shards
+
+    manifest = Path(cfg.scores) / "_manifest.json"
+    return {"stage": "annotate", "scores": str(Path(cfg.scores).resolve()),
+            "scores_fp": content(manifest)["hash"] if manifest.is_file() else None,
+            "inputs": [str(Path(x).resolve()) for x in expand_shards(cfg.data)],
+            "settings": {"n": cfg.n, "seed": cfg.seed, "detector": cfg.detector}}
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from halsift.corpus.run_folder import check_or_start, failing
+    from halsift.corpus.shards import write_json_atomic
     from halsift.launch.cli import UsageError
 
     cfg = config_from_args(AnnotateConfig, args)
     out = Path(cfg.out)
-    if out.exists() and any(not p.name.startswith(".") for p in out.iterdir()):
-        raise UsageError(f"--out: {out} is not empty (a page there may hold labels in a browser); choose a new folder")
-    rows = build_sample(cfg)
-    from halsift.eval.report.annotate_page import write_annotate_page
+    ident = identity(cfg)
+    hint = "choose a new --out folder (a page there may hold labels in a browser)"
+    old = check_or_start(out, ident, keys=("stage", "scores", "scores_fp", "inputs"), what="another annotation sample",
+                         manifest=RECORD, error=UsageError, parts_glob="", start=False, hint=hint, prefix="--out: ")
+    if old is None and out.exists() and any(not p.name.startswith(".") for p in out.iterdir()):
+        raise UsageError(f"--out: {out} is not empty and holds no {RECORD}; {hint}")
+    if old is not None and old.get("status") == "complete":  # the same draw: the page and any saved labels stay
+        print(f"{out}: this sample is drawn already ({old['drawn']} sentences, {out / 'index.html'}); labels.jsonl "
+              "there is kept", flush=True)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / RECORD, {**ident, "status": "running"})
+    with failing(out, RECORD):
+        rows = build_sample(cfg)
+        from halsift.eval.report.annotate_page import write_annotate_page
 
-    path = write_annotate_page(out, rows)
+        path = write_annotate_page(out, rows)
+    write_json_atomic(out / RECORD, {**ident, "status": "complete", "drawn": len(rows)})
     print(f"drew {len(rows)} sentences -> {path}: mark them (j/k, y/n), Export, save labels.jsonl in {out}; then "
           f"`halsift select ... --calibration {out}/labels.jsonl`")
     return 0
@@ -97,7 +130,9 @@ def build_sample(cfg: AnnotateConfig) -> list[dict]:
                            "_context": texts}
     found = [r for r in rows if r is not None]
     if not found:
-        raise ValueError(f"data: none of the drawn keys is in {cfg.data} (scores of other shards?)")
+        from halsift.launch.cli import UsageError
+
+        raise UsageError(f"--data: none of the drawn keys is in {cfg.data} (scores of other shards?)")
     order = sorted(range(len(found)), key=lambda j: hash_order(found[j]["id"], cfg.seed))  # no score order shown
     found = [found[j] for j in order]
     write_bench(out / "sample.jsonl", [{k: v for k, v in r.items() if k != "_context"} for r in found])

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import torch
 
 from halsift.corpus.atomic import write_text_atomic
+from halsift.corpus.errors import InputError
 from halsift.corpus.progress import progress
 from halsift.corpus.shards import write_json_atomic
 from halsift.corpus.safe_paths import remove_tree, replace_path
@@ -317,6 +318,45 @@ def make_accelerator(**kw):
     return Accelerator(cpu=not cuda, kwargs_handlers=handlers, step_scheduler_with_optimizer=False, **kw)
 
 
+# what a resumed run may change: how long it trains and how it runs, logs and checkpoints (a changed batch size, world
+# size or seed reseeds the data stream, Task.resume); any other setting decides what is trained
+RESUME_MAY_CHANGE = frozenset({"out", "resume", "steps", "log_every", "eval_every", "checkpoint_every",
+                               "keep_checkpoints", "workers", "batch_size", "grad_accum", "seed", "device",
+                               "mixed_precision", "precision", "wandb", "wandb_mode", "wandb_project", "wandb_run",
+                               "no_progress"})
+
+
+class ResumeMismatch(InputError):
+    """``--resume`` into a folder whose run trained something else (one line naming the setting)."""
+
+
+def check_resume(out: Path, cfg: RunConfig) -> None:
+    """A resumed run continues the run its folder's ``config.json`` records
+    (:mod:`halsift.corpus.run_folder`'s rule: a setting absent from an older record compares equal only to its
+    default): a setting that decides what is trained (model, data, loss, optimizer ...) is refused in one line."""
+    import dataclasses
+
+    from halsift.corpus.run_folder import read_record, refusal, settings_diff
+
+    hint = "give it the recorded value, or drop --resume and choose another --out"
+    old = read_record(out / "config.json", ResumeMismatch, "--resume: ", hint)
+    if old is None:
+        return
+    new = {k: v for k, v in cfg.to_dict().items() if k not in RESUME_MAY_CHANGE}
+    defaults = {}
+    if dataclasses.is_dataclass(cfg):
+        for f in dataclasses.fields(cfg):
+            if f.default is not dataclasses.MISSING:
+                defaults[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                defaults[f.name] = f.default_factory()
+        defaults = json.loads(json.dumps(defaults, default=str))  # as config.json holds them (lists, not tuples)
+    key = settings_diff(old, json.loads(json.dumps(new, default=str)), defaults)
+    if key is not None:
+        raise ResumeMismatch("--resume: " + refusal(out, f"settings.{key}", {"settings": old}, {"settings": new},
+                                                    "a training run", defaults, hint))
+
+
 def run(task: Task) -> dict:
     """Run (or, with ``cfg.resume``, continue) ``task``; returns ``task.finish``'s result."""
     from accelerate.utils import set_seed
@@ -325,6 +365,8 @@ def run(task: Task) -> dict:
     accelerator = make_accelerator(**task.accelerator_kwargs())
     out = Path(cfg.out)
     extra = task.setup(accelerator)
+    if cfg.resume and complete_checkpoints(out):
+        check_resume(out, cfg)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out / "config.json", cfg.to_dict())

@@ -116,3 +116,41 @@ def test_mark_export_and_calibrate_end_to_end(annotated, tmp_path, capsys):
     g2 = json.loads((tmp_path / "sel2" / "manifest.json").read_text())["guarantee"]
     assert {k: g2[k] for k in ("threshold", "bound", "calibration_units")} == \
         {k: g[k] for k in ("threshold", "bound", "calibration_units")}
+
+
+def test_the_folder_keeps_its_draw_and_refuses_another(annotated, capsys):
+    """The folder's record (halsift.corpus.run_folder): the same command again keeps the page and any saved labels;
+    another draw into it is refused naming what differs; a folder without a record is refused; a failed draw says
+    why in the record, and the same command then draws again."""
+    corpus, root = annotated
+    ann = root / "ann"
+    args = ["annotate", "--scores", str(root / "scores"), "--data", str(corpus), "--n", "40"]
+    record = json.loads((ann / "annotate.json").read_text())
+    assert record["status"] == "complete" and record["drawn"] == 40 and record["settings"]["n"] == 40
+    page = (ann / "index.html").read_bytes()
+    saved = ann / "labels.jsonl"
+    keep = saved.read_bytes() if saved.exists() else None
+    saved.write_text('{"id": "x", "label": "correct"}\n')
+    try:
+        capsys.readouterr()
+        assert main([*args, "--out", str(ann)]) == 0
+        assert "drawn already (40 sentences" in capsys.readouterr().out
+        assert (ann / "index.html").read_bytes() == page and saved.read_text() == '{"id": "x", "label": "correct"}\n'
+        assert main([*args[:-1], "41", "--out", str(ann)]) == 2
+        err = capsys.readouterr().err
+        assert "another annotation sample with a different n (40 vs 41)" in err and len(err.strip().splitlines()) == 1
+    finally:
+        saved.unlink()
+        if keep is not None:
+            saved.write_bytes(keep)
+    other = root / "not-annotate"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    assert main([*args, "--out", str(other)]) == 2
+    assert "holds no annotate.json" in capsys.readouterr().err
+    elsewhere = make_corpus(root / "other-corpus", shards=1, per_shard=3, seed=99)  # none of the drawn keys
+    bad = ["annotate", "--scores", str(root / "scores"), "--data", str(elsewhere), "--n", "5", "--out",
+           str(root / "failed")]
+    assert main(bad) == 2
+    failed = json.loads((root / "failed" / "annotate.json").read_text())
+    assert failed["status"] == "failed" and "none of the drawn keys" in failed["error"]

@@ -20,6 +20,7 @@ class ToyConfig:
     out: str
     steps: int = 6
     batch_size: int = 4
+    lr: float = 0.1
     seed: int = 0
     resume: bool = False
     log_every: int = 2
@@ -45,7 +46,7 @@ class ToyTask(engine.Task):
 
     def build(self, accelerator):
         model = torch.nn.Linear(3, 1)
-        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        opt = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr)
         return model, opt, engine.cosine_with_warmup(opt, 1, self.cfg.steps)
 
     def batches(self, start: int):
@@ -100,6 +101,24 @@ def test_toy_task_logs_checkpoints_and_resumes_exactly(tmp_path, monkeypatch):
     b = _lines(tmp_path / "b")  # lines after step 4 rewritten; the same losses and lrs
     assert [(x["step"], x["train/loss"], x["train/lr"]) for x in b] == \
         [(x["step"], x["train/loss"], x["train/lr"]) for x in a]
+
+
+def test_resume_refuses_a_run_that_trains_something_else(tmp_path, monkeypatch):
+    """--resume continues the run config.json records: a setting that decides what is trained is refused in one line
+    naming it (an older record without the setting compares equal to its default only); more steps continue."""
+    out = tmp_path / "r"
+    with _killed_after_checkpoint(monkeypatch, 4), pytest.raises(KeyboardInterrupt):
+        engine.run(ToyTask(ToyConfig(out=str(out))))
+    with pytest.raises(engine.ResumeMismatch, match=r"^--resume: .*/r: holds a training run with a different lr "
+                                                    r"\(0\.1 vs 0\.2\); give it the recorded value"):
+        engine.run(ToyTask(ToyConfig(out=str(out), resume=True, lr=0.2)))
+    assert [p.name for p in engine.complete_checkpoints(out)] == ["step_000002", "step_000004"]  # nothing written
+    record = json.loads((out / "config.json").read_text())
+    del record["lr"]  # a record written before the setting existed
+    (out / "config.json").write_text(json.dumps(record))
+    with pytest.raises(engine.ResumeMismatch, match="different lr"):
+        engine.run(ToyTask(ToyConfig(out=str(out), resume=True, lr=0.2)))
+    assert engine.run(ToyTask(ToyConfig(out=str(out), resume=True, steps=8)))["step"] == 8
 
 
 def test_nonfinite_loss_stops_with_the_step_and_an_event_line(tmp_path):
