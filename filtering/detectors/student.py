@@ -3,7 +3,9 @@
 
 Spec: ``student:path=DIR,embeddings=EMB`` (``DIR``: the ``student/`` folder distillation writes, holding
 ``model.safetensors`` and ``config.json``; ``EMB``: a ``halsift embed`` folder of the shards to score, embedded by the
-same model as the training vectors). A cheap stage for a cascade ([cascade.md](../../docs/cascade.md)).
+same model as the training vectors). Without ``embeddings=``, the student encodes each unit itself with the CLIP its
+vectors came from (``config.json``'s ``embeddings_model``): for data no embeddings folder holds, e.g. a bench or
+calibration rows. A cheap stage for a cascade ([cascade.md](../../docs/cascade.md)).
 """
 
 from __future__ import annotations
@@ -37,14 +39,16 @@ def head(dim: int, hidden: int):
 
 
 class StudentDetector(Detector):
-    """Options: ``path`` (the distilled ``student/`` folder), ``embeddings`` (a ``halsift embed`` folder)."""
+    """Options: ``path`` (the distilled ``student/`` folder), ``embeddings`` (a ``halsift embed`` folder; without
+    it, the units are encoded by the student's CLIP)."""
 
     family = "student"
     needs_image = False
 
     OPTION_HELP = {
         "path": "the student/ folder `halsift train detector --teacher` wrote (model.safetensors, config.json)",
-        "embeddings": "a `halsift embed` folder of the data to score, by the model the student was trained on",
+        "embeddings": "a `halsift embed` folder of the data to score, by the model the student was trained on "
+                      "(default: encode each unit with that model, recorded in config.json)",
     }
 
     def __init__(self, path: str = "", embeddings: str = "") -> None:
@@ -61,19 +65,54 @@ class StudentDetector(Detector):
         cfg = json.loads(cfg_path.read_text())
         if cfg.get("format") != FORMAT:
             raise ValueError(f"path={path}: config.json is not a {FORMAT} student")
-        if not embeddings:
-            raise ValueError("embeddings: required (a `halsift embed` folder of the data to score)")
-        self.lookup = EmbeddingLookup(embeddings, cfg["embeddings_model"], int(cfg["dim"]))
+        self.lookup = self.encoder = None
+        if embeddings:
+            self.lookup = EmbeddingLookup(embeddings, cfg["embeddings_model"], int(cfg["dim"]))
+        else:
+            self.encoder = _encoder(cfg["embeddings_model"], int(cfg["dim"]), path)
+            self.needs_image = True
+            self.decode_size, self.image_arrays = self.encoder.decode_size, self.encoder.image_arrays
         self.model = head(int(cfg["dim"]), int(cfg["hidden"]))
         self.model.load_state_dict(read_safetensors(folder / "model.safetensors", "student weights"))
         self.model.eval()
         self._torch = torch
 
+    def to(self, device) -> "StudentDetector":
+        if self.encoder is not None:
+            self.encoder.to(device)
+            self.image_arrays = self.encoder.image_arrays
+        return self
+
+    def _vectors(self, items: Sequence[Item]) -> tuple[np.ndarray, np.ndarray, list[bool]]:
+        """(image vectors, text vectors, unreadable) per item: stored, or encoded by the student's CLIP (an image
+        no decoder read is unreadable, scored as unparsed)."""
+        if self.lookup is not None:
+            v = self.lookup.vectors(items)
+            return v["image_vectors"], v["text_vectors"], [False] * len(items)
+        img, txt, rows = (t.cpu() for t in self.encoder.encode(self.encoder.prepare(items)))
+        bad = set(self.encoder.pixels.unreadable)
+        return img[rows].numpy(), txt.numpy(), [int(r) in bad for r in rows.tolist()]
+
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
         if not items:
             return []
-        v = self.lookup.vectors(items)
-        x = self._torch.from_numpy(features(v["image_vectors"], v["text_vectors"]))
+        img, txt, unread = self._vectors(items)
+        x = self._torch.from_numpy(features(img, txt))
         with self._torch.no_grad():
             p = self._torch.sigmoid(self.model(x)[:, 0]).numpy()
-        return [Result(float(100.0 * s)) for s in p]
+        return [Result(50.0, parsed=False) if bad else Result(float(100.0 * s)) for s, bad in zip(p, unread)]
+
+
+def _encoder(model: str, dim: int, path: str):
+    """The CLIP detector of a student's ``embeddings_model`` spec, checked to give ``dim``-wide vectors."""
+    from halsift.filtering.detectors.spec import load_detector
+
+    try:
+        encoder = load_detector(model)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"path={path}: cannot load the CLIP its vectors came from ({model}): {e}; give "
+                         "embeddings=") from None
+    if not hasattr(encoder, "encode") or encoder.embed_dim() != dim:
+        raise ValueError(f"path={path}: {model} does not make the student's {dim}-dimensional vectors; give "
+                         "embeddings=")
+    return encoder

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from filtering_data import make_corpus
+from filtering_data import make_bench, make_corpus
 from scipy.stats import spearmanr
 
 from halsift.launch.cli import main
@@ -44,6 +44,30 @@ def test_the_student_reproduces_the_teachers_order_on_held_out_units(distilled):
                  "--no-progress"]) == 0
     s, t = _scores(root / "scored"), _scores(root / "teacher")
     assert len(s) == len(t) and spearmanr(s, t.loc[s.index]).statistic > 0.8
+
+
+def test_without_embeddings_the_student_encodes_with_its_clip(distilled, tmp_path, capsys):
+    """The stored vectors and the student's own encoding give the same scores (up to the stored float16 rounding),
+    and only the encoding student scores a bench, whose rows no embeddings folder holds."""
+    corpus, root = distilled
+    path = root / "student" / "student"
+    specs = {"stored": f"student:path={path},embeddings={root / 'emb'}", "encoded": f"student:path={path}"}
+    for name, spec in specs.items():
+        assert main(["score", "--detector", spec, "--data", str(corpus), "--out", str(tmp_path / name),
+                     "--no-progress"]) == 0
+    stored, encoded = _scores(tmp_path / "stored"), _scores(tmp_path / "encoded")
+    assert len(encoded) == len(stored) == len(_scores(root / "teacher"))
+    diff = (encoded - stored.loc[encoded.index]).abs()
+    assert diff.max() < 0.5 and spearmanr(encoded, stored.loc[encoded.index]).statistic > 0.99
+    bench = make_bench(tmp_path / "bench", captions=6, seed=3)
+    assert main(["score", "--detector", f"student:path={path}", "--data", str(bench), "--out", str(tmp_path / "b"),
+                 "--no-progress"]) == 0
+    rows = sum(1 for line in bench.read_text().splitlines() if line.strip())
+    assert len(_scores(tmp_path / "b")) == rows
+    capsys.readouterr()
+    assert main(["score", "--detector", f"student:path={path},embeddings={root / 'emb'}", "--data", str(bench),
+                 "--out", str(tmp_path / "b2"), "--no-progress"]) == 2
+    assert "no vectors for sample" in capsys.readouterr().err
 
 
 def test_the_student_is_a_cascades_cheap_stage(distilled, tmp_path):
