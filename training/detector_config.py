@@ -66,7 +66,8 @@ class DetectorTrainConfig(DetectorOptimizer):
     wandb_project: str = _f("halsift", help="wandb project")
     wandb_run: str = _f("", help="wandb run name ('' = the run folder's name)")
     wandb_mode: WandbMode = _f("offline", help="wandb mode: offline | online | disabled")
-    teacher: str = _f("", help="distil instead: a score folder of a judge (e.g. a cascade's _stages/sample) whose "
+    teacher: str = _f("", help="distil instead: a score folder of a judge on a uniform sample of the corpus (not "
+                               "a cascade's _stages/sample, whose unsampled units hold placeholder scores) whose "
                                "scores a student head on --embeddings learns; no bench, no base, no labels")
     embeddings: str = _f("", help="with --teacher: a `halsift embed` folder of the shards the teacher scored")
     teacher_sample: int = _f(0, help="with --teacher: train on at most this many of its units, drawn uniformly "

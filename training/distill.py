@@ -1,7 +1,8 @@
 """Distillation (``halsift train detector --teacher SCORES --embeddings EMB --out DIR``, issue 44): a cheap student
 head on stored CLIP embeddings trained on a judge's scores, no human labels.
 
-The teacher is a score folder (e.g. the judge on a uniform sample of the corpus, or the ``sample`` stage of a cascade);
+The teacher is a score folder of the judge on a uniform sample of the corpus (``select --random`` then ``score``; a
+cascade's ``_stages/sample`` folder holds placeholder scores for the units it did not sample, so it is no teacher);
 its units' image and sentence vectors come from a ``halsift embed`` folder of the same shards. The head
 (:func:`halsift.filtering.detectors.student.head` on ``[image, text, image * text, cosine]``) is fitted to the
 teacher's score / 100 with a soft-target logistic loss; a tenth of the units (by hash) is held out, and the step

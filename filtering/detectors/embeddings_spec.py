@@ -37,4 +37,15 @@ def with_embeddings(spec: Any, folder: str | os.PathLike) -> str:
     return out
 
 
-__all__ = ["EMBEDDING_FAMILIES", "with_embeddings"]
+def reads_embeddings(spec: Any) -> bool:
+    """Whether :func:`with_embeddings` can give ``spec`` an embeddings folder (a spec string with a CLIP-family
+    detector in it): a recipe's ``score.embeddings`` applies to those detectors and leaves the others as they are."""
+    if not isinstance(spec, str) or _is_spec_file(spec):
+        return False
+    try:
+        return _rewrite(spec, "-")[1] > 0
+    except SpecError:
+        return False
+
+
+__all__ = ["EMBEDDING_FAMILIES", "reads_embeddings", "with_embeddings"]

@@ -48,6 +48,7 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
     """Score the corpus and the bench with every detector; under ``halsift launch`` on every rank (``ranks``: see
     :mod:`halsift.launch.recipe_ranks`), each scoring its share of the parts; the ensembles on rank 0."""
     from halsift.filtering.scoring.cascade import is_cascade
+    from halsift.filtering.detectors.embeddings_spec import reads_embeddings
     from halsift.filtering.detectors.spec import load_detector
     from halsift.launch.recipe_ranks import main_process_first
 
@@ -60,8 +61,11 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
             info[name] = _score_cascade(r, p, name, spec, bench, calibration)
             continue
         detector = load_detector(spec)  # loaded once for its corpus, bench and calibration jobs
-        if p.corpus and "select" in r.stages:  # embeddings (of the corpus's shards) apply to the corpus alone
-            run_score(r, spec if r.score.embeddings else detector, p.corpus, scores_dir(p, name, "corpus"))
+        if p.corpus and "select" in r.stages:  # embeddings (of the corpus's shards) apply to the corpus alone,
+            # and only to the detectors with a CLIP-family member (a judge scores as it would without them)
+            stored = bool(r.score.embeddings) and reads_embeddings(spec)
+            run_score(r, spec if stored else detector, p.corpus, scores_dir(p, name, "corpus"),
+                      **({} if stored else {"embeddings": None}))
         # the bench and the calibration set (guaranteed selection, stages/select.py): scored per sentence, its rows
         for what, data in (("bench", bench), ("calibration", calibration)):
             if data:

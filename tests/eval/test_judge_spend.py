@@ -172,3 +172,20 @@ def test_without_judge_spend_no_columns_and_no_stale_plot(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "judge calls" not in text and "judge_fraction.png" not in text
     assert not (tmp_path / "judge_fraction.png").exists()
+
+
+def test_a_distilled_student_carries_its_teachers_calls(tmp_path):
+    """A student calls no judge when it scores, but its teacher (a judge's score folder, named in the student's
+    config.json) was paid for: the calls count with the student, alone and as a cascade's cheap stage."""
+    teacher = score_folder(tmp_path / "teacher", {"detector": VLM, "sentences": 100})
+    student = tmp_path / "student"
+    student.mkdir()
+    (student / "config.json").write_text(json.dumps({"teacher": str(teacher)}))
+    spec = f"student:path={student}"
+    alone = score_folder(tmp_path / "alone", {"detector": spec, "sentences": UNITS})
+    assert judge_spend(alone) == {"judge_calls": 100, "units": UNITS, "judge_fraction": 10.0}
+    cascade = score_folder(tmp_path / "cascade", {**cascade_manifest(151, 15.1),
+                                                  "detector": f"cascade:cheap=[{spec}],judge=[{VLM}],budget=0.15"})
+    assert judge_spend(cascade) == {"judge_calls": 251, "units": UNITS, "judge_fraction": 25.1}
+    (student / "config.json").write_text("{}")  # its record no longer says what taught it: cannot be told
+    assert judge_spend(alone) is None

@@ -154,3 +154,9 @@ def test_with_embeddings_reaches_every_clip_member():
         "clip:arch=ViT-B-32,embeddings=/e,pretrained=openai"
     with pytest.raises(SpecError, match="has no CLIP-family detector"):
         with_embeddings("random:seed=0", "/e")
+    # a recipe's score.embeddings goes to the specs with_embeddings takes, and leaves the others (a judge) alone
+    from halsift.filtering.detectors.embeddings_spec import reads_embeddings
+
+    assert reads_embeddings(spec) and reads_embeddings("clip:arch=ViT-B-32,pretrained=openai")
+    assert not reads_embeddings("random:seed=0") and not reads_embeddings("vlm:model=/m,mode=pmi")
+    assert not reads_embeddings(object()) and not reads_embeddings("clip:arch=[unclosed")
