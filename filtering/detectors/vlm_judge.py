@@ -60,6 +60,15 @@ def text_features(processor, text: str, image) -> dict:
     return dict(processor(text=[text], images=[image], return_tensors="pt", add_special_tokens=False))
 
 
+def cache_argument(model: Any) -> str:
+    """The name of ``model``'s KV-cache argument: ``cache`` from transformers 5.2x on (where ``past_key_values`` is
+    deprecated, with a warning per call, and goes in 5.40), else ``past_key_values``."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 class EncodedPrefix:
     """Prefixes (a batch of processor features: image + prompt) run through the model once: their KV cache, their
     common length, the log-probabilities of the token after each, and their M-RoPE offsets (Qwen2-VL; else
@@ -72,7 +81,7 @@ class EncodedPrefix:
         feats = judge.on_device(prefix)
         with torch.inference_mode():
             out = judge.model(**feats, use_cache=True, logits_to_keep=1)
-        self.cache = out.past_key_values
+        self.cache = out["cache"] if "cache" in out else out.past_key_values  # named cache from transformers 5.2x
         self.next_logprobs = out.logits[:, -1].float().log_softmax(-1)  # [prefixes, vocab]
         self.first = self.next_logprobs[0]  # the first (or only) prefix's
         self.length = int(feats["input_ids"].shape[1])
@@ -309,7 +318,7 @@ class VlmJudge:
             pos = (pos + prefix.rope_deltas.to(self.device)[idx].view(-1, 1)).unsqueeze(0).expand(3, -1, -1)
         with torch.inference_mode():
             return self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=pos,
-                              past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep).logits
+                              use_cache=True, logits_to_keep=logits_to_keep, **{cache_argument(self.model): cache}).logits
 
     # ------------------------------------------------------------------------------------------ packed sentences
     def _base(self) -> Any:

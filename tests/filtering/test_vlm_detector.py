@@ -395,3 +395,23 @@ def test_max_pixels_caps_the_image_the_processor_sees(tiny_vlms):
     assert n(capped) < n(uncapped)
     with pytest.raises(ValueError, match="max_pixels=-1"):
         _det(tiny_vlms["qwen2-vl"], max_pixels=-1)
+
+
+@pytest.mark.parametrize("arch", ["qwen2-vl", "gemma3"])
+def test_prefix_reuse_passes_the_cache_by_the_models_own_name(tiny_vlms, arch):
+    """transformers 5.2x renamed the KV-cache argument to ``cache`` and warns on every call given the old name (a
+    flood in a corpus run): the cached continuation uses whichever name the model's forward takes."""
+    import inspect
+    import warnings
+
+    from halsift.filtering.detectors.vlm_judge import cache_argument
+
+    det = _det(tiny_vlms[arch], reuse_prefix=True, forward_batch=16)
+    model = det.judge.model if hasattr(det, "judge") else det.model
+    params = inspect.signature(model.forward).parameters
+    assert cache_argument(model) == ("cache" if "cache" in params else "past_key_values")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        scores = det.score_batch(_items())
+    assert all(r.parsed for r in scores)
+    assert not [w for w in seen if "past_key_values" in str(w.message)], [str(w.message) for w in seen]
