@@ -129,14 +129,22 @@ def test_convert_table_counts_the_keys_it_renames(tmp_path, capsys):
     assert summary["samples"] == 2 and summary["renamed_keys"] == 1 and summary["renamed_examples"] == ["x -> x_1"]
 
 
-def test_a_key_in_two_shards_is_refused_by_select_naming_both(tmp_path, capsys):
-    """The boundary of the rule (documented): keys are compared within a shard; across shards the score folder
-    holds both and select refuses it in one line naming the two parts."""
+def test_a_key_in_two_shards_is_refused_by_score_and_by_select_naming_both(tmp_path, capsys, monkeypatch):
+    """The boundary of the rule (documented): keys are compared within a shard as it is read, and across shards
+    once every part is written: score refuses the folder naming both shards; select refuses a folder holding the key
+    twice anyway (written before score checked) in one line naming the two parts."""
     data = tmp_path / "shards"
     raw_shard(data / "000000.tar", _sample("a", "One."))
     raw_shard(data / "000001.tar", _sample("a", "Two."))
+    score = ["score", "--detector", "random:seed=0", "--data", str(data), "--no-progress"]
+    assert main([*score, "--out", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the key 'a' names samples in two inputs" in err and "000000.tar" in err and "000001.tar" in err
+    import halsift.filtering.scoring.parts as parts
+
+    monkeypatch.setattr(parts, "repeated_key", lambda files: None)  # a score folder from before the check
     out = tmp_path / "scores"
-    assert main(["score", "--detector", "random:seed=0", "--data", str(data), "--out", str(out), "--no-progress"]) == 0
+    assert main([*score, "--out", str(out)]) == 0
     capsys.readouterr()
     assert main(["select", "--scores", str(out), "--data", str(data), "--out", str(tmp_path / "sel"), "--keep",
                  "0.5", "--no-progress"]) == 2

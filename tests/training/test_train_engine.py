@@ -107,7 +107,7 @@ def test_resume_refuses_a_run_that_trains_something_else(tmp_path, monkeypatch):
     """--resume continues the run config.json records: a setting that decides what is trained is refused in one line
     naming it (an older record without the setting compares equal to its default only); more steps continue."""
     out = tmp_path / "r"
-    with _killed_after_checkpoint(monkeypatch, 4), pytest.raises(KeyboardInterrupt):
+    with _killed_after_checkpoint(monkeypatch, 4), pytest.raises(KeyboardInterrupt, match="^simulated kill after"):
         engine.run(ToyTask(ToyConfig(out=str(out))))
     with pytest.raises(engine.ResumeMismatch, match=r"^--resume: .*/r: holds a training run with a different lr "
                                                     r"\(0\.1 vs 0\.2\); give it the recorded value"):
