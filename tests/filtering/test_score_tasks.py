@@ -95,13 +95,32 @@ def test_one_task_steals_what_no_one_holds(corpus, tmp_path):
     assert run["parts_scored"] == 6 and run["complete"]
 
 
+# a task that imports what scoring needs, says it is ready, and starts only once the test says go: two start-ups
+# (seconds apart on a loaded machine) cannot let one task finish every part before the other claims one
+GATED = """
+import pathlib, sys, time
+import torch, halsift.filtering.scoring.tasks, halsift.filtering.scoring.runner
+from halsift.launch.cli import main
+ready, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+ready.touch()
+while not go.exists():
+    time.sleep(0.01)
+sys.exit(main(sys.argv[3:]))
+"""
+
+
 def test_two_overlapping_tasks_split_the_parts_without_duplicates(corpus, tmp_path):
     out = tmp_path / "o"
     # both think they are task 0 of 1 (a requeued task running beside its old copy): claims keep them apart.
-    # 0.6 s per batch (~8 s of work): more than two start-ups can drift apart on a loaded 2-core machine (CI once
-    # saw one process finish every part at 0.15 s, and a run beside 8 busy sessions at 0.3 s, before the other started)
-    procs = [subprocess.Popen(_task_cmd(corpus, out, 1, 0, 0.6), env=ENV, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    # 0.6 s per batch (~8 s of work), both released at once after their start-ups (GATED)
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", GATED, str(tmp_path / f"ready{i}"), str(go),
+                               *_task_cmd(corpus, out, 1, 0, 0.6)[3:]], env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    deadline = time.time() + 120
+    while not all((tmp_path / f"ready{i}").exists() for i in range(2)) and time.time() < deadline:
+        time.sleep(0.02)
+    go.touch()
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     m = _manifest(out)
