@@ -1,7 +1,8 @@
 """One run folder: what produced it, whether a rerun may reuse it, which parts are done, how it ended.
 
 Every stage that writes a folder of parts (``score``, ``embed``, ``dedup``, ``basic``, ``select``; ``annotate``'s
-draw and ``train --resume``'s ``config.json`` by its identity rule) keeps its state through this module, so one set of rules holds everywhere (DESIGN.md, "Reuse is content-addressed"):
+draw and ``train --resume``'s ``config.json`` by its identity rule) keeps its state through this module, so one set
+of rules holds everywhere (DESIGN.md, "Reuse is content-addressed"):
 
 * **Identity** (:func:`check_or_start`): the folder's record (its manifest) names what produced it: the stage's
   identity keys (detector, model, inputs ...) and its resolved ``settings`` (those that change what is computed;

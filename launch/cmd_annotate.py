@@ -65,8 +65,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(cfg.out)
     ident = identity(cfg)
     hint = "choose a new --out folder (a page there may hold labels in a browser)"
-    old = check_or_start(out, ident, keys=("stage", "scores", "scores_fp", "inputs"), what="another annotation sample",
-                         manifest=RECORD, error=UsageError, parts_glob="", start=False, hint=hint, prefix="--out: ")
+    old = check_or_start(out, ident, keys=("stage", "scores", "scores_fp", "inputs"),
+                         what="another annotation sample", manifest=RECORD, error=UsageError, parts_glob="",
+                         start=False, hint=hint, prefix="--out: ")
     if old is None and out.exists() and any(not p.name.startswith(".") for p in out.iterdir()):
         raise UsageError(f"--out: {out} is not empty and holds no {RECORD}; {hint}")
     if old is not None and old.get("status") == "complete":  # the same draw: the page and any saved labels stay

@@ -336,6 +336,7 @@ def check_resume(out: Path, cfg: RunConfig) -> None:
     default): a setting that decides what is trained (model, data, loss, optimizer ...) is refused in one line."""
     import dataclasses
 
+    from halsift.corpus.config import field_default
     from halsift.corpus.run_folder import read_record, refusal, settings_diff
 
     hint = "give it the recorded value, or drop --resume and choose another --out"
@@ -343,14 +344,10 @@ def check_resume(out: Path, cfg: RunConfig) -> None:
     if old is None:
         return
     new = {k: v for k, v in cfg.to_dict().items() if k not in RESUME_MAY_CHANGE}
-    defaults = {}
-    if dataclasses.is_dataclass(cfg):
-        for f in dataclasses.fields(cfg):
-            if f.default is not dataclasses.MISSING:
-                defaults[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                defaults[f.name] = f.default_factory()
-        defaults = json.loads(json.dumps(defaults, default=str))  # as config.json holds them (lists, not tuples)
+    fields = dataclasses.fields(cfg) if dataclasses.is_dataclass(cfg) else ()
+    defaults = {f.name: field_default(f) for f in fields  # a field without a default compares equal to nothing
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    defaults = json.loads(json.dumps(defaults, default=str))  # as config.json holds them (lists, not tuples)
     key = settings_diff(old, json.loads(json.dumps(new, default=str)), defaults)
     if key is not None:
         raise ResumeMismatch("--resume: " + refusal(out, f"settings.{key}", {"settings": old}, {"settings": new},

@@ -183,14 +183,20 @@ class ClipDetector(Detector):
             img, txt = (torch.as_tensor(prepared[k]).float() for k in ("image_vectors", "text_vectors"))
             return (img * txt).sum(-1), None
         img, txt, idx = self.encode(prepared)
-        unread = None
+        unread = self.unread_items(idx)
         with torch.inference_mode():
             cos = (img[idx] * txt).sum(-1).cpu()
-            if self.pixels.unreadable:  # images no decoder read: NaN, scored as unparsed by score_prepared
-                bad = set(self.pixels.unreadable)
-                unread = [int(r) in bad for r in idx.tolist()]
+            if unread is not None:  # images no decoder read: NaN, scored as unparsed by score_prepared
                 cos[torch.as_tensor(unread)] = float("nan")
         return cos, unread
+
+    def unread_items(self, rows) -> list[bool] | None:
+        """After :meth:`encode`: per item (``rows``, each item's image row), whether no decoder read its image;
+        ``None`` when every image was read."""
+        if not self.pixels.unreadable:
+            return None
+        bad = set(self.pixels.unreadable)
+        return [int(r) in bad for r in rows.tolist()]
 
     def encode(self, prepared: dict):
         """The L2-normalised float32 embeddings of :meth:`prepare`'s output: ``(images [distinct, D], texts

@@ -90,8 +90,7 @@ class StudentDetector(Detector):
             v = self.lookup.vectors(items)
             return v["image_vectors"], v["text_vectors"], [False] * len(items)
         img, txt, rows = (t.cpu() for t in self.encoder.encode(self.encoder.prepare(items)))
-        bad = set(self.encoder.pixels.unreadable)
-        return img[rows].numpy(), txt.numpy(), [int(r) in bad for r in rows.tolist()]
+        return img[rows].numpy(), txt.numpy(), self.encoder.unread_items(rows) or [False] * len(items)
 
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
         if not items:

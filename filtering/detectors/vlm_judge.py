@@ -318,7 +318,8 @@ class VlmJudge:
             pos = (pos + prefix.rope_deltas.to(self.device)[idx].view(-1, 1)).unsqueeze(0).expand(3, -1, -1)
         with torch.inference_mode():
             return self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=pos,
-                              use_cache=True, logits_to_keep=logits_to_keep, **{cache_argument(self.model): cache}).logits
+                              use_cache=True, logits_to_keep=logits_to_keep,
+                              **{cache_argument(self.model): cache}).logits
 
     # ------------------------------------------------------------------------------------------ packed sentences
     def _base(self) -> Any:

@@ -164,35 +164,32 @@ def start(job: EmbedJob):
     return encoder, out, parts, ident, metas
 
 
-def refusal(parts: list[Part], metas: list[dict], out: Path) -> str | None:
-    """The rules of every stage that reads shards, once every part is written (``metas``: their records): nothing
-    read at all, or a key naming samples of two shards; ``None`` when neither holds."""
-    skipped = SkipCounter(max_examples=10_000)
-    for m in metas:
-        skipped.merge(SkipCounter.from_json(m["skipped"]))
-    empty = nothing_read(sum(m["samples"] for m in metas), skipped.to_json(), "embed")
-    if empty:
-        return f"--data: {empty}"
-    twice = repeated_key([out / p.name for p in parts])
-    return key_in_two_inputs(twice[0], parts[twice[1]].source, parts[twice[2]].source, "--data") if twice else None
-
-
 def written(out: Path, parts: list[Part], metas: dict) -> list[dict]:
-    """The records of the parts written (and reusable)."""
-    return [part_meta(out / p.name) for p in parts if _reusable(out / p.name, metas[p.name])]
-
-
-def finish(out: Path, ident: dict, parts: list[Part], metas: dict, wall: float, embedded: int,
-           resumed: int) -> dict:
-    """Write the manifest: ``complete`` when every part is written (and reusable), with the parts' summed counts;
-    :func:`refusal`'s line raised (the folder then says ``failed``)."""
-    have = written(out, parts, metas)
+    """The records of the parts written (and reusable); once every part is, the rules of every stage that reads
+    shards: nothing read at all, or a key naming samples of two shards, raise their one line."""
+    have = [part_meta(out / p.name) for p in parts if _reusable(out / p.name, metas[p.name])]
+    if len(have) < len(parts):
+        return have
     skipped = SkipCounter(max_examples=10_000)
     for m in have:
         skipped.merge(SkipCounter.from_json(m["skipped"]))
-    error = refusal(parts, have, out) if len(have) == len(parts) else None
-    if error:
-        raise EmbeddingStoreError(error)
+    empty = nothing_read(sum(m["samples"] for m in have), skipped.to_json(), "embed")
+    if empty:
+        raise EmbeddingStoreError(f"--data: {empty}")
+    twice = repeated_key([out / p.name for p in parts])
+    if twice:
+        raise EmbeddingStoreError(key_in_two_inputs(twice[0], parts[twice[1]].source, parts[twice[2]].source,
+                                                    "--data"))
+    return have
+
+
+def finish(out: Path, ident: dict, parts: list[Part], have: list[dict], wall: float, embedded: int,
+           resumed: int) -> dict:
+    """Write the manifest from ``have`` (:func:`written`'s records): ``complete`` when every part is written, with
+    the parts' summed counts."""
+    skipped = SkipCounter(max_examples=10_000)
+    for m in have:
+        skipped.merge(SkipCounter.from_json(m["skipped"]))
     manifest = {**ident, "complete": len(have) == len(parts),
                 "status": "complete" if len(have) == len(parts) else "running", "parts": len(parts),
                 "parts_written": len(have),
@@ -239,13 +236,10 @@ def embed_local(job: EmbedJob) -> dict:
         mine = parts[state.process_index::state.num_processes]
         embedded = int(_reduce(state, run_local(_stage(job, out, mine, metas)).made, "sum"))
         state.wait_for_everyone()
-        have = written(out, parts, metas)
-        error = refusal(parts, have, out) if len(have) == len(parts) else None
-        if error:  # every rank stops with the one line (none waits for rank 0's manifest)
-            raise EmbeddingStoreError(error)
+        have = written(out, parts, metas)  # on every rank: each stops with a rule's line, none waits for rank 0
         m = {}
         if state.is_main_process:
-            m = finish(out, ident, parts, metas, time.perf_counter() - t0, embedded, len(parts) - embedded)
+            m = finish(out, ident, parts, have, time.perf_counter() - t0, embedded, len(parts) - embedded)
         state.wait_for_everyone()
         return m
 
@@ -263,7 +257,8 @@ def embed_task(job: EmbedJob, num_tasks: int, task_index: int, stale_after: floa
         write_json_atomic(out / MANIFEST, {**ident, "complete": False, "status": "running"})
     with failing(out, MANIFEST):
         run = run_task(_stage(job, out, parts, metas), num_tasks, task_index, stale_after)
-        return finish(out, ident, parts, metas, time.perf_counter() - t0, run.made, run.reused)
+        return finish(out, ident, parts, written(out, parts, metas), time.perf_counter() - t0, run.made,
+                      run.reused)
 
 
 def embed_ray(job: EmbedJob) -> dict:
@@ -279,7 +274,8 @@ def embed_ray(job: EmbedJob) -> dict:
         write_json_atomic(out / MANIFEST, {**ident, "complete": False, "status": "running"})
     with failing(out, MANIFEST):
         run = run_ray(_stage(job, out, parts, metas))
-        return finish(out, ident, parts, metas, time.perf_counter() - t0, run.made, run.reused)
+        return finish(out, ident, parts, written(out, parts, metas), time.perf_counter() - t0, run.made,
+                      run.reused)
 
 
 _WORKER_ENCODERS: dict = {}

@@ -6,8 +6,9 @@ family in :data:`JUDGE_FAMILIES` (a VLM asked about the sentence: ``vlm``, ``api
 adapter of kind ``vlm`` (its ``detector.yaml``). A judge spec judges every unit it scores: its calls are the folder's
 units and its fraction 100 %. ``clip``, a ``lora`` CLIP adapter, ``random`` and ``oracle`` call no judge (0); a
 distilled ``student`` calls none when it scores, but its teacher's calls (the judge's score folder its ``config.json``
-names) were spent to make it and are counted with it (:func:`teacher_calls`). A cascade's folder says what it spent (its manifest's ``cascade`` block). A recipe ensemble (mean of score
-folders, ``members``) spent what its members did, summed: an ensemble of two judges spends two calls per unit.
+names) were spent to make it and are counted with it (:func:`teacher_calls`). A cascade's folder says what it spent
+(its manifest's ``cascade`` block). A recipe ensemble (mean of score folders, ``members``) spent what its members
+did, summed: an ensemble of two judges spends two calls per unit.
 """
 
 from __future__ import annotations
