@@ -156,6 +156,14 @@ class Composition:
         cols = ", ".join(f'{sql} AS {wide[name]}' for name, sql in self._columns().items())
         con.execute(f'CREATE TEMP TABLE wide AS SELECT "s0".key AS key, "s0".sentence_index AS sentence_index, '
                     f'"s0".part AS part, {excluded} AS _excluded, {cols} FROM "s0" {" ".join(joins)}')
+        # the inputs live on in ``wide``: dropped, so that DuckDB's memory holds one copy of the units
+        for i in range(len(self.scores)):
+            con.execute(f'DROP TABLE "s{i}"')
+        if self.fields:
+            con.execute('DROP TABLE "f"')
+        if self.exclude:
+            con.execute('DROP TABLE "x"')
+            con.unregister("_excluded_keys")
 
     def _clauses(self) -> list[tuple[str, str]]:
         """(text, SQL over ``wide`` that is TRUE when the clause holds) of each clause."""
@@ -179,6 +187,7 @@ class Composition:
             con.execute(f"CREATE TEMP TABLE {view} AS SELECT key, sentence_index, CAST({rank} AS DOUBLE) AS score, "
                         f"part FROM wide WHERE {where} AND ({rank}) IS NOT NULL")
             info = self._accounting(con, clauses, view)
+            con.execute("DROP TABLE wide")  # the candidates are all that is read from here on
         except duckdb.Error as e:  # e.g. a string field compared with a number
             first = str(e).strip().splitlines()[0]
             raise SelectError(f"where/rank: DuckDB could not evaluate {self.where and self.where.text!r} / "
@@ -191,7 +200,7 @@ class Composition:
         fails = [f'"_fail{i}"' for i in range(len(clauses))]
         defs = ", ".join(f"NOT coalesce({sql}, FALSE) AS {f}" for (_, sql), f in zip(clauses, fails))
         nfail = " + ".join(f"{f}::INTEGER" for f in fails) or "0"
-        con.execute(f"CREATE TEMP TABLE _fails AS SELECT {defs + ', ' if defs else ''}{nfail} AS _nfail FROM wide")
+        fails_sql = f"SELECT {defs + ', ' if defs else ''}{nfail} AS _nfail FROM wide"  # one pass, not a table
         aggs = ["count(*)"]
         for f in fails:
             aggs += [f"count(*) FILTER ({f})", f"count(*) FILTER ({f} AND _nfail = 1)"]
@@ -199,7 +208,7 @@ class Composition:
         pairs = [(i, j) for i in range(len(paired)) for j in range(i + 1, len(paired))]
         aggs += [f"count(*) FILTER ({fails[i]} AND {fails[j]})" for i, j in pairs]
         aggs.append("count(*) FILTER (_nfail = 0)")
-        row = con.execute(f"SELECT {', '.join(aggs)} FROM _fails").fetchall()[0]
+        row = con.execute(f"WITH _fails AS ({fails_sql}) SELECT {', '.join(aggs)} FROM _fails").fetchall()[0]
         n, rest = row[0], list(row[1:])
         per = [{"clause": text, "removed": rest[2 * i], "removed_only": rest[2 * i + 1]}
                for i, (text, _) in enumerate(clauses)]
