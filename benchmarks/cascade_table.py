@@ -7,7 +7,9 @@ cascade at judge budgets 10 / 25 / 50 %, and a distilled student alone and as a 
 Runs ``recipes/quickstart.yaml`` per world seed (``benchmarks/table_f.py``'s :func:`run_seed`: finished stages are
 reused) with more detectors, each selected like every filter (top 20 % of captions by mean sentence score):
 
-* ``cascade-B`` = ``cascade:cheap=[{trained.clip-lora}],judge=[{trained.judge}],budget=B`` for B in 10 / 25 / 50 %;
+* ``cascade-B`` = ``cascade:cheap=[{trained.clip-lora}],judge=[{trained.judge}],budget=B,agg=mean`` for B in
+  10 / 25 / 50 % (``agg=mean``: the cascade judges whole captions around the caption cut, as every filter keeps whole
+  captions by their mean sentence score; ``--cascade-agg sentence`` puts the band on sentences instead);
 * with ``--student`` (the default; ``--no-student`` leaves them out), a student distilled from the judge, before the
   recipe's score stage (the recipe first runs its stages up to ``dedup``, so the whole recipe runs once):
 
@@ -21,8 +23,8 @@ reused) with more detectors, each selected like every filter (top 20 % of captio
   (``CORPUS``: the dedup stage's corpus, the one every filter scores; ``BASE``: the pretrained base CLIP, as the
   quickstart's ``clip`` detector; ``JUDGE``: ``{trained.judge}``), then ``student`` = ``student:path=RUN/student/
   student`` (it encodes each unit with the base CLIP: the bench and calibration rows are in no embeddings folder) and
-  ``cascade-student-25`` = ``cascade:cheap=[student:...],judge=[{trained.judge}],budget=0.25 - N/units``: the teacher's
-  N judge calls count in its 25 %.
+  ``cascade-student-25`` = ``cascade:cheap=[student:...],judge=[{trained.judge}],budget=0.25 - N/units,agg=mean``:
+  the teacher's N judge calls count in its 25 %.
 
 Prints per world and filter: kept precision, R@5 (mean over fine-tuning seeds), judge calls (units the judge scored,
 from the score manifests; the student's rows add the teacher's N), the corpus scoring's wall time (a cascade's: all
@@ -61,10 +63,14 @@ TINY = ["world.images=240", "world.bench_images=30", "world.pretrain_images=200"
         "detectors.judge.options.judge_steps=10", "detectors.clip-lora.options.steps=10", "evals={}"]
 
 
-def cascade_overrides(budgets: tuple[float, ...]) -> list[str]:
+def cascade_overrides(budgets: tuple[float, ...], agg: str = "mean") -> list[str]:
     """One ``score.detectors`` entry per budget: the quickstart's clip-lora as the cheap stage, its judge as judge."""
     return [f"score.detectors.cascade-{round(100 * b)}=cascade:cheap=[{{trained.{CHEAP}}}],"
-            f"judge=[{{trained.{JUDGE}}}],budget={b}" for b in budgets]
+            f"judge=[{{trained.{JUDGE}}}],budget={b}{_agg(agg)}" for b in budgets]
+
+
+def _agg(agg: str) -> str:
+    return "" if agg == "sentence" else f",agg={agg}"
 
 
 def halsift(*args: str) -> None:
@@ -116,7 +122,7 @@ def distil_student(seed: int, out: Path, sets: list[str], share: float, steps: i
             "held_out_spearman": cfg.get("held_out_spearman")}
 
 
-def student_overrides(student: dict) -> tuple[list[str], float]:
+def student_overrides(student: dict, agg: str = "mean") -> tuple[list[str], float]:
     """``score.detectors`` entries of the student and its cascade, and the cascade's own budget: the target's
     share of the units less the teacher's."""
     budget = round(TARGET - student["teacher_calls"] / student["units"], 4)
@@ -125,7 +131,7 @@ def student_overrides(student: dict) -> tuple[list[str], float]:
                          f"{TARGET:.0%} of {student['units']} units; lower --teacher-share")
     return [f"score.detectors.{STUDENT}={student['spec']}",
             f"score.detectors.{STUDENT_CASCADE}=cascade:cheap=[{student['spec']}],judge=[{{trained.{JUDGE}}}],"
-            f"budget={budget}"], budget
+            f"budget={budget}{_agg(agg)}"], budget
 
 
 def scoring(run_dir: Path, name: str) -> tuple[int | None, float]:
@@ -168,13 +174,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="share of the corpus's captions the judge scores to teach the student (default 0.1)")
     ap.add_argument("--student-steps", type=int, default=None,
                     help="the student's optimizer steps (default 500; 50 with --tiny)")
+    ap.add_argument("--cascade-agg", default="mean", choices=["mean", "min", "sentence"],
+                    help="the cascades' unit: whole captions by this aggregate (mean: as the quickstart selects) or "
+                         "sentence")
     ap.add_argument("--set", nargs="*", default=[], dest="sets", help="more recipe overrides key=value")
     args = ap.parse_args(argv)
     if not 0 < args.teacher_share < TARGET:
         ap.error(f"--teacher-share: expected a share in (0, {TARGET}), got {args.teacher_share}")
     os.environ.setdefault("WANDB_MODE", "offline")
     steps = args.student_steps or (50 if args.tiny else 500)
-    sets = [*cascade_overrides(BUDGETS), f"finetune.seeds=[{','.join(map(str, range(args.finetune_seeds)))}]",
+    sets = [*cascade_overrides(BUDGETS, args.cascade_agg),
+            f"finetune.seeds=[{','.join(map(str, range(args.finetune_seeds)))}]",
             *(TINY if args.tiny else []), *args.sets]
     out, ok = Path(args.out), True
     filters = [JUDGE, CHEAP, *(f"cascade-{round(100 * b)}" for b in BUDGETS)]
@@ -182,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         student, extra = None, []
         if args.student:
             student = distil_student(seed, out, sets, args.teacher_share, steps)
-            extra, budget = student_overrides(student)
+            extra, budget = student_overrides(student, args.cascade_agg)
         metrics, _, _ = run_seed(seed, out, [*sets, *extra])
         run_dir = out / f"seed{seed}"
         units = manifest(run_dir / "score" / CHEAP / "corpus")["sentences"]

@@ -16,6 +16,8 @@ from typing import Any
 
 from halsift.filtering.detectors.base import Detector, DetectorError, Item, Result
 
+AGGS = ("sentence", "mean", "min")  # the cascade's unit: each sentence, or whole captions ranked by this aggregate
+
 PLACEHOLDER = 50.0  # the score a subset run writes for the units outside its key file (never read back)
 
 
@@ -32,7 +34,8 @@ def spec_text(spec: Any) -> str:
 class CascadeDetector(Detector):
     """Options: ``cheap`` (spec), ``judge`` (spec), ``budget`` (largest share of the units the judge scores),
     ``keep`` (the selection cut aimed at), ``sample`` (share of the budget spent on the random sample), ``seed``,
-    ``plan`` (a cascade score folder whose frozen plan this run applies: calibration units)."""
+    ``agg`` (``sentence``, or ``mean``/``min``: the selection keeps whole captions ranked by that aggregate, and the
+    cascade judges whole captions), ``plan`` (a cascade score folder whose frozen plan this run applies: calibration units)."""
 
     family = "cascade"
     set_level = True  # depends on the whole corpus: run by halsift score as a staged job, never per batch
@@ -45,12 +48,14 @@ class CascadeDetector(Detector):
         "keep": "the selection cut the band is placed around: the share of units kept (0-1)",
         "sample": "the share of the budget spent on the uniform random sample that fits the mapping (0-1)",
         "seed": "the random sample is a hash of (seed, key, sentence index): the same for every run",
+        "agg": "sentence (the cut is on sentences), or mean / min: the selection keeps whole captions ranked by that "
+               "aggregate of their sentence scores, and the sample and the band are whole captions",
         "plan": "a cascade score folder (or its _cascade/plan.json): apply its frozen plan instead of fitting one "
                 "(score calibration units through the corpus's cascade)",
     }
 
     def __init__(self, cheap: str | dict = "", judge: str | dict = "", budget: float = 0.25, keep: float = 0.2,
-                 sample: float = 0.3, seed: int = 0, plan: str | None = None) -> None:
+                 sample: float = 0.3, seed: int = 0, agg: str = "sentence", plan: str | None = None) -> None:
         super().__init__()
         from halsift.filtering.detectors.spec import check_spec
 
@@ -63,6 +68,10 @@ class CascadeDetector(Detector):
                 raise ValueError(f"{name}={v!r}: expected a fraction in (0, 1]")
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ValueError(f"seed={seed!r}: expected an integer")
+        if agg not in AGGS:
+            raise ValueError(f"agg={agg!r}: expected one of {', '.join(AGGS)} (the selection's caption aggregate, "
+                             "or sentence)")
+        self.agg = agg
         self.cheap, self.judge_spec = cheap, judge
         self.budget, self.keep, self.sample, self.seed = float(budget), float(keep), float(sample), seed
         self.plan = plan
@@ -74,7 +83,7 @@ class CascadeDetector(Detector):
 
         return format_spec("cascade", {"cheap": f"[{spec_text(self.cheap)}]", "judge": f"[{spec_text(self.judge_spec)}]",
                                        "budget": self.budget, "keep": self.keep, "sample": self.sample,
-                                       "seed": self.seed})
+                                       "seed": self.seed, **({"agg": self.agg} if self.agg != "sentence" else {})})
 
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
         raise DetectorError("cascade: fitted on the whole corpus, so it runs as a staged job: halsift score "

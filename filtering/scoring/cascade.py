@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from halsift.corpus.errors import InputError
-from halsift.filtering.scoring.cascade_plan import Plan, fit_plan, in_sample
+from halsift.filtering.scoring.cascade_plan import Plan, fit_plan, unit_sample
 from halsift.filtering.scoring.engine import EngineSummary, ScoreJob
 
 STAGES, PLAN_DIR, PLAN_FILE = "_stages", "_cascade", "plan.json"
@@ -177,13 +177,13 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
         plan = load_plan(det.plan)
         if plan.spec != spec:
             raise CascadeError(f"plan={det.plan}: fitted for {plan.spec!r}, not this cascade {spec!r}")
-        sampled = in_sample(keys, idx, plan.seed, plan.sample_rate)
-        judged_mask = sampled | plan.in_band(cheap)
+        sampled, band = plan.judged(keys, idx, cheap)
+        judged_mask = sampled | band
         _write_keys(pdir / "judged.parquet", [k for k, m in zip(keys, judged_mask) if m], idx[judged_mask], state)
         raw = _judge_stage(job, det.judge_spec, pdir / "judged.parquet", stages / "judged", engine)
         band_mask = judged_mask & ~sampled
     else:
-        sampled = in_sample(keys, idx, det.seed, rate)
+        sampled = unit_sample(keys, idx, det.seed, rate, det.agg)
         _write_keys(pdir / "sample.parquet", [k for k, m in zip(keys, sampled) if m], idx[sampled], state)
         raw = _judge_stage(job, det.judge_spec, pdir / "sample.parquet", stages / "sample", engine)
         plan_path = pdir / PLAN_FILE
@@ -196,14 +196,15 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
             js = np.stack([raw[(k, int(i))][0] for k, i, m in zip(keys, idx, sampled) if m]) if sampled.any() \
                 else np.empty((0, 1))
             try:
-                plan = fit_plan(spec, cheap, sampled, js, det.budget, det.keep, rate, det.seed, norm, weights)
+                plan = fit_plan(spec, cheap, sampled, js, det.budget, det.keep, rate, det.seed, norm, weights,
+                                keys=keys, agg=det.agg)
             except ValueError as e:
                 raise CascadeError(str(e)) from None
             if state.is_main_process:
                 pdir.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(plan_path, plan.to_json())
             state.wait_for_everyone()
-        band_mask = plan.in_band(cheap) & ~sampled
+        band_mask = plan.in_band(plan.band_values(keys, cheap)) & ~sampled
         _write_keys(pdir / "band.parquet", [k for k, m in zip(keys, band_mask) if m], idx[band_mask], state)
         raw.update(_judge_stage(job, det.judge_spec, pdir / "band.parquet", stages / "band", engine))
     units = list(raw)
@@ -239,7 +240,7 @@ def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict
     for p in parts:
         t = pq.read_table(cheap_dir / p.name, columns=["key", "sentence_index", "score", "parsed", "captioner"])
         keys, idx = t["key"].to_pylist(), t["sentence_index"].to_pylist()
-        mapped = plan.mapped(t["score"].to_numpy())
+        mapped = plan.standing(keys, t["score"].to_numpy())  # a key's sentences are all in one part
         cheap_parsed = t["parsed"].to_pylist()
         score, parsed, who = [], [], []
         for j, (k, i) in enumerate(zip(keys, idx)):

@@ -16,6 +16,15 @@ From the cheap scores of every corpus unit and the judge's scores of a uniform r
   cheap stage's order survives where the judge's scale is flat (a judge scoring 0 / 50 / 100 only).
 
 Units in the band or the sample keep the judge's score; the others their mapped cheap score.
+
+With ``agg`` ``mean`` or ``min`` (a selection of whole captions ranked by that aggregate of their sentence scores, as
+the quickstart's), the unit of every decision is the caption: the sample is a hash of (seed, key), so a sampled
+caption has all its sentences judged; the cut is the ``1 - keep`` quantile of the sampled captions' judge aggregates;
+the band is an interval of the captions' cheap aggregates (a band caption has all its sentences judged); and a caption
+the judge did not see gets its cheap aggregate's place on the judge's caption scale (a second quantile map, of
+caption aggregates), its sentences shifted together so that their aggregate lands there (their spread kept, shrunk
+only as far as 0-100 requires). A sentence-level band would spend the judge on sentences near the sentence cut,
+whose captions the mean ranks anywhere.
 """
 
 from __future__ import annotations
@@ -25,9 +34,40 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from halsift.filtering.detectors.cascade import AGGS
+
 QUANTILE_KNOTS = 1001  # points of the quantile map
 TIE_BREAK = 0.01  # weight of the cheap score's corpus quantile in a mapped score: keeps the cheap order where the
 # judge's scale is flat (a judge with few distinct scores maps many cheap scores to one value)
+
+
+
+
+def caption_groups(keys: list[str]) -> tuple[np.ndarray, int]:
+    """Per unit, the index of its caption (its key) among the distinct keys, and how many there are."""
+    _, inv = np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)
+    return inv.astype(np.int64), int(inv.max()) + 1 if len(inv) else 0
+
+
+def aggregate(values: np.ndarray, groups: np.ndarray, n: int, agg: str) -> np.ndarray:
+    """Per caption, ``agg`` (``mean`` or ``min``) of its units' ``values`` (NaN for a caption with no unit)."""
+    v = np.asarray(values, np.float64)
+    if agg == "mean":
+        count = np.bincount(groups, minlength=n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.bincount(groups, weights=v, minlength=n) / count
+    out = np.full(n, np.inf)
+    np.minimum.at(out, groups, v)
+    out[np.isinf(out)] = np.nan
+    return out
+
+
+def unit_sample(keys: list[str], sentence_index: np.ndarray | list[int], seed: int, rate: float, agg: str
+                ) -> np.ndarray:
+    """The cascade's random sample: :func:`in_sample` per unit, or per caption (every sentence of a sampled key)
+    when the cascade's unit is the caption."""
+    idx = np.zeros(len(keys), np.int64) if agg != "sentence" else sentence_index
+    return in_sample(keys, idx, seed, rate)
 
 
 def in_sample(keys: list[str], sentence_index: np.ndarray | list[int], seed: int, rate: float) -> np.ndarray:
@@ -62,6 +102,10 @@ class Plan:
     judge_norm: str = "none"
     judge_weights: list[float] | None = None
     judge_stats: list | None = None
+    # whole captions (module docstring): the band and ``cut`` are on caption aggregates; ``caption_knots`` (x, y, q)
+    # map a caption's cheap aggregate onto the judge's caption scale
+    agg: str = "sentence"
+    caption_knots: list | None = None
 
     def judge_scores(self, member_scores: np.ndarray) -> np.ndarray:
         """Member scores ``[units, members]`` -> the judge's score with the frozen normalisation."""
@@ -74,10 +118,42 @@ class Plan:
                 + TIE_BREAK * 100.0 * np.interp(c, self.cheap_knots, self.share_knots))
 
     def in_band(self, cheap: np.ndarray) -> np.ndarray:
+        """Whether each band value (:meth:`band_values`; a sentence cascade's: the cheap scores) is in the band."""
         c = np.asarray(cheap, np.float64)
         if self.band is None:
             return np.zeros(len(c), bool)
         return (c >= self.band[0]) & (c <= self.band[1])
+
+    def band_values(self, keys: list[str], cheap: np.ndarray) -> np.ndarray:
+        """Per unit, the value the band is an interval of: its cheap score, or its caption's cheap aggregate."""
+        c = np.asarray(cheap, np.float64)
+        if self.agg == "sentence":
+            return c
+        groups, n = caption_groups(keys)
+        return aggregate(c, groups, n, self.agg)[groups]
+
+    def judged(self, keys: list[str], sentence_index: np.ndarray, cheap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(in the sample, in the band) per unit, by the frozen rules."""
+        sampled = unit_sample(keys, sentence_index, self.seed, self.sample_rate, self.agg)
+        return sampled, self.in_band(self.band_values(keys, cheap))
+
+    def standing(self, keys: list[str], cheap: np.ndarray) -> np.ndarray:
+        """The score a unit the judge did not see stands with: its mapped cheap score; for whole captions, the
+        caption's sentences shifted together so that their aggregate is the caption's mapped aggregate."""
+        m = self.mapped(cheap)
+        if self.agg == "sentence" or not len(m):
+            return m
+        groups, n = caption_groups(keys)
+        x, y, q = self.caption_knots
+        a = aggregate(np.asarray(cheap, np.float64), groups, n, self.agg)
+        target = (1 - TIE_BREAK) * np.interp(a, x, y) + TIE_BREAK * 100.0 * np.interp(a, x, q)
+        d = m - aggregate(m, groups, n, self.agg)[groups]  # each sentence's place in its caption
+        t = target[groups]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            room = np.where(d > 0, (100.0 - t) / d, np.where(d < 0, t / -d, np.inf))
+        shrink = np.ones(n)
+        np.minimum.at(shrink, groups, np.clip(room, 0.0, 1.0))
+        return t + shrink[groups] * d
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -179,18 +255,27 @@ def choose_band(values: np.ndarray, cost: np.ndarray, uncertainty: np.ndarray, s
 
 def fit_plan(spec: str, cheap: np.ndarray, sampled: np.ndarray, judge_sample: np.ndarray, budget: float,
              keep: float, sample_rate: float, seed: int, judge_norm: str = "none",
-             judge_weights: list[float] | None = None) -> Plan:
+             judge_weights: list[float] | None = None, keys: list[str] | None = None, agg: str = "sentence") -> Plan:
     """The plan (module docstring) from every corpus unit's ``cheap`` score, which of them are ``sampled`` and the
     judge's scores of those (in the same order): one score per unit, or ``[units, members]`` member scores of a
-    set-level judge combined with ``judge_norm`` and ``judge_weights`` (statistics fitted on the sample)."""
+    set-level judge combined with ``judge_norm`` and ``judge_weights`` (statistics fitted on the sample). With
+    ``agg`` ``mean``/``min`` the units' ``keys`` group them into captions (every sentence of a sampled caption
+    sampled)."""
     if len(cheap) == 0 or len(judge_sample) == 0:
         raise ValueError(f"cascade: {len(cheap)} units and {len(judge_sample)} judged sample units: nothing to fit "
                          "(a larger budget or sample share gives the judge a sample)")
+    if agg not in AGGS:
+        raise ValueError(f"cascade: agg={agg!r}: expected one of {', '.join(AGGS)}")
     c = np.asarray(cheap, np.float64)
     sampled = np.asarray(sampled, bool)
     members = np.asarray(judge_sample, np.float64).reshape(len(judge_sample), -1)
     stats = judge_norm_stats(judge_norm, members)
     j = combine_frozen(members, judge_norm, judge_weights, stats)
+    if agg != "sentence":
+        if keys is None:
+            raise ValueError("cascade: a caption-level plan needs the units' keys")
+        return _fit_captions(spec, c, sampled, j, budget, keep, sample_rate, seed, judge_norm, judge_weights, stats,
+                             keys, agg)
     n = len(c)
     calls = max(0, math.floor(budget * n) - int(sampled.sum()))
     tau = float(np.quantile(j, 1.0 - keep))
@@ -205,4 +290,34 @@ def fit_plan(spec: str, cheap: np.ndarray, sampled: np.ndarray, judge_sample: np
     plan = Plan(spec, n, sample_rate, seed, keep, budget, tau, cheap_cut, band, x, y, q, int(sampled.sum()), 0,
                 judge_norm, judge_weights, stats)
     plan.band_calls = int((plan.in_band(c) & ~sampled).sum())
+    return plan
+
+
+def _fit_captions(spec: str, c: np.ndarray, sampled: np.ndarray, j: np.ndarray, budget: float, keep: float,
+                  sample_rate: float, seed: int, judge_norm: str, judge_weights, stats, keys: list[str], agg: str
+                  ) -> Plan:
+    """:func:`fit_plan` for whole captions: cut, band and caption map on the captions' aggregates."""
+    groups, ng = caption_groups(keys)
+    judge_all = np.full(len(c), np.nan)
+    judge_all[sampled] = j
+    sampled_c = np.zeros(ng, bool)
+    sampled_c[groups[sampled]] = True
+    if (np.bincount(groups, weights=sampled, minlength=ng) != np.bincount(groups, minlength=ng))[sampled_c].any():
+        raise ValueError("cascade: a caption-level sample must hold every sentence of a sampled caption")
+    ca = aggregate(c, groups, ng, agg)
+    ja = aggregate(judge_all, groups, ng, agg)[sampled_c]
+    calls = max(0, math.floor(budget * len(c)) - int(sampled.sum()))
+    tau = float(np.quantile(ja, 1.0 - keep))
+    desc = np.sort(ca)[::-1]
+    cheap_cut = float(desc[min(ng - 1, math.floor(keep * ng))])
+    values, inv = np.unique(ca, return_inverse=True)
+    sentences = np.bincount(groups, minlength=ng)
+    cost = np.bincount(inv, weights=np.where(sampled_c, 0, sentences), minlength=len(values)).astype(np.int64)
+    p = keep_chance(ca[sampled_c], ja >= tau, values)
+    band_idx = choose_band(values, cost, np.minimum(p, 1.0 - p), int(np.searchsorted(values, cheap_cut)), calls)
+    band = None if band_idx is None else (float(values[band_idx[0]]), float(values[band_idx[1]]))
+    x, y, q = quantile_map(c, j)
+    plan = Plan(spec, len(c), sample_rate, seed, keep, budget, tau, cheap_cut, band, x, y, q, int(sampled.sum()), 0,
+                judge_norm, judge_weights, stats, agg, list(quantile_map(ca, ja)))
+    plan.band_calls = int((plan.in_band(ca)[groups] & ~sampled).sum())
     return plan

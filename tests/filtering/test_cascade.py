@@ -14,7 +14,7 @@ from filtering_data import make_bench, make_corpus
 
 from halsift.filtering.detectors.baselines import OracleDetector
 from halsift.filtering.detectors.spec import register_family
-from halsift.filtering.scoring.cascade_plan import fit_plan, in_sample
+from halsift.filtering.scoring.cascade_plan import aggregate, caption_groups, fit_plan, in_sample, unit_sample
 from halsift.launch.cli import main
 
 
@@ -84,6 +84,58 @@ def test_an_uncorrelated_cheap_stage_catches_no_more_than_its_budget():
     # the judge's 25 % fixes about its own share of the cheap stage's mistakes, no more: a judge on everything
     # would fix them all, so the cascade saves nothing
     assert 0.6 * wrong(cheap) < wrong(final) < wrong(cheap)
+
+
+def test_a_caption_cascade_fixes_the_caption_selection_a_sentence_cascade_misses():
+    # the selection keeps the top 20 % of captions by their mean sentence score (the quickstart's). A sentence-level
+    # band judges sentences near the sentence cut, whose captions the mean ranks anywhere; agg=mean judges whole
+    # captions near the caption cut
+    rng = np.random.default_rng(0)
+    lens = rng.integers(1, 5, 8000)
+    keys = [f"k{c}" for c, m in enumerate(lens) for _ in range(m)]
+    idx = np.concatenate([np.arange(m) for m in lens])
+    q = rng.uniform(0, 100, len(keys))
+    cheap = q + rng.normal(0, 8, len(keys))
+    groups, ng = caption_groups(keys)
+
+    def kept(s):
+        a = aggregate(s, groups, ng, "mean")
+        return a >= np.quantile(a, 0.8)
+
+    mistakes = {}
+    for agg in ("sentence", "mean"):
+        sampled = unit_sample(keys, idx, 0, 0.075, agg)
+        plan = fit_plan("s", cheap, sampled, q[sampled], budget=0.25, keep=0.2, sample_rate=0.075, seed=0,
+                        keys=keys, agg=agg)
+        in_s, band = plan.judged(keys, idx, cheap)
+        assert (in_s == sampled).all()
+        judged = sampled | band
+        assert judged.sum() <= 0.25 * len(keys)
+        final = np.where(judged, q, plan.standing(keys, cheap))
+        assert final.min() >= 0 and final.max() <= 100
+        mistakes[agg] = int((kept(final) != kept(q)).sum())
+        if agg == "mean":
+            # whole captions: a caption is judged in all its sentences or in none
+            share = aggregate(judged.astype(float), groups, ng, "mean")
+            assert set(np.unique(share)) <= {0.0, 1.0}
+            # the captions the judge did not see keep the cheap stage's caption order, on the judge's caption scale
+            seen = share == 1
+            a_cheap, a_final = aggregate(cheap, groups, ng, "mean"), aggregate(final, groups, ng, "mean")
+            order = np.argsort(a_cheap[~seen])
+            assert np.all(np.diff(a_final[~seen][order]) >= -1e-9)
+            lo, hi = plan.band
+            assert a_final[~seen & (a_cheap > hi)].min() >= plan.cut - 1
+            assert a_final[~seen & (a_cheap < lo)].max() <= plan.cut + 1
+    cheap_mistakes = int((kept(cheap) != kept(q)).sum())
+    assert cheap_mistakes > 300
+    assert mistakes["mean"] < 0.3 * cheap_mistakes and mistakes["mean"] < 0.5 * mistakes["sentence"], mistakes
+
+
+def test_a_caption_cascade_needs_the_keys_and_a_known_aggregate():
+    with pytest.raises(ValueError, match="needs the units' keys"):
+        fit_plan("s", np.arange(10.0), np.ones(10, bool), np.arange(10.0), 0.5, 0.2, 0.5, 0, agg="mean")
+    with pytest.raises(ValueError, match="agg='median'"):
+        fit_plan("s", np.arange(10.0), np.ones(10, bool), np.arange(10.0), 0.5, 0.2, 0.5, 0, agg="median")
 
 
 @pytest.fixture(scope="module")
@@ -247,3 +299,35 @@ def test_a_set_level_judge_is_normalised_with_the_samples_frozen_statistics(tmp_
     want = 0.7 * z(ORACLE_SCORES[label[(k, i)]], plan.judge_stats[0]) + \
         0.3 * z(100 * hash_uniform(3, k, i), plan.judge_stats[1])
     assert final.loc[(k, i), "score"] == pytest.approx(want, abs=1e-3)
+
+
+def test_a_caption_cascade_judges_whole_captions_and_its_calibration_follows_the_same_rule(tmp_path):
+    from halsift.filtering.scoring.cascade import load_plan
+
+    corpus = make_corpus(tmp_path / "corpus", shards=2, per_shard=40, seed=9)
+    spec = f"cascade:cheap=[{CHEAP}],judge=[countoracle],budget=0.4,agg=mean"
+    CountingOracle.calls.clear()
+    assert main(["score", "--detector", spec, "--data", str(corpus), "--out", str(tmp_path / "cas"),
+                 "--no-progress"]) == 0
+    plan = load_plan(tmp_path / "cas")
+    assert plan.agg == "mean" and "agg=mean" in plan.spec
+    for folder, calls in [(tmp_path / "cas", list(CountingOracle.calls)), (None, None)]:
+        if folder is None:  # calibration units through the frozen plan
+            bench = make_bench(tmp_path / "bench", captions=60, seed=6)
+            CountingOracle.calls.clear()
+            assert main(["score", "--detector", f"{spec},plan={tmp_path / 'cas'}", "--data", str(bench), "--out",
+                         str(tmp_path / "cal"), "--no-progress"]) == 0
+            folder, calls = tmp_path / "cal", list(CountingOracle.calls)
+        cheap = _table(folder / "_stages" / "cheap")
+        keys = cheap["key"].tolist()
+        sampled, band = plan.judged(keys, cheap["sentence_index"].to_numpy(), cheap["score"].to_numpy())
+        want = {u for u, j in zip(zip(keys, cheap["sentence_index"]), sampled | band) if j}
+        assert set(calls) == want and len(calls) == len(want) > 0
+        t = _table(folder)
+        per_key = t.groupby("key")["scored_by"].nunique()
+        assert (per_key == 1).all()  # every sentence of a caption stands by the same detector
+        assert set(t.loc[t["scored_by"] == "judge", "key"]) == {k for k, _ in want}
+    with pytest.raises(ValueError, match="agg='max'"):
+        from halsift.filtering.detectors.spec import load_detector
+
+        load_detector(spec.replace("agg=mean", "agg=max"))
