@@ -400,7 +400,8 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
             t = time.time()
             chunks, emb_rows, dim, model_name = _embedding_rows(emb_folder, con)
             with progress(total=len(emb_rows), desc="dedup: semantic", unit="img", disable=not show_progress) as bar:
-                sa, sb, ss = cosine_pairs(chunks, len(emb_rows), dim, cosine, nprobe=nprobe, bar=bar)
+                sa, sb, ss = cosine_pairs(chunks, len(emb_rows), dim, cosine, nprobe=nprobe, bar=bar,
+                                          spill_dir=work / "ivf")
             a2, b2 = emb_rows[sa], emb_rows[sb]
             edges.append((np.minimum(a2, b2), np.maximum(a2, b2), ss, NEAR))
             counts_near["embedding_pairs"] = int(len(sa))

@@ -9,16 +9,23 @@
 - Vectors (embeddings, thumbnails): SemDeDup-style clustered search with faiss ``IndexIVFFlat`` on inner product of
   L2-normalised vectors (= cosine): spherical k-means cells, each vector searched in its ``nprobe`` nearest cells
   by ``range_search`` (only pairs above the threshold come back). faiss: the reference library for this, with
-  exact flat search for small sets and the same code path on GPUs.
+  exact flat search for small sets and the same code path on GPUs. From :data:`ON_DISK_ROWS` vectors on, given a
+  ``spill_dir``, the index's inverted lists live in a memory-mapped file (faiss's ``OnDiskInvertedLists``, built by
+  ``faiss.contrib.ondisk.merge_ondisk`` from blocks of :data:`BLOCK_BYTES`): the process holds the centroids and one
+  block, and the vectors' pages are file-backed (the kernel drops them under memory pressure), so the search runs
+  on more vectors than memory holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import numpy as np
 
 BATCH = 16384
+ON_DISK_ROWS = 250_000  # from this many vectors on (given a spill_dir) the inverted lists are on disk
+BLOCK_BYTES = 64 << 20  # vectors added to an in-memory block index before it is written out
 EXACT_REFS = 50_000  # evaluation vectors searched exactly (e.g. 1.4k images x 36 crop variants)
 
 
@@ -115,12 +122,14 @@ def default_nlist(n: int) -> int:
 
 
 def cosine_pairs(chunks: Callable[[], Iterable[np.ndarray]], n: int, dim: int, threshold: float,
-                 nlist: int | None = None, nprobe: int = 8, seed: int = 0,
-                 bar=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 nlist: int | None = None, nprobe: int = 8, seed: int = 0, bar=None,
+                 spill_dir: Path | None = None, on_disk_rows: int = ON_DISK_ROWS
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pairs ``i < j`` (global row numbers in ``chunks()`` order) with cosine >= ``threshold``: ``(i, j, cos)``.
 
-    ``chunks`` is called twice (add, then query) and yields float unit vectors ``[b, dim]``: only the index (n x
-    dim float32) and one chunk are in memory. Small sets (nlist 1) are searched exactly."""
+    ``chunks`` is called twice (add, then query) and yields float unit vectors ``[b, dim]``: the index (n x dim
+    float32; on disk under ``spill_dir`` from ``on_disk_rows`` vectors on, module docstring) and one chunk are in
+    memory. Small sets (nlist 1) are searched exactly. The same pairs in memory and on disk."""
     import faiss
 
     if n < 2:
@@ -133,8 +142,11 @@ def cosine_pairs(chunks: Callable[[], Iterable[np.ndarray]], n: int, dim: int, t
     index.cp.niter = 10  # cells only route the search (nprobe covers boundaries): a rough k-means is enough
     index.cp.max_points_per_centroid = 40
     index.train(_training_sample(chunks, n, dim, max(nlist * 40, 10000), seed))
-    for c in chunks():
-        index.add(np.ascontiguousarray(c, dtype=np.float32))
+    if spill_dir is not None and n >= on_disk_rows:
+        _add_on_disk(index, chunks, dim, Path(spill_dir))
+    else:
+        for c in chunks():
+            index.add(np.ascontiguousarray(c, dtype=np.float32))
     index.nprobe = min(nprobe, nlist)
     out, s = [], 0
     for c in chunks():
@@ -148,6 +160,41 @@ def cosine_pairs(chunks: Callable[[], Iterable[np.ndarray]], n: int, dim: int, t
         if bar is not None:
             bar.update(len(c))
     return _concat(out)
+
+
+def _add_on_disk(index, chunks: Callable[[], Iterable[np.ndarray]], dim: int, spill_dir: Path) -> None:
+    """Add every vector to the trained, empty ``index`` with its inverted lists in ``spill_dir/lists.ivfdata``
+    (memory-mapped): blocks of :data:`BLOCK_BYTES` are built in memory one at a time and written out, then merged
+    into the file (the block files are removed)."""
+    import faiss
+    from faiss.contrib.ondisk import merge_ondisk
+
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    rows = max(1, BLOCK_BYTES // (4 * dim))
+    blocks, start = [], 0
+
+    def flush(vectors: list[np.ndarray]) -> None:
+        nonlocal start
+        v = np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32)
+        block = faiss.clone_index(index)
+        block.add_with_ids(v, np.arange(start, start + len(v), dtype=np.int64))
+        path = spill_dir / f"block{len(blocks):05d}.index"
+        faiss.write_index(block, str(path))
+        blocks.append(str(path))
+        start += len(v)
+
+    pending, held = [], 0
+    for c in chunks():
+        pending.append(np.asarray(c, dtype=np.float32))
+        held += len(c)
+        if held >= rows:
+            flush(pending)
+            pending, held = [], 0
+    if pending:
+        flush(pending)
+    merge_ondisk(index, blocks, str(spill_dir / "lists.ivfdata"))
+    for b in blocks:
+        Path(b).unlink()
 
 
 def _training_sample(chunks: Callable[[], Iterable[np.ndarray]], n: int, dim: int, size: int,

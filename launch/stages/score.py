@@ -104,12 +104,27 @@ def _score_cascade(r: Recipe, p: Paths, name: str, spec: str, bench: str | Path,
     if not (p.corpus and "select" in r.stages):
         raise ConfigError(f"score.detectors.{name}: a cascade is fitted on the corpus; it needs data.corpus and "
                           "the select stage")
+    check_cascade_aim(r, name, spec)
     kw = {"max_parse_failures": r.score.max_parse_failures}
     score_cascade(spec, p.corpus, corpus, unit=r.score.unit, batch_size=r.score.batch_size, **kw)
     for data, what in ((bench, "bench"), (calibration, "calibration")):
         if data:
             score_cascade(spec, data, scores_dir(p, name, what), plan=corpus, **kw)
     return spec
+
+
+def check_cascade_aim(r: Recipe, name: str, spec) -> None:
+    """A cascade judges around the cut its ``agg`` names: refused in one line when that is not the recipe's own
+    selection (a sentence band under a selection of whole captions by their mean spends the judge off the cut)."""
+    from halsift.filtering.detectors.spec import iter_specs
+
+    unit, agg = r.select.unit, r.select.agg
+    want = "sentence" if unit == "sentence" or agg in ("prune", "repair") else agg if agg in ("mean", "min") else None
+    aim = str(iter_specs(spec)[0][2].get("agg", "sentence"))
+    if want is not None and aim != want:
+        raise ConfigError(f"score.detectors.{name}: the cascade is aimed at agg={aim}, but select keeps "
+                          + ("sentences" if want == "sentence" else f"whole captions by their {want} sentence score")
+                          + f" (select.unit={unit}, select.agg={agg}): give it agg={want}")
 
 
 def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:

@@ -202,6 +202,30 @@ def test_hamming_pairs_equal_brute_force():
             assert all(dist[x, y] == z for x, y, z in zip(a, b, d))
 
 
+def test_cosine_pairs_on_disk_equal_the_in_memory_index(tmp_path, monkeypatch):
+    # the inverted lists in a memory-mapped file (built from several blocks) give the same pairs as the in-memory
+    # index, which finds every planted pair; the block files are gone afterwards, the lists file is what stays
+    from halsift.filtering.curation import search
+
+    rng = np.random.default_rng(3)
+    v = rng.normal(size=(3000, 32)).astype(np.float32)
+    v[1::2] = v[0::2] + 0.05 * rng.normal(size=(1500, 32)).astype(np.float32)  # 1500 planted near pairs
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+
+    def chunks():
+        return (v[i:i + 700] for i in range(0, len(v), 700))
+
+    monkeypatch.setattr(search, "BLOCK_BYTES", 4 * 32 * 1000)  # blocks of 1000 vectors: 3 blocks merged
+    kw = dict(nlist=20, nprobe=4, seed=0)
+    mem = search.cosine_pairs(chunks, len(v), 32, 0.95, **kw)
+    disk = search.cosine_pairs(chunks, len(v), 32, 0.95, spill_dir=tmp_path / "ivf", on_disk_rows=0, **kw)
+    got = lambda r: {(int(a), int(b)): float(c) for a, b, c in zip(*r)}  # noqa: E731
+    assert got(mem).keys() == got(disk).keys()
+    assert len({(i, i + 1) for i in range(0, 3000, 2)} & got(mem).keys()) >= 0.95 * 1500
+    np.testing.assert_allclose([got(disk)[k] for k in got(mem)], list(got(mem).values()), atol=1e-6)
+    assert sorted(p.name for p in (tmp_path / "ivf").iterdir()) == ["lists.ivfdata"]
+
+
 def test_embeddings_of_another_width_are_one_line(tmp_path, capsys):
     """A store whose model encodes --against images at another width than its vectors: one line, exit 2."""
     from halsift.corpus.embedding_store import IMAGE, embedding_table, write_embedding_part

@@ -32,3 +32,12 @@ def test_a_recipe_runs_a_cascade_and_its_calibration_through_the_frozen_plan(tmp
     assert m["cascade"]["frozen_from"] == str(score / "corpus") and m["detector"] == corpus["detector"]
     sel = json.loads((run / "select" / "cascade" / "manifest.json").read_text())
     assert sel["guarantee"]["calibration_units"] > 0 and sel["guarantee"]["bound"] <= 60
+
+
+def test_a_cascade_aimed_at_another_cut_than_the_selection_is_refused(tmp_path, capsys):
+    run, recipe = tmp_path / "run", tmp_path / "cascade.yaml"
+    recipe.write_text(RECIPE.replace("select: {max_hallucination: 0.6}", "select: {unit: caption, agg: mean}"))
+    assert main(["run", str(recipe), f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "score.detectors.cascade: the cascade is aimed at agg=sentence" in err[0] and \
+        "give it agg=mean" in err[0], err
