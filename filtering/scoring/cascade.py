@@ -148,6 +148,20 @@ def _judge_stage(job: ScoreJob, judge: Any, keys_file: Path, folder: Path, engin
     return {u: (np.array([p[u][0] for p in per]), all(p[u][1] for p in per)) for u in per[0]}
 
 
+def caption_labels(data: Any, keys: list[str], agg: str) -> list[str]:
+    """Per unit, its caption for a caption-level cascade: its key in shards; in a bench (one key per sentence
+    row) the row's ``caption_id``, so that calibration captions are sampled, banded and mapped whole, as corpus
+    captions are. A sentence cascade keeps the keys."""
+    from halsift.filtering.scoring.settings import is_bench
+
+    if agg == "sentence" or not is_bench(data):
+        return keys
+    from halsift.corpus.bench import iter_bench
+
+    caption_of = {row.id: row.caption_id for row in iter_bench(data)}
+    return [caption_of.get(k, k) for k in keys]
+
+
 def load_plan(where: str | Path) -> Plan:
     """The frozen plan of a cascade score folder (or its ``plan.json``)."""
     p = Path(where)
@@ -172,18 +186,20 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
 
     _stage(job, det.cheap, stages / "cheap", engine, job.embeddings)
     keys, idx, cheap, _ = _units(stages / "cheap")
+    agg = load_plan(det.plan).agg if det.plan else det.agg
+    caps = caption_labels(job.data, keys, agg)  # what a caption-level cascade groups and samples by
     rate = det.sample * det.budget
     if det.plan:  # calibration units through the corpus's frozen cascade
         plan = load_plan(det.plan)
         if plan.spec != spec:
             raise CascadeError(f"plan={det.plan}: fitted for {plan.spec!r}, not this cascade {spec!r}")
-        sampled, band = plan.judged(keys, idx, cheap)
+        sampled, band = plan.judged(caps, idx, cheap)
         judged_mask = sampled | band
         _write_keys(pdir / "judged.parquet", [k for k, m in zip(keys, judged_mask) if m], idx[judged_mask], state)
         raw = _judge_stage(job, det.judge_spec, pdir / "judged.parquet", stages / "judged", engine)
         band_mask = judged_mask & ~sampled
     else:
-        sampled = unit_sample(keys, idx, det.seed, rate, det.agg)
+        sampled = unit_sample(caps, idx, det.seed, rate, det.agg)
         _write_keys(pdir / "sample.parquet", [k for k, m in zip(keys, sampled) if m], idx[sampled], state)
         raw = _judge_stage(job, det.judge_spec, pdir / "sample.parquet", stages / "sample", engine)
         plan_path = pdir / PLAN_FILE
@@ -197,27 +213,27 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
                 else np.empty((0, 1))
             try:
                 plan = fit_plan(spec, cheap, sampled, js, det.budget, det.keep, rate, det.seed, norm, weights,
-                                keys=keys, agg=det.agg)
+                                keys=caps, agg=det.agg)
             except ValueError as e:
                 raise CascadeError(str(e)) from None
             if state.is_main_process:
                 pdir.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(plan_path, plan.to_json())
             state.wait_for_everyone()
-        band_mask = plan.in_band(plan.band_values(keys, cheap)) & ~sampled
+        band_mask = plan.in_band(plan.band_values(caps, cheap)) & ~sampled
         _write_keys(pdir / "band.parquet", [k for k, m in zip(keys, band_mask) if m], idx[band_mask], state)
         raw.update(_judge_stage(job, det.judge_spec, pdir / "band.parquet", stages / "band", engine))
     units = list(raw)
     combined = plan.judge_scores(np.stack([raw[u][0] for u in units])) if units else np.empty(0)
     scores = {u: (float(v), raw[u][1]) for u, v in zip(units, combined)}
     manifest = _combine(job, spec, plan, stages / "cheap", scores, int(sampled.sum()), int(band_mask.sum()),
-                        det.plan, state)
+                        det.plan, state, dict(zip(keys, caps)) if agg != "sentence" else None)
     return EngineSummary(engine, out, True, state.is_main_process, [cascade_line(manifest)] if manifest else [],
                          manifest or {})
 
 
 def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict, sample_units: int,
-             band_units: int, frozen_from: str | None, state) -> dict | None:
+             band_units: int, frozen_from: str | None, state, caption_of: dict | None = None) -> dict | None:
     """Write the cascade's own parts (one per cheap part) and manifest; returns the manifest (main process)."""
     import pyarrow.parquet as pq
 
@@ -240,7 +256,8 @@ def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict
     for p in parts:
         t = pq.read_table(cheap_dir / p.name, columns=["key", "sentence_index", "score", "parsed", "captioner"])
         keys, idx = t["key"].to_pylist(), t["sentence_index"].to_pylist()
-        mapped = plan.standing(keys, t["score"].to_numpy())  # a key's sentences are all in one part
+        # a caption's sentences are all in one part (a shard's sample, a bench part's caption groups)
+        mapped = plan.standing([caption_of[k] for k in keys] if caption_of else keys, t["score"].to_numpy())
         cheap_parsed = t["parsed"].to_pylist()
         score, parsed, who = [], [], []
         for j, (k, i) in enumerate(zip(keys, idx)):

@@ -91,10 +91,16 @@ class Composition:
         return list(self.aliases) + self.field_columns
 
     # ------------------------------------------------------------------ SQL
+    def _used_fields(self) -> list[tuple[int, str]]:
+        """``(j, column)`` of the field columns the expressions name: only those are read (a field table such as
+        ``halsift basic``'s holds a dozen columns per key, most of them unused by a given selection)."""
+        used = {n for e in (self.where, self.rank) if e is not None for n in e.names}
+        return [(j, c) for j, c in enumerate(self.field_columns) if c in used]
+
     def _columns(self) -> dict[str, str]:
         """Expression name -> its SQL in the join (score folder i's score, field column j)."""
         cols = {name: f'"s{i}"."score"' for name, i in self.aliases.items()}
-        cols.update({c: f'"f"."c{j}"' for j, c in enumerate(self.field_columns)})
+        cols.update({c: f'"f"."c{j}"' for j, c in self._used_fields()})
         return cols
 
     def _wide(self) -> dict[str, str]:
@@ -139,7 +145,7 @@ class Composition:
         if self.fields:
             files = "[" + ", ".join(_q(p) for p in self.fields) + "]"
             sel = ", ".join(f'{_nan_null(_ident(c)) if c in self.float_fields else _ident(c)} AS "c{j}"'
-                            for j, c in enumerate(self.field_columns))
+                            for j, c in self._used_fields())
             con.execute(f'CREATE TEMP TABLE "f" AS SELECT key{", " + sel if sel else ""} '
                         f'FROM read_parquet({files}, union_by_name=true)')
             dup = con.execute('SELECT key, count(*) FROM "f" GROUP BY key HAVING count(*) > 1 LIMIT 1').fetchall()

@@ -302,7 +302,7 @@ def test_a_set_level_judge_is_normalised_with_the_samples_frozen_statistics(tmp_
 
 
 def test_a_caption_cascade_judges_whole_captions_and_its_calibration_follows_the_same_rule(tmp_path):
-    from halsift.filtering.scoring.cascade import load_plan
+    from halsift.filtering.scoring.cascade import caption_labels, load_plan
 
     corpus = make_corpus(tmp_path / "corpus", shards=2, per_shard=40, seed=9)
     spec = f"cascade:cheap=[{CHEAP}],judge=[countoracle],budget=0.4,agg=mean"
@@ -311,22 +311,27 @@ def test_a_caption_cascade_judges_whole_captions_and_its_calibration_follows_the
                  "--no-progress"]) == 0
     plan = load_plan(tmp_path / "cas")
     assert plan.agg == "mean" and "agg=mean" in plan.spec
+    data = corpus
     for folder, calls in [(tmp_path / "cas", list(CountingOracle.calls)), (None, None)]:
-        if folder is None:  # calibration units through the frozen plan
-            bench = make_bench(tmp_path / "bench", captions=60, seed=6)
+        if folder is None:  # calibration units (a bench: one key per sentence row) through the frozen plan
+            data = make_bench(tmp_path / "bench", captions=60, seed=6)
             CountingOracle.calls.clear()
-            assert main(["score", "--detector", f"{spec},plan={tmp_path / 'cas'}", "--data", str(bench), "--out",
+            assert main(["score", "--detector", f"{spec},plan={tmp_path / 'cas'}", "--data", str(data), "--out",
                          str(tmp_path / "cal"), "--no-progress"]) == 0
             folder, calls = tmp_path / "cal", list(CountingOracle.calls)
         cheap = _table(folder / "_stages" / "cheap")
         keys = cheap["key"].tolist()
-        sampled, band = plan.judged(keys, cheap["sentence_index"].to_numpy(), cheap["score"].to_numpy())
+        caps = caption_labels(str(data), keys, "mean")
+        assert len(set(caps)) < len(caps)  # captions of several sentences, in the bench as in the corpus
+        sampled, band = plan.judged(caps, cheap["sentence_index"].to_numpy(), cheap["score"].to_numpy())
         want = {u for u, j in zip(zip(keys, cheap["sentence_index"]), sampled | band) if j}
         assert set(calls) == want and len(calls) == len(want) > 0
         t = _table(folder)
-        per_key = t.groupby("key")["scored_by"].nunique()
-        assert (per_key == 1).all()  # every sentence of a caption stands by the same detector
-        assert set(t.loc[t["scored_by"] == "judge", "key"]) == {k for k, _ in want}
+        t["caption"] = caption_labels(str(data), t["key"].tolist(), "mean")
+        # every sentence of a caption stands by the same detector, and the judge's are those it was called on
+        assert (t.groupby("caption")["scored_by"].nunique() == 1).all()
+        assert set(zip(t.loc[t["scored_by"] == "judge", "key"], t.loc[t["scored_by"] == "judge", "sentence_index"])) \
+            == want
     with pytest.raises(ValueError, match="agg='max'"):
         from halsift.filtering.detectors.spec import load_detector
 
