@@ -108,17 +108,10 @@ class Composition:
         name can shadow an internal column (``key``, ``part``...) or another name."""
         return {name: f'"u{k}"' for k, name in enumerate(self._columns())}
 
-    def _views(self, con, unit: str, agg: str) -> None:
-        """Create the view ``wide``: key, sentence_index, part, every score and field (``u0, u1...``), ``excluded``.
-        Parquet statistics written by pyarrow leave NaN out of min/max, and DuckDB's statistics propagation then
-        folds ``isnan(x)`` to false: it is off while the inputs are loaded (NaN read as missing)."""
-        con.execute("SET disabled_optimizers = 'statistics_propagation'")
-        try:
-            self._load(con, unit, agg)
-        finally:
-            con.execute("RESET disabled_optimizers")
-
     def _load(self, con, unit: str, agg: str) -> None:
+        """Create the view ``wide``: key, sentence_index, part, every score and named field (``u0, u1...``),
+        ``excluded``. Views over the parquet parts, not tables: DuckDB then holds no copy of the inputs, only the
+        candidates table made from them (:meth:`create_candidates`) and each query's hash tables."""
         sentence_units = unit == "sentence" or agg == "prune"
         for i, s in enumerate(self.scores):
             files = "[" + ", ".join(_q(p) for p in s.folder.parts) + "]"
@@ -132,7 +125,7 @@ class Composition:
             else:
                 rows = (f"SELECT key, {CAPTION_INDEX}::INTEGER AS sentence_index, {_agg_sql(agg)} AS score, "
                         f"min(part) AS part FROM ({raw}) WHERE sentence_index <> {CAPTION_INDEX}{det} GROUP BY key")
-            con.execute(f'CREATE TEMP TABLE "s{i}" AS {rows}')
+            con.execute(f'CREATE TEMP VIEW "s{i}" AS {rows}')
         base = self.scores[0]
         if base.caption_level and sentence_units:
             raise SelectError(f"scores: {base.path} holds caption-level scores (scored with unit=caption): use "
@@ -146,7 +139,7 @@ class Composition:
             files = "[" + ", ".join(_q(p) for p in self.fields) + "]"
             sel = ", ".join(f'{_nan_null(_ident(c)) if c in self.float_fields else _ident(c)} AS "c{j}"'
                             for j, c in self._used_fields())
-            con.execute(f'CREATE TEMP TABLE "f" AS SELECT key{", " + sel if sel else ""} '
+            con.execute(f'CREATE TEMP VIEW "f" AS SELECT key{", " + sel if sel else ""} '
                         f'FROM read_parquet({files}, union_by_name=true)')
             dup = con.execute('SELECT key, count(*) FROM "f" GROUP BY key HAVING count(*) > 1 LIMIT 1').fetchall()
             if dup:
@@ -160,15 +153,18 @@ class Composition:
             excluded = '("s0".key IN (SELECT key FROM "x"))'
         wide = self._wide()
         cols = ", ".join(f'{sql} AS {wide[name]}' for name, sql in self._columns().items())
-        con.execute(f'CREATE TEMP TABLE wide AS SELECT "s0".key AS key, "s0".sentence_index AS sentence_index, '
+        con.execute(f'CREATE TEMP VIEW wide AS SELECT "s0".key AS key, "s0".sentence_index AS sentence_index, '
                     f'"s0".part AS part, {excluded} AS _excluded, {cols} FROM "s0" {" ".join(joins)}')
-        # the inputs live on in ``wide``: dropped, so that DuckDB's memory holds one copy of the units
-        for i in range(len(self.scores)):
-            con.execute(f'DROP TABLE "s{i}"')
+
+    def _drop(self, con) -> None:
+        """Drop the views (and the exclusion table) once the candidates are made."""
+        con.execute("DROP VIEW IF EXISTS wide")
         if self.fields:
-            con.execute('DROP TABLE "f"')
+            con.execute('DROP VIEW IF EXISTS "f"')
+        for i in range(len(self.scores)):
+            con.execute(f'DROP VIEW IF EXISTS "s{i}"')
         if self.exclude:
-            con.execute('DROP TABLE "x"')
+            con.execute('DROP TABLE IF EXISTS "x"')
             con.unregister("_excluded_keys")
 
     def _clauses(self) -> list[tuple[str, str]]:
@@ -181,10 +177,21 @@ class Composition:
 
     def create_candidates(self, con, unit: str, agg: str, view: str = "scores") -> dict:
         """Create ``view`` (key, sentence_index, score, part: the candidates, score = rank) in DuckDB connection
-        ``con``; returns the accounting."""
+        ``con``; returns the accounting. Parquet statistics written by pyarrow leave NaN out of min/max, and DuckDB's
+        statistics propagation then folds ``isnan(x)`` to false: it is off while the views are read (NaN read as
+        missing), until the candidates are a table."""
+        con.execute("SET disabled_optimizers = 'statistics_propagation'")
+        try:
+            info = self._create_candidates(con, unit, agg, view)
+        finally:
+            con.execute("RESET disabled_optimizers")
+        self._drop(con)
+        return info
+
+    def _create_candidates(self, con, unit: str, agg: str, view: str) -> dict:
         import duckdb
 
-        self._views(con, unit, agg)
+        self._load(con, unit, agg)
         cols = self._wide()
         rank = self.rank.sql(cols) if self.rank else cols[self.scores[0].name]
         clauses = self._clauses()
@@ -193,7 +200,6 @@ class Composition:
             con.execute(f"CREATE TEMP TABLE {view} AS SELECT key, sentence_index, CAST({rank} AS DOUBLE) AS score, "
                         f"part FROM wide WHERE {where} AND ({rank}) IS NOT NULL")
             info = self._accounting(con, clauses, view)
-            con.execute("DROP TABLE wide")  # the candidates are all that is read from here on
         except duckdb.Error as e:  # e.g. a string field compared with a number
             first = str(e).strip().splitlines()[0]
             raise SelectError(f"where/rank: DuckDB could not evaluate {self.where and self.where.text!r} / "
