@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     p.add_argument("--caption", action="store_true", help="also time caption-level selection (agg=min)")
     p.add_argument("--engine", choices=("duckdb", "arrow"), default="duckdb",
                    help="duckdb: out-of-core top_keys (default); arrow: the in-memory select_keys")
-    p.add_argument("--memory-limit", default="1GB", help="duckdb's memory limit (it spills beyond it)")
+    p.add_argument("--memory-limit", default="128MB", help="duckdb's memory limit (it spills beyond it; select's default)")
     p.add_argument("--dir", default=None, help="keep the generated scores here (reused when present)")
     p.add_argument("--_measure", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_unit", default="sentence", help=argparse.SUPPRESS)

@@ -10,7 +10,9 @@ the rows tied at the cut-off come into Python (to hash them). It also writes the
 Measured (``benchmarks/select_scale.py``, 2 shared cores): 10M rows / 200 parts in 1.9 s at 444 MB peak RSS (the
 in-memory pyarrow path: 3.9 s, 1037 MB); 30M rows in 5.3 s at 909 MB, and at 686 / 445 MB with ``memory_limit``
 512MB / 256MB -- peak RSS stays near the limit plus ~200 MB; 100M rows / 2000 parts in 42.3 s at 1188 MB with
-the default 1GB (61.9 s on the 2 cores shared with other sessions). A
+a 1GB limit (61.9 s on the 2 cores shared with other sessions). The default is 128MB: 30M rows in 15.2 s at
+321 MB, 100M rows in 58.1 s at 350 MB (2 cores shared with a dedup benchmark), and the composed selection of
+``benchmarks/million.py`` at 1M captions finds its keys at 349 MB instead of 545 MB. A
 top-N query with an offset of ``n`` for the cut-off held its ``n`` rows in memory (770 MB at 30M rows); the
 histogram does not. Polars' streaming engine took 2.4 s / 299 MB on 10M rows (sort + gather; its ``top_k`` 20.7 s)
 against DuckDB's 4.7 s / 288 MB in the same busy moment: DuckDB is used because its memory limit and spill bound
@@ -35,7 +37,7 @@ from halsift.filtering.detectors.base import CAPTION_INDEX
 from halsift.filtering.detectors.baselines import hash_uniform
 from halsift.filtering.selection.select import SelectError
 
-MEMORY_LIMIT = "1GB"
+MEMORY_LIMIT = "128MB"  # measured below: 3.4x less memory than 1GB at 100M rows for a few seconds per 10M
 BY_PART = "_kept_by_part.parquet"
 
 
