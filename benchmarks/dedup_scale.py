@@ -50,7 +50,7 @@ def make(n: int, dim: int, dups: int, leaks: int, evals: int, noise: float, seed
         hits = [a for a in want if lo <= a < lo + CHUNK]
         if hits:
             v = base(lo, min(lo + CHUNK, n))
-            copy_of.update({want[a]: v[a - lo] for a in hits})
+            copy_of.update({want[a]: v[a - lo].copy() for a in hits})  # a copy: a view would keep its chunk
     copy_of.update({r: evals_v[e] for r, e in leak_of.items()})
 
     def chunks():

@@ -168,8 +168,8 @@ def shell_command(words: Sequence[str], flag: str = "command") -> str:
 def sbatch_script(spec: SlurmSpec, command: Sequence[str], python: str = "python") -> str:
     """Text of an sbatch script that runs ``halsift <command>`` across ``spec.nodes`` nodes.
 
-    ``srun`` starts one task per node; each task runs the launcher with the c10d rendezvous on the first node,
-    so node ranks come from SLURM (``$SLURM_NODEID``) and no rank bookkeeping is done here. tqdm is silenced
+    ``srun`` starts one task per node; each task runs the launcher with the rendezvous on the first node and its
+    node rank from SLURM (``$SLURM_NODEID``), so no rank bookkeeping is done here. tqdm is silenced
     through ``HALSIFT_QUIET`` (bars in SLURM logs are noise). ``python`` is the interpreter each task runs: give
     an absolute path (the CLI passes its own) unless ``spec.setup`` activates the environment.
     """
@@ -202,8 +202,13 @@ def sbatch_script(spec: SlurmSpec, command: Sequence[str], python: str = "python
                  f"--machine_rank=$SLURM_NODEID --main_process_ip=$MASTER_ADDR --main_process_port=$MASTER_PORT "
                  f"--rdzv_backend=c10d {'--multi_gpu ' if total > 1 else ''}{cmd}")
     else:
+        # static rendezvous: the node rank is SLURM's, the store on the first node. Not c10d: its agents poll the
+        # store while their workers run (`num_nodes_waiting`), and one whose peer agent (hosting the store) has
+        # already exited fails the job with RendezvousConnectionError although every worker finished (seen on a
+        # loaded 2-node run; pytorch/pytorch#69197, torchtune#2676). A SLURM allocation has a fixed node count, so
+        # nothing elastic is lost.
         inner = (f"{py} -m torch.distributed.run --nnodes={spec.nodes} --nproc_per_node={spec.procs_per_node} "
-                 f"--rdzv_id=$SLURM_JOB_ID --rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT {cmd}")
+                 f"--node_rank=$SLURM_NODEID --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT {cmd}")
     # single quotes: $SLURM_NODEID must expand inside each task, not once in the batch shell. --cpus-per-task is
     # repeated on srun: since Slurm 22.05 srun does not inherit sbatch's (srun(1), --cpus-per-task).
     lines.append(f"srun --ntasks={spec.nodes} --ntasks-per-node=1 --cpus-per-task={spec.cpus_per_task} "
