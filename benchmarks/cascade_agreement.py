@@ -46,16 +46,15 @@ def kept_captions(scores: np.ndarray, groups: np.ndarray, n: int, keep: float) -
 
 
 def replay(keys: list[str], idx: np.ndarray, cheap: np.ndarray, judge: np.ndarray, budget: float, keep: float,
-           sample: float, agg: str) -> tuple[np.ndarray, float]:
-    """The cascade's standing scores (the judge's where it would call it) and the judge share it spends."""
+           sample: float, agg: str) -> np.ndarray:
+    """The cascade's standing scores: the judge's where it would call it, the cheap stage's placed elsewhere."""
     from halsift.filtering.scoring.cascade_plan import fit_plan, unit_sample
 
     rate = sample * budget
     sampled = unit_sample(keys, idx, 0, rate, agg)
     plan = fit_plan("replay", cheap, sampled, judge[sampled], budget, keep, rate, 0, keys=keys, agg=agg)
     in_s, band = plan.judged(keys, idx, cheap)
-    judged = in_s | band
-    return np.where(judged, judge, plan.standing(keys, cheap)), float(judged.mean())
+    return np.where(in_s | band, judge, plan.standing(keys, cheap))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{(kept_captions(c, groups, n, a.keep) & top).sum() / top.sum():.3f}"]
         for agg in a.agg:
             for b in a.budgets:
-                final, _ = replay(keys, idx, c, j, b, a.keep, a.sample, agg)
+                final = replay(keys, idx, c, j, b, a.keep, a.sample, agg)
                 cells.append(f"{(kept_captions(final, groups, n, a.keep) & top).sum() / top.sum():.3f}")
         print(f"| {name} | {rho:.3f} | " + " | ".join(cells) + " |")
     return 0

@@ -35,7 +35,8 @@ class CascadeDetector(Detector):
     """Options: ``cheap`` (spec), ``judge`` (spec), ``budget`` (largest share of the units the judge scores),
     ``keep`` (the selection cut aimed at), ``sample`` (share of the budget spent on the random sample), ``seed``,
     ``agg`` (``sentence``, or ``mean``/``min``: the selection keeps whole captions ranked by that aggregate, and the
-    cascade judges whole captions), ``plan`` (a cascade score folder whose frozen plan this run applies: calibration units)."""
+    cascade judges whole captions), ``plan`` (a cascade score folder whose frozen plan this run applies:
+    calibration units)."""
 
     family = "cascade"
     set_level = True  # depends on the whole corpus: run by halsift score as a staged job, never per batch

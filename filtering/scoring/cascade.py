@@ -186,7 +186,7 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
 
     _stage(job, det.cheap, stages / "cheap", engine, job.embeddings)
     keys, idx, cheap, _ = _units(stages / "cheap")
-    agg = load_plan(det.plan).agg if det.plan else det.agg
+    agg = det.agg  # a frozen plan has it too: its spec, which holds agg, must equal this one
     caps = caption_labels(job.data, keys, agg)  # what a caption-level cascade groups and samples by
     rate = det.sample * det.budget
     if det.plan:  # calibration units through the corpus's frozen cascade
@@ -199,7 +199,7 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
         raw = _judge_stage(job, det.judge_spec, pdir / "judged.parquet", stages / "judged", engine)
         band_mask = judged_mask & ~sampled
     else:
-        sampled = unit_sample(caps, idx, det.seed, rate, det.agg)
+        sampled = unit_sample(caps, idx, det.seed, rate, agg)
         _write_keys(pdir / "sample.parquet", [k for k, m in zip(keys, sampled) if m], idx[sampled], state)
         raw = _judge_stage(job, det.judge_spec, pdir / "sample.parquet", stages / "sample", engine)
         plan_path = pdir / PLAN_FILE
@@ -213,7 +213,7 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
                 else np.empty((0, 1))
             try:
                 plan = fit_plan(spec, cheap, sampled, js, det.budget, det.keep, rate, det.seed, norm, weights,
-                                keys=caps, agg=det.agg)
+                                keys=caps, agg=agg)
             except ValueError as e:
                 raise CascadeError(str(e)) from None
             if state.is_main_process:

@@ -41,8 +41,6 @@ TIE_BREAK = 0.01  # weight of the cheap score's corpus quantile in a mapped scor
 # judge's scale is flat (a judge with few distinct scores maps many cheap scores to one value)
 
 
-
-
 def caption_groups(keys: list[str]) -> tuple[np.ndarray, int]:
     """Per unit, the index of its caption (its key) among the distinct keys, and how many there are."""
     _, inv = np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)
@@ -271,53 +269,31 @@ def fit_plan(spec: str, cheap: np.ndarray, sampled: np.ndarray, judge_sample: np
     members = np.asarray(judge_sample, np.float64).reshape(len(judge_sample), -1)
     stats = judge_norm_stats(judge_norm, members)
     j = combine_frozen(members, judge_norm, judge_weights, stats)
-    if agg != "sentence":
-        if keys is None:
-            raise ValueError("cascade: a caption-level plan needs the units' keys")
-        return _fit_captions(spec, c, sampled, j, budget, keep, sample_rate, seed, judge_norm, judge_weights, stats,
-                             keys, agg)
+    if agg != "sentence" and keys is None:
+        raise ValueError("cascade: a caption-level plan needs the units' keys")
+    # the decisions are per group: each unit its own (agg sentence), or each caption (mean / min of its units)
     n = len(c)
-    calls = max(0, math.floor(budget * n) - int(sampled.sum()))
-    tau = float(np.quantile(j, 1.0 - keep))
-    desc = np.sort(c)[::-1]
-    cheap_cut = float(desc[min(n - 1, math.floor(keep * n))])
-    values, inv = np.unique(c, return_inverse=True)
-    cost = np.bincount(inv, weights=(~sampled).astype(np.float64), minlength=len(values)).astype(np.int64)
-    p = keep_chance(c[sampled], j >= tau, values)
-    band_idx = choose_band(values, cost, np.minimum(p, 1.0 - p), int(np.searchsorted(values, cheap_cut)), calls)
-    band = None if band_idx is None else (float(values[band_idx[0]]), float(values[band_idx[1]]))
-    x, y, q = quantile_map(c, j)
-    plan = Plan(spec, n, sample_rate, seed, keep, budget, tau, cheap_cut, band, x, y, q, int(sampled.sum()), 0,
-                judge_norm, judge_weights, stats)
-    plan.band_calls = int((plan.in_band(c) & ~sampled).sum())
-    return plan
-
-
-def _fit_captions(spec: str, c: np.ndarray, sampled: np.ndarray, j: np.ndarray, budget: float, keep: float,
-                  sample_rate: float, seed: int, judge_norm: str, judge_weights, stats, keys: list[str], agg: str
-                  ) -> Plan:
-    """:func:`fit_plan` for whole captions: cut, band and caption map on the captions' aggregates."""
-    groups, ng = caption_groups(keys)
-    judge_all = np.full(len(c), np.nan)
+    groups, ng = (np.arange(n), n) if agg == "sentence" else caption_groups(keys)
+    judge_all = np.full(n, np.nan)
     judge_all[sampled] = j
-    sampled_c = np.zeros(ng, bool)
-    sampled_c[groups[sampled]] = True
-    if (np.bincount(groups, weights=sampled, minlength=ng) != np.bincount(groups, minlength=ng))[sampled_c].any():
+    sampled_g = np.zeros(ng, bool)
+    sampled_g[groups[sampled]] = True
+    units = np.bincount(groups, minlength=ng)
+    if (np.bincount(groups, weights=sampled, minlength=ng) != units)[sampled_g].any():
         raise ValueError("cascade: a caption-level sample must hold every sentence of a sampled caption")
-    ca = aggregate(c, groups, ng, agg)
-    ja = aggregate(judge_all, groups, ng, agg)[sampled_c]
-    calls = max(0, math.floor(budget * len(c)) - int(sampled.sum()))
+    ca = c if agg == "sentence" else aggregate(c, groups, ng, agg)
+    ja = judge_all[sampled] if agg == "sentence" else aggregate(judge_all, groups, ng, agg)[sampled_g]
+    calls = max(0, math.floor(budget * n) - int(sampled.sum()))
     tau = float(np.quantile(ja, 1.0 - keep))
     desc = np.sort(ca)[::-1]
     cheap_cut = float(desc[min(ng - 1, math.floor(keep * ng))])
     values, inv = np.unique(ca, return_inverse=True)
-    sentences = np.bincount(groups, minlength=ng)
-    cost = np.bincount(inv, weights=np.where(sampled_c, 0, sentences), minlength=len(values)).astype(np.int64)
-    p = keep_chance(ca[sampled_c], ja >= tau, values)
+    cost = np.bincount(inv, weights=np.where(sampled_g, 0, units), minlength=len(values)).astype(np.int64)
+    p = keep_chance(ca[sampled_g], ja >= tau, values)
     band_idx = choose_band(values, cost, np.minimum(p, 1.0 - p), int(np.searchsorted(values, cheap_cut)), calls)
     band = None if band_idx is None else (float(values[band_idx[0]]), float(values[band_idx[1]]))
     x, y, q = quantile_map(c, j)
-    plan = Plan(spec, len(c), sample_rate, seed, keep, budget, tau, cheap_cut, band, x, y, q, int(sampled.sum()), 0,
-                judge_norm, judge_weights, stats, agg, list(quantile_map(ca, ja)))
+    plan = Plan(spec, n, sample_rate, seed, keep, budget, tau, cheap_cut, band, x, y, q, int(sampled.sum()), 0,
+                judge_norm, judge_weights, stats, agg, None if agg == "sentence" else list(quantile_map(ca, ja)))
     plan.band_calls = int((plan.in_band(ca)[groups] & ~sampled).sum())
     return plan

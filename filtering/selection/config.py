@@ -78,7 +78,8 @@ class SelectConfig:
     num_tasks: int | None = field(None, help="reshard as one of N processes sharing --out (default: "
                                              "$SLURM_ARRAY_TASK_COUNT in an array)", cli={**_SCALE, "metavar": "N"})
     task_index: int | None = field(None, help="this process's index, 0..N-1", cli={**_SCALE, "metavar": "I"})
-    memory_limit: str | None = field(None, help="DuckDB's memory limit for the keys (it spills beyond it), e.g. 1GB; default 128MB", cli=_SCALE)
+    memory_limit: str | None = field(None, help="DuckDB's memory limit for the keys (it spills beyond it), e.g. 1GB; "
+                                                "default 128MB", cli=_SCALE)
     wandb: WandbFlag | None = wandb_mode_field()
     wandb_project: str = wandb_project_field()
     # composed selection (halsift.filtering.selection.compose); --scores NAME=DIR may repeat
