@@ -63,14 +63,14 @@ TINY = ["world.images=240", "world.bench_images=30", "world.pretrain_images=200"
         "detectors.judge.options.judge_steps=10", "detectors.clip-lora.options.steps=10", "evals={}"]
 
 
-def cascade_overrides(budgets: tuple[float, ...], agg: str = "mean") -> list[str]:
+def cascade_overrides(budgets: tuple[float, ...], agg: str = "mean", learn: str = "") -> list[str]:
     """One ``score.detectors`` entry per budget: the quickstart's clip-lora as the cheap stage, its judge as judge."""
     return [f"score.detectors.cascade-{round(100 * b)}=cascade:cheap=[{{trained.{CHEAP}}}],"
-            f"judge=[{{trained.{JUDGE}}}],budget={b}{_agg(agg)}" for b in budgets]
+            f"judge=[{{trained.{JUDGE}}}],budget={b}{_agg(agg, learn)}" for b in budgets]
 
 
-def _agg(agg: str) -> str:
-    return "" if agg == "sentence" else f",agg={agg}"
+def _agg(agg: str, learn: str = "") -> str:
+    return ("" if agg == "sentence" else f",agg={agg}") + (f",learn={learn}" if learn else "")
 
 
 def halsift(*args: str) -> None:
@@ -85,21 +85,41 @@ def manifest(folder: Path) -> dict:
     return json.loads((folder / "_manifest.json").read_text())
 
 
-def distil_student(seed: int, out: Path, sets: list[str], share: float, steps: int) -> dict:
-    """The student of world ``seed`` (module docstring): the recipe's stages up to ``dedup``, then the teacher (the
-    judge on ``share`` of the corpus's captions, drawn at random), the sample's embeddings and the distillation.
-    Returns ``{"spec", "teacher_calls", "teacher_wall_s", "units", "held_out_spearman"}``; each step resumes."""
+def before_score(seed: int, out: Path, sets: list[str]):
+    """The recipe of world ``seed`` with its stages up to ``dedup`` run: ``(recipe, paths)``."""
     from halsift.launch.cmd_run import load_recipe
     from halsift.launch.recipe import run_recipe
     from halsift.launch.recipe_config import STAGES
     from halsift.launch.stages import resolve_paths
-    from halsift.launch.stages.detectors import trained_spec
 
     before = STAGES[:STAGES.index("score")]
     r = load_recipe("quickstart", [f"seed={seed}", f"run_dir={out / f'seed{seed}'}", *sets,
                                    f"stages=[{','.join(before)}]"])
     run_recipe(r)
-    p = resolve_paths(r)
+    return r, resolve_paths(r)
+
+
+def base_clip(r, p) -> str:
+    """The pretrained base CLIP's spec (as the quickstart's ``clip`` detector; the student's and learn='s vectors)."""
+    base = Path(p.base).resolve() if Path(p.base).is_file() else p.base
+    return f"clip:arch={r.model.arch},checkpoint={base}"
+
+
+def embed_corpus(seed: int, out: Path, sets: list[str]) -> str:
+    """The corpus's base-CLIP vectors (``RUN/emb``), which ``learn=`` cascades read; resumes."""
+    r, p = before_score(seed, out, sets)
+    d = (p.run / "emb").resolve()
+    halsift("embed", "--model", base_clip(r, p), "--data", p.corpus, "--out", d, "--no-progress")
+    return str(d)
+
+
+def distil_student(seed: int, out: Path, sets: list[str], share: float, steps: int) -> dict:
+    """The student of world ``seed`` (module docstring): the recipe's stages up to ``dedup``, then the teacher (the
+    judge on ``share`` of the corpus's captions, drawn at random), the sample's embeddings and the distillation.
+    Returns ``{"spec", "teacher_calls", "teacher_wall_s", "units", "held_out_spearman"}``; each step resumes."""
+    from halsift.launch.stages.detectors import trained_spec
+
+    r, p = before_score(seed, out, sets)
     d = (p.run / "student").resolve()
     if not (d / "draw" / "_manifest.json").exists() or manifest(d / "draw").get("status") != "complete":
         halsift("score", "--detector", f"random:seed={seed}", "--data", p.corpus, "--out", d / "draw", "--no-progress")
@@ -108,9 +128,7 @@ def distil_student(seed: int, out: Path, sets: list[str], share: float, steps: i
                 "--random", "--seed", seed, "--keep", share, "--no-progress")
     halsift("score", "--detector", trained_spec(r, p, JUDGE), "--data", d / "sample", "--out", d / "teacher",
             "--no-progress")
-    base = Path(p.base).resolve() if Path(p.base).is_file() else p.base
-    halsift("embed", "--model", f"clip:arch={r.model.arch},checkpoint={base}", "--data", d / "sample", "--out",
-            d / "emb", "--no-progress")
+    halsift("embed", "--model", base_clip(r, p), "--data", d / "sample", "--out", d / "emb", "--no-progress")
     cfg_file = d / "student" / "config.json"
     if not cfg_file.exists() or json.loads(cfg_file.read_text()).get("teacher") != str(d / "teacher"):
         halsift("train", "detector", "--teacher", d / "teacher", "--embeddings", d / "emb", "--out", d,
@@ -122,7 +140,7 @@ def distil_student(seed: int, out: Path, sets: list[str], share: float, steps: i
             "held_out_spearman": cfg.get("held_out_spearman")}
 
 
-def student_overrides(student: dict, agg: str = "mean") -> tuple[list[str], float]:
+def student_overrides(student: dict, agg: str = "mean", learn: str = "") -> tuple[list[str], float]:
     """``score.detectors`` entries of the student and its cascade, and the cascade's own budget: the target's
     share of the units less the teacher's."""
     budget = round(TARGET - student["teacher_calls"] / student["units"], 4)
@@ -131,7 +149,7 @@ def student_overrides(student: dict, agg: str = "mean") -> tuple[list[str], floa
                          f"{TARGET:.0%} of {student['units']} units; lower --teacher-share")
     return [f"score.detectors.{STUDENT}={student['spec']}",
             f"score.detectors.{STUDENT_CASCADE}=cascade:cheap=[{student['spec']}],judge=[{{trained.{JUDGE}}}],"
-            f"budget={budget}{_agg(agg)}"], budget
+            f"budget={budget}{_agg(agg, learn)}"], budget
 
 
 def scoring(run_dir: Path, name: str) -> tuple[int | None, float]:
@@ -177,22 +195,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cascade-agg", default="mean", choices=["mean", "min", "sentence"],
                     help="the cascades' unit: whole captions by this aggregate (mean: as the quickstart selects) or "
                          "sentence")
+    ap.add_argument("--learn", action=argparse.BooleanOptionalAction, default=True,
+                    help="cascades refine their cheap score on the judge's sample (learn=: a ridge head on the "
+                         "corpus's base-CLIP vectors, embedded once per world; default: on)")
     ap.add_argument("--set", nargs="*", default=[], dest="sets", help="more recipe overrides key=value")
     args = ap.parse_args(argv)
     if not 0 < args.teacher_share < TARGET:
         ap.error(f"--teacher-share: expected a share in (0, {TARGET}), got {args.teacher_share}")
     os.environ.setdefault("WANDB_MODE", "offline")
     steps = args.student_steps or (50 if args.tiny else 500)
-    sets = [*cascade_overrides(BUDGETS, args.cascade_agg),
-            f"finetune.seeds=[{','.join(map(str, range(args.finetune_seeds)))}]",
+    sets = [f"finetune.seeds=[{','.join(map(str, range(args.finetune_seeds)))}]",
             *(TINY if args.tiny else []), *args.sets]
     out, ok = Path(args.out), True
     filters = [JUDGE, CHEAP, *(f"cascade-{round(100 * b)}" for b in BUDGETS)]
     for seed in args.seeds:
-        student, extra = None, []
+        # a tiny world's samples are too small to teach a head (cascade_learn.MIN_UNITS)
+        learn = embed_corpus(seed, out, sets) if args.learn and not args.tiny else ""
+        student, extra = None, cascade_overrides(BUDGETS, args.cascade_agg, learn)
         if args.student:
             student = distil_student(seed, out, sets, args.teacher_share, steps)
-            extra, budget = student_overrides(student, args.cascade_agg)
+            more, budget = student_overrides(student, args.cascade_agg, learn)
+            extra += more
         metrics, _, _ = run_seed(seed, out, [*sets, *extra])
         run_dir = out / f"seed{seed}"
         units = manifest(run_dir / "score" / CHEAP / "corpus")["sentences"]

@@ -35,8 +35,9 @@ class CascadeDetector(Detector):
     """Options: ``cheap`` (spec), ``judge`` (spec), ``budget`` (largest share of the units the judge scores),
     ``keep`` (the selection cut aimed at), ``sample`` (share of the budget spent on the random sample), ``seed``,
     ``agg`` (``sentence``, or ``mean``/``min``: the selection keeps whole captions ranked by that aggregate, and the
-    cascade judges whole captions), ``plan`` (a cascade score folder whose frozen plan this run applies:
-    calibration units)."""
+    cascade judges whole captions), ``learn`` (a ``halsift embed`` folder of the corpus: refine the cheap score with a
+    head on those vectors taught by the judge's sample, :mod:`halsift.filtering.scoring.cascade_learn`), ``plan`` (a
+    cascade score folder whose frozen plan this run applies: calibration units)."""
 
     family = "cascade"
     set_level = True  # depends on the whole corpus: run by halsift score as a staged job, never per batch
@@ -51,12 +52,16 @@ class CascadeDetector(Detector):
         "seed": "the random sample is a hash of (seed, key, sentence index): the same for every run",
         "agg": "sentence (the cut is on sentences), or mean / min: the selection keeps whole captions ranked by that "
                "aggregate of their sentence scores, and the sample and the band are whole captions",
+        "learn": "a `halsift embed` folder of the corpus: before the band is placed, the judge's random sample teaches "
+                 "a ridge head on those CLIP vectors and the cheap score, whose prediction replaces the cheap score "
+                 "(no extra judge call; default: the cheap score as it is)",
         "plan": "a cascade score folder (or its _cascade/plan.json): apply its frozen plan instead of fitting one "
                 "(score calibration units through the corpus's cascade)",
     }
 
     def __init__(self, cheap: str | dict = "", judge: str | dict = "", budget: float = 0.25, keep: float = 0.2,
-                 sample: float = 0.3, seed: int = 0, agg: str = "sentence", plan: str | None = None) -> None:
+                 sample: float = 0.3, seed: int = 0, agg: str = "sentence", learn: str = "",
+                 plan: str | None = None) -> None:
         super().__init__()
         from halsift.filtering.detectors.spec import check_spec
 
@@ -72,7 +77,9 @@ class CascadeDetector(Detector):
         if agg not in AGGS:
             raise ValueError(f"agg={agg!r}: expected one of {', '.join(AGGS)} (the selection's caption aggregate, "
                              "or sentence)")
-        self.agg = agg
+        if not isinstance(learn, str):
+            raise ValueError(f"learn={learn!r}: expected a `halsift embed` folder of the corpus")
+        self.agg, self.learn = agg, learn
         self.cheap, self.judge_spec = cheap, judge
         self.budget, self.keep, self.sample, self.seed = float(budget), float(keep), float(sample), seed
         self.plan = plan
@@ -84,7 +91,8 @@ class CascadeDetector(Detector):
 
         return format_spec("cascade", {"cheap": f"[{spec_text(self.cheap)}]", "judge": f"[{spec_text(self.judge_spec)}]",
                                        "budget": self.budget, "keep": self.keep, "sample": self.sample,
-                                       "seed": self.seed, **({"agg": self.agg} if self.agg != "sentence" else {})})
+                                       "seed": self.seed, **({"agg": self.agg} if self.agg != "sentence" else {}),
+                                       **({"learn": self.learn} if self.learn else {})})
 
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
         raise DetectorError("cascade: fitted on the whole corpus, so it runs as a staged job: halsift score "

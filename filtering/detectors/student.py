@@ -75,6 +75,7 @@ class StudentDetector(Detector):
         self.model = head(int(cfg["dim"]), int(cfg["hidden"]))
         self.model.load_state_dict(read_safetensors(folder / "model.safetensors", "student weights"))
         self.model.eval()
+        self.linear = cfg.get("output") == "linear"  # a cascade's learned head (cascade_learn): its raw output
         self._torch = torch
 
     def to(self, device) -> "StudentDetector":
@@ -98,8 +99,9 @@ class StudentDetector(Detector):
         img, txt, unread = self._vectors(items)
         x = self._torch.from_numpy(features(img, txt))
         with self._torch.no_grad():
-            p = self._torch.sigmoid(self.model(x)[:, 0]).numpy()
-        return [Result(50.0, parsed=False) if bad else Result(float(100.0 * s)) for s, bad in zip(p, unread)]
+            out = self.model(x)[:, 0]
+            p = out.numpy() if self.linear else 100.0 * self._torch.sigmoid(out).numpy()
+        return [Result(50.0, parsed=False) if bad else Result(float(s)) for s, bad in zip(p, unread)]
 
 
 def _encoder(model: str, dim: int, path: str):

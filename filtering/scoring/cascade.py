@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from halsift.corpus.errors import InputError
-from halsift.filtering.scoring.cascade_plan import Plan, fit_plan, unit_sample
+from halsift.filtering.scoring.cascade_plan import Plan, combine_frozen, fit_plan, judge_norm_stats, unit_sample
 from halsift.filtering.scoring.engine import EngineSummary, ScoreJob
 
 STAGES, PLAN_DIR, PLAN_FILE = "_stages", "_cascade", "plan.json"
@@ -172,6 +172,26 @@ def load_plan(where: str | Path) -> Plan:
     return Plan.from_json(json.loads(p.read_text()))
 
 
+def load_plan_dir(where: str | Path) -> Path:
+    """The folder holding a frozen plan's files (``plan.json`` and a ``learn=`` head's student)."""
+    p = Path(where)
+    return p / PLAN_DIR if p.is_dir() else p.parent
+
+
+def _refine(job: ScoreJob, engine: str, plan_dir: Path, learned: dict, embeddings: str | None, stages: Path,
+            keys: list[str], idx: np.ndarray, cheap: np.ndarray) -> np.ndarray:
+    """Stage ``learned``: the plan's head on every unit (from ``embeddings``, else encoded); the refined scores in
+    the cheap stage's order."""
+    from halsift.filtering.scoring.cascade_learn import refined, student_spec
+
+    _stage(job, student_spec(plan_dir, learned, embeddings), stages / "learned", engine)
+    lk, li, ls, _ = _units(stages / "learned")
+    if lk != keys or not np.array_equal(li, idx):
+        at = {(k, int(i)): v for k, i, v in zip(lk, li, ls)}
+        ls = np.array([at[(k, int(i))] for k, i in zip(keys, idx)])
+    return refined(ls, cheap, learned)
+
+
 def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
     """Run the cascade of ``job.detector`` as the staged job of the module docstring."""
     from halsift.corpus.shards import write_json_atomic
@@ -193,6 +213,8 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
         plan = load_plan(det.plan)
         if plan.spec != spec:
             raise CascadeError(f"plan={det.plan}: fitted for {plan.spec!r}, not this cascade {spec!r}")
+        if plan.learned:  # the corpus's head, each calibration unit encoded by the CLIP that made its vectors
+            cheap = _refine(job, engine, Path(load_plan_dir(det.plan)), plan.learned, None, stages, keys, idx, cheap)
         sampled, band = plan.judged(caps, idx, cheap)
         judged_mask = sampled | band
         _write_keys(pdir / "judged.parquet", [k for k, m in zip(keys, judged_mask) if m], idx[judged_mask], state)
@@ -208,14 +230,29 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
             if plan.spec != spec or plan.units != len(keys):
                 raise CascadeError(f"{out}: holds a cascade fitted for {plan.spec!r} on {plan.units} units; this run "
                                    f"is {spec!r} on {len(keys)}: use a new --out")
+            if plan.learned:
+                cheap = _refine(job, engine, pdir, plan.learned, det.learn, stages, keys, idx, cheap)
         else:
             js = np.stack([raw[(k, int(i))][0] for k, i, m in zip(keys, idx, sampled) if m]) if sampled.any() \
                 else np.empty((0, 1))
+            fit_on, learned = cheap, None
+            if det.learn:  # the sample's judge scores teach a head that refines the cheap score (cascade_learn)
+                from halsift.filtering.scoring.cascade_learn import learn
+
+                groups = np.unique(np.asarray(caps, dtype=object).astype(str), return_inverse=True)[1]
+                learned, oof = learn(det.learn, keys, idx, groups, sampled, cheap,
+                                     combine_frozen(js, norm, weights, judge_norm_stats(norm, js)), pdir)
+                learned = learned.to_json()
+                state.wait_for_everyone()
+                cheap = _refine(job, engine, pdir, learned, det.learn, stages, keys, idx, cheap)
+                fit_on = cheap.copy()
+                fit_on[sampled] = oof  # the sample's own predictions would look more like the judge than the rest
             try:
-                plan = fit_plan(spec, cheap, sampled, js, det.budget, det.keep, rate, det.seed, norm, weights,
+                plan = fit_plan(spec, fit_on, sampled, js, det.budget, det.keep, rate, det.seed, norm, weights,
                                 keys=caps, agg=agg)
             except ValueError as e:
                 raise CascadeError(str(e)) from None
+            plan.learned = learned
             if state.is_main_process:
                 pdir.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(plan_path, plan.to_json())
@@ -227,13 +264,15 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
     combined = plan.judge_scores(np.stack([raw[u][0] for u in units])) if units else np.empty(0)
     scores = {u: (float(v), raw[u][1]) for u, v in zip(units, combined)}
     manifest = _combine(job, spec, plan, stages / "cheap", scores, int(sampled.sum()), int(band_mask.sum()),
-                        det.plan, state, dict(zip(keys, caps)) if agg != "sentence" else None)
+                        det.plan, state, dict(zip(keys, caps)) if agg != "sentence" else None,
+                        stages / "learned" if plan.learned else None)
     return EngineSummary(engine, out, True, state.is_main_process, [cascade_line(manifest)] if manifest else [],
                          manifest or {})
 
 
 def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict, sample_units: int,
-             band_units: int, frozen_from: str | None, state, caption_of: dict | None = None) -> dict | None:
+             band_units: int, frozen_from: str | None, state, caption_of: dict | None = None,
+             learned_dir: Path | None = None) -> dict | None:
     """Write the cascade's own parts (one per cheap part) and manifest; returns the manifest (main process)."""
     import pyarrow.parquet as pq
 
@@ -257,7 +296,16 @@ def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict
         t = pq.read_table(cheap_dir / p.name, columns=["key", "sentence_index", "score", "parsed", "captioner"])
         keys, idx = t["key"].to_pylist(), t["sentence_index"].to_pylist()
         # a caption's sentences are all in one part (a shard's sample, a bench part's caption groups)
-        mapped = plan.standing([caption_of[k] for k in keys] if caption_of else keys, t["score"].to_numpy())
+        base = t["score"].to_numpy()
+        if learned_dir is not None:  # learn=: the plan maps the refined score, not the cheap one
+            from halsift.filtering.scoring.cascade_learn import refined
+
+            lt = pq.read_table(learned_dir / p.name, columns=["key", "sentence_index", "score"])
+            if lt["key"].to_pylist() != keys or lt["sentence_index"].to_pylist() != idx:
+                raise CascadeError(f"{learned_dir / p.name}: its units differ from {cheap_dir / p.name}'s; rerun "
+                                   "the cascade into a new --out")
+            base = refined(lt["score"].to_numpy(), base, plan.learned)
+        mapped = plan.standing([caption_of[k] for k in keys] if caption_of else keys, base)
         cheap_parsed = t["parsed"].to_pylist()
         score, parsed, who = [], [], []
         for j, (k, i) in enumerate(zip(keys, idx)):
@@ -279,6 +327,7 @@ def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict
              "judge_share": percent(calls / units, 4) if units else None, "budget": percent(plan.budget, 4),
              "keep": percent(plan.keep, 4), "sample_units": sample_units, "band_units": band_units,
              "band": list(plan.band) if plan.band else None, "cut": plan.cut, "scored_by": by,
+             "learned": plan.learned,
              "stages": [str(d) for d in sorted((out / STAGES).iterdir())]}
     m = finish_manifest(out, ident, parts, time.perf_counter() - t0, units, 0, 1,
                         max_parse_failures=job.max_parse_failures, extra={"cascade": block})
@@ -290,7 +339,9 @@ def cascade_line(m: dict) -> str:
     c = m["cascade"]
     return (f"cascade: the judge scored {c['judge_calls']} of {c['units']} units ({c['judge_share']:g}%, budget "
             f"{c['budget']:g}%): {c['sample_units']} sampled, {c['band_units']} in the band"
-            + (f" (frozen plan of {c['frozen_from']})" if c["frozen_from"] else ""))
+            + (f" (frozen plan of {c['frozen_from']})" if c["frozen_from"] else "")
+            + (f"; cheap score refined on the sample (Spearman with the judge {c['learned']['cheap_spearman']:.3f} "
+               f"-> {c['learned']['learned_spearman']:.3f} out of fold)" if c.get("learned") else ""))
 
 
 def with_plan(spec: Any, plan_dir: str | Path) -> Any:

@@ -104,6 +104,9 @@ class Plan:
     # map a caption's cheap aggregate onto the judge's caption scale
     agg: str = "sentence"
     caption_knots: list | None = None
+    # ``learn=``: the head that refines the cheap score (:class:`.cascade_learn.Learned`); every "cheap" score the
+    # plan reads (cut, band, map) is then the refined one
+    learned: dict | None = None
 
     def judge_scores(self, member_scores: np.ndarray) -> np.ndarray:
         """Member scores ``[units, members]`` -> the judge's score with the frozen normalisation."""
