@@ -2,6 +2,7 @@
 
     python benchmarks/cascade_agreement.py runs/cascade_table/seed21/score
     python benchmarks/cascade_agreement.py RUN/score --judge judge --cheap clip-lora student --budgets 0.1 0.25 0.5
+    python benchmarks/cascade_agreement.py RUN/score --learn RUN/emb     # also each cascade with learn=RUN/emb
 
 Reads ``SCORE_DIR/<name>/corpus`` of a recipe run (a judge scored on everything, and cheap detectors), and for each
 cheap stage prints: the Spearman correlation of its caption scores with the judge's (mean of the sentences), the
@@ -46,13 +47,23 @@ def kept_captions(scores: np.ndarray, groups: np.ndarray, n: int, keep: float) -
 
 
 def replay(keys: list[str], idx: np.ndarray, cheap: np.ndarray, judge: np.ndarray, budget: float, keep: float,
-           sample: float, agg: str) -> np.ndarray:
-    """The cascade's standing scores: the judge's where it would call it, the cheap stage's placed elsewhere."""
-    from halsift.filtering.scoring.cascade_plan import fit_plan, unit_sample
+           sample: float, agg: str, feats: np.ndarray | None = None) -> np.ndarray:
+    """The cascade's standing scores: the judge's where it would call it, the cheap stage's placed elsewhere. With
+    ``feats`` (the units' student features) the cheap score is first refined as ``learn=`` does
+    (:mod:`halsift.filtering.scoring.cascade_learn`: a ridge head fitted on the sample, out of fold there)."""
+    from halsift.filtering.scoring.cascade_learn import fit_head
+    from halsift.filtering.scoring.cascade_plan import caption_groups, fit_plan, unit_sample
 
     rate = sample * budget
     sampled = unit_sample(keys, idx, 0, rate, agg)
-    plan = fit_plan("replay", cheap, sampled, judge[sampled], budget, keep, rate, 0, keys=keys, agg=agg)
+    fit_on = cheap
+    if feats is not None:
+        groups, _ = caption_groups(keys)
+        w, bias, coef, oof, _ = fit_head(feats[sampled], cheap[sampled], judge[sampled], groups[sampled])
+        cheap = feats @ w + bias + coef * cheap
+        fit_on = cheap.copy()
+        fit_on[sampled] = oof
+    plan = fit_plan("replay", fit_on, sampled, judge[sampled], budget, keep, rate, 0, keys=keys, agg=agg)
     in_s, band = plan.judged(keys, idx, cheap)
     return np.where(in_s | band, judge, plan.standing(keys, cheap))
 
@@ -71,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample", type=float, default=0.3, help="share of the budget on the random sample")
     ap.add_argument("--agg", nargs="+", default=["mean", "sentence"], choices=["mean", "min", "sentence"],
                     help="the cascades' unit (the selection always keeps whole captions by mean)")
+    ap.add_argument("--learn", default="", metavar="EMB",
+                    help="also each cheap stage refined on the sample as the cascade's learn=EMB does (EMB: a "
+                         "`halsift embed` folder of the corpus, e.g. cascade_table.py's RUN/emb)")
     a = ap.parse_args(argv)
     d = Path(a.score_dir)
     judge = load(d, a.judge)
@@ -89,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(names) >= 2:
         z = lambda x: (x - x.mean()) / (x.std() or 1.0)  # noqa: E731
         cheaps[f"{names[0]}+{names[1]}"] = z(cheaps[names[0]]) + z(cheaps[names[1]])
+    feats = None
+    if a.learn:
+        from halsift.filtering.detectors.student import features
+        from halsift.filtering.scoring.cascade_learn import sample_vectors
+
+        img, txt, _ = sample_vectors(a.learn, keys, idx, np.ones(len(keys), bool))
+        feats = features(img, txt).astype(np.float64)
     cols = [f"{agg} {round(100 * b)}%" for agg in a.agg for b in a.budgets]
     print(f"{len(j)} units, {n} captions; share of the judge's kept captions (top {a.keep:.0%} by mean) that each "
           "filter keeps")
@@ -97,12 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|" + "---:|" * len(cols))
     for name, c in cheaps.items():
         rho = spearmanr(aggregate(c, groups, n, "mean"), aggregate(j, groups, n, "mean")).correlation
-        cells = [f"{(kept_captions(c, groups, n, a.keep) & top).sum() / top.sum():.3f}"]
-        for agg in a.agg:
-            for b in a.budgets:
-                final = replay(keys, idx, c, j, b, a.keep, a.sample, agg)
-                cells.append(f"{(kept_captions(final, groups, n, a.keep) & top).sum() / top.sum():.3f}")
-        print(f"| {name} | {rho:.3f} | " + " | ".join(cells) + " |")
+        for learned in (False, True) if feats is not None else (False,):
+            cells = [f"{(kept_captions(c, groups, n, a.keep) & top).sum() / top.sum():.3f}" if not learned else "–"]
+            for agg in a.agg:
+                for b in a.budgets:
+                    final = replay(keys, idx, c, j, b, a.keep, a.sample, agg, feats if learned else None)
+                    cells.append(f"{(kept_captions(final, groups, n, a.keep) & top).sum() / top.sum():.3f}")
+            label, r = (f"{name}, learn=", "–") if learned else (name, f"{rho:.3f}")
+            print(f"| {label} | {r} | " + " | ".join(cells) + " |")
     return 0
 
 

@@ -89,7 +89,8 @@ class CascadeDetector(Detector):
         ``select --calibration`` sees the same detector."""
         from halsift.filtering.detectors.spec import format_spec
 
-        return format_spec("cascade", {"cheap": f"[{spec_text(self.cheap)}]", "judge": f"[{spec_text(self.judge_spec)}]",
+        return format_spec("cascade", {"cheap": f"[{spec_text(self.cheap)}]",
+                                       "judge": f"[{spec_text(self.judge_spec)}]",
                                        "budget": self.budget, "keep": self.keep, "sample": self.sample,
                                        "seed": self.seed, **({"agg": self.agg} if self.agg != "sentence" else {}),
                                        **({"learn": self.learn} if self.learn else {})})

@@ -5,7 +5,9 @@ Spec: ``student:path=DIR,embeddings=EMB`` (``DIR``: the ``student/`` folder dist
 ``model.safetensors`` and ``config.json``; ``EMB``: a ``halsift embed`` folder of the shards to score, embedded by the
 same model as the training vectors). Without ``embeddings=``, the student encodes each unit itself with the CLIP its
 vectors came from (``config.json``'s ``embeddings_model``): for data no embeddings folder holds, e.g. a bench or
-calibration rows. A cheap stage for a cascade ([cascade.md](../../docs/cascade.md)).
+calibration rows. A cheap stage for a cascade ([cascade.md](../../docs/cascade.md)). A ``config.json`` with
+``"output": "linear"`` and ``"hidden": 0`` (a cascade's ``learn=`` head, :mod:`halsift.filtering.scoring.cascade_learn`)
+scores with the head's raw output instead of ``100 * sigmoid``.
 """
 
 from __future__ import annotations

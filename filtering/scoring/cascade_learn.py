@@ -75,7 +75,8 @@ def _pipeline(alphas=ALPHAS):
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    return make_pipeline(StandardScaler(), RidgeCV(alphas=np.array(alphas, np.float64)))  # a fresh array: sklearn writes into it
+    # a fresh array each time: RidgeCV writes into its alphas
+    return make_pipeline(StandardScaler(), RidgeCV(alphas=np.array(alphas, np.float64)))
 
 
 def fit_head(feats: np.ndarray, cheap: np.ndarray, judge: np.ndarray, groups: np.ndarray
