@@ -23,7 +23,7 @@ from halsift.corpus.safe_paths import confined_to, remove_tree
 from halsift.launch.recipe_config import Recipe
 from halsift.launch.stages import REGISTRY, Paths, resolve_paths
 from halsift.launch.stages.detectors import trained_configs
-from halsift.launch.stages.score import detector_specs
+from halsift.launch.stages.score import check_cascade_aim, detector_specs
 
 log = logging.getLogger("halsift.run")
 
@@ -32,6 +32,7 @@ log = logging.getLogger("halsift.run")
 def check(r: Recipe) -> Paths:
     """Validate everything that can be checked without loading models (the dry run)."""
     from halsift.filtering.detectors.spec import check_spec, iter_specs
+    from halsift.filtering.scoring.cascade import is_cascade
     from halsift.training.clip_config import check_model_name
 
     p = resolve_paths(r)
@@ -53,6 +54,8 @@ def check(r: Recipe) -> Paths:
             raise ConfigError(f"{key}: {e}") from None
         _check_spec_files(key, nodes, p.run)
         _note_privileges(key, nodes)
+        if is_cascade(spec):  # aimed at this recipe's cut: refused before any stage runs
+            check_cascade_aim(r, name, spec)
     if not r.world.enabled:  # user data must exist now; the world's is produced by the first stage
         for key, path in (("data.corpus", p.source_corpus or p.corpus), ("data.bench", p.bench)):
             if path:

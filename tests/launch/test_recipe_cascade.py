@@ -41,3 +41,5 @@ def test_a_cascade_aimed_at_another_cut_than_the_selection_is_refused(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "score.detectors.cascade: the cascade is aimed at agg=sentence" in err[0] and \
         "give it agg=mean" in err[0], err
+    assert not (run / "world").exists()  # refused when the recipe is checked, before any stage ran
+    assert main(["run", str(recipe), f"run_dir={run}", "--dry-run"]) == 2
