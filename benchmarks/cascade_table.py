@@ -7,9 +7,11 @@ cascade at judge budgets 10 / 25 / 50 %, and a distilled student alone and as a 
 Runs ``recipes/quickstart.yaml`` per world seed (``benchmarks/table_f.py``'s :func:`run_seed`: finished stages are
 reused) with more detectors, each selected like every filter (top 20 % of captions by mean sentence score):
 
-* ``cascade-B`` = ``cascade:cheap=[{trained.clip-lora}],judge=[{trained.judge}],budget=B,agg=mean`` for B in
-  10 / 25 / 50 % (``agg=mean``: the cascade judges whole captions around the caption cut, as every filter keeps whole
-  captions by their mean sentence score; ``--cascade-agg sentence`` puts the band on sentences instead);
+* ``cascade-B`` = ``cascade:cheap=[{trained.clip-lora}],judge=[{trained.judge}],budget=B,agg=mean,learn=RUN/emb``
+  for B in 10 / 25 / 50 % (``agg=mean``: the cascade judges whole captions around the caption cut, as every filter
+  keeps whole captions by their mean sentence score; ``--cascade-agg sentence`` puts the band on sentences instead;
+  ``learn=RUN/emb``: the judged sample teaches a head on the corpus's base-CLIP vectors, embedded once per world,
+  that refines the cheap score, ``--no-learn`` leaves it out);
 * with ``--student`` (the default; ``--no-student`` leaves them out), a student distilled from the judge, before the
   recipe's score stage (the recipe first runs its stages up to ``dedup``, so the whole recipe runs once):
 
