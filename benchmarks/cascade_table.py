@@ -107,21 +107,19 @@ def base_clip(r, p) -> str:
     return f"clip:arch={r.model.arch},checkpoint={base}"
 
 
-def embed_corpus(seed: int, out: Path, sets: list[str]) -> str:
+def embed_corpus(r, p) -> str:
     """The corpus's base-CLIP vectors (``RUN/emb``), which ``learn=`` cascades read; resumes."""
-    r, p = before_score(seed, out, sets)
     d = (p.run / "emb").resolve()
     halsift("embed", "--model", base_clip(r, p), "--data", p.corpus, "--out", d, "--no-progress")
     return str(d)
 
 
-def distil_student(seed: int, out: Path, sets: list[str], share: float, steps: int) -> dict:
-    """The student of world ``seed`` (module docstring): the recipe's stages up to ``dedup``, then the teacher (the
+def distil_student(r, p, seed: int, share: float, steps: int) -> dict:
+    """The student of world ``seed`` (module docstring; ``r``, ``p``: :func:`before_score`'s): the teacher (the
     judge on ``share`` of the corpus's captions, drawn at random), the sample's embeddings and the distillation.
     Returns ``{"spec", "teacher_calls", "teacher_wall_s", "units", "held_out_spearman"}``; each step resumes."""
     from halsift.launch.stages.detectors import trained_spec
 
-    r, p = before_score(seed, out, sets)
     d = (p.run / "student").resolve()
     if not (d / "draw" / "_manifest.json").exists() or manifest(d / "draw").get("status") != "complete":
         halsift("score", "--detector", f"random:seed={seed}", "--data", p.corpus, "--out", d / "draw", "--no-progress")
@@ -211,11 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     out, ok = Path(args.out), True
     filters = [JUDGE, CHEAP, *(f"cascade-{round(100 * b)}" for b in BUDGETS)]
     for seed in args.seeds:
+        r, p = before_score(seed, out, sets) if args.student or args.learn else (None, None)
         # a tiny world's samples are too small to teach a head (cascade_learn.MIN_UNITS)
-        learn = embed_corpus(seed, out, sets) if args.learn and not args.tiny else ""
+        learn = embed_corpus(r, p) if args.learn and not args.tiny else ""
         student, extra = None, cascade_overrides(BUDGETS, args.cascade_agg, learn)
         if args.student:
-            student = distil_student(seed, out, sets, args.teacher_share, steps)
+            student = distil_student(r, p, seed, args.teacher_share, steps)
             more, budget = student_overrides(student, args.cascade_agg, learn)
             extra += more
         metrics, _, _ = run_seed(seed, out, [*sets, *extra])

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from halsift.corpus.errors import InputError
-from halsift.filtering.scoring.cascade_plan import Plan, combine_frozen, fit_plan, judge_norm_stats, unit_sample
+from halsift.filtering.scoring.cascade_plan import Plan, caption_groups, fit_plan, sample_judge, unit_sample
 from halsift.filtering.scoring.engine import EngineSummary, ScoreJob
 
 STAGES, PLAN_DIR, PLAN_FILE = "_stages", "_cascade", "plan.json"
@@ -186,9 +186,9 @@ def _refine(job: ScoreJob, engine: str, plan_dir: Path, learned: dict, embedding
 
     _stage(job, student_spec(plan_dir, learned, embeddings), stages / "learned", engine)
     lk, li, ls, _ = _units(stages / "learned")
-    if lk != keys or not np.array_equal(li, idx):
-        at = {(k, int(i)): v for k, i, v in zip(lk, li, ls)}
-        ls = np.array([at[(k, int(i))] for k, i in zip(keys, idx)])
+    if lk != keys or not np.array_equal(li, idx):  # two score runs of one input: the same rows in the same order
+        raise CascadeError(f"{stages / 'learned'}: its units differ from {stages / 'cheap'}'s; rerun the cascade "
+                           "into a new --out")
     return refined(ls, cheap, learned)
 
 
@@ -214,7 +214,7 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
         if plan.spec != spec:
             raise CascadeError(f"plan={det.plan}: fitted for {plan.spec!r}, not this cascade {spec!r}")
         if plan.learned:  # the corpus's head, each calibration unit encoded by the CLIP that made its vectors
-            cheap = _refine(job, engine, Path(load_plan_dir(det.plan)), plan.learned, None, stages, keys, idx, cheap)
+            cheap = _refine(job, engine, load_plan_dir(det.plan), plan.learned, None, stages, keys, idx, cheap)
         sampled, band = plan.judged(caps, idx, cheap)
         judged_mask = sampled | band
         _write_keys(pdir / "judged.parquet", [k for k, m in zip(keys, judged_mask) if m], idx[judged_mask], state)
@@ -239,10 +239,9 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
             if det.learn:  # the sample's judge scores teach a head that refines the cheap score (cascade_learn)
                 from halsift.filtering.scoring.cascade_learn import learn
 
-                groups = np.unique(np.asarray(caps, dtype=object).astype(str), return_inverse=True)[1]
-                learned, oof = learn(det.learn, keys, idx, groups, sampled, cheap,
-                                     combine_frozen(js, norm, weights, judge_norm_stats(norm, js)), pdir)
-                learned = learned.to_json()
+                head, oof = learn(det.learn, keys, idx, caption_groups(caps)[0], sampled, cheap,
+                                  sample_judge(js, norm, weights)[0], pdir)
+                learned = head.to_json()
                 state.wait_for_everyone()
                 cheap = _refine(job, engine, pdir, learned, det.learn, stages, keys, idx, cheap)
                 fit_on = cheap.copy()
@@ -290,6 +289,8 @@ def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict
         state.wait_for_everyone()
         return None
     t0 = time.perf_counter()
+    from halsift.filtering.scoring.cascade_learn import refined
+
     parts = [SimpleNamespace(name=n) for n in cheap_manifest["part_files"]]
     by = {"judge": 0, "cheap": 0}
     for p in parts:
@@ -298,8 +299,6 @@ def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict
         # a caption's sentences are all in one part (a shard's sample, a bench part's caption groups)
         base = t["score"].to_numpy()
         if learned_dir is not None:  # learn=: the plan maps the refined score, not the cheap one
-            from halsift.filtering.scoring.cascade_learn import refined
-
             lt = pq.read_table(learned_dir / p.name, columns=["key", "sentence_index", "score"])
             if lt["key"].to_pylist() != keys or lt["sentence_index"].to_pylist() != idx:
                 raise CascadeError(f"{learned_dir / p.name}: its units differ from {cheap_dir / p.name}'s; rerun "

@@ -178,6 +178,15 @@ def judge_norm_stats(norm: str, sample_members: np.ndarray) -> list | None:
     return None
 
 
+def sample_judge(judge_sample: np.ndarray, norm: str = "none", weights: list[float] | None = None
+                 ) -> tuple[np.ndarray, list | None]:
+    """The judge's score of each sample unit from its member scores (one per unit, or ``[units, members]``), and the
+    normalisation statistics fitted on the sample that give it (:func:`judge_norm_stats`)."""
+    members = np.asarray(judge_sample, np.float64).reshape(len(judge_sample), -1)
+    stats = judge_norm_stats(norm, members)
+    return combine_frozen(members, norm, weights, stats), stats
+
+
 def combine_frozen(member_scores: np.ndarray, norm: str, weights: list[float] | None, stats: list | None
                    ) -> np.ndarray:
     """The ensemble's combination (:mod:`halsift.filtering.detectors.ensemble`) with normalisation statistics
@@ -269,9 +278,7 @@ def fit_plan(spec: str, cheap: np.ndarray, sampled: np.ndarray, judge_sample: np
         raise ValueError(f"cascade: agg={agg!r}: expected one of {', '.join(AGGS)}")
     c = np.asarray(cheap, np.float64)
     sampled = np.asarray(sampled, bool)
-    members = np.asarray(judge_sample, np.float64).reshape(len(judge_sample), -1)
-    stats = judge_norm_stats(judge_norm, members)
-    j = combine_frozen(members, judge_norm, judge_weights, stats)
+    j, stats = sample_judge(judge_sample, judge_norm, judge_weights)
     if agg != "sentence" and keys is None:
         raise ValueError("cascade: a caption-level plan needs the units' keys")
     # the decisions are per group: each unit its own (agg sentence), or each caption (mean / min of its units)

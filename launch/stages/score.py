@@ -104,7 +104,6 @@ def _score_cascade(r: Recipe, p: Paths, name: str, spec: str, bench: str | Path,
     if not (p.corpus and "select" in r.stages):
         raise ConfigError(f"score.detectors.{name}: a cascade is fitted on the corpus; it needs data.corpus and "
                           "the select stage")
-    check_cascade_aim(r, name, spec)
     kw = {"max_parse_failures": r.score.max_parse_failures}
     score_cascade(spec, p.corpus, corpus, unit=r.score.unit, batch_size=r.score.batch_size, **kw)
     for data, what in ((bench, "bench"), (calibration, "calibration")):
@@ -115,7 +114,8 @@ def _score_cascade(r: Recipe, p: Paths, name: str, spec: str, bench: str | Path,
 
 def check_cascade_aim(r: Recipe, name: str, spec) -> None:
     """A cascade judges around the cut its ``agg`` names: refused in one line when that is not the recipe's own
-    selection (a sentence band under a selection of whole captions by their mean spends the judge off the cut)."""
+    selection (a sentence band under a selection of whole captions by their mean spends the judge off the cut).
+    Called when the recipe is checked (:func:`halsift.launch.recipe.check`), before any stage runs."""
     from halsift.filtering.detectors.spec import iter_specs
 
     unit, agg = r.select.unit, r.select.agg
