@@ -29,7 +29,8 @@ def score(detector: Any, data: str | os.PathLike, out: str | os.PathLike, engine
     import json
     from pathlib import Path
 
-    from halsift.filtering.scoring.engine import ScoreJob, run_job
+    from halsift.execution.engines import run_job
+    from halsift.filtering.scoring.job import ScoreJob
 
     run_job(ScoreJob(detector=detector, data=data, out=out, **settings), engine)
     return json.loads((Path(out) / "_manifest.json").read_text())

@@ -35,7 +35,7 @@ def write_parts(root: Path, n: int, per_part: int = PER_PART, seed: int = 0) -> 
     import pyarrow.parquet as pq
 
     from halsift.filtering.curation.descriptors import THUMB_DIM
-    from halsift.corpus.run_folder import part_done
+    from halsift.execution.run_folder import part_done
     from halsift.filtering.curation.hash_parts import SCHEMA, made_from, part_path
 
     rng = np.random.default_rng(seed)

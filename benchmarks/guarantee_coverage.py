@@ -98,15 +98,16 @@ def held_out_coverage(s: np.ndarray, y: np.ndarray, cal_s: np.ndarray, cal_y: np
 def cascade_rows(args, work: Path, allowed: int) -> bool:
     """The guarantee through a cascade: fitted on this world's corpus, the calibration units drawn from a held-out
     world (seed + 1) scored through the frozen plan, the realized rate measured on this world's corpus."""
-    from halsift.filtering.scoring.cascade import score_cascade
+    from halsift.filtering.scoring.cascade import with_plan
+    from halsift.filtering.scoring.runner import score
     from halsift.launch.cli import main as halsift
 
     held = work / "heldout"
     if not (held / "world.json").exists():
         assert halsift(["synth", "--images", str(args.images), "--out", str(held), "--seed", str(args.seed + 1)]) == 0
-    score_cascade(CASCADE, work / "world" / "corpus", work / "cascade", batch_size=256, show_progress=False)
-    score_cascade(CASCADE, held / "corpus", work / "cascade_heldout", plan=work / "cascade", batch_size=256,
-                  show_progress=False)
+    score(CASCADE, work / "world" / "corpus", work / "cascade", batch_size=256, show_progress=False)
+    score(with_plan(CASCADE, work / "cascade"), held / "corpus", work / "cascade_heldout", batch_size=256,
+          show_progress=False)
     s, y = labelled_scores(work / "world" / "corpus", work / "cascade")
     cs, cy = labelled_scores(held / "corpus", work / "cascade_heldout")
     share = json.loads((work / "cascade" / "_manifest.json").read_text())["cascade"]["judge_share"]

@@ -56,18 +56,22 @@ def field_default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
-def fields_of(cls: type, name: str, drop: Sequence[str], doc: str) -> type:
+def fields_of(cls: type, name: str, drop: Sequence[str], doc: str, first: Sequence[str] = (),
+              frozen: bool = False) -> type:
     """A new dataclass ``name`` holding the fields of ``cls`` except ``drop``: the same types, defaults and help,
-    so that a section of a bigger config (a recipe's training sections) reuses one set of field definitions.
-    Subclass it to add fields or a ``validate()``."""
+    so that a section of a bigger config (a recipe's training sections) or the job a command's settings become
+    reuses one set of field definitions. ``first``: fields moved to the front, in that order (a job's positional
+    arguments); ``frozen``: a frozen dataclass. Subclass it to add fields or a ``validate()``."""
     hints = typing.get_type_hints(cls)
-    unknown = sorted(set(drop) - {f.name for f in dataclasses.fields(cls)})
+    unknown = sorted((set(drop) | set(first)) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
         raise TypeError(f"fields_of({cls.__name__}): no field {unknown[0]!r}")
     kept = [(f.name, hints[f.name], dataclasses.field(default=f.default, default_factory=f.default_factory,
                                                      metadata=f.metadata))
             for f in dataclasses.fields(cls) if f.init and f.name not in drop]
-    return dataclasses.make_dataclass(name, kept, namespace={"__doc__": doc, "__module__": cls.__module__})
+    kept.sort(key=lambda f: first.index(f[0]) if f[0] in first else len(first))
+    return dataclasses.make_dataclass(name, kept, namespace={"__doc__": doc, "__module__": cls.__module__},
+                                      frozen=frozen)
 
 
 # ------------------------------------------------------------------------------------------------ validation

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.errors import InputError
 from halsift.corpus.fingerprint import refingerprint
-from halsift.corpus.run_folder import has_content, part_record, read_record
+from halsift.corpus.records import has_content, part_record, read_record
 from halsift.corpus.scores import part_name, write_part_atomic
 
 FORMAT = "halsift-embeddings/1"
@@ -153,7 +153,7 @@ def read_embeddings(folder: str | os.PathLike, kind: int | None = IMAGE, require
 def check_embedded_from(folder: str | os.PathLike, shards: Sequence[Path]) -> None:
     """Refuse (one line) to read vectors of a shard whose content changed since ``halsift embed`` embedded it (its
     size or content hash differs from the fingerprint its part records; the mtime is not compared: a copy is the
-    same shard), or of a part altered since it was written (:mod:`halsift.corpus.run_folder`). Parts of older
+    same shard), or of a part altered since it was written (:mod:`halsift.corpus.records`). Parts of older
     stores, which record neither, are read as they are."""
     for shard in shards:
         part = Path(folder) / part_name(0, Path(shard).name)

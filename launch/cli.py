@@ -136,10 +136,10 @@ UNLOCKED = ("launch", "run")  # launch: its ranks take the lock; run: a recipe h
 
 def _shares_out(args) -> bool:
     """``score``/``select``/``embed``/``basic``/``dedup`` as one of several tasks (``--num-tasks``, or a SLURM array task): the tasks share one
-    ``--out`` on purpose and coordinate through per-part claims (:mod:`halsift.filtering.scoring.tasks`), not the lock."""
+    ``--out`` on purpose and coordinate through per-part claims (:mod:`halsift.execution.claims`), not the lock."""
     if args._name not in ("score", "select", "embed", "basic", "dedup"):
         return False
-    from halsift.filtering.scoring.tasks import TaskError, task_from_env
+    from halsift.execution.claims import TaskError, task_from_env
 
     try:
         return task_from_env(getattr(args, "num_tasks", None), getattr(args, "task_index", None)) is not None

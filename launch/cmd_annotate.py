@@ -36,7 +36,7 @@ CONFIG = AnnotateConfig  # the settings (docs/config.md, --describe)
 add_arguments = config_arguments(AnnotateConfig, config_file=False, defaults=True)
 
 
-RECORD = "annotate.json"  # the folder's run record (halsift.corpus.run_folder): what drew the sample, and how it ended
+RECORD = "annotate.json"  # the folder's run record (halsift.execution.run_folder): what drew the sample, and how it ended
 
 
 def identity(cfg: AnnotateConfig) -> dict:
@@ -44,7 +44,7 @@ def identity(cfg: AnnotateConfig) -> dict:
     and the draw's settings."""
     from pathlib import Path
 
-    from halsift.corpus.run_folder import content
+    from halsift.execution.run_folder import content
     from halsift.corpus.shards import expand_shards
 
     manifest = Path(cfg.scores) / "_manifest.json"
@@ -57,7 +57,7 @@ def identity(cfg: AnnotateConfig) -> dict:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from halsift.corpus.run_folder import check_or_start, failing
+    from halsift.execution.run_folder import check_or_start, failing
     from halsift.corpus.shards import write_json_atomic
     from halsift.launch.cli import UsageError
 

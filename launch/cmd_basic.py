@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from halsift.corpus.config import config_from_args, field
-from halsift.filtering.scoring.stage import StageFlags
+from halsift.execution.flags import EngineFlags
 from halsift.launch.describe import config_arguments
 
 HELP = "basic-filter fields (language, words, characters, image size, aspect) of shards or a parquet table"
 
 
 @dataclass
-class BasicConfig(StageFlags):
+class BasicConfig(EngineFlags):
     """``halsift basic``'s settings."""
 
     data: str = field("", help="shards (halsift's or img2dataset's; folder / glob / brace pattern) or parquet "

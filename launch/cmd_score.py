@@ -1,9 +1,10 @@
 """``halsift score``: score every image–sentence pair of shards (or every row of a bench file) with a detector.
 
-The settings (:class:`ScoreConfig`) become one :class:`~halsift.filtering.scoring.engine.ScoreJob`, run by the
-engine ``--engine`` names (:mod:`halsift.filtering.scoring.engine`): the rank-split run (one process, or every rank
-under ``halsift launch``), independent tasks (``--num-tasks``/``--task-index``, or a SLURM array task's
-environment) or Ray (``--engine ray``)."""
+The settings (:class:`ScoreConfig`) become one :class:`~halsift.filtering.scoring.job.ScoreJob`, run through the
+execution layer's one door (:func:`halsift.execution.engines.run_job`, as ``halsift.score`` and a recipe run it) on
+the engine ``--engine`` names: the rank-split run (one process, or every rank under ``halsift launch``), independent
+tasks (``--num-tasks``/``--task-index``, or a SLURM array task's environment) or Ray (``--engine ray``); a cascade
+spec runs as its staged pipeline on that engine."""
 
 from __future__ import annotations
 
@@ -33,21 +34,16 @@ def run(args: argparse.Namespace) -> int:
 
 def run_config(cfg: ScoreConfig) -> int:
     """Run ``halsift score`` with settings ``cfg`` on the engine ``cfg.engine`` resolves to
-    (:func:`~halsift.filtering.scoring.engine.resolve_engine`); one line and exit 2 for bad input."""
+    (:func:`~halsift.execution.engines.run_job`); one line and exit 2 for bad input."""
+    from halsift.execution.claims import TaskError
+    from halsift.execution.engines import EngineError, run_job
     from halsift.filtering.detectors.base import DetectorError
-    from halsift.filtering.scoring.engine import EngineError, resolve_engine
+    from halsift.filtering.scoring.cascade import CascadeError
     from halsift.filtering.scoring.parts import MANIFEST, RunMismatch
-    from halsift.filtering.scoring.tasks import TaskError
     from halsift.launch.cli import UsageError
 
-    from halsift.filtering.scoring.cascade import CascadeError, is_cascade, run_cascade
-
-    job = job_of(cfg)
     try:
-        if is_cascade(cfg.detector):  # a staged job: each stage an ordinary score run on the same engine
-            result = run_cascade(job, cfg.engine)
-        else:
-            result = resolve_engine(cfg.engine, job).run(job)
+        result = run_job(job_of(cfg), cfg.engine)
     except (TaskError, EngineError, CascadeError) as e:
         raise UsageError(str(e)) from None
     except RunMismatch as e:

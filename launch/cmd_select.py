@@ -48,7 +48,7 @@ def run_engine(cfg: SelectConfig) -> dict | None:
     from halsift.filtering.selection.select import SelectError, select
     from halsift.filtering.selection.out_of_core import MEMORY_LIMIT
     from halsift.filtering.selection.resumable import select_resumable
-    from halsift.filtering.scoring.tasks import TaskError, task_from_env
+    from halsift.execution.claims import TaskError, task_from_env
     from halsift.launch.cli import UsageError
     from halsift.launch.select_engines import MAXCOUNT, engine_of, refusal, summary_line
 

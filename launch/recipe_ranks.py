@@ -77,7 +77,7 @@ def ranks_from_env(env: dict | None = None) -> Ranks | None:
 
 def wait_timeout(env: dict | None = None) -> float:
     """How long a rank > 0 waits for one of rank 0's stages: ``HALSIFT_DIST_TIMEOUT`` seconds, default 24 h."""
-    from halsift.filtering.scoring.tasks import dist_timeout_kwargs
+    from halsift.execution.claims import dist_timeout_kwargs
 
     kw = dist_timeout_kwargs(env)
     return kw["timeout"].total_seconds() if kw else DEFAULT_WAIT_S
@@ -119,9 +119,9 @@ def main_process_first(ranks: Ranks | None) -> Iterator[None]:
     if ranks is None:
         yield
         return
-    from halsift.filtering.scoring.runner import _state
+    from halsift.execution.ranks import accelerate_state
 
-    with _state(None).main_process_first():
+    with accelerate_state(None).main_process_first():
         yield
 
 

@@ -2,7 +2,7 @@
 
 Each array task runs ``halsift score ... --num-tasks N --task-index $SLURM_ARRAY_TASK_ID`` on one GPU (or CPUs
 with ``--cpu``) of one node: no process group, no rendezvous, no barrier. Tasks share the output folder through
-the claims of :mod:`halsift.filtering.scoring.tasks`, so a task that dies loses only its current part, any running task
+the claims of :mod:`halsift.execution.claims`, so a task that dies loses only its current part, any running task
 takes over what a dead one held, and a failed task is rerun alone with ``sbatch --array=I <script>``.
 
 A generated sbatch script rather than submitit: submitit pickles a Python callable and its arguments to the shared

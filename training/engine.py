@@ -332,12 +332,12 @@ class ResumeMismatch(InputError):
 
 def check_resume(out: Path, cfg: RunConfig) -> None:
     """A resumed run continues the run its folder's ``config.json`` records
-    (:mod:`halsift.corpus.run_folder`'s rule: a setting absent from an older record compares equal only to its
+    (:mod:`halsift.execution.run_folder`'s rule: a setting absent from an older record compares equal only to its
     default): a setting that decides what is trained (model, data, loss, optimizer ...) is refused in one line."""
     import dataclasses
 
     from halsift.corpus.config import field_default
-    from halsift.corpus.run_folder import read_record, refusal, settings_diff
+    from halsift.execution.run_folder import read_record, refusal, settings_diff
 
     hint = "give it the recorded value, or drop --resume and choose another --out"
     old = read_record(out / "config.json", ResumeMismatch, "--resume: ", hint)

@@ -7,7 +7,7 @@ metadata): a key column (``key``, else ``uid``), a caption column (``caption``, 
 
 Output folder: ``part-<input>.parquet`` per input (:data:`~halsift.filtering.curation.basic.FIELDS` plus
 ``pass_<preset>``; written atomically, so a killed run resumes at the first missing part; a part is reused only when
-its input has the content it was made from and the part is unaltered, :mod:`halsift.corpus.run_folder`; parts of
+its input has the content it was made from and the part is unaltered, :mod:`halsift.execution.run_folder`; parts of
 older folders, without a record, are made again), ``_basic.json`` (the settings: a rerun with other settings is
 refused) and ``manifest.json`` (counts per rule, merged from the parts' own counts, which each part keeps in its
 parquet metadata; ``running`` until done, ``failed`` with the reason when an error stopped it: nothing read at all,
@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from halsift.corpus.errors import InputError
 from halsift.corpus.fingerprint import file_fingerprint
 from halsift.corpus.images import SkipCounter
-from halsift.corpus.run_folder import check_or_start, failing, forget_part, part_done, part_reusable
+from halsift.execution.run_folder import check_or_start, failing, forget_part, part_done, part_reusable
 from halsift.corpus.sample import key_in_two_inputs, nothing_read, repeated_key
 from halsift.corpus.scores import part_name, write_part_atomic
 from halsift.corpus.shards import ShardFormatError, expand_shards, iter_shard, write_json_atomic
@@ -180,7 +180,7 @@ def _one_part(kind: str, path: Path, dest: Path, detector, presets: list[str], s
 def run_basic(data: str, out: str | os.PathLike, *, presets: list[str], detector, size_from: str = "auto",
               show_progress: bool = True, engine: str = "local", **flags) -> dict:
     """Write the field parts of every input in ``data`` to ``out`` (finished parts are kept) and the manifest. The
-    parts are made on the scoring engine ``engine`` (:mod:`halsift.filtering.scoring.stage`) with its ``flags``
+    parts are a job of the execution layer (:class:`~halsift.execution.stage_job.StageJob`) on ``engine`` with its ``flags``
     (``num_tasks``, ``task_index``, ``claim_timeout``, ``address``, ``workers``); a parquet table with several row
     groups gives one part per row group. Returns the manifest (``status: running`` from a task that left parts to
     others, with the engine's ``lines``)."""
@@ -194,22 +194,23 @@ def run_basic(data: str, out: str | os.PathLike, *, presets: list[str], detector
         raise BasicError(f"data: two inputs share the name {next(n for n in names if names.count(n) > 1)}")
     settings = {"data": [str(p.resolve()) for p in inputs], "kind": kind, "presets": presets,
                 "size_from": size_from, "language": detector.settings}
-    from halsift.filtering.scoring.engine import resolve_engine
-    from halsift.filtering.scoring.stage import StageJob
+    from halsift.execution.engines import resolve_engine
+    from halsift.execution.stage_job import StageJob
 
     job = StageJob("basic", out, [], _make_part, _part_done, honours=_HONOURS, why_not=_WHY_NOT,
-                   show_progress=show_progress, **flags)
-    resolve_engine(engine, job).check_stage(job)  # a refused flag before the folder is touched
+                   manifest="manifest.json", show_progress=show_progress, **flags)
+    e = resolve_engine(engine, job)
+    e.check(job)  # a refused flag before the folder is touched
     _open_out(out, settings)
     with failing(out, "manifest.json"):
         t0 = time.perf_counter()
         parts = _plan(kind, inputs, names, out, detector, presets, size_from)
         job = dataclasses.replace(job, parts=parts)
         before = {p.name for p in parts if _part_done(p)}
-        summary = resolve_engine(engine, job).stage(job)
+        summary = e.execute(job)
         if not summary.complete:
             return {"status": "running", "settings": settings, "lines": summary.lines, "parts": [p.name for p in parts],
-                    "parts_done_before": summary.stats["reused"]}
+                    "parts_done_before": len(before)}
         wall = time.perf_counter() - t0
         infos = [json.loads(pq.read_schema(out / p.name).metadata[META_KEY]) for p in parts]
         done_before = len(before)
@@ -235,7 +236,7 @@ _WHY_NOT = {"decode_workers": "decodes no image (sizes come from the recorded si
 def _plan(kind: str, inputs: list[Path], names: list[str], out: Path, detector, presets: list[str],
           size_from: str) -> list:
     """The parts: one per shard, or per row group of a parquet table with several (``part-<table>.rgNNNNN``)."""
-    from halsift.filtering.scoring.stage import StagePart
+    from halsift.execution.stage_job import StagePart
 
     parts = []
     for path, name in zip(inputs, names):
@@ -274,7 +275,7 @@ class _NoBar:
 
 
 def _open_out(out: Path, settings: dict) -> None:
-    """The folder's identity (:func:`halsift.corpus.run_folder.check_or_start`): ``_basic.json`` holds the settings
+    """The folder's identity (:func:`halsift.execution.run_folder.check_or_start`): ``_basic.json`` holds the settings
     (an older, flat one is read as they are); another run's folder, or one holding anything else, is refused."""
     state = out / SETTINGS
     if not state.exists() and out.exists() and any(not p.name.startswith(".") for p in out.iterdir()):  # .lock

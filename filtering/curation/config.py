@@ -7,14 +7,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from halsift.corpus.config import field
-from halsift.filtering.scoring.stage import StageFlags
+from halsift.execution.flags import EngineFlags
 
 
 _T = {"group": "thresholds (defaults measured on the synthetic world: docs/curation.md)"}
 
 
 @dataclass
-class DedupConfig(StageFlags):
+class DedupConfig(EngineFlags):
     """``halsift dedup``'s settings: every flag, ``--describe`` and docs/config.md come from this class."""
 
     data: str = field("", help="corpus shards (folder / glob / brace pattern)", cli={"required": True})

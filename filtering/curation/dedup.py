@@ -31,14 +31,14 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.errors import InputError
 from halsift.corpus.images import SkipCounter
-from halsift.corpus.run_folder import check_or_start
+from halsift.execution.run_folder import check_or_start
 from halsift.corpus.progress import progress
 from halsift.corpus.sample import key_in_two_inputs, nothing_read
 from halsift.corpus.scores import write_part_atomic
 from halsift.corpus.shards import expand_shards, write_json_atomic
 from halsift.filtering.curation import DUPLICATES
 from halsift.filtering.curation.descriptors import THUMB_DIM, crop_variants, thumb_vectors, thumbnail
-from halsift.filtering.curation.hash_parts import hash_shard, part_is_current, part_path
+from halsift.filtering.curation.hash_parts import part_path
 from halsift.filtering.curation.search import best_matches, cosine_pairs, hamming_pairs_sql
 
 EXACT, NEAR = 0, 1
@@ -113,27 +113,16 @@ def check_share(n: int, counts: dict[str, int], allow: bool) -> None:
                              "to write it anyway")
 
 
-def _corpus_parts(shards: list[Path], out: Path, show: bool) -> tuple[list[Path], SkipCounter, int]:
-    """The per-shard part of every shard (made where missing or stale), its skipped samples and the reused count.
-    Only each part's footer is read here: the global part streams the parts' columns as it needs them."""
-    parts_dir = out / "_parts"
-    parts_dir.mkdir(parents=True, exist_ok=True)
-    skipped, parts, reused, samples = SkipCounter(), [], 0, 0
-    with progress(total=len(shards), desc="dedup: hash", unit="shard", disable=not show) as bar:
-        for shard in shards:
-            path = part_path(parts_dir, shard)
-            if part_is_current(path, shard):
-                reused += 1
-            else:
-                hash_shard(shard, path)
-            meta = pq.read_metadata(path)
-            info = json.loads((meta.metadata or {}).get(b"halsift", b"{}"))
-            skipped.merge(SkipCounter.from_json(info.get("skipped", {})))
-            parts.append(path)
-            samples += meta.num_rows
-            bar.update()
-            bar.set_postfix(samples=samples)
-    return parts, skipped, reused
+def _corpus_parts(shards: list[Path], out: Path) -> tuple[list[Path], SkipCounter]:
+    """The per-shard part of every shard (made by :func:`.hash_parts.shard_stage`) and its skipped samples. Only
+    each part's footer is read here: the global part streams the parts' columns as it needs them."""
+    skipped, parts = SkipCounter(), []
+    for shard in shards:
+        path = part_path(out / "_parts", shard)
+        info = json.loads((pq.read_metadata(path).metadata or {}).get(b"halsift", b"{}"))
+        skipped.merge(SkipCounter.from_json(info.get("skipped", {})))
+        parts.append(path)
+    return parts, skipped
 
 
 class _Parts:
@@ -335,7 +324,7 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
               **engine_flags) -> dict:
     """Write ``out/duplicates.parquet`` and ``out/manifest.json``; returns the manifest (module docstring).
     ``engine``/``engine_flags`` (``num_tasks``, ``task_index``, ``decode_workers`` ...): the per-shard part on the
-    scoring engines (:func:`.hash_parts.shard_stage`); a task run writes its parts only and returns
+    execution layer's engines (:func:`.hash_parts.shard_stage`); a task run writes its parts only and returns
     ``{"status": "parts", ...}``."""
     from halsift.filtering.curation.against import kind_of
 
@@ -353,10 +342,11 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
     from halsift.filtering.curation.hash_parts import shard_stage
 
     staged = shard_stage(shards, out, model, show_progress, engine, **engine_flags)
-    if staged is not None and staged[1]:
-        return {"status": "parts", "complete": staged[0].complete, "lines": staged[0].lines, **staged[0].stats}
+    if staged.engine == "tasks":  # a task writes its parts only; a plain run afterwards does the global part
+        return {"status": "parts", "complete": staged.complete, "lines": staged.lines, **staged.stats}
     timing: dict[str, float] = {}
-    part_files, skipped, reused = _corpus_parts(shards, out, show_progress)
+    part_files, skipped = _corpus_parts(shards, out)
+    reused = staged.stats["reused"]
     empty = nothing_read(sum(pq.read_metadata(f).num_rows for f in part_files), skipped.to_json(), "dedup")
     if empty:
         raise DedupError(f"dedup: {data}: {empty}")

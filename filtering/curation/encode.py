@@ -13,7 +13,7 @@ from halsift.corpus.embedding_store import (FORMAT, IMAGE, MANIFEST, embedding_t
                                             write_embedding_part)
 from halsift.corpus.errors import InputError
 from halsift.corpus.fingerprint import file_fingerprint, spec_fingerprint
-from halsift.corpus.run_folder import forget_part, part_done, part_reusable
+from halsift.execution.run_folder import forget_part, part_done, part_reusable
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.sample import read_shard
 from halsift.corpus.scores import part_name
@@ -77,7 +77,7 @@ def embedding_made_from(shard: Path, model_fp: str) -> dict:
 
 def encode_shard(shard: Path, folder: Path, encoder: ImageEncoder, model_fp: str) -> int | None:
     """Write ``shard``'s embedding part into ``folder`` unless it is kept: a finished part is kept only when made
-    from this content of its shard by this model and unaltered since (:mod:`halsift.corpus.run_folder`); else it is
+    from this content of its shard by this model and unaltered since (:mod:`halsift.execution.run_folder`); else it is
     made again (a part of an older folder, without a record, too). Returns the width of the vectors written now
     (``None`` when the part was kept or the shard has no valid image)."""
     folder.mkdir(parents=True, exist_ok=True)

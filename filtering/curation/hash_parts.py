@@ -3,13 +3,12 @@
 Columns: key, image_sha, caption_sha (hex sha256 of the bytes / normalized caption), phash (8 bytes), thumb
 (12x12x3 uint8 bytes). A part is written atomically once its shard is read, with the shard's skipped samples in
 its footer, so a killed ``dedup`` resumes at the first missing part. A part is reused only when its shard has the
-content fingerprint it was made from and the part is unaltered since (:mod:`halsift.corpus.run_folder`); a part of
+content fingerprint it was made from and the part is unaltered since (:mod:`halsift.execution.run_folder`); a part of
 an older folder, which recorded the shard's size and mtime only, is made again.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.fingerprint import file_fingerprint
 from halsift.corpus.images import SkipCounter
-from halsift.corpus.run_folder import forget_part, part_done, part_reusable
+from halsift.execution.run_folder import forget_part, part_done, part_reusable
 from halsift.corpus.sample import read_shard
 from halsift.corpus.scores import part_name, write_part_atomic
 from halsift.filtering.curation.descriptors import normalize_caption, phash_bytes, sha256_hex, thumbnail
@@ -70,25 +69,19 @@ def read_part(path: Path) -> tuple[pa.Table, SkipCounter]:
 # ------------------------------------------------------------------------------------------------ on the engines
 def shard_stage(shards: list[Path], out: Path, model: str | None, show_progress: bool, engine: str = "local",
                 **flags):
-    """Dedup's per-shard part (descriptor parts, and with ``model`` embedding parts in ``out/embeddings``) on the
-    scoring engine ``engine`` with its ``flags`` (:mod:`halsift.filtering.scoring.stage`). ``None`` when neither
-    asks for anything (a plain run makes its parts in line). Returns ``(engine summary, task)``: ``task`` is true
-    for a task run, which writes only its parts (a plain run afterwards does the global part)."""
+    """Dedup's per-shard part (descriptor parts, and with ``model`` embedding parts in ``out/embeddings``) as a job
+    of the execution layer (:class:`~halsift.execution.stage_job.StageJob`) on ``engine`` with its ``flags``.
+    Returns the engine's summary (``stats``: parts made and reused); a task run's summary says whether the folder's
+    parts are complete (a plain run afterwards does the global part)."""
     from halsift.corpus.fingerprint import spec_fingerprint
-    from halsift.filtering.scoring.engine import resolve_engine
-    from halsift.filtering.scoring.stage import StageJob, StagePart
+    from halsift.execution.engines import run_job
+    from halsift.execution.stage_job import StageJob, StagePart
 
-    job = StageJob("dedup", out / "_parts", [], _make_shard_parts, _shard_parts_done, show_progress=show_progress,
-                   **flags)
-    if engine == "local" and not job.given():
-        return None
-    e = resolve_engine(engine, job)
-    e.check_stage(job)  # a refused flag before any work
     model_fp = spec_fingerprint(model) if model else None
     parts = [StagePart(part_path(out / "_parts", s).name, (Path(s), out, model, model_fp)) for s in shards]
-    job.out.mkdir(parents=True, exist_ok=True)
-    job = dataclasses.replace(job, parts=parts)
-    return e.stage(job), e.name == "tasks"
+    (out / "_parts").mkdir(parents=True, exist_ok=True)
+    return run_job(StageJob("dedup", out / "_parts", parts, _make_shard_parts, _shard_parts_done,
+                            show_progress=show_progress, **flags), engine)
 
 
 def _shard_parts_done(part) -> bool:

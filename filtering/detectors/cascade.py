@@ -133,6 +133,23 @@ class SubsetDetector(Detector):
         self.inner.to(device)
         return self
 
+    def with_keys(self, keys: str) -> "SubsetDetector":
+        """The same inner detector (loaded once) on the units of another key file: a cascade's band after its
+        sample. Its spec is the one :func:`~halsift.filtering.detectors.spec.load_detector` gives that key file."""
+        import copy
+
+        import pyarrow.parquet as pq
+
+        from halsift.filtering.detectors.spec import format_spec, parse_spec
+
+        other = copy.copy(self)
+        t = pq.read_table(keys, columns=["key", "sentence_index"])
+        other.keys = set(zip(t["key"].to_pylist(), t["sentence_index"].to_pylist()))
+        family, opts = parse_spec(self.spec)
+        other.spec = format_spec(family, {**opts, "keys": keys})
+        other.calls = 0
+        return other
+
     def score_batch(self, items: Sequence[Item]) -> list[Result]:
         chosen = [i for i, it in enumerate(items) if (it.key, it.sentence_index) in self.keys]
         out = [Result(PLACEHOLDER) for _ in items]

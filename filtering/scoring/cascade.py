@@ -1,6 +1,6 @@
 """``halsift score --detector cascade:...``: the cascade as a staged job (issue 44).
 
-Each stage is an ordinary score run (:class:`~halsift.filtering.scoring.engine.ScoreJob`) into ``OUT/_stages/NAME``
+Each stage is an ordinary score job (:class:`~halsift.filtering.scoring.job.ScoreJob`) into ``OUT/_stages/NAME``
 on the engine the command names, so it resumes and splits into ranks, tasks or Ray actors like any score run:
 
 1. ``cheap``: the cheap detector over every unit;
@@ -14,8 +14,11 @@ on the engine the command names, so it resumes and splits into ranks, tasks or R
    share actually spent.
 
 With ``plan=CORPUS_OUT`` (calibration units, e.g. a bench) stages 2-4 are one stage ``judged``: the judge on the
-units of the frozen band or of the sample rule, nothing fitted. Independent tasks (``--num-tasks``) each run every
-stage; a task that finishes its share of a stage waits (polling) until the other tasks finish theirs.
+units of the frozen band or of the sample rule, nothing fitted. The whole is one pipeline job (:class:`CascadeJob`,
+what :meth:`ScoreJob.staged` makes of a cascade spec), so ``halsift score``, ``halsift.score`` and a recipe run it
+through the same door on any engine. Independent tasks (``--num-tasks``) each run every stage; a task that finishes
+its share of a stage waits for the other tasks' share with its model loaded (the judge is loaded once per process for
+the sample and the band alike).
 """
 
 from __future__ import annotations
@@ -25,16 +28,19 @@ import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from halsift.corpus.errors import InputError
+from halsift.execution.engines import Engine, Summary
+from halsift.execution.job import Pipeline, Place
 from halsift.filtering.scoring.cascade_plan import Plan, caption_groups, fit_plan, sample_judge, unit_sample
-from halsift.filtering.scoring.engine import EngineSummary, ScoreJob
+
+if TYPE_CHECKING:
+    from halsift.filtering.scoring.job import ScoreJob
 
 STAGES, PLAN_DIR, PLAN_FILE = "_stages", "_cascade", "plan.json"
-POLL_S = 10.0  # a task waiting for the other tasks' share of a stage checks again after this many seconds
 
 
 class CascadeError(InputError):
@@ -54,37 +60,21 @@ def is_cascade(spec: Any) -> bool:
         return False
 
 
-class _Solo:
-    """The barrier of a process that shares nothing (a task, a Ray driver)."""
+def _place(engine: Engine, job: "ScoreJob") -> Place:
+    """Where the cascade's own steps run: the launch's ranks on the local engine, a lone process on the others."""
+    if engine.name == "local":
+        from halsift.execution.ranks import rank_place
 
-    is_main_process = True
-    num_processes = 1
-
-    def wait_for_everyone(self) -> None:
-        pass
-
-
-def _state(engine: str, job: ScoreJob):
-    if engine == "local" and not (job.num_tasks or job.task_index is not None):
-        from halsift.filtering.scoring.tasks import task_from_env
-
-        if task_from_env(job.num_tasks, job.task_index) is None:
-            from halsift.filtering.scoring.runner import _state as rank_state
-
-            return rank_state(job.device)
-    return _Solo()
+        return rank_place(job.device)
+    return Place(device=job.device)
 
 
-def _stage(job: ScoreJob, detector: Any, out: Path, engine: str, embeddings: str | None = None) -> EngineSummary:
-    """Run one stage as an ordinary score job; a task waits until the stage's folder is complete."""
-    from halsift.filtering.scoring.engine import resolve_engine
-
+def _stage(job: "ScoreJob", detector: Any, out: Path, engine: Engine, embeddings: str | None = None) -> Summary:
+    """Run one stage as an ordinary score job on ``engine``; a task waits until the stage's folder is complete
+    (keeping its model loaded)."""
     stage = dataclasses.replace(job, detector=detector, out=str(out), embeddings=embeddings)
-    while True:
-        s = resolve_engine(engine, stage).run(stage)
-        if s.complete:
-            return s
-        time.sleep(POLL_S)
+    engine.check(stage)
+    return engine.run(stage, wait=True) if engine.name == "tasks" else engine.run(stage)
 
 
 def _units(folder: Path):
@@ -135,15 +125,22 @@ def judge_members(judge: Any) -> tuple[list, list[float] | None, str]:
     return [judge], None, "none"
 
 
-def _judge_stage(job: ScoreJob, judge: Any, keys_file: Path, folder: Path, engine: str
+def _judge_stage(job: "ScoreJob", judge: Any, keys_file: Path, folder: Path, engine: Engine, loaded: dict
                  ) -> dict[tuple[str, int], tuple[np.ndarray, bool]]:
     """The judge on the units of ``keys_file`` (one subset stage per member of a set-level judge): per unit its
-    member scores and whether every member parsed."""
+    member scores and whether every member parsed. ``loaded``: the judge members this process has loaded (by
+    member index), so that the sample and the band share one loaded judge."""
+    from halsift.filtering.detectors.spec import load_detector
+
     members, _, _ = judge_members(judge)
     per = []
     for i, m in enumerate(members):
         d = folder if len(members) == 1 else folder / f"m{i}"
-        _stage(job, {"family": "subset", "detector": m, "keys": str(keys_file)}, d, engine)
+        if i in loaded:
+            subset = loaded[i].with_keys(str(keys_file))
+        else:
+            subset = loaded[i] = load_detector({"family": "subset", "detector": m, "keys": str(keys_file)})
+        _stage(job, subset, d, engine)
         per.append(_judged(d, keys_file))
     return {u: (np.array([p[u][0] for p in per]), all(p[u][1] for p in per)) for u in per[0]}
 
@@ -178,7 +175,7 @@ def load_plan_dir(where: str | Path) -> Path:
     return p / PLAN_DIR if p.is_dir() else p.parent
 
 
-def _refine(job: ScoreJob, engine: str, plan_dir: Path, learned: dict, embeddings: str | None, stages: Path,
+def _refine(job: "ScoreJob", engine: Engine, plan_dir: Path, learned: dict, embeddings: str | None, stages: Path,
             keys: list[str], idx: np.ndarray, cheap: np.ndarray) -> np.ndarray:
     """Stage ``learned``: the plan's head on every unit (from ``embeddings``, else encoded); the refined scores in
     the cheap stage's order."""
@@ -192,8 +189,19 @@ def _refine(job: ScoreJob, engine: str, plan_dir: Path, learned: dict, embedding
     return refined(ls, cheap, learned)
 
 
-def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
-    """Run the cascade of ``job.detector`` as the staged job of the module docstring."""
+@dataclasses.dataclass
+class CascadeJob(Pipeline):
+    """A cascade spec's score job as the staged pipeline of the module docstring."""
+
+    job: "ScoreJob"
+    kind = "score"
+
+    def run_on(self, engine: Engine) -> Summary:
+        return run_cascade(self.job, engine)
+
+
+def run_cascade(job: "ScoreJob", engine: Engine) -> Summary:
+    """Run the cascade of ``job.detector`` on ``engine`` as the staged job of the module docstring."""
     from halsift.corpus.shards import write_json_atomic
     from halsift.filtering.detectors.spec import load_detector
 
@@ -201,8 +209,9 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
     spec = det.canonical()
     out = Path(job.out)
     stages, pdir = out / STAGES, out / PLAN_DIR
-    state = _state(engine, job)
+    state = _place(engine, job)
     _, weights, norm = judge_members(det.judge_spec)
+    loaded: dict = {}  # the judge's members, loaded once in this process for every judged stage
 
     _stage(job, det.cheap, stages / "cheap", engine, job.embeddings)
     keys, idx, cheap, _ = _units(stages / "cheap")
@@ -218,12 +227,12 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
         sampled, band = plan.judged(caps, idx, cheap)
         judged_mask = sampled | band
         _write_keys(pdir / "judged.parquet", [k for k, m in zip(keys, judged_mask) if m], idx[judged_mask], state)
-        raw = _judge_stage(job, det.judge_spec, pdir / "judged.parquet", stages / "judged", engine)
+        raw = _judge_stage(job, det.judge_spec, pdir / "judged.parquet", stages / "judged", engine, loaded)
         band_mask = judged_mask & ~sampled
     else:
         sampled = unit_sample(caps, idx, det.seed, rate, agg)
         _write_keys(pdir / "sample.parquet", [k for k, m in zip(keys, sampled) if m], idx[sampled], state)
-        raw = _judge_stage(job, det.judge_spec, pdir / "sample.parquet", stages / "sample", engine)
+        raw = _judge_stage(job, det.judge_spec, pdir / "sample.parquet", stages / "sample", engine, loaded)
         plan_path = pdir / PLAN_FILE
         if plan_path.is_file():  # frozen: a rerun never refits
             plan = load_plan(plan_path)
@@ -258,18 +267,18 @@ def run_cascade(job: ScoreJob, engine: str = "local") -> EngineSummary:
             state.wait_for_everyone()
         band_mask = plan.in_band(plan.band_values(caps, cheap)) & ~sampled
         _write_keys(pdir / "band.parquet", [k for k, m in zip(keys, band_mask) if m], idx[band_mask], state)
-        raw.update(_judge_stage(job, det.judge_spec, pdir / "band.parquet", stages / "band", engine))
+        raw.update(_judge_stage(job, det.judge_spec, pdir / "band.parquet", stages / "band", engine, loaded))
     units = list(raw)
     combined = plan.judge_scores(np.stack([raw[u][0] for u in units])) if units else np.empty(0)
     scores = {u: (float(v), raw[u][1]) for u, v in zip(units, combined)}
     manifest = _combine(job, spec, plan, stages / "cheap", scores, int(sampled.sum()), int(band_mask.sum()),
                         det.plan, state, dict(zip(keys, caps)) if agg != "sentence" else None,
                         stages / "learned" if plan.learned else None)
-    return EngineSummary(engine, out, True, state.is_main_process, [cascade_line(manifest)] if manifest else [],
-                         manifest or {})
+    return Summary(engine.name, out, True, state.is_main, [cascade_line(manifest)] if manifest else [],
+                   manifest or {})
 
 
-def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict, sample_units: int,
+def _combine(job: "ScoreJob", spec: str, plan: Plan, cheap_dir: Path, judged: dict, sample_units: int,
              band_units: int, frozen_from: str | None, state, caption_of: dict | None = None,
              learned_dir: Path | None = None) -> dict | None:
     """Write the cascade's own parts (one per cheap part) and manifest; returns the manifest (main process)."""
@@ -356,11 +365,3 @@ def with_plan(spec: Any, plan_dir: str | Path) -> Any:
         return {**_read_spec_file(Path(text)), "plan": str(plan_dir)}
     return f"{text},plan={plan_dir}"
 
-
-def score_cascade(spec: Any, data: str | Path, out: str | Path, plan: str | Path | None = None, **job: Any
-                  ) -> Path:
-    """Library entry (recipes): run a cascade on ``data`` into ``out`` on this process's ranks; ``plan``: a corpus's
-    cascade folder whose frozen plan the units pass through (a bench, calibration units). ``job``: more
-    :class:`ScoreJob` settings (``unit``, ``batch_size``, ``max_parse_failures``, ``show_progress``)."""
-    run_cascade(ScoreJob(detector=with_plan(spec, plan) if plan else spec, data=data, out=out, **job))
-    return Path(out)

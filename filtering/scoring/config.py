@@ -1,5 +1,7 @@
 """``halsift score``'s settings (:class:`ScoreConfig`): the command's flags, the recipe's ``score:`` section and the
-:class:`~halsift.filtering.scoring.engine.ScoreJob` an engine runs (:func:`job_of`) all come from this one class."""
+:class:`~halsift.filtering.scoring.job.ScoreJob` an engine runs (its fields are this class's, :func:`job_of`) all come
+from this one class; its engine flags are :class:`~halsift.execution.flags.EngineFlags`, declared once for every
+command whose work is a job."""
 
 from __future__ import annotations
 
@@ -7,21 +9,19 @@ from dataclasses import dataclass
 
 from halsift.corpus.config import WandbFlag, field, wandb_mode_field, wandb_project_field
 from halsift.corpus.units import Unit
-from halsift.filtering.scoring.engine import EngineName, ScoreJob
+from halsift.execution.flags import RUN_ONLY, EngineFlags
 from halsift.filtering.scoring.settings import check_settings
 
-_G = {"group": "scale-out (independent tasks, SLURM arrays, Ray)"}
-# settings that change how a run goes, not what it scores: never part of a recipe's fingerprint (changing them never
-# rescores), recorded in the score manifest (``run_settings``)
-RUN_ONLY = ("device", "no_progress", "decode_workers", "full_hash", "engine", "address", "workers", "num_tasks",
-            "task_index", "claim_timeout", "wandb", "wandb_project")
+# the command line's own settings: not carried by the job an engine runs
+CLI_ONLY = ("no_progress", "engine", "wandb", "wandb_project")
 
 
 @dataclass
-class ScoreConfig:
-    """``halsift score``'s settings: one class for its flags, ``--describe``, docs/config.md and the recipe's
-    ``score:`` section (every field but those a recipe sets itself: ``launch/recipe_config.SCORE_SET``). The
-    fields in :data:`RUN_ONLY` change how a run goes, not what it scores: a recipe's fingerprint leaves them out."""
+class ScoreConfig(EngineFlags):
+    """``halsift score``'s settings: one class for its flags, ``--describe``, docs/config.md, the recipe's ``score:``
+    section (every field but those a recipe sets itself: ``launch/recipe_config.SCORE_SET``) and the job
+    (:class:`~halsift.filtering.scoring.job.ScoreJob`). The fields in :data:`RUN_ONLY` change how a run goes, not
+    what it scores: never compared when a folder is reused, left out of a recipe's fingerprint."""
 
     detector: str = field("", help="detector spec or YAML file, e.g. clip:arch=ViT-B-32,pretrained=openai | "
                                    "random:seed=0 | oracle (`halsift score --describe`: the families' options)",
@@ -33,12 +33,6 @@ class ScoreConfig:
     batch_size: int = field(64, help="items per detector call")
     device: str | None = field(None, help="cpu, cuda, cuda:1 ... (default: the process's accelerate device)")
     no_progress: bool = field(False, help="no progress bar")
-    decode_workers: int = field(0, help="read, decode and preprocess in N processes per rank (detectors with a CPU "
-                                        "half, e.g. clip); 0: one read-ahead thread (default). Use the cores per "
-                                        "rank minus one: the model's process needs a core of its own. Honoured "
-                                        "by every --engine; torch then runs on the cores left (unless "
-                                        "OMP_NUM_THREADS is set)",
-                                cli={"metavar": "N"})
     embeddings: str | None = field(None, help="a folder written by `halsift embed`: every CLIP-family detector of "
                                               "--detector reads its image and text vectors from it instead of "
                                               "encoding (the same model, else exit 2)", cli={"metavar": "DIR"})
@@ -49,23 +43,6 @@ class ScoreConfig:
                                                 "parsable answer (a judge's reply, scored 50): checked after 200 "
                                                 "items and at the end; 1 turns the check off",
                                       cli={"metavar": "FRACTION"})
-    # scale-out: the task / Ray engines that replace the rank-split run
-    num_tasks: int | None = field(None, help="run as one of N independent tasks sharing --out (default: "
-                                             "$SLURM_ARRAY_TASK_COUNT in an array job); the last task to finish "
-                                             "writes the complete manifest", cli={**_G, "metavar": "N"})
-    task_index: int | None = field(None, help="this task's index, 0..N-1 (default: $SLURM_ARRAY_TASK_ID - "
-                                              "$SLURM_ARRAY_TASK_MIN)", cli={**_G, "metavar": "I"})
-    claim_timeout: float | None = field(None, help="take over a part whose claim has had no heartbeat for S seconds "
-                                                   "(a dead node; default 600)", cli={**_G, "metavar": "S"})
-    engine: EngineName = field("local", help="local: this process, or every rank under `halsift launch` (tasks when "
-                                             "--num-tasks or a SLURM array task's environment is given); tasks: one "
-                                             "of --num-tasks independent tasks; ray: score the parts on a Ray "
-                                             "cluster, one actor per GPU, parts dealt as actors free up (pip install "
-                                             "'halsift[ray]')", cli=_G)
-    address: str | None = field(None, help="--engine ray: the cluster to join, e.g. auto or ray://head:10001 "
-                                           "(default: a local one)", cli=_G)
-    workers: int | None = field(None, help="--engine ray: number of scoring actors (default: one per GPU of the "
-                                           "cluster, else per CPU)", cli=_G)
     # logging: once the folder is complete (launch/run_wandb.py)
     wandb: WandbFlag | None = wandb_mode_field()
     wandb_project: str = wandb_project_field()
@@ -75,10 +52,13 @@ class ScoreConfig:
                        decode_workers=self.decode_workers, max_parse_failures=self.max_parse_failures)
 
 
-def job_of(cfg, **given) -> ScoreJob:
-    """The engine's job from ``cfg`` (a :class:`ScoreConfig`, or a recipe's ``score:`` section: the same names),
-    with ``given`` (what a recipe sets itself: detector, data, out) over it; library code never sees argv."""
+def job_of(cfg, **given):
+    """The engine's job (:class:`~halsift.filtering.scoring.job.ScoreJob`) from ``cfg`` (a :class:`ScoreConfig`, or a
+    recipe's ``score:`` section: the same names), with ``given`` (what a recipe sets itself: detector, data, out)
+    over it; library code never sees argv."""
     import dataclasses
+
+    from halsift.filtering.scoring.job import ScoreJob
 
     names = {f.name for f in dataclasses.fields(ScoreJob)}
     values = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
@@ -86,4 +66,4 @@ def job_of(cfg, **given) -> ScoreJob:
     return ScoreJob(**{**values, **given})
 
 
-__all__ = ["RUN_ONLY", "ScoreConfig", "job_of"]
+__all__ = ["CLI_ONLY", "RUN_ONLY", "ScoreConfig", "job_of"]

@@ -6,9 +6,9 @@ sample (the one reader, :func:`halsift.corpus.sample.read_shard`: the samples ``
 whole-caption vector and one vector per sentence, L2-normalised float16. A part records in its footer the
 fingerprints of its shard and of the model (:func:`halsift.corpus.fingerprint.spec_fingerprint` of the encoder's
 identity, checkpoint content included) and its counts; a rerun reuses a part only when both still match, as score
-parts are reused, so a killed ``embed`` resumes at the parts it had not written. The parts are split like
-``score``'s, by the same engines (:mod:`.engine`): ``local`` (this process, or the ranks of a launch, round-robin)
-and ``tasks`` (independent tasks claiming parts, :class:`.tasks.ClaimBoard`); the manifest says ``complete`` once
+parts are reused, so a killed ``embed`` resumes at the parts it had not written. :class:`EmbedJob` is a job of the
+execution layer (:mod:`halsift.execution.engines`): ``local`` (this process, or the ranks of a launch, round-robin),
+``tasks`` (independent tasks claiming parts) and ``ray``; the manifest says ``complete`` once
 every part exists, unless nothing was read at all (0-byte or empty tars, every sample skipped) or a key names samples
 of two shards: the one empty-input and duplicate-key rules of the stages that read shards
 (:func:`halsift.corpus.sample.nothing_read`, :func:`~halsift.corpus.sample.key_in_two_inputs`); then it says
@@ -17,6 +17,7 @@ of two shards: the one empty-input and duplicate-key rules of the stages that re
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -32,27 +33,83 @@ from halsift.corpus.images import SkipCounter
 from halsift.corpus.progress import progress
 from halsift.corpus.sample import CAPTION_INDEX, key_in_two_inputs, nothing_read, read_shard, repeated_key, \
     sample_items
-from halsift.corpus.run_folder import check_or_start, failing, forget_part, part_done, part_reusable
+from halsift.corpus.config import field, fields_of
 from halsift.corpus.shards import write_json_atomic
+from halsift.execution.flags import EngineFlags
+from halsift.execution.job import Job, Outcome, Place, Work
+from halsift.execution.run_folder import check_or_start, forget_part, part_done, part_reusable
+from halsift.execution.stage_job import StageJob, StageMaker, StagePart
 from halsift.filtering.scoring.parts import Part, plan_parts, source_fingerprint
 
 
-@dataclass(frozen=True)
-class EmbedJob:
-    """What ``halsift embed`` asks an engine to do (built from ``EmbedConfig``)."""
+@dataclass
+class EmbedConfig(EngineFlags):
+    """``halsift embed``'s settings (its flags, ``--describe`` and docs/config.md); :class:`EmbedJob` carries them."""
 
-    model: str
-    data: str | os.PathLike
-    out: str | os.PathLike
-    batch_size: int = 64
-    device: str | None = None
+    model: str = field("", help="a CLIP-family detector spec, e.g. clip:arch=ViT-B-32,pretrained=openai (its "
+                                "arch, weights, seed and fast_decode decide the vectors)",
+                       cli={"required": True, "metavar": "SPEC"})
+    data: str = field("", help="shard folder / glob / brace pattern", cli={"required": True})
+    out: str = field("", help="output folder: one parquet part per shard + _manifest.json", cli={"required": True})
+    batch_size: int = field(64, help="texts per model call (a sample's image, caption and sentences stay together)")
+    device: str | None = field(None, help="cpu, cuda, cuda:1 ... (default: the process's accelerate device)")
+    no_progress: bool = field(False, help="no progress bar")
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: expected >= 1, got {self.batch_size}")
+
+
+_Fields = fields_of(EmbedConfig, "_EmbedJobFields", ("engine", "no_progress"), "EmbedConfig's fields a job carries",
+                    first=("model", "data", "out"), frozen=True)
+
+
+@dataclass(frozen=True)
+class EmbedJob(_Fields, Job):
+    """What ``halsift embed`` asks an engine to do: :class:`EmbedConfig`'s settings but the command line's own."""
+
     show_progress: bool = True
-    num_tasks: int | None = None
-    task_index: int | None = None
-    claim_timeout: float | None = None
-    address: str | None = None  # --engine ray
-    workers: int | None = None
-    decode_workers: int = 0  # embed N parts at a time in as many processes (each loads the encoder once)
+
+    kind = "embed"
+    ranked = True
+
+    def refuses(self, engine: str) -> dict:
+        return {"decode_workers": "on --engine ray makes --workers parts at a time; drop --decode-workers"} \
+            if engine == "ray" else {}
+
+    def check(self) -> None:
+        if self.batch_size < 1:
+            raise EmbeddingStoreError(f"--batch-size: expected >= 1, got {self.batch_size}")
+        if os.fspath(self.data).endswith(".jsonl"):
+            raise EmbeddingStoreError(f"--data {self.data}: embed reads shards (a folder, glob or brace pattern of "
+                                      ".tar files), not a bench file")
+
+    def open(self, place: Place) -> Work:
+        from functools import partial
+
+        encoder, out, parts, ident, metas = start(self)
+        if place.is_main and not (out / MANIFEST).exists():
+            write_json_atomic(out / MANIFEST, {**ident, "complete": False, "status": "running"})
+        place.barrier()
+        stage = StageJob("embed", out, [StagePart(p.name, (p,)) for p in parts], partial(_embed_one, self, metas),
+                         partial(_embedded, out, metas), manifest=MANIFEST, decode_workers=self.decode_workers)
+
+        def maker() -> StageMaker:
+            _WORKER_ENCODERS[self.model] = encoder.to(self.device or place.device or _device())
+            return StageMaker(stage.make, self.decode_workers)
+
+        def finish(o: Outcome) -> dict:
+            return _finish(out, ident, parts, written(out, parts, metas), o.wall_s, o.made, o.reused)
+
+        work = stage.open(place)
+        return dataclasses.replace(work, maker=maker, finish=finish, verb="embedded")
+
+
+def job_of(cfg: EmbedConfig, **given) -> EmbedJob:
+    """The job of ``halsift embed``'s settings ``cfg`` (``given`` over them)."""
+    names = {f.name for f in dataclasses.fields(EmbedJob)}
+    values = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
+    return EmbedJob(**{**values, "show_progress": not cfg.no_progress, **given})
 
 
 def load_encoder(spec):
@@ -145,11 +202,6 @@ def _reusable(path: Path, meta: dict) -> bool:
 def start(job: EmbedJob):
     """Load the encoder, plan the parts, check or start the folder's manifest; returns
     ``(encoder, out, parts, ident, metas)``."""
-    if job.batch_size < 1:
-        raise EmbeddingStoreError(f"--batch-size: expected >= 1, got {job.batch_size}")
-    if os.fspath(job.data).endswith(".jsonl"):
-        raise EmbeddingStoreError(f"--data {job.data}: embed reads shards (a folder, glob or brace pattern of .tar "
-                                  "files), not a bench file")
     encoder = load_encoder(job.model)
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -183,7 +235,7 @@ def written(out: Path, parts: list[Part], metas: dict) -> list[dict]:
     return have
 
 
-def finish(out: Path, ident: dict, parts: list[Part], have: list[dict], wall: float, embedded: int,
+def _finish(out: Path, ident: dict, parts: list[Part], have: list[dict], wall: float, embedded: int,
            resumed: int) -> dict:
     """Write the manifest from ``have`` (:func:`written`'s records): ``complete`` when every part is written, with
     the parts' summed counts."""
@@ -200,93 +252,19 @@ def finish(out: Path, ident: dict, parts: list[Part], have: list[dict], wall: fl
     return manifest
 
 
-def _stage(job: EmbedJob, out: Path, parts: list[Part], metas: dict):
-    """The parts as a :class:`.stage.StageJob`: the one way every per-shard stage claims and makes its parts."""
-    from functools import partial
-
-    from halsift.filtering.scoring.stage import StageJob, StagePart, check_stage
-
-    stage = StageJob("embed", out, [StagePart(p.name, (p,)) for p in parts], partial(_embed_one, job, metas),
-                     partial(_embedded, out, metas), show_progress=job.show_progress,
-                     decode_workers=job.decode_workers, num_tasks=job.num_tasks, task_index=job.task_index,
-                     claim_timeout=job.claim_timeout, address=job.address, workers=job.workers)
-    check_stage(stage)
-    return stage
-
-
-def _begin(job: EmbedJob, encoder, device) -> None:
-    """This process's encoder, on ``device``, is the one the parts made here use (a decode worker loads its own)."""
-    _WORKER_ENCODERS[job.model] = encoder.to(job.device or device)
-
-
-def embed_local(job: EmbedJob) -> dict:
-    """Embed on this process (``decode_workers`` parts at a time in as many processes), or on every rank of a launch
-    (parts round-robin); rank 0 writes the manifest."""
-    from halsift.filtering.scoring.runner import _reduce, _state
-    from halsift.filtering.scoring.stage import run_local
-
-    t0 = time.perf_counter()
-    encoder, out, parts, ident, metas = start(job)
-    state = _state(job.device)
-    _begin(job, encoder, state.device)
-    state.wait_for_everyone()
-    if state.is_main_process and not (out / MANIFEST).exists():
-        write_json_atomic(out / MANIFEST, {**ident, "complete": False, "status": "running"})
-    with failing(out, MANIFEST):
-        mine = parts[state.process_index::state.num_processes]
-        embedded = int(_reduce(state, run_local(_stage(job, out, mine, metas)).made, "sum"))
-        state.wait_for_everyone()
-        have = written(out, parts, metas)  # on every rank: each stops with a rule's line, none waits for rank 0
-        m = {}
-        if state.is_main_process:
-            m = finish(out, ident, parts, have, time.perf_counter() - t0, embedded, len(parts) - embedded)
-        state.wait_for_everyone()
-        return m
-
-
-def embed_task(job: EmbedJob, num_tasks: int, task_index: int, stale_after: float) -> dict:
-    """One of ``num_tasks`` independent tasks: claim parts (:func:`.stage.run_task`), embed them; each task writes
-    the manifest (``complete`` once every part is written)."""
-    from halsift.filtering.scoring.stage import run_task
-    from halsift.filtering.scoring.tasks import task_device
-
-    t0 = time.perf_counter()
-    encoder, out, parts, ident, metas = start(job)
-    _begin(job, encoder, task_device())
-    if not (out / MANIFEST).exists():
-        write_json_atomic(out / MANIFEST, {**ident, "complete": False, "status": "running"})
-    with failing(out, MANIFEST):
-        run = run_task(_stage(job, out, parts, metas), num_tasks, task_index, stale_after)
-        return finish(out, ident, parts, written(out, parts, metas), time.perf_counter() - t0, run.made,
-                      run.reused)
-
-
-def embed_ray(job: EmbedJob) -> dict:
-    """The parts on a Ray cluster (:func:`.stage.run_ray`: one Ray task per part not written, ``job.workers`` at a
-    time), each worker process loading the encoder once; then the manifest."""
-    from halsift.filtering.scoring.ray_engine import _ray
-    from halsift.filtering.scoring.stage import run_ray
-
-    _ray()  # refused in one line before any work when Ray is absent
-    t0 = time.perf_counter()
-    _, out, parts, ident, metas = start(job)
-    if not (out / MANIFEST).exists():
-        write_json_atomic(out / MANIFEST, {**ident, "complete": False, "status": "running"})
-    with failing(out, MANIFEST):
-        run = run_ray(_stage(job, out, parts, metas))
-        return finish(out, ident, parts, written(out, parts, metas), time.perf_counter() - t0, run.made,
-                      run.reused)
-
-
 _WORKER_ENCODERS: dict = {}
 
 
-def _embed_one(job: EmbedJob, metas: dict, part) -> None:
-    from halsift.filtering.scoring.tasks import task_device
+def _device() -> str:
+    from halsift.execution.ranks import task_device
 
+    return task_device()
+
+
+def _embed_one(job: EmbedJob, metas: dict, part) -> None:
     p: Part = part.args[0]
-    if job.model not in _WORKER_ENCODERS:  # a decode worker or Ray worker: loaded and placed once per process
-        _WORKER_ENCODERS[job.model] = load_encoder(job.model).to(job.device or task_device())
+    if job.model not in _WORKER_ENCODERS:  # a decode worker or Ray actor: loaded and placed once per process
+        _WORKER_ENCODERS[job.model] = load_encoder(job.model).to(job.device or _device())
     embed_part(_WORKER_ENCODERS[job.model], p, Path(job.out) / p.name, job.batch_size, metas[p.name])
 
 
@@ -294,4 +272,4 @@ def _embedded(out: Path, metas: dict, part) -> bool:
     return _reusable(out / part.name, metas[part.name])
 
 
-__all__ = ["EmbedJob", "embed_local", "embed_part", "embed_ray", "embed_task", "load_encoder"]
+__all__ = ["EmbedConfig", "EmbedJob", "embed_part", "job_of", "load_encoder"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from halsift.corpus.fingerprint import file_fingerprint
-from halsift.corpus.run_folder import content as whole_content
+from halsift.execution.run_folder import content as whole_content
 
 PART_META_KEY = b"halsift"  # a part's own stats in its parquet metadata (halsift.filtering.scoring.runner writes them)
 RECORDS = "part_records"  # the score manifest's per-part record: size, content hash, rows, repeated rows

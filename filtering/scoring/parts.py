@@ -2,8 +2,8 @@
 items are read (:func:`iter_caption_groups`, through the one reader), scored and written (:func:`score_part`: one
 parquet file, atomically, carrying its own stats and the fingerprints of what it was made from), when a finished
 part is reused (:func:`reusable`), and the folder's ``_manifest.json`` (:func:`check_or_start`,
-:func:`finish_manifest`). Every engine builds on it: the rank-split runner (:mod:`.runner`), decode workers
-(:mod:`.workers`), independent tasks (:mod:`.tasks`) and Ray (:mod:`.ray_engine`)."""
+:func:`finish_manifest`). The score job (:mod:`.job`) builds on it, with decode workers (:mod:`.workers`), for every
+engine of the execution layer (:mod:`halsift.execution.engines`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from halsift.corpus.fingerprint import file_fingerprint, path_fingerprint, spec_fingerprint
 from halsift.corpus.images import ImageDecodeError, SkipCounter, load_image_file
 from halsift.corpus.percent import percent
-from halsift.corpus.run_folder import check_or_start as check_folder, forget_part, part_done, part_reusable
+from halsift.execution.run_folder import check_or_start as check_folder, forget_part, part_done, part_reusable
 from halsift.corpus.sample import bench_items, key_in_two_inputs, read_shard, repeated_key, sample_items
 from halsift.corpus.scores import part_name, scores_table, write_part_atomic
 from halsift.corpus.shards import expand_shards, write_json_atomic
@@ -135,7 +135,7 @@ def _footer_matches(path: Path, fps: dict) -> bool:
 
 def reusable(out: Path, name: str, fps: dict) -> bool:
     """A finished part may be reused only if it was scored from the same input by the same detector (``fps``: its
-    :func:`part_fingerprints` entry) and still holds what was written (:func:`~halsift.corpus.run_folder.part_reusable`:
+    :func:`part_fingerprints` entry) and still holds what was written (:func:`~halsift.execution.run_folder.part_reusable`:
     a part altered since is rescored). A part of an older folder, without a record, is judged by its footer."""
     return part_reusable(out, name, fps, legacy=lambda p: _footer_matches(p, fps))
 
@@ -271,17 +271,15 @@ def stored_embeddings(detector: Detector) -> list[Path]:
     return found
 
 
-def start_run(job, state, refuse=None) -> Run:
-    """The start every engine shares: load ``job``'s detector (``refuse(detector)``: an engine's own refusal),
+def start_run(job, state) -> Run:
+    """The start every engine shares: load ``job``'s detector,
     plan the parts, check that stored embeddings were made from these shards' content
     (:func:`~halsift.corpus.embedding_store.check_embedded_from`), then check or start the folder
-    (:func:`check_or_start`). ``job``: a :class:`~halsift.filtering.scoring.engine.ScoreJob`, passed whole."""
+    (:func:`check_or_start`). ``job``: a :class:`~halsift.filtering.scoring.job.ScoreJob`, passed whole; ``state``: its :class:`~halsift.execution.job.Place`."""
     from halsift.corpus.embedding_store import check_embedded_from
     from halsift.filtering.detectors.spec import load_detector
 
     detector = load_detector(job.spec())
-    if refuse is not None:
-        refuse(detector)
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
     parts, inputs = plan_parts(job.data)
@@ -299,7 +297,7 @@ IDENTITY = ("detector", "inputs")  # compared as they are; ``settings`` (the uni
 
 
 def check_or_start(out: Path, ident: dict, state) -> None:
-    """Refuse to mix runs (:func:`halsift.corpus.run_folder.check_or_start`, one line naming the key); write the
+    """Refuse to mix runs (:func:`halsift.execution.run_folder.check_or_start`, one line naming the key); write the
     'running' manifest on rank 0."""
     # an older manifest has its unit beside the detector, not under "settings"
     check_folder(out, ident, keys=IDENTITY, what="scores", error=RunMismatch, start=False,

@@ -1,188 +1,30 @@
-"""The sharded, resumable scoring runner behind ``halsift score`` and ``eval bench``.
-
-Work is split into *parts*: one per input shard (or per chunk of a ``bench.jsonl``). Parts are dealt
-round-robin to the processes of an accelerate ``PartialState`` (``torchrun``/``accelerate launch``, any number
-of nodes; gloo on CPU), so no two ranks score the same shard. Each finished part is one parquet file written
-atomically (:mod:`halsift.corpus.scores`) whose schema metadata carries its own counts (samples, sentences,
-skipped samples with reasons, parse failures, timings) and what it was made from: the fingerprint of its input
-(shard size, mtime and sampled hash; for a bench, the bench file's) and of the detector (spec plus the content of
-the checkpoints/adapters it names; :mod:`halsift.corpus.fingerprint`). A rerun reuses a finished part only if
-both still match and rescores it otherwise; ``_manifest.json`` records detector spec, unit and input paths (and
-each part's size, content hash and repeated rows, which select checks), and a rerun with a different spec, unit or
-paths raises :class:`RunMismatch`.
-
-Memory: one part's rows and one batch of decoded images at a time, whatever the number of shards.
-"""
+"""The library's shorthands for scoring: :func:`score` (a :class:`~halsift.filtering.scoring.job.ScoreJob` on the
+local engine: this process, or every rank of a launch) and :func:`score_bench` (a bench's rows as a DataFrame). The
+loop itself is the execution layer's (:mod:`halsift.execution.engines`); what a part is, how it is scored and
+written, and when it is reused: :mod:`.parts`."""
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from halsift.corpus.run_folder import failing, part_done
-from halsift.corpus.progress import progress
-from halsift.corpus.scores import scores_table, write_part_atomic
-from halsift.filtering.scoring.part_records import PART_META_KEY
-from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES, ScoreError, ScoreGuard
-from halsift.filtering.scoring.parts import finish_manifest, part_stats, reusable, score_part, start_run
-
-
-def _state(device: str | None):
-    """The launch's accelerate state. CPU (gloo) unless a CUDA device is asked for or present: without
-    ``cpu=True`` accelerate does not join a CPU-only torchrun group and every rank would think it is alone."""
-    import torch
-    from accelerate import PartialState
-
-    cpu = device == "cpu" or (device is None and (not torch.cuda.is_available() or bool(os.environ.get(
-        "HALSIFT_FORCE_CPU"))))
-    from halsift.filtering.scoring.tasks import dist_timeout_kwargs
-
-    return PartialState(cpu=cpu, **dist_timeout_kwargs())  # HALSIFT_DIST_TIMEOUT: barrier timeout in seconds
+from halsift.filtering.scoring.guard import DEFAULT_MAX_PARSE_FAILURES
 
 
 def score(spec_or_detector, data, out_dir: str | os.PathLike, unit: str = "sentence", batch_size: int = 64,
           device: str | None = None, show_progress: bool = True, workers: int = 0,
           max_parse_failures: float = DEFAULT_MAX_PARSE_FAILURES, full_hash: bool = False) -> Path:
-    """Score ``data`` (a shard spec or a ``bench.jsonl``) with a detector into ``out_dir``; returns ``out_dir``: the
-    library's shorthand for a :class:`~halsift.filtering.scoring.job.ScoreJob` run as the ``local`` engine runs it
-    (:func:`score_job`; ``workers``: the job's ``decode_workers``)."""
+    """Score ``data`` (a shard spec or a ``bench.jsonl``) with a detector into ``out_dir``; returns ``out_dir``: a
+    :class:`~halsift.filtering.scoring.job.ScoreJob` run by the ``local`` engine (``workers``: the job's
+    ``decode_workers``); finished parts are skipped, so rerunning the same call resumes."""
+    from halsift.execution.engines import run_job
     from halsift.filtering.scoring.job import ScoreJob
 
-    return score_job(ScoreJob(detector=spec_or_detector, data=data, out=out_dir, unit=unit, batch_size=batch_size,
-                              device=device, decode_workers=workers, max_parse_failures=max_parse_failures,
-                              show_progress=show_progress, full_hash=full_hash))
-
-
-def score_job(job) -> Path:
-    """Run a :class:`~halsift.filtering.scoring.engine.ScoreJob` on this process, or on every process of the current
-    accelerate/torchrun launch (each scores its round-robin share of the parts); finished parts are skipped, so
-    rerunning the same job resumes. ``job.device`` defaults to the process's accelerate device ("cpu" forces CPU).
-    ``job.decode_workers`` > 0: reading, decoding and the detector's ``prepare`` step run in that many processes per
-    rank (:mod:`halsift.filtering.scoring.workers`) for detectors that have one; else in one read-ahead thread. The
-    run stops with :class:`ScoreError` (one line) on a non-finite score, a share of parse failures above
-    ``job.max_parse_failures``, or nothing scored (:mod:`halsift.filtering.scoring.guard`), and leaves the manifest
-    ``failed`` with the reason."""
-    job.validate()
-    t0 = time.perf_counter()
-    state = _state(job.device)
-    run = start_run(job, state)
-    detector, out, parts, ident = run.detector, run.out, run.parts, run.ident
-    if detector.set_level:
-        with failing(out):
-            return _score_set_level(job, run, state, t0)
-    rank, world = state.process_index, state.num_processes
-    mine = parts[rank::world]
-    fps = run.fps(mine)
-    todo = [p for p in mine if not reusable(out, p.name, fps[p.name])]
-    resumed = int(_reduce(state, len(mine) - len(todo), "sum"))
-    scored_now, t_scoring = 0, 0.0
-    from halsift.filtering.scoring.threads import torch_threads
-    from halsift.filtering.scoring.workers import score_parts_in_workers, supports_workers
-
-    workers = job.decode_workers
-    use_workers = bool(workers and todo and supports_workers(detector))
-    with failing(out), torch_threads(workers if use_workers else 0) as threads:
-        if todo:
-            detector.to(job.device or state.device)
-            pa.array([])  # pyarrow imports pandas on its first array (~0.2 s): start-up work, not the first part's
-            ts = time.perf_counter()
-            bar = progress(desc=f"score rank {rank}", unit="sent", disable=not job.show_progress)
-            guard = ScoreGuard(detector.name, job.max_parse_failures)
-            if use_workers:
-                scored_now = score_parts_in_workers(detector, todo, out, job.unit, job.batch_size, workers, bar, rank,
-                                                    world, fps, guard)
-            else:
-                for p in todo:
-                    scored_now += score_part(detector, p, out / p.name, job.unit, job.batch_size, bar, rank, world,
-                                             fps[p.name], guard)["sentences"]
-            bar.close()
-            t_scoring = time.perf_counter() - ts
-    scored_now = int(_reduce(state, scored_now, "sum"))
-    t_scoring = _reduce(state, t_scoring, "max")
-    state.wait_for_everyone()
-    failed = None
-    if state.is_main_process:
-        missing = [p.name for p in parts if not (out / p.name).exists()]
-        if missing:
-            raise RuntimeError(f"{out}: parts {missing[:5]} were not written; rerun the same command to finish")
-        try:
-            finish_manifest(out, ident, parts, time.perf_counter() - t0, scored_now, resumed, world, t_scoring,
-                             job.max_parse_failures,
-                             extra={"decode_workers": workers if use_workers else 0, "torch_threads": threads})
-        except ScoreError as e:  # raised after the barrier, so the other ranks are not left waiting
-            failed = e
-    state.wait_for_everyone()
-    if failed is not None:
-        raise failed
-    return out
-
-
-def _reduce(state, value: float, op: str) -> float:
-    """Sum or max of a number over all processes."""
-    if state.num_processes == 1:
-        return value
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([float(value)], dtype=torch.float64,
-                     device=state.device if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
-    return float(t.item())
-
-
-def _score_set_level(job, run, state, t0: float) -> Path:
-    """A ``set-level`` detector (an ensemble with set normalisation): score every member over the whole input (each
-    a job of its own), then combine once (rank 0, :meth:`Detector.combine_scores`)."""
-    import dataclasses
-
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    det, out, parts, ident = run.detector, run.out, run.parts, run.ident
-    fps = run.fps()
-    member_dirs = []
-    for i, m in enumerate(det.members):
-        d = out / "_members" / f"{i}"
-        score_job(dataclasses.replace(job, detector=m, out=d, embeddings=None, decode_workers=0))
-        member_dirs.append(d)
-    if state.is_main_process:
-        tables = []
-        for d in member_dirs:
-            ts = []
-            for p in parts:
-                t = pq.read_table(d / p.name, columns=["key", "sentence_index", "score", "parsed", "captioner"])
-                ts.append(t.append_column("_part", pa.array([p.name] * len(t))))
-            t = pa.concat_tables(ts)
-            tables.append(t.take(pc.sort_indices(t, [("key", "ascending"), ("sentence_index", "ascending")])))
-        ref = tables[0]
-        for d, t in zip(member_dirs[1:], tables[1:]):
-            if not (t["key"].equals(ref["key"]) and t["sentence_index"].equals(ref["sentence_index"])):
-                raise RuntimeError(f"ensemble members scored different rows ({member_dirs[0]} vs {d})")
-        scores = det.combine_scores(np.stack([t["score"].to_numpy() for t in tables]))
-        parsed = np.logical_and.reduce([t["parsed"].to_numpy(zero_copy_only=False) for t in tables])
-        ScoreGuard(det.name, 1.0).check(list(zip(ref["key"].to_pylist(), ref["sentence_index"].to_pylist(),
-                                                 [""] * len(ref))), scores.tolist(), [True] * len(ref))
-        names = ref["_part"].to_numpy(zero_copy_only=False)
-        for p in parts:
-            sel = np.flatnonzero(names == p.name)
-            sub = ref.take(pa.array(sel))
-            table = scores_table(sub["key"].to_pylist(), sub["sentence_index"].to_pylist(), scores[sel].tolist(),
-                                 parsed[sel].tolist(), det.name, {"captioner": sub["captioner"].to_pylist()})
-            stats = {**part_stats(member_dirs[0] / p.name), "parse_failures": int((~parsed[sel]).sum()),
-                     **fps[p.name]}
-            write_part_atomic(table.replace_schema_metadata({PART_META_KEY: json.dumps(stats).encode()}), out / p.name)
-            part_done(out, p.name, fps[p.name])
-        finish_manifest(out, ident, parts, time.perf_counter() - t0, len(ref), 0, state.num_processes,
-                         max_parse_failures=job.max_parse_failures)
-    state.wait_for_everyone()
-    return out
+    run_job(ScoreJob(detector=spec_or_detector, data=data, out=out_dir, unit=unit, batch_size=batch_size,
+                     device=device, decode_workers=workers, max_parse_failures=max_parse_failures,
+                     show_progress=show_progress, full_hash=full_hash))
+    return Path(out_dir)
 
 
 def score_bench(detector, bench_path: str | os.PathLike, out_dir: str | os.PathLike | None = None,
@@ -194,7 +36,7 @@ def score_bench(detector, bench_path: str | os.PathLike, out_dir: str | os.PathL
     from halsift.corpus.scores import read_scores_df
 
     if out_dir is None:
-        if _state(device).num_processes > 1:
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
             raise ValueError("score_bench: pass out_dir when running on several processes (they must share it)")
         with tempfile.TemporaryDirectory(prefix="halsift-bench-") as tmp:
             score(detector, bench_path, tmp, batch_size=batch_size, device=device, show_progress=show_progress,

@@ -1,5 +1,5 @@
 """The one check of scoring's settings, shared by ``halsift score``, a recipe's ``score:`` section and library jobs
-(:class:`~halsift.filtering.scoring.engine.ScoreJob`); light to import."""
+(:class:`~halsift.filtering.scoring.job.ScoreJob`); light to import."""
 
 from __future__ import annotations
 

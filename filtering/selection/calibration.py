@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from halsift.corpus.bench import BenchFormatError, BenchRow, read_bench
-from halsift.corpus.run_folder import read_record
+from halsift.execution.run_folder import read_record
 from halsift.corpus.sample import caption_label
 from halsift.corpus.scores import ScoresFormatError, read_scores
 from halsift.filtering.selection.guarantee import GuaranteeError, Strata

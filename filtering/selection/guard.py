@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from halsift.corpus.run_folder import refusal, settings_diff
+from halsift.execution.run_folder import refusal, settings_diff
 from halsift.corpus.safe_paths import remove_file, remove_tree
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.shards import Sample, ShardFormatError, ShardWriter, expand_shards, write_json_atomic

@@ -9,7 +9,7 @@ killed anywhere reruns to the identical result (and N processes can share the wo
 2. **reshard** -- one output shard per input shard, ``NNNNNN.tar`` numbered like the input's position in the
    sorted shard list (an input shard that keeps nothing has none), written from that shard's kept units only;
    marker ``_select/shards/NNNNNN.json`` with its counts. Shards are claimed like score parts
-   (:class:`halsift.filtering.scoring.tasks.ClaimBoard`), so a dead process's shard is redone by the next one to look.
+   (:class:`halsift.execution.claims.ClaimBoard`), so a dead process's shard is redone by the next one to look.
 3. **manifest** -- whoever finds every marker merges them into ``manifest.json`` (``status: complete``) and
    ``sizes.json``: the same fields as :func:`halsift.filtering.selection.select.select`'s manifest. A rerun that finds it
    complete returns it as it is.
@@ -31,13 +31,13 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.progress import progress
-from halsift.corpus.run_folder import settings_diff
+from halsift.execution.run_folder import settings_diff
 from halsift.corpus.scores import part_name
 from halsift.corpus.shards import META_DEFAULTS, ShardFormatError, ShardWriter, iter_shard, write_json_atomic
 from halsift.filtering.selection.select import KeptCounts, SelectError, _labels, check_amount, kept_by_key, unit_outputs
 from halsift.filtering.selection.guard import FILTER_DEFAULTS, STATE, prepare, remove_selection, write_outputs
 from halsift.filtering.selection.out_of_core import MEMORY_LIMIT, supported, top_keys, kept_for_part
-from halsift.filtering.scoring.tasks import HOST, STALE_AFTER_S, ClaimBoard, task_order
+from halsift.execution.claims import HOST, STALE_AFTER_S, ClaimBoard, task_order
 from halsift.corpus.safe_paths import remove_tree
 
 EXAMPLES = 20

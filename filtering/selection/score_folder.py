@@ -37,13 +37,13 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.errors import InputError
 from halsift.corpus.fingerprint import file_fingerprint, refingerprint
-from halsift.corpus.run_folder import read_record
+from halsift.execution.claims import CLAIMS  # live score tasks' claims
+from halsift.execution.run_folder import read_record
 from halsift.corpus.scores import ScoresFormatError, check_column_types, part_name
 from halsift.filtering.detectors.base import CAPTION_INDEX
 from halsift.filtering.scoring.part_records import PART_META_KEY, RECORDS, content as _content, matches
 
 SCORE_MANIFEST = "_manifest.json"  # written by halsift.filtering.scoring.runner
-CLAIMS = "_claims"  # halsift.filtering.scoring.tasks.CLAIMS: live score tasks' claims
 REQUIRED = ("key", "sentence_index", "score", "detector")
 
 

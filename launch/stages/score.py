@@ -86,9 +86,10 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
 
 def run_score(r: Recipe, detector, data, out: Path, **given) -> None:
     """One score job of the recipe: ``halsift score``'s settings from its ``score:`` section
-    (:func:`~halsift.filtering.scoring.config.job_of`), run by the engine it names, as the command runs it."""
+    (:func:`~halsift.filtering.scoring.config.job_of`), through the same door as the command
+    (:func:`~halsift.execution.engines.run_job`), on the engine it names."""
+    from halsift.execution.engines import run_job
     from halsift.filtering.scoring.config import job_of
-    from halsift.filtering.scoring.engine import run_job
 
     result = run_job(job_of(r.score, detector=detector, data=data, out=out, **given), r.score.engine)
     if not result.complete:
@@ -97,18 +98,20 @@ def run_score(r: Recipe, detector, data, out: Path, **given) -> None:
 
 def _score_cascade(r: Recipe, p: Paths, name: str, spec: str, bench: str | Path, calibration: str | Path) -> str:
     """A cascade (issue 44): fitted on the corpus, then the bench and the calibration rows through its frozen
-    plan (:mod:`halsift.filtering.scoring.cascade`)."""
-    from halsift.filtering.scoring.cascade import score_cascade
+    plan (:mod:`halsift.filtering.scoring.cascade`); each an ordinary score job of the recipe."""
+    from halsift.filtering.scoring.cascade import with_plan
 
     corpus = scores_dir(p, name, "corpus")
     if not (p.corpus and "select" in r.stages):
         raise ConfigError(f"score.detectors.{name}: a cascade is fitted on the corpus; it needs data.corpus and "
                           "the select stage")
-    kw = {"max_parse_failures": r.score.max_parse_failures}
-    score_cascade(spec, p.corpus, corpus, unit=r.score.unit, batch_size=r.score.batch_size, **kw)
+    from halsift.filtering.detectors.embeddings_spec import reads_embeddings
+
+    run_score(r, spec, p.corpus, corpus, **({} if r.score.embeddings and reads_embeddings(spec) else
+                                            {"embeddings": None}))
     for data, what in ((bench, "bench"), (calibration, "calibration")):
         if data:
-            score_cascade(spec, data, scores_dir(p, name, what), plan=corpus, **kw)
+            run_score(r, with_plan(spec, corpus), data, scores_dir(p, name, what), unit="sentence", embeddings=None)
     return spec
 
 

@@ -119,7 +119,7 @@ def test_mark_export_and_calibrate_end_to_end(annotated, tmp_path, capsys):
 
 
 def test_the_folder_keeps_its_draw_and_refuses_another(annotated, capsys):
-    """The folder's record (halsift.corpus.run_folder): the same command again keeps the page and any saved labels;
+    """The folder's record (halsift.execution.run_folder): the same command again keeps the page and any saved labels;
     another draw into it is refused naming what differs; a folder without a record is refused; a failed draw says
     why in the record, and the same command then draws again."""
     corpus, root = annotated

@@ -15,7 +15,7 @@ from PIL import Image
 
 from halsift.filtering.detectors.base import LOCALIZATION, SET_LEVEL, VLM_JUDGE, Item, MissingCapability
 from halsift.filtering.detectors.spec import load_detector
-from halsift.filtering.scoring.engine import ScoreJob
+from halsift.filtering.scoring.job import ScoreJob
 from halsift.launch.cli import main
 
 pytest.importorskip("peft")
@@ -168,14 +168,13 @@ def test_decode_workers_give_the_same_scores(vlm_path, vlm_adapter, tmp_path, ki
 
 def test_set_level_detectors_are_refused_where_parts_are_scored_alone(tmp_path, monkeypatch):
     """Tasks and Ray actors score parts independently: a set-level detector would be normalised per part."""
-    from halsift.filtering.scoring import ray_engine
-    from halsift.filtering.scoring.tasks import TaskError, score_task
+    from halsift.execution.engines import EngineError, run_job
 
     data = make_corpus(tmp_path / "data", shards=1, per_shard=2)
     spec = "ensemble:members=[random:seed=1,random:seed=2],norm=zscore"
-    with pytest.raises(TaskError, match="set level"):
-        score_task(ScoreJob(spec, data, tmp_path / "t", show_progress=False), num_tasks=2, task_index=0)
-    monkeypatch.setattr(ray_engine, "_ray", lambda: object())  # no cluster needed: refused before it is used
-    with pytest.raises(TaskError, match="--engine ray: .*set level"):
-        ray_engine.score_ray(ScoreJob(spec, data, tmp_path / "r", show_progress=False))
+    with pytest.raises(EngineError, match="--num-tasks: .*set level"):
+        run_job(ScoreJob(spec, data, tmp_path / "t", show_progress=False, num_tasks=2, task_index=0))
+    monkeypatch.setattr("halsift.execution.engines.ray_module", lambda: object())  # refused before it is used
+    with pytest.raises(EngineError, match="--engine ray: .*set level"):
+        run_job(ScoreJob(spec, data, tmp_path / "r", show_progress=False), "ray")
     assert not (tmp_path / "r").exists() and not any((tmp_path / "t").glob("part-*"))

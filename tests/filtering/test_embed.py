@@ -20,7 +20,7 @@ from halsift.corpus.scores import read_scores_df
 from halsift.filtering.detectors.embeddings_spec import with_embeddings
 from halsift.filtering.detectors.spec_error import SpecError
 from halsift.filtering.scoring.embed import EmbedJob
-from halsift.filtering.scoring.engine import EngineError, run_job
+from halsift.execution.engines import EngineError, run_job
 from halsift.launch.cli import main
 
 TINY = "clip:arch=halsift-tiny,pretrained=random,seed=0"

@@ -16,9 +16,14 @@ from filtering_data import make_corpus
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
 
 from halsift.corpus.scores import read_scores_df  # noqa: E402
-from halsift.filtering.scoring.ray_engine import score_ray  # noqa: E402
-from halsift.filtering.scoring.runner import score
-from halsift.filtering.scoring.engine import ScoreJob
+from halsift.execution.engines import ENGINES, run_job  # noqa: E402
+from halsift.filtering.scoring.job import ScoreJob  # noqa: E402
+from halsift.filtering.scoring.runner import score  # noqa: E402
+
+
+def score_ray(job: ScoreJob, on_start=None) -> dict:
+    """``job`` on the Ray engine; the folder's complete manifest."""
+    return ENGINES["ray"].run(job, on_start=on_start).stats
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +84,6 @@ def test_basic_dedup_and_embed_on_ray_equal_one_process(cluster, tmp_path):
     import pyarrow.parquet as pq
 
     from halsift.filtering.scoring.embed import EmbedJob
-    from halsift.filtering.scoring.engine import run_job
     from halsift.launch.cli import main
     from test_basic_filters import FAST, _shards
     from test_dedup import _corpus

@@ -13,7 +13,7 @@ from filtering_data import make_corpus
 
 from halsift.filtering.scoring.parts import part_fingerprints, plan_parts
 from halsift.filtering.scoring.threads import process_cores, threads_for, torch_threads
-from halsift.filtering.scoring.engine import ScoreJob
+from halsift.filtering.scoring.job import ScoreJob
 from halsift.launch.cli import main
 
 CLIP = "clip:arch=halsift-tiny,pretrained=random,seed=0"
@@ -68,9 +68,9 @@ def test_task_engine_with_decode_workers_writes_the_same_scores(tmp_path, monkey
 
 
 def test_ray_actor_body_with_decode_workers_writes_the_same_parts(tmp_path):
-    """The Ray actor's body (``PartScorer``, a plain class: no Ray needed) reading its dealt parts on decode
-    workers gives the parts the rank-split run writes."""
-    from halsift.filtering.scoring.ray_engine import PartScorer
+    """A Ray actor's maker (what the score job sends an actor: a plain callable, no Ray needed) reading its dealt
+    parts on decode workers gives the parts the rank-split run writes."""
+    from halsift.execution.job import Place
     from halsift.filtering.scoring.runner import score
 
     data = make_corpus(tmp_path / "data", shards=2, per_shard=3, seed=4)
@@ -78,25 +78,29 @@ def test_ray_actor_body_with_decode_workers_writes_the_same_parts(tmp_path):
     parts, _ = plan_parts(data)
     fps = part_fingerprints(parts, json.loads((tmp_path / "one" / "_manifest.json").read_text())["detector_fp"])
     (tmp_path / "actor").mkdir()
-    actor = PartScorer(ScoreJob(CLIP, data, tmp_path / "actor", batch_size=4, device="cpu", decode_workers=2), 0, cores=3)
+    job = ScoreJob(CLIP, data, tmp_path / "actor", batch_size=4, device="cpu", decode_workers=2)
+    work = job.open(Place())
+    assert work.actor_cpus == 3  # the model's core and one per decode worker
+    maker = work.actor(0, 1)
+    got = {}
     try:
-        got = actor.score(parts, 1, fps)
+        maker.make(parts, None, got.__setitem__)
     finally:
-        actor._threads.__exit__(None, None, None)
-    assert got["decode_workers"] == 2 and got["torch_threads"] == {"threads": 1, "set_by": "halsift"}
-    assert sorted(got["parts"]) == _same_parts(tmp_path / "one", tmp_path / "actor")
+        maker.close()
+    assert maker.use_workers and maker.threads == {"threads": 1, "set_by": "halsift"}
+    assert sorted(got) == _same_parts(tmp_path / "one", tmp_path / "actor")
 
 
 def test_ray_engine_with_decode_workers_equals_one_process(tmp_path):
     ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
-    from halsift.filtering.scoring.ray_engine import score_ray
+    from halsift.execution.engines import run_job
     from halsift.filtering.scoring.runner import score
 
     data = make_corpus(tmp_path / "data", shards=3, per_shard=3, seed=5)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:  # one actor reserving 1 + 1 CPUs: its model's core and its decode worker's
-        m = score_ray(ScoreJob(CLIP, data, tmp_path / "ray", batch_size=4, device="cpu", workers=1, decode_workers=1,
-                               show_progress=False))
+        m = run_job(ScoreJob(CLIP, data, tmp_path / "ray", batch_size=4, device="cpu", workers=1, decode_workers=1,
+                             show_progress=False), "ray").stats
     finally:
         ray.shutdown()
     score(CLIP, data, tmp_path / "one", batch_size=4, show_progress=False)

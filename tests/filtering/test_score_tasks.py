@@ -16,9 +16,10 @@ from kill_mid_part import kill_mid_part
 from filtering_data import make_corpus
 
 from halsift.corpus.scores import read_scores_df
+from halsift.execution.claims import CLAIMS, ClaimBoard, TaskError, task_from_env, task_order
+from halsift.execution.engines import ENGINES
+from halsift.filtering.scoring.job import ScoreJob
 from halsift.filtering.scoring.runner import score
-from halsift.filtering.scoring.engine import ScoreJob
-from halsift.filtering.scoring.tasks import CLAIMS, ClaimBoard, TaskError, score_task, task_from_env, task_order
 from halsift.launch.cli import main
 
 ENV = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
@@ -34,6 +35,14 @@ def _rows(folder) -> pd.DataFrame:
 
 def _job(corpus, out) -> ScoreJob:
     return ScoreJob("random:seed=0", corpus, out, batch_size=4, show_progress=False)
+
+
+def score_task(job: ScoreJob, n: int, i: int, **kw) -> dict:
+    """Task ``i`` of ``n`` on the tasks engine; its run record (``complete`` says whether it completed the folder)."""
+    import dataclasses
+
+    s = ENGINES["tasks"].run(dataclasses.replace(job, num_tasks=n, task_index=i), **kw)
+    return {**s.run, "complete": s.complete}
 
 
 def _manifest(folder) -> dict:
@@ -77,7 +86,7 @@ def test_three_tasks_in_turn_equal_one_process_and_only_the_last_completes(corpu
     for i in range(3):
         runs.append(score_task(_job(corpus, out), 3, i, steal=False))
         assert _manifest(out)["status"] == ("complete" if i == 2 else "running")
-    assert [r["parts_scored"] for r in runs] == [2, 2, 2] and [r["complete"] for r in runs] == [False, False, True]
+    assert [r["parts_made"] for r in runs] == [2, 2, 2] and [r["complete"] for r in runs] == [False, False, True]
     pd.testing.assert_frame_equal(_rows(out), _rows(tmp_path / "one"))
     m, one = _manifest(out), _manifest(tmp_path / "one")
     assert m["engine"] == "tasks" and m["num_tasks"] == 3 and m["task_runs"] == 3 and m["ranks"] == [0, 1, 2]
@@ -92,14 +101,14 @@ def test_three_tasks_in_turn_equal_one_process_and_only_the_last_completes(corpu
 
 def test_one_task_steals_what_no_one_holds(corpus, tmp_path):
     run = score_task(_job(corpus, tmp_path / "o"), 3, 0)
-    assert run["parts_scored"] == 6 and run["complete"]
+    assert run["parts_made"] == 6 and run["complete"]
 
 
 # a task that imports what scoring needs, says it is ready, and starts only once the test says go: two start-ups
 # (seconds apart on a loaded machine) cannot let one task finish every part before the other claims one
 GATED = """
 import pathlib, sys, time
-import torch, halsift.filtering.scoring.tasks, halsift.filtering.scoring.runner
+import torch, halsift.execution.engines, halsift.filtering.scoring.job, halsift.filtering.scoring.runner
 from halsift.launch.cli import main
 ready, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 ready.touch()
@@ -202,7 +211,7 @@ def test_cli_task_errors_exit_2(corpus, tmp_path, capsys):
 def test_dist_timeout_from_environment():
     from datetime import timedelta
 
-    from halsift.filtering.scoring.tasks import dist_timeout_kwargs
+    from halsift.execution.claims import dist_timeout_kwargs
 
     assert dist_timeout_kwargs({}) == {}
     assert dist_timeout_kwargs({"HALSIFT_DIST_TIMEOUT": "7200"}) == {"timeout": timedelta(seconds=7200)}

@@ -13,7 +13,7 @@ from filtering_data import make_corpus
 from halsift.corpus.embedding_store import embedding_table, part_meta, write_embedding_part
 from halsift.corpus.scores import read_scores_df, scores_table, write_part_atomic
 from halsift.filtering.scoring.embed import EmbedJob
-from halsift.filtering.scoring.engine import run_job
+from halsift.execution.engines import run_job
 from halsift.filtering.scoring.part_records import PART_META_KEY
 from halsift.filtering.scoring.runner import score
 from halsift.launch.cli import main

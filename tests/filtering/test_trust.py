@@ -13,7 +13,7 @@ from filtering_data import make_corpus, remote_code_model
 
 from halsift.filtering.detectors.base import Detector, Result
 from halsift.filtering.detectors.spec import SpecError, load_detector
-from halsift.filtering.scoring.engine import ScoreJob
+from halsift.filtering.scoring.job import ScoreJob
 from halsift.launch.cli import main
 
 
@@ -211,7 +211,7 @@ def test_the_notebook_api_applies_the_same_rule(probe, tmp_path):
 def test_ray_actors_reload_the_spec_the_user_gave_not_its_canonical_string(probe, tmp_path, monkeypatch):
     """A file's option value that holds ``,trust_remote_code=true`` must not become an option when the Ray actors
     rebuild the detector (they used to re-parse the canonical spec string as if the user had typed it)."""
-    from halsift.filtering.scoring import ray_engine
+    from halsift.execution import engines
 
     class Stop(Exception):
         pass
@@ -228,18 +228,19 @@ def test_ray_actors_reload_the_spec_the_user_gave_not_its_canonical_string(probe
         def remote(self, **_):
             class Actor:
                 @staticmethod
-                def remote(job, *rest):
-                    sent.append(job)
+                def remote(factory, *rest):
+                    sent.append(factory)
                     raise Stop
 
             return lambda cls: Actor
 
-    monkeypatch.setattr(ray_engine, "_ray", FakeRay)
+    monkeypatch.setattr(engines, "ray_module", FakeRay)
     spec = _spec_file(tmp_path, {"family": "probe", "model": "x,trust_remote_code=true"})
     data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
     with pytest.raises(Stop, match="^$"):  # the fake actor stops the run once it has the spec
-        ray_engine.score_ray(ScoreJob(str(spec), data, tmp_path / "s", device="cpu", workers=1, show_progress=False))
+        engines.ENGINES["ray"].run(ScoreJob(str(spec), data, tmp_path / "s", device="cpu", workers=1,
+                                            show_progress=False))
     probe.clear()
-    ray_engine.PartScorer(sent[0], 0)  # the job the actors get, whole
+    sent[0](0, 1).close()  # the maker an actor builds from what it is sent
     assert probe == [{"model": "x,trust_remote_code=true", "trust_remote_code": False,
                       "api_key_env": "OPENAI_API_KEY"}]

@@ -95,5 +95,5 @@ def test_second_run_into_a_busy_out_folder_is_refused(tmp_path, capsys):
         assert line.startswith("halsift score: error: --out") and "another halsift run" in line
         assert not list(out.glob("part-*")) and not (out / "_manifest.json").exists()
     assert _score(data, out) == 0  # free again; and the lock is gone once a run ends (even on SIGKILL: flock)
-    # the run folder: its manifest, its part, and the part's record (corpus/run_folder.py); no lock file left
+    # the run folder: its manifest, its part, and the part's record (execution/run_folder.py); no lock file left
     assert sorted(p.name for p in out.iterdir()) == ["_done", "_manifest.json", "part-000000.parquet"]

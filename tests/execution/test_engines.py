@@ -1,5 +1,5 @@
-"""The scoring Engine interface: a registry by name that ``halsift score --engine`` resolves, one typed job built
-from the command's settings, and every engine honouring or refusing (one line) each setting of the job."""
+"""The execution layer's engines: a registry by name that ``--engine`` resolves, one typed job built from the
+command's settings and handed whole to every engine, each engine honouring or refusing (one line) each flag."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from filtering_data import make_corpus
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.sample import read_shard, sample_items
 from halsift.corpus.scores import read_scores_df
-from halsift.filtering.scoring.engine import (ENGINES, COMMON, Engine, EngineError, EngineName, EngineSummary,
-                                              ScoreJob, get_engine, resolve_engine, run_job)
+from halsift.execution.engines import ENGINES, Engine, EngineError, Summary, get_engine, resolve_engine, run_job
+from halsift.execution.flags import EngineName
+from halsift.filtering.scoring.job import ScoreJob
 from halsift.launch.cmd_score import ScoreConfig, job_of
 
 
@@ -50,63 +51,37 @@ def test_job_carries_every_scoring_setting_of_score_config():
 ])
 def test_each_engine_refuses_what_it_does_not_honour(engine, setting, value, message):
     job = dataclasses.replace(ScoreJob("random:seed=0", "d", "o"), **{setting: value})
-    assert setting not in ENGINES[engine].honours
+    assert setting not in ENGINES[engine].flags
     with pytest.raises(EngineError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ENGINES[engine].check(job)
 
 
-# each engine's entry point: (module, function) that its run() calls with the job's settings
-ENTRY = {"local": ("halsift.filtering.scoring.runner", "score_job"),
-         "tasks": ("halsift.filtering.scoring.tasks", "score_task"),
-         "ray": ("halsift.filtering.scoring.ray_engine", "score_ray")}
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_every_engine_hands_the_job_whole_to_open(engine, monkeypatch, tmp_path):
+    """No engine rebuilds a job from some of its settings (the way a setting used to be lost): each opens the very
+    job it was given, whatever its settings."""
+    opened = []
 
-
-def _received(args: tuple, kwargs: dict) -> list:
-    """Every value a call received: its arguments, and the fields of a job passed whole."""
-    values = [*args, *kwargs.values()]
-    return values + [getattr(v, f.name) for v in values if dataclasses.is_dataclass(v) for f in dataclasses.fields(v)]
-
-
-def _same(x, y) -> bool:
-    return x is y if isinstance(y, bool) else type(x) is type(y) and x == y
-
-
-@pytest.mark.parametrize("engine", sorted(ENTRY))
-def test_every_engine_honours_the_common_settings(engine, monkeypatch, tmp_path):
-    """Each engine passes every common setting's value on to the scoring it runs (not only declares it): a job
-    whose every common setting differs from its default and from the others reaches the engine's entry point with
-    each value."""
-    import importlib
-
-    module, name = ENTRY[engine]
-    calls = []
-
-    def record(*args, **kwargs):
-        calls.append(_received(args, kwargs))
+    def record(self, place):
+        opened.append((self, place))
         raise _Stop("reached")
 
-    monkeypatch.setattr(importlib.import_module(module), name, record)
+    monkeypatch.setattr(ScoreJob, "open", record)
+    if engine == "ray":
+        monkeypatch.setattr("halsift.execution.engines.ray_module", lambda: object())
     job = ScoreJob("clip:arch=halsift-tiny,pretrained=random", str(tmp_path / "data"), str(tmp_path / "out"),
-                   unit="caption", batch_size=7, device="cuda:3", decode_workers=5, max_parse_failures=0.37,
+                   unit="caption", batch_size=7, device="cpu", decode_workers=5, max_parse_failures=0.37,
                    show_progress=False, embeddings=str(tmp_path / "emb"), full_hash=True,
                    **({"num_tasks": 3, "task_index": 1} if engine == "tasks" else {}))
-    assert COMMON == {"detector", "data", "out", "unit", "batch_size", "device", "decode_workers",
-                      "max_parse_failures", "show_progress", "embeddings", "full_hash"}, \
-        "a new common setting: add it above"
     with pytest.raises(_Stop, match="^reached$"):
         ENGINES[engine].run(job)
-    (got,) = calls
-    if any(isinstance(v, ScoreJob) for v in got):  # the job passed whole: it carries every value itself
-        want = {k: getattr(job, k) for k in COMMON}
-    else:  # settings passed one by one: the embeddings reach the detector through its spec
-        want = {"detector": job.spec(), **{k: getattr(job, k) for k in COMMON - {"detector", "embeddings"}}}
-        assert "embeddings=" in want["detector"]
-    lost = sorted(k for k, v in want.items() if not any(_same(x, v) for x in got))
-    assert not lost, f"--engine {engine} does not pass on {lost}"
+    ((got, place),) = opened
+    assert got is job
+    assert (place.rank, place.world) == ((1, 3) if engine == "tasks" else (0, 1))
 
 
 class _Stop(Exception):
-    """Raised by the recorded entry point: the engine got that far with the job's values."""
+    """Raised by the recorded open: the engine got that far with the job."""
 
 
 def test_local_resolves_to_tasks_when_a_task_is_named_or_in_a_slurm_array():
@@ -125,10 +100,10 @@ def test_local_and_task_engines_write_the_same_scores(tmp_path, monkeypatch):
     data = make_corpus(tmp_path / "c", shards=3, per_shard=3, seed=2)
     base = ScoreJob("random:seed=0", data, tmp_path / "local", batch_size=4, show_progress=False)
     a = run_job(base)
-    assert isinstance(a, EngineSummary) and (a.engine, a.complete, a.report, a.lines) == ("local", True, True, [])
+    assert isinstance(a, Summary) and (a.engine, a.complete, a.report, a.lines) == ("local", True, True, [])
     runs = [run_job(dataclasses.replace(base, out=tmp_path / "tasks", num_tasks=2, task_index=i)) for i in (0, 1)]
     assert [r.engine for r in runs] == ["tasks", "tasks"] and [r.complete for r in runs] == [True, True]
-    assert runs[0].stats["parts_scored"] == 3 and runs[1].stats["parts_skipped_done"] == 3  # task 0 stole all
+    assert runs[0].run["parts_made"] == 3 and runs[1].run["parts_skipped_done"] == 3  # task 0 stole all
     assert runs[1].lines == ["task 1/2: scored 0 parts (0 items), 3 already done, 0 taken over from dead tasks"]
     cols = ["key", "sentence_index", "score"]
     want = read_scores_df(tmp_path / "local")[cols].sort_values(cols[:2]).reset_index(drop=True)

@@ -1,4 +1,4 @@
-"""The run-folder rules every stage shares (corpus/run_folder.py): identity compared key by key (a setting absent
+"""The run-folder rules every stage shares (execution/run_folder.py): identity compared key by key (a setting absent
 from an old record equals only its default), parts hashed whole when written and verified when reused, a run
 stopped by an error left ``failed`` with its reason, and the whole-file fingerprint opt-in."""
 
@@ -10,7 +10,7 @@ import os
 import pytest
 
 from halsift.corpus.fingerprint import file_fingerprint, refingerprint
-from halsift.corpus.run_folder import (RunFolderError, check_or_start, failing, part_done, part_reusable,
+from halsift.execution.run_folder import (RunFolderError, check_or_start, failing, part_done, part_reusable,
                                        settings_diff)
 
 

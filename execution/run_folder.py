@@ -1,8 +1,10 @@
-"""One run folder: what produced it, whether a rerun may reuse it, which parts are done, how it ended.
+"""One run folder: what produced it, whether a rerun may reuse it, which parts are done, who is making which, how it
+ended: the execution layer's one notion of "done".
 
-Every stage that writes a folder of parts (``score``, ``embed``, ``dedup``, ``basic``, ``select``; ``annotate``'s
-draw and ``train --resume``'s ``config.json`` by its identity rule) keeps its state through this module, so one set
-of rules holds everywhere (DESIGN.md, "Reuse is content-addressed"):
+Every stage that writes a folder of parts (``score``, ``embed``, ``dedup``, ``basic``, ``select``, a cascade's
+stages; ``annotate``'s draw and ``train --resume``'s ``config.json`` by its identity rule) keeps its state through
+this module (:class:`RunFolder`), and every engine (:mod:`.engines`) asks it which parts are done, so one set of rules
+holds everywhere (DESIGN.md, "The execution layer"):
 
 * **Identity** (:func:`check_or_start`): the folder's record (its manifest) names what produced it: the stage's
   identity keys (detector, model, inputs ...) and its resolved ``settings`` (those that change what is computed;
@@ -15,45 +17,23 @@ of rules holds everywhere (DESIGN.md, "Reuse is content-addressed"):
   fingerprint, :mod:`halsift.corpus.fingerprint`); a rerun reuses it only when the record matches what the part
   would be made from now and the file still has the recorded content. A part without a record (written before
   records existed) is judged by the stage's older rule (``legacy``), or made again.
+* **Claims** (:meth:`RunFolder.claims`): who is making which part now (:mod:`.claims`); never a completion marker.
 * **End** (:func:`mark_failed`, :func:`failing`): a run stopped by an error leaves its record ``failed`` with the
   reason (never ``running``), so that readers say why and a rerun starts over where it can.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from halsift.corpus.errors import InputError
-from halsift.corpus.fingerprint import file_fingerprint
+from halsift.corpus.records import DONE, RunFolderError, content, has_content, part_record, read_record, record_path
 from halsift.corpus.shards import write_json_atomic
 
 MANIFEST = "_manifest.json"
-DONE = "_done"  # one record per finished part: <folder>/_done/<part>.json
 _MISSING = object()
-
-
-class RunFolderError(InputError):
-    """A folder that holds another run's output, or is not a run folder (one line naming it and the key)."""
-
-
-def read_record(path: str | os.PathLike, error: type[Exception] = RunFolderError, prefix: str = "",
-                hint: str = "remove the folder or choose another") -> dict | None:
-    """The JSON object at ``path`` (a folder's manifest or settings); ``None`` when there is none; ``error`` (one
-    line, after ``prefix``) when it is not a JSON object."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    try:
-        value = json.loads(path.read_text())
-    except (ValueError, OSError) as e:
-        raise error(f"{prefix}{path} is not readable JSON ({e}); {hint}") from None
-    if not isinstance(value, dict):
-        raise error(f"{prefix}{path} is not a JSON object; {hint}")
-    return value
 
 
 def settings_diff(old: Mapping | None, new: Mapping, defaults: Mapping | None = None) -> str | None:
@@ -128,36 +108,6 @@ def check_or_start(folder: str | os.PathLike, ident: dict, *, keys: Iterable[str
 
 
 # ------------------------------------------------------------------------------------------------ parts
-def content(path: str | os.PathLike) -> dict:
-    """``{"size", "hash"}`` of a file hashed whole (a part as written; the mtime is not part of it: a copy is the
-    same part)."""
-    fp = file_fingerprint(path, full=True)
-    return {"size": fp["size"], "hash": fp["hash"]}
-
-
-# (path, size, mtime_ns, ctime_ns, inode, hash) -> matches: one hash per file version and process (any write changes
-# the ctime, which no one can set back)
-_verified: dict[tuple, bool] = {}
-
-
-def has_content(path: str | os.PathLike, record: Mapping) -> bool:
-    """Whether the file at ``path`` still has the size and whole-content hash of ``record``."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    if st.st_size != record.get("size"):
-        return False
-    key = (os.fspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, record.get("hash"))
-    if key not in _verified:
-        _verified[key] = content(path)["hash"] == record.get("hash")
-    return _verified[key]
-
-
-def record_path(folder: str | os.PathLike, name: str) -> Path:
-    return Path(folder) / DONE / f"{name}.json"
-
-
 def part_done(folder: str | os.PathLike, name: str, made_from: Mapping) -> dict:
     """Record part ``name`` of ``folder`` as finished: its whole-content hash and ``made_from`` (what it was made
     from, e.g. ``{"source_fp": ..., "detector_fp": ...}``). Call it right after the part is written."""
@@ -165,15 +115,6 @@ def part_done(folder: str | os.PathLike, name: str, made_from: Mapping) -> dict:
     (Path(folder) / DONE).mkdir(exist_ok=True)
     write_json_atomic(record_path(folder, name), record)
     return record
-
-
-def part_record(folder: str | os.PathLike, name: str) -> dict | None:
-    """The record :func:`part_done` wrote for part ``name`` (``None`` when there is none or it is unreadable)."""
-    try:
-        rec = json.loads(record_path(folder, name).read_text())
-    except (OSError, ValueError):
-        return None
-    return rec if isinstance(rec, dict) else None
 
 
 def part_reusable(folder: str | os.PathLike, name: str, made_from: Mapping,
@@ -218,6 +159,60 @@ def failing(folder: str | os.PathLike, manifest: str = MANIFEST) -> Iterator[Non
         raise
 
 
-__all__ = ["DONE", "MANIFEST", "RunFolderError", "check_or_start", "content", "failing", "forget_part",
+# ------------------------------------------------------------------------------------------------ the folder
+class RunFolder:
+    """One stage folder as the execution layer sees it: its record (``manifest``), its parts' records, its claims and
+    its status. A job (:mod:`.job`) opens one; every engine asks it the same questions."""
+
+    def __init__(self, path: str | os.PathLike, manifest: str = MANIFEST) -> None:
+        self.path, self.manifest = Path(path), manifest
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    def record(self, error: type[Exception] = RunFolderError, prefix: str = "") -> dict | None:
+        """The folder's record (``None`` when it has none)."""
+        return read_record(self.path / self.manifest, error, prefix)
+
+    @property
+    def status(self) -> str | None:
+        """``running``, ``failed``, ``complete`` (``None``: no record, or an unreadable one)."""
+        try:
+            rec = self.record()
+        except RunFolderError:
+            return None
+        return None if rec is None else rec.get("status")
+
+    def check_or_start(self, ident: dict, **kw) -> dict | None:
+        """:func:`check_or_start` on this folder and its record."""
+        return check_or_start(self.path, ident, manifest=self.manifest, **kw)
+
+    def done(self, name: str, made_from: Mapping) -> dict:
+        """Record part ``name`` as finished (:func:`part_done`)."""
+        return part_done(self.path, name, made_from)
+
+    def reusable(self, name: str, made_from: Mapping, legacy: Callable[[Path], bool] | None = None) -> bool:
+        """Whether part ``name`` may be reused (:func:`part_reusable`)."""
+        return part_reusable(self.path, name, made_from, legacy)
+
+    def forget(self, name: str) -> None:
+        """Remove part ``name``'s record (:func:`forget_part`)."""
+        forget_part(self.path, name)
+
+    def claims(self, task: str, stale_after: float, where: str = ""):
+        """The folder's claim board (:class:`~halsift.execution.claims.ClaimBoard`), ``where``: a subfolder."""
+        from halsift.execution.claims import ClaimBoard
+
+        return ClaimBoard(self.path / where if where else self.path, task, stale_after)
+
+    def failing(self):
+        """:func:`failing` for this folder."""
+        return failing(self.path, self.manifest)
+
+    def mark_failed(self, reason: str) -> None:
+        mark_failed(self.path, reason, self.manifest)
+
+
+__all__ = ["DONE", "MANIFEST", "RunFolder", "RunFolderError", "check_or_start", "content", "failing", "forget_part",
            "has_content", "identity_diff", "mark_failed", "part_done", "part_record", "part_reusable", "read_record",
            "refusal", "settings_diff"]
