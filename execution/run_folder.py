@@ -108,10 +108,12 @@ def check_or_start(folder: str | os.PathLike, ident: dict, *, keys: Iterable[str
 
 
 # ------------------------------------------------------------------------------------------------ parts
-def part_done(folder: str | os.PathLike, name: str, made_from: Mapping) -> dict:
+def part_done(folder: str | os.PathLike, name: str, made_from: Mapping, run: Mapping | None = None) -> dict:
     """Record part ``name`` of ``folder`` as finished: its whole-content hash and ``made_from`` (what it was made
-    from, e.g. ``{"source_fp": ..., "detector_fp": ...}``). Call it right after the part is written."""
-    record = {**content(Path(folder) / name), **made_from}
+    from, e.g. ``{"source_fp": ..., "detector_fp": ...}``), and ``run`` (how this run made it: rank, timings; kept
+    out of the part itself, whose bytes then depend only on what it was made from). Call it right after the part is
+    written."""
+    record = {**content(Path(folder) / name), **made_from, **({"run": dict(run)} if run else {})}
     (Path(folder) / DONE).mkdir(exist_ok=True)
     write_json_atomic(record_path(folder, name), record)
     return record
@@ -154,8 +156,14 @@ def failing(folder: str | os.PathLike, manifest: str = MANIFEST) -> Iterator[Non
     try:
         yield
     except Exception as e:
-        if (Path(folder) / manifest).exists():
-            mark_failed(folder, str(e).splitlines()[0] if str(e) else type(e).__name__, manifest)
+        path = Path(folder) / manifest
+        if path.exists():
+            try:
+                rec = read_record(path) or {}
+            except RunFolderError:
+                rec = {}
+            if not (rec.get("status") == "failed" and rec.get("error")):  # the stage's own reason stands
+                mark_failed(folder, str(e).splitlines()[0] if str(e) else type(e).__name__, manifest)
         raise
 
 

@@ -288,7 +288,7 @@ def _combine(job: "ScoreJob", spec: str, plan: Plan, cheap_dir: Path, judged: di
     from halsift.corpus.percent import percent
     from halsift.corpus.scores import scores_table, write_part_atomic
     from halsift.filtering.scoring.part_records import PART_META_KEY
-    from halsift.filtering.scoring.parts import MANIFEST, check_or_start, finish_manifest, part_stats
+    from halsift.filtering.scoring.parts import MANIFEST, check_or_start, finish_manifest, part_footer
 
     out = Path(job.out)
     cheap_manifest = json.loads((cheap_dir / MANIFEST).read_text())
@@ -325,7 +325,7 @@ def _combine(job: "ScoreJob", spec: str, plan: Plan, cheap_dir: Path, judged: di
         by["cheap"] += who.count("cheap")
         table = scores_table(keys, idx, score, parsed, spec, {"captioner": t["captioner"].to_pylist(),
                                                                "scored_by": who})
-        stats = {**part_stats(cheap_dir / p.name), "parse_failures": parsed.count(False),
+        stats = {**part_footer(cheap_dir / p.name), "parse_failures": parsed.count(False),
                  "detector_fp": spec_fingerprint(spec)}
         write_part_atomic(table.replace_schema_metadata({PART_META_KEY: json.dumps(stats).encode()}), out / p.name)
     units = by["judge"] + by["cheap"]

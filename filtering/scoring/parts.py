@@ -191,16 +191,17 @@ class PartRows:
         c = self.cols
         extra = {"captioner": c["captioner"], **({"spans": self.spans} if self.detector.localizes else {})}
         table = scores_table(c["key"], c["sentence_index"], c["score"], c["parsed"], self.detector.name, extra)
-        stats = {"part": part.name, "source": part.source, "rank": rank, "world_size": world, "samples": samples,
+        stats = {"part": part.name, "source": part.source, "samples": samples,
                  "sentences": len(c["key"]), "parse_failures": c["parsed"].count(False), "skipped": skipped,
-                 "time_model_s": round(self.t_model, 4), "time_data_s": round(wall - self.t_model, 4),
-                 "time_decode_s": round(decode_s, 4), "wall_s": round(wall, 4), **(fingerprints or {}),
-                 **({"image_decode": self.decode} if self.decode else {})}
+                 **(fingerprints or {}), **({"image_decode": self.decode} if self.decode else {})}
+        run = {"rank": rank, "world_size": world, "time_model_s": round(self.t_model, 4),
+               "time_data_s": round(wall - self.t_model, 4), "time_decode_s": round(decode_s, 4),
+               "wall_s": round(wall, 4)}
         forget_part(out_path.parent, out_path.name)
         write_part_atomic(table.replace_schema_metadata({PART_META_KEY: json.dumps(stats).encode()}), out_path)
         if fingerprints:
-            part_done(out_path.parent, out_path.name, fingerprints)
-        return stats
+            part_done(out_path.parent, out_path.name, fingerprints, run)
+        return {**stats, **run}
 
 
 def item_rows(batch: Sequence[Item]) -> list[tuple[str, int, str]]:
@@ -237,10 +238,19 @@ def score_part(detector: Detector, part: Part, out_path: Path, unit: str, batch_
                       reader.busy_s, fingerprints)
 
 
-def part_stats(path: Path) -> dict:
-    """The stats a finished part carries in its parquet metadata."""
+def part_footer(path: Path) -> dict:
+    """What a finished part carries in its parquet metadata: what it was made from and its counts (never how a run
+    made it, so that the same inputs give the same bytes whichever engine, rank or run made them)."""
     meta = pq.read_schema(path).metadata or {}
     return json.loads(meta.get(PART_META_KEY, b"{}"))
+
+
+def part_stats(path: Path) -> dict:
+    """A finished part's stats: its footer (:func:`part_footer`) and how the run that made it went (rank, world size,
+    timings: its record's ``run``; a part written before records carries them in its footer)."""
+    from halsift.execution.run_folder import part_record as record
+
+    return {**part_footer(path), **((record(path.parent, path.name) or {}).get("run") or {})}
 
 
 @dataclass
@@ -324,15 +334,15 @@ def finish_manifest(out: Path, ident: dict, parts: list[Part], wall: float, scor
     for s in stats:
         for k, n in s.get("image_decode", {}).items():
             decode[k] = decode.get(k, 0) + n
-    t_model = sum(s["time_model_s"] for s in stats)
-    t_data = sum(s["time_data_s"] for s in stats)
+    t_model = sum(s.get("time_model_s", 0.0) for s in stats)
+    t_data = sum(s.get("time_data_s", 0.0) for s in stats)
     manifest = {
         **ident, "status": "complete", "parts": len(parts), "part_files": [p.name for p in parts],
         # size, content hash and repeated rows of each part: select refuses a part altered or swapped since
         RECORDS: {p.name: part_record(out / p.name) for p in parts},
         "parts_resumed": resumed,
-        "world_size": world, "ranks": sorted({s["rank"] for s in stats}),
-        "part_world_sizes": sorted({s["world_size"] for s in stats}),
+        "world_size": world, "ranks": sorted({s["rank"] for s in stats if "rank" in s}),
+        "part_world_sizes": sorted({s["world_size"] for s in stats if "world_size" in s}),
         "samples": sum(s["samples"] for s in stats), "sentences": sentences,
         "parse_failures": sum(s["parse_failures"] for s in stats),
         "skipped": skipped.to_json(), "wall_time_s": round(wall, 3),

@@ -77,7 +77,7 @@ def _combine(job: "ScoreJob", run, member_dirs: list[Path], place, t0: float) ->
     from halsift.execution.run_folder import part_done
     from halsift.filtering.scoring.guard import ScoreGuard
     from halsift.filtering.scoring.part_records import PART_META_KEY
-    from halsift.filtering.scoring.parts import finish_manifest, part_stats
+    from halsift.filtering.scoring.parts import finish_manifest, part_footer
 
     det, out, parts, ident = run.detector, run.out, run.parts, run.ident
     fps = run.fps()
@@ -103,7 +103,7 @@ def _combine(job: "ScoreJob", run, member_dirs: list[Path], place, t0: float) ->
         sub = ref.take(pa.array(sel))
         table = scores_table(sub["key"].to_pylist(), sub["sentence_index"].to_pylist(), scores[sel].tolist(),
                              parsed[sel].tolist(), det.name, {"captioner": sub["captioner"].to_pylist()})
-        stats = {**part_stats(member_dirs[0] / p.name), "parse_failures": int((~parsed[sel]).sum()), **fps[p.name]}
+        stats = {**part_footer(member_dirs[0] / p.name), "parse_failures": int((~parsed[sel]).sum()), **fps[p.name]}
         write_part_atomic(table.replace_schema_metadata({PART_META_KEY: json.dumps(stats).encode()}), out / p.name)
         part_done(out, p.name, fps[p.name])
     return finish_manifest(out, ident, parts, time.perf_counter() - t0, len(ref), 0, place.world,

@@ -11,7 +11,7 @@ from filtering_data import make_corpus
 
 from halsift.corpus.scores import read_scores_df
 from halsift.corpus.shards import iter_samples
-from halsift.filtering.scoring.runner import part_stats
+from halsift.filtering.scoring.parts import part_stats
 from halsift.launch.cli import main
 from halsift.launch.run_wandb import log_recipe_stage, select_metrics
 
