@@ -167,6 +167,39 @@ def failing(folder: str | os.PathLike, manifest: str = MANIFEST) -> Iterator[Non
         raise
 
 
+# ------------------------------------------------------------------------------------------------ owned folders
+OWNED = "_made_from.json"  # a folder a pipeline owns whole: what made it (a recipe's trained detector, fine-tune)
+
+
+def holds(folder: str | os.PathLike, ident: Mapping, record: str = OWNED) -> bool:
+    """Whether a folder a pipeline owns whole (one output, no parts of its own: a trained adapter, a fine-tuning
+    run) holds what ``ident`` makes: its record (:func:`made`) says so."""
+    try:
+        old = read_record(Path(folder) / record)
+    except RunFolderError:
+        return False
+    return old is not None and identity_diff(old, dict(ident), list(ident)) is None
+
+
+def made(folder: str | os.PathLike, ident: Mapping, record: str = OWNED) -> None:
+    """Record what made an owned folder (after its output is complete)."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(Path(folder) / record, dict(ident))
+
+
+def clear_unless(folder: str | os.PathLike, ident: Mapping, record: str = OWNED) -> bool:
+    """``True`` when an owned folder holds what ``ident`` makes (:func:`holds`); otherwise whatever it holds came
+    from something else: it is removed (inside the removal guard of :mod:`halsift.corpus.safe_paths`) and ``False``
+    returned, so the caller makes it again."""
+    from halsift.corpus.safe_paths import remove_tree
+
+    if holds(folder, ident, record):
+        return True
+    if Path(folder).exists():
+        remove_tree(folder)
+    return False
+
+
 # ------------------------------------------------------------------------------------------------ the folder
 class RunFolder:
     """One stage folder as the execution layer sees it: its record (``manifest``), its parts' records, its claims and
@@ -221,6 +254,6 @@ class RunFolder:
         mark_failed(self.path, reason, self.manifest)
 
 
-__all__ = ["DONE", "MANIFEST", "RunFolder", "RunFolderError", "check_or_start", "content", "failing", "forget_part",
-           "has_content", "identity_diff", "mark_failed", "part_done", "part_record", "part_reusable", "read_record",
-           "refusal", "settings_diff"]
+__all__ = ["DONE", "MANIFEST", "OWNED", "RunFolder", "RunFolderError", "check_or_start", "clear_unless", "content",
+           "failing", "forget_part", "has_content", "holds", "identity_diff", "made", "mark_failed", "part_done",
+           "part_record", "part_reusable", "read_record", "refusal", "settings_diff"]

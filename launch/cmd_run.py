@@ -24,7 +24,8 @@ class RunFlags:
                                                    "the recipe", cli={"positional": True, "nargs": "*",
                                                                       "metavar": "key=value"})
     dry_run: bool = field(False, help="resolve and check the recipe, load no model, run nothing")
-    force: builtins.list[str] = field(default_factory=list, help="rerun this stage even if complete (repeat for several)",
+    force: builtins.list[str] = field(default_factory=list, help="make this stage again from scratch (its folder "
+                                                                "emptied), even if complete (repeat for several)",
                                       cli={"append": True, "metavar": "STAGE"})
     list: bool = field(False, help="list the shipped recipes")
 

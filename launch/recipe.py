@@ -2,17 +2,18 @@
 
 The runner only: the stages are objects of ``launch/stages/`` (:data:`halsift.launch.stages.REGISTRY`, in run
 order). Each stage writes into ``<run_dir>/<stage>/`` and marks itself complete with
-``<run_dir>/<stage>/_done.json`` (written last, atomically); a rerun skips complete stages, and the stages
-themselves skip their finished parts (score parts, checkpoints), so a killed run resumes.
+``<run_dir>/<stage>/_done.json`` (written last, atomically), which records a fingerprint of the recipe sections the
+stage reads, chained over the stages before it (:func:`stage_fingerprints`).
 
-``_done.json`` also records a fingerprint of the recipe sections the stage reads, chained over the stages before
-it (:func:`stage_fingerprints`). When it no longer matches, the stage's folder is cleared (its parts were made
-from other settings) and the stage re-runs, and so, through the chain, does every stage after it.
+That marker may only skip: a stage whose fingerprint still matches is skipped. When it no longer matches, the stage
+runs again over its folder, and what it made keeps being decided by the execution layer's own identities (each
+detector's score parts, each selection, each trained detector and fine-tuning run): adding one detector scores only
+that detector, a changed ``dedup.cosine`` re-runs only dedup's global step. Only a stage whose folder has no finer
+identity (``Stage.clears``: the base CLIP, the report) is emptied first.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from halsift.corpus.config import ConfigError, to_dict
 from halsift.corpus.safe_paths import confined_to, remove_tree
 from halsift.launch.recipe_config import Recipe
 from halsift.launch.stages import REGISTRY, Paths, resolve_paths
+from halsift.launch.stages.base import mark_stage_done, stage_record
 from halsift.launch.stages.detectors import trained_configs
 from halsift.launch.stages.score import check_cascade_aim, detector_specs
 
@@ -126,17 +128,6 @@ def stage_fingerprints(r: Recipe) -> dict[str, dict]:
     return out
 
 
-def _done(stage_dir: Path) -> dict | None:
-    """The stage's ``_done.json`` record, or None when it has not completed."""
-    f = stage_dir / "_done.json"
-    return json.loads(f.read_text()) if f.exists() else None
-
-
-def _mark_done(stage_dir: Path, info: dict, started: float, inputs: dict) -> None:
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(stage_dir / "_done.json", {**info, "inputs": inputs, "wall_s": round(time.time() - started, 2)})
-
-
 def _changed(saved: dict, now: dict) -> str:
     """Why a completed stage is stale, in words."""
     if "inputs" not in saved:
@@ -172,7 +163,7 @@ def _run_stages(r: Recipe, p: Paths, force: tuple[str, ...]) -> Path:
     import yaml
 
     (p.run / "recipe.resolved.yaml").write_text(yaml.safe_dump(to_dict(r), sort_keys=False))
-    saved = {s: _done(p.stage(s)) for s in stages}
+    saved = {s: stage_record(p.stage(s)) for s in stages}
     current = [s for s in stages if saved[s] is not None and s not in force
                and saved[s].get("inputs", {}).get("fingerprint") == inputs[s]["fingerprint"]]
     if ranks is not None:  # the stages the other ranks need not wait for
@@ -183,10 +174,16 @@ def _run_stages(r: Recipe, p: Paths, force: tuple[str, ...]) -> Path:
             log.info("stage %s: complete, skipped", stage)
             print(f"[halsift run] {stage}: already complete, skipped")
             continue
-        if saved[stage] is not None:
+        if stage in force and d.exists():
+            print(f"[halsift run] {stage}: forced; clearing {d} and re-running")
+            remove_tree(d)
+        elif saved[stage] is not None and REGISTRY[stage].clears:
             print(f"[halsift run] {stage}: {_changed(saved[stage], inputs[stage])} since it ran; clearing {d} and "
                   "re-running")
             remove_tree(d)
+        elif saved[stage] is not None:
+            print(f"[halsift run] {stage}: {_changed(saved[stage], inputs[stage])} since it ran; re-running (what "
+                  "still holds by its own identity is reused)")
         print(f"[halsift run] {stage}: running")
         started = time.time()
         try:
@@ -196,6 +193,7 @@ def _run_stages(r: Recipe, p: Paths, force: tuple[str, ...]) -> Path:
             if ranks is not None:
                 recipe_ranks.write_failure(p.run, ranks, stage, e)
             raise
-        _mark_done(d, {**info, **({"launch": ranks.launch} if ranks else {})}, started, inputs[stage])
+        mark_stage_done(d, {**info, **({"launch": ranks.launch} if ranks else {})}, time.time() - started,
+                        inputs[stage])
         print(f"[halsift run] {stage}: done in {time.time() - started:.1f}s")
     return p.stage("report")

@@ -195,11 +195,14 @@ def build_world_judge(world_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     record = out / "judge.json"
     adapter = out / "judge" / "adapter"
     spec = world_judge_spec(out, settings)
-    if record.is_file() and (adapter / "detector.yaml").is_file():
+    if record.is_file():
         saved = json.loads(record.read_text())
-        if {k: saved.get(k) for k in ident} == ident:
+        if {k: saved.get(k) for k in ident} == ident and (adapter / "detector.yaml").is_file():
             _ensure_references(world, out, settings.pmi_references)
             return spec
+        from halsift.corpus.safe_paths import remove_tree
+
+        remove_tree(out)  # built from another world or other settings: built again from scratch
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.process_time()
     build_tiny_vlm(settings.arch, out / "base", seed=seed, vocab_size=settings.vocab_size,

@@ -47,6 +47,10 @@ class CascadeError(InputError):
     """A cascade that cannot run as asked (one line)."""
 
 
+class CascadeMismatch(CascadeError):
+    """A folder that holds another cascade (another spec, or fitted on other units): one line."""
+
+
 def is_cascade(spec: Any) -> bool:
     """Whether a detector spec (string, file, mapping or detector) is a cascade; builds nothing."""
     from halsift.filtering.detectors.base import Detector
@@ -237,8 +241,8 @@ def run_cascade(job: "ScoreJob", engine: Engine) -> Summary:
         if plan_path.is_file():  # frozen: a rerun never refits
             plan = load_plan(plan_path)
             if plan.spec != spec or plan.units != len(keys):
-                raise CascadeError(f"{out}: holds a cascade fitted for {plan.spec!r} on {plan.units} units; this run "
-                                   f"is {spec!r} on {len(keys)}: use a new --out")
+                raise CascadeMismatch(f"{out}: holds a cascade fitted for {plan.spec!r} on {plan.units} units; this "
+                                      f"run is {spec!r} on {len(keys)}: use a new --out")
             if plan.learned:
                 cheap = _refine(job, engine, pdir, plan.learned, det.learn, stages, keys, idx, cheap)
         else:

@@ -31,8 +31,8 @@ from halsift.execution.run_folder import refusal, settings_diff
 from halsift.corpus.safe_paths import remove_file, remove_tree
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.shards import Sample, ShardFormatError, ShardWriter, expand_shards, write_json_atomic
-from halsift.filtering.selection.score_folder import (ScoreFolder, SelectError, check_repeated_rows, check_score_folder,
-                                           check_sources)
+from halsift.filtering.selection.score_folder import (ScoreFolder, SelectError, SelectionMismatch, check_repeated_rows,
+                                                     check_score_folder, check_sources)
 
 STATE = "_select"  # OUT/_select: filter.json, and the resumable engine's markers and claims
 FILTER = "filter.json"
@@ -104,12 +104,12 @@ def open_selection(out: Path, filt: dict) -> dict | None:
         new = {k: v for k, v in filt.items() if k not in VOLATILE}
         k = settings_diff(old, new, {k: FILTER_DEFAULTS.get(k) for k in new})
         if k is not None:
-            raise SelectError("out: " + refusal(out, k, old, new, "a selection", hint="choose a new folder"))
+            raise SelectionMismatch("out: " + refusal(out, k, old, new, "a selection", hint="choose a new folder"))
         m = _manifest(out)
         return m if m is not None and m.get("status") == "complete" else None
     if out.exists() and (any(out.glob("*.tar")) or (out / "manifest.json").exists() or (out / "kept.parquet").exists()
                          or (out / STATE).exists()):
-        raise SelectError(f"out: {out} already holds shards or a manifest; choose a new folder")
+        raise SelectionMismatch(f"out: {out} already holds shards or a manifest; choose a new folder")
     (out / STATE).mkdir(parents=True, exist_ok=True)
     write_json_atomic(state, filt)  # first: a task starting meanwhile finds it before it finds the manifest
     write_json_atomic(out / "manifest.json", {"status": "running", "filter": filt})

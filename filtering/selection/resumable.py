@@ -31,11 +31,10 @@ import pyarrow.parquet as pq
 
 from halsift.corpus.images import SkipCounter
 from halsift.corpus.progress import progress
-from halsift.execution.run_folder import settings_diff
 from halsift.corpus.scores import part_name
 from halsift.corpus.shards import META_DEFAULTS, ShardFormatError, ShardWriter, iter_shard, write_json_atomic
 from halsift.filtering.selection.select import KeptCounts, SelectError, _labels, check_amount, kept_by_key, unit_outputs
-from halsift.filtering.selection.guard import FILTER_DEFAULTS, STATE, prepare, remove_selection, write_outputs
+from halsift.filtering.selection.guard import STATE, prepare, remove_selection, write_outputs
 from halsift.filtering.selection.out_of_core import MEMORY_LIMIT, supported, top_keys, kept_for_part
 from halsift.execution.claims import HOST, STALE_AFTER_S, ClaimBoard, task_order
 from halsift.corpus.safe_paths import remove_tree
@@ -235,27 +234,3 @@ def _complete_manifest(out: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return m if isinstance(m, dict) and m.get("status") == "complete" else None
-
-
-def reuse_or_clear(dest: str | os.PathLike, scores_dir, *, keep=None, top_k=None, threshold=None,
-                   unit: str = "sentence", agg: str = "min", per_captioner: bool = False, seed: int = 0,
-                   compose: dict | None = None) -> dict | None:
-    """For a pipeline's select step: the manifest of ``dest`` when it holds a complete selection made with these
-    arguments; otherwise remove whatever ``dest`` holds (a select killed mid-way, or other arguments) and return
-    ``None``, so the step runs again from scratch -- select is deterministic, so to the identical result.
-    ``compose``: the composed selection's record (``Composition.record()``), ``None`` for a plain one."""
-    dest = Path(dest)
-    path = dest / "manifest.json"
-    try:
-        m = json.loads(path.read_text()) if path.exists() else None
-    except json.JSONDecodeError:
-        m = None
-    if m is not None and m.get("status", "complete") == "complete":
-        f = m.get("filter", {})
-        want = {"scores": str(Path(scores_dir).resolve()), "keep": keep, "top_k": top_k, "threshold": threshold,
-                "unit": unit, "agg": agg if unit == "caption" else None, "per_captioner": per_captioner, "seed": seed,
-                "compose": compose}
-        if settings_diff(f, want, {k: FILTER_DEFAULTS.get(k) for k in want}) is None:
-            return m
-    remove_tree(dest, ignore_errors=True)
-    return None

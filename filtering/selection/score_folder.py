@@ -51,6 +51,10 @@ class SelectError(InputError):
     """Bad selection arguments or inputs (names the argument and what was expected)."""
 
 
+class SelectionMismatch(SelectError):
+    """An output folder that holds another selection (other arguments, or made from other scores or shards)."""
+
+
 @dataclass
 class ScoreFolder:
     """A checked score folder (or single parquet file)."""

@@ -36,6 +36,10 @@ class Stage:
     # launch/recipe_ranks.py); False: run(recipe, paths) on rank 0 alone
     every_rank: bool = False
     enabled: Callable[[Recipe], bool] = _always  # False: the recipe leaves the stage out (no folder, no _done.json)
+    # True: the stage's folder carries no finer identity than the stage's own (one output made from its sections:
+    # the base CLIP, the report), so when those changed it is emptied before the stage runs again. Every other
+    # stage runs again over its folder and keeps what still holds by its own identity (score parts, selections...)
+    clears: bool = False
 
     def fingerprint(self, recipe: dict, previous: str) -> dict:
         """``{"fingerprint", "sections"}``: a hash per input section of ``recipe`` (the recipe as a dict), and one
@@ -46,6 +50,26 @@ class Stage:
     def execute(self, r: Recipe, p: Paths, ranks: Ranks | None = None) -> dict:
         """Run the stage; ``ranks`` reaches only an ``every_rank`` stage."""
         return self.run(r, p, ranks) if self.every_rank else self.run(r, p)
+
+
+DONE = "_done.json"  # a stage's coarse marker: complete, from these inputs (it may only skip, never decide reuse)
+
+
+def stage_record(stage_dir: Path) -> dict | None:
+    """The stage's marker (``_done.json``), or ``None`` when it has not completed (or the marker is unreadable)."""
+    try:
+        value = json.loads((stage_dir / DONE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def mark_stage_done(stage_dir: Path, info: dict, wall_s: float, inputs: dict) -> None:
+    """Write the stage's marker last, atomically: what it returned, its inputs' fingerprint, its wall time."""
+    from halsift.corpus.shards import write_json_atomic
+
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(stage_dir / DONE, {**info, "inputs": inputs, "wall_s": round(wall_s, 2)})
 
 
 def fingerprinted(key: str, section):

@@ -22,7 +22,18 @@ def against_sets(r: Recipe, p: Paths) -> list[str]:
     return [*p.retrieval.values(), *([p.bench] if p.bench else []), *r.dedup.against]
 
 
+def _keys(out, shard) -> set[str]:
+    """The keys of ``shard``, from dedup's own part of it (a key column: no shard read)."""
+    import pyarrow.parquet as pq
+
+    from halsift.filtering.curation.hash_parts import part_path
+
+    return set(pq.read_table(part_path(out / "_parts", shard), columns=["key"])["key"].to_pylist())
+
+
 def stage_dedup(r: Recipe, p: Paths) -> dict:
+    from functools import partial
+
     from halsift.corpus.shards import expand_shards
     from halsift.filtering.curation import excluded_keys
     from halsift.filtering.curation.dedup import run_dedup
@@ -35,7 +46,7 @@ def stage_dedup(r: Recipe, p: Paths) -> dict:
                   phash_distance=r.dedup.phash_distance, near_thumbnail=r.dedup.near_thumbnail,
                   eval_thumbnail=r.dedup.eval_thumbnail, cosine=r.dedup.cosine, nprobe=r.dedup.nprobe,
                   show_progress=True, allow_implausible=r.dedup.allow_implausible, engine=r.dedup.engine, **flags)
-    kept = write_without(expand_shards(source), excluded_keys(out), out / "corpus")
+    kept = write_without(expand_shards(source), excluded_keys(out), out / "corpus", keys_of=partial(_keys, out))
     print(f"[halsift run] dedup: removed {m['removed']} of {m['samples']} corpus samples (leaks {m['counts']['eval']}, "
           f"exact {m['counts']['exact']}, near {m['counts']['near']}); {kept} kept in {out / 'corpus'}")
     return {"dedup": {k: m[k] for k in ("samples", "counts", "removed", "groups", "thresholds")}, "kept": kept}

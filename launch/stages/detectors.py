@@ -89,8 +89,22 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def trained_identity(cfg) -> dict:
+    """What a LoRA detector of the recipe is made from: its training settings, and the content of its base's weights
+    and of the bench it learns from (:func:`~halsift.corpus.fingerprint.spec_fingerprint`)."""
+    from halsift.corpus.config import to_dict
+    from halsift.corpus.fingerprint import path_fingerprint, spec_fingerprint
+
+    settings = {k: v for k, v in to_dict(cfg).items() if k not in ("wandb_mode", "wandb_project", "wandb_run")}
+    return {"settings": settings, "base_fp": spec_fingerprint(cfg.base), "bench_fp": path_fingerprint(cfg.bench)}
+
+
 def _train_one(r: Recipe, p: Paths, name: str, cfg) -> str:
-    """Train ``detectors.NAME`` (a finished one is reused) and return its spec."""
+    """Train ``detectors.NAME`` and return its spec. A finished one is reused while what it was made from holds (the
+    world judge: its own cache record; a LoRA detector: :func:`trained_identity`); one made from other settings or
+    another base is trained again, the other detectors untouched."""
+    from halsift.execution.run_folder import clear_unless, made
+
     spec = trained_spec(r, p, name)
     out = p.named("detectors", name)
     started = time.time()
@@ -99,10 +113,11 @@ def _train_one(r: Recipe, p: Paths, name: str, cfg) -> str:
 
         built = build_world_judge(p.stage("world"), out, seed=r.seed, settings=cfg, show_progress=True)
         assert built == spec, (built, spec)
-    elif not (out / "adapter" / "detector.yaml").exists():
+    elif not (clear_unless(out, ident := trained_identity(cfg)) and (out / "adapter" / "detector.yaml").exists()):
         from halsift.training.detector_train import train_detector
 
         train_detector(cfg)
+        made(out, ident)
     print(f"[halsift run] detectors.{name}: {spec} ({time.time() - started:.1f}s)", flush=True)
     return spec
 

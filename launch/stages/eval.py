@@ -93,4 +93,4 @@ def run_extra_evals(r: Recipe, out_dir: Path) -> dict:
     return done
 
 
-STAGE = Stage("eval", ("eval", "evals"), stage_eval)  # data.zeroshot / .compositional: "data" feeds pretrain
+STAGE = Stage("eval", ("eval", "evals"), stage_eval, clears=True)  # data.zeroshot / .compositional: "data" feeds pretrain

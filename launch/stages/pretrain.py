@@ -21,4 +21,4 @@ def stage_pretrain(r: Recipe, p: Paths) -> dict:
     return {"metrics": train(cfg)}
 
 
-STAGE = Stage("pretrain", ("data", "model", "pretrain"), stage_pretrain)
+STAGE = Stage("pretrain", ("data", "model", "pretrain"), stage_pretrain, clears=True)  # one output: the base CLIP

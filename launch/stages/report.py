@@ -76,4 +76,4 @@ def report_samples(r: Recipe, p: Paths):
                            bench_scores=bench, keep=r.eval.keep)
 
 
-STAGE = Stage("report", ("name",), stage_report)
+STAGE = Stage("report", ("name",), stage_report, clears=True)  # made again from everything before it

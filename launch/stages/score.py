@@ -87,11 +87,23 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
 def run_score(r: Recipe, detector, data, out: Path, **given) -> None:
     """One score job of the recipe: ``halsift score``'s settings from its ``score:`` section
     (:func:`~halsift.filtering.scoring.config.job_of`), through the same door as the command
-    (:func:`~halsift.execution.engines.run_job`), on the engine it names."""
+    (:func:`~halsift.execution.engines.run_job`), on the engine it names. The folder is the recipe's own: when it holds another detector's scores (the name now
+    has another spec, or its inputs changed), it is emptied and scored again; the other folders are untouched."""
+    from halsift.corpus.safe_paths import remove_tree
     from halsift.execution.engines import run_job
+    from halsift.filtering.scoring.cascade import CascadeMismatch
     from halsift.filtering.scoring.config import job_of
+    from halsift.filtering.scoring.parts import RunMismatch
 
-    result = run_job(job_of(r.score, detector=detector, data=data, out=out, **given), r.score.engine)
+    def run():
+        return run_job(job_of(r.score, detector=detector, data=data, out=out, **given), r.score.engine)
+
+    try:
+        result = run()
+    except (RunMismatch, CascadeMismatch) as e:
+        print(f"[halsift run] {out}: {e}; emptying it and scoring again", flush=True)
+        remove_tree(out)
+        result = run()
     if not result.complete:
         raise RuntimeError(f"{out}: the score run did not complete ({'; '.join(result.lines)}); rerun the recipe")
 
@@ -133,9 +145,16 @@ def check_cascade_aim(r: Recipe, name: str, spec) -> None:
 def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
     """Mean of member scores (:func:`halsift.filtering.detectors.ensemble.combine`, equal weights, no normalisation) per
     (key, sentence_index) all members scored, written as a score folder (seeds' Table 6 ensembles), with the first
-    member's other columns (e.g. ``captioner``)."""
+    member's other columns (e.g. ``captioner``). Made again only when a member's parts changed (the members' part
+    records are its own record)."""
     from halsift.corpus.scores import read_scores_df, scores_table, write_part_atomic
+    from halsift.execution.run_folder import read_record
     from halsift.filtering.detectors.ensemble import combine
+
+    made_from = [(read_record(d / "_manifest.json") or {}).get("part_records") for d in member_dirs]
+    old = read_record(out / "_manifest.json") if (out / "part-ensemble.parquet").is_file() else None
+    if old is not None and old.get("status") == "complete" and old.get("member_records") == made_from:
+        return
 
     merged = None
     for i, d in enumerate(member_dirs):
@@ -158,6 +177,7 @@ def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:
     write_json_atomic(out / "_manifest.json", {"detector": name, "detector_name": name, "status": "complete",
                                                "part_files": ["part-ensemble.parquet"],
                                                "members": [str(d) for d in member_dirs],
+                                               "member_records": made_from,
                                                "rows": int(len(merged)), "complete": True})
 
 

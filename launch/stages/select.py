@@ -84,9 +84,13 @@ def filter_names(r: Recipe) -> list[str]:
 
 
 def stage_select(r: Recipe, p: Paths) -> dict:
-    """One selection per filter (a finished one is reused, a half-written one cleared and redone)."""
+    """One selection per filter. Each selection's folder keeps its own identity (its arguments and the digests of the
+    scores and shards it was made from, :mod:`halsift.filtering.selection.guard`): a complete one of the same
+    selection is returned as it is, an unfinished one resumes, and one made from other scores or arguments is the
+    recipe's to replace (emptied, then made again), the other filters' untouched."""
+    from halsift.corpus.safe_paths import remove_tree
+    from halsift.filtering.selection.score_folder import SelectionMismatch
     from halsift.filtering.selection.select import select
-    from halsift.filtering.selection.resumable import reuse_or_clear
 
     from halsift.launch.select_compose import recipe_composition
 
@@ -96,16 +100,20 @@ def stage_select(r: Recipe, p: Paths) -> dict:
         scored, how = r.select.resolved(name)
         compose = recipe_composition(r.select, scored, folders, p.corpus, str(p.stage("basic") / "corpus"))
         how, guarantee = plan_guarantee(r, p, scored, how)  # select.max_hallucination: the certified threshold
-        done = reuse_or_clear(p.named("select", name), scores_dir(p, scored, "corpus"), **how,
-                              per_captioner=r.select.per_captioner, seed=r.seed,
-                              compose=compose.record() if compose is not None else None)
-        if done is not None:  # finished before the stage was killed; a half-written one was cleared above
-            info[name] = done
-            continue
-        manifest = select(scores_dir(p, scored, "corpus"), p.corpus, p.named("select", name), **how,
+        dest = p.named("select", name)
+
+        def run():
+            return select(scores_dir(p, scored, "corpus"), p.corpus, dest, **how,
                           per_captioner=r.select.per_captioner, seed=r.seed,
                           meta_defaults={"captioner": r.select.captioner, "source": r.select.source},
                           compose=compose)
+
+        try:
+            manifest = run()
+        except SelectionMismatch as e:
+            print(f"[halsift run] select.{name}: {e}; emptying it and selecting again", flush=True)
+            remove_tree(dest)
+            manifest = run()
         if guarantee is not None:
             from halsift.filtering.selection.guaranteed import record_guarantee
 

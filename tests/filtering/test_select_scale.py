@@ -128,20 +128,25 @@ def test_resumable_errors_exit_2(scored, tmp_path, capsys):
     assert "_manifest.json: the score manifest says status 'running'" in capsys.readouterr().err
 
 
-def test_pipeline_select_step_reuses_complete_and_clears_killed(scored, tmp_path):
-    from halsift.filtering.selection.resumable import reuse_or_clear
+def test_pipeline_select_step_reuses_complete_resumes_killed_and_names_another_selection(scored, tmp_path):
+    """What a recipe's select stage relies on: the same selection complete is returned untouched (no shard
+    rewritten), one killed before its manifest is made again to the same bytes, and a folder of another selection
+    is refused as a :class:`SelectionMismatch` (the recipe then empties that one folder)."""
+    from halsift.filtering.selection.score_folder import SelectionMismatch
 
     corpus, scores = scored
     dest = tmp_path / "sel"
     args = dict(keep=0.3, unit="sentence", agg="min", per_captioner=False, seed=0)
     ref = select(scores, corpus, dest, show_progress=False, **args)
-    assert reuse_or_clear(dest, scores, **args) == ref  # complete, same arguments: kept as it is
+    stamps = {f.name: f.stat().st_mtime_ns for f in dest.glob("*.tar")}
+    assert select(scores, corpus, dest, show_progress=False, **args) == ref  # complete: as it is
+    assert {f.name: f.stat().st_mtime_ns for f in dest.glob("*.tar")} == stamps
     digest = _digest(dest)
     (dest / "manifest.json").unlink()  # what a select killed before its manifest leaves: shards, no manifest
-    assert reuse_or_clear(dest, scores, **args) is None and not dest.exists()
-    select(scores, corpus, dest, show_progress=False, **args)  # the rerun then succeeds, identically
+    select(scores, corpus, dest, show_progress=False, **args)  # the rerun succeeds, identically
     assert _digest(dest) == digest
-    assert reuse_or_clear(dest, scores, **{**args, "keep": 0.5}) is None and not dest.exists()  # other arguments
+    with pytest.raises(SelectionMismatch, match="holds a selection with a different keep"):
+        select(scores, corpus, dest, show_progress=False, **{**args, "keep": 0.5})
 
 
 def test_two_concurrent_select_tasks_equal_one(tmp_path):

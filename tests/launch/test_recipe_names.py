@@ -175,13 +175,14 @@ def test_never_the_current_folder_or_above_it(tmp_path, monkeypatch):
 
 
 def test_a_helper_under_a_run_folder_refuses_to_clear_it(tmp_path):
-    """select's reuse_or_clear (what the recipe's select stage called with select/..) under the run's confinement."""
+    """The execution layer's clear_unless (what a recipe stage calls on a folder it owns whole) given select/.. under
+    the run's confinement."""
     from halsift.corpus.safe_paths import UnsafePathError, confined_to
-    from halsift.filtering.selection.resumable import reuse_or_clear
+    from halsift.execution.run_folder import clear_unless
 
     run = tmp_path / "run"
     (run / "score").mkdir(parents=True)
     (run / "score" / "part.parquet").write_bytes(b"x")
     with confined_to(run), pytest.raises(UnsafePathError, match="not inside the run folder"):
-        reuse_or_clear(run / "select" / "..", run / "score", keep=0.2)
+        clear_unless(run / "select" / "..", {"keep": 0.2})
     assert (run / "score" / "part.parquet").exists()

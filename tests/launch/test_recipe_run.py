@@ -146,18 +146,23 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     assert out.count("already complete, skipped") == 9
     assert (run / "report" / "report.md").read_text() == report
 
-    # a changed option re-runs its stage and the stages after it, from a cleared folder; the ones before are kept
+    # a changed option re-runs its stage and the stages after it; the ones before are kept, and so is, inside the
+    # re-run stages, what still holds by its own identity: the oracle@0.5 variant already kept half of the units, so
+    # its selection and its fine-tuning run are reused; every other filter is selected and fine-tuned again
     before = json.loads((run / "select" / "random" / "manifest.json").read_text())["kept_units"]
-    (run / "select" / "stale.txt").write_text("made with the old settings")
+    variant = run / "finetune" / "oracle@0.5" / "seed0" / "final" / "open_clip_model.safetensors"
+    variant_stamp = (variant.stat().st_ino, variant.stat().st_mtime_ns)
     assert main(["run", "quickstart", f"run_dir={run}", *TINY, "select.keep=0.5"]) == 0
     out = capsys.readouterr().out
     assert out.count("already complete, skipped") == 5  # world, pretrain, detectors, dedup, score
-    assert "select: select changed since it ran; clearing" in out
+    assert "select: select changed since it ran; re-running" in out
+    assert "finetune: an earlier stage's inputs changed since it ran; re-running" in out  # neither is cleared
     for stage in ("finetune", "eval", "report"):
         assert f"{stage}: an earlier stage's inputs changed since it ran" in out
-    assert not (run / "select" / "stale.txt").exists()
+    assert "select.random: out: " in out and "select.oracle@0.5" not in out
     kept = json.loads((run / "select" / "random" / "manifest.json").read_text())["kept_units"]
     assert kept > before
+    assert (variant.stat().st_ino, variant.stat().st_mtime_ns) == variant_stamp
 
     # fine-tuning runs went one per core, each in its own single-threaded process; one after another in this
     # process (finetune.jobs=1) they give the same weights
@@ -167,11 +172,13 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     from safetensors.numpy import load_file
 
     if (os.cpu_count() or 1) > 1:
-        assert "finetune: 7 runs, 2 at a time (one thread each)" in out
+        assert "finetune: 6 runs, 2 at a time (one thread each)" in out
     weights = {n: load_file(run / "finetune" / n / "seed0" / "final" / "open_clip_model.safetensors")
                for n in (*filters, "oracle@0.5")}
-    assert main(["run", "quickstart", f"run_dir={run}", *TINY, "select.keep=0.5", "finetune.jobs=1"]) == 0
-    assert "at a time" not in capsys.readouterr().out
+    assert main(["run", "quickstart", f"run_dir={run}", *TINY, "select.keep=0.5", "finetune.jobs=1", "--force",
+                 "finetune"]) == 0
+    out = capsys.readouterr().out
+    assert "finetune: forced; clearing" in out and "at a time" not in out
     for name, before_w in weights.items():
         after = load_file(run / "finetune" / name / "seed0" / "final" / "open_clip_model.safetensors")
         assert after.keys() == before_w.keys()
