@@ -161,3 +161,13 @@ def test_a_turned_off_evaluation_is_not_run_and_a_per_model_entry_without_recipe
         dict, lambda *a: ModelScores({}), "fake.json", "fake.npz")))
     with pytest.raises(LookupError, match=r"^per-model evaluation\(s\) \['fake'\] of the registry: no recipe sets"):
         stage_eval(r, p)
+
+
+def test_a_recipes_evals_sections_are_the_registry_entries_with_a_section():
+    """`evals:` of a recipe holds one optional section per entry with `section` help: its settings class, its help."""
+    from halsift.eval.registry import recipe_sections
+    from halsift.launch.recipe_config import EvalsCfg
+
+    got = {f.name: (f.type, f.default, f.metadata["help"]) for f in dataclasses.fields(EvalsCfg)}
+    assert got == {name: (EVALS[name].config | None, None, EVALS[name].section) for name in recipe_sections()}
+    assert recipe_sections() == ("ihalla", "vope", "vigil")
