@@ -2,8 +2,8 @@
 docs/config.md`` (tests/launch/test_config_reference.py checks that the file is current).
 
 Every setting a user can give is a field of one of these classes, with its type, default and one-line help: a
-recipe's sections, the commands' flags (a command module names its class ``CONFIG``), a trained detector's options
-and the detector families' spec options.
+recipe's sections, the commands' flags (a command module, or a generated command, names its class ``CONFIG``), a
+trained detector's options and the detector families' spec options.
 """
 
 from __future__ import annotations
