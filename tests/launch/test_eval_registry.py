@@ -125,24 +125,28 @@ def test_every_per_model_evaluation_is_run_by_the_recipe_on_every_model(tmp_path
     """The eval stage runs each per-model entry of the registry (through the registry: replaced entries are the
     ones called) on every model with its recipe sets, into the entry's files."""
     from halsift.eval.metrics.retrieval import read_ranks
-    from halsift.launch.stages.eval import stage_eval
+    from halsift.launch.stages import eval as stage
 
     seen: dict = {}
     _recording(monkeypatch, seen)
-    r, p = _recipe(tmp_path)
-    done = stage_eval(r, p)
+    monkeypatch.setattr(stage, "finetune_runs", lambda r, p: {"oracle": [tmp_path / "s0", tmp_path / "s1"]})
+    r, p = _recipe(tmp_path, "stages=[finetune, eval]")
+    done = stage.stage_eval(r, p)
     world = tmp_path / "world"
-    assert seen == {"retrieval": [("base.safetensors", "halsift-tiny", {"synthetic": str(world / "retrieval")})],
-                    "zeroshot": [("base.safetensors", "halsift-tiny", {"shape": str(world / "zeroshot/shape")})],
-                    "compositional": [("base.safetensors", "halsift-tiny",
-                                       {"compositional": str(world / "compositional")})]}
-    assert done["retrieval_models"] == ["no-tune"]
+    weights = ["base.safetensors", *(str(tmp_path / s / "final" / "open_clip_model.safetensors") for s in ("s0", "s1"))]
+    sets = {"retrieval": {"synthetic": str(world / "retrieval")}, "zeroshot": {"shape": str(world / "zeroshot/shape")},
+            "compositional": {"compositional": str(world / "compositional")}}
+    assert seen == {name: [(w, "halsift-tiny", s) for w in weights] for name, s in sets.items()}
+    assert done["retrieval_models"] == ["no-tune", "oracle"]
     out = tmp_path / "eval"
-    assert json.loads((out / "retrieval.json").read_text()) == {"no-tune": [{"retrieval/seen": 1.0}]}
-    assert json.loads((out / "beyond.json").read_text()) == {"no-tune": [{"zeroshot/seen": 1.0,
-                                                                          "compositional/seen": 1.0}]}
-    assert set(read_ranks(out / "beyond_hits.npz")) == {"no-tune/0/zeroshot", "no-tune/0/compositional"}
-    assert set(read_ranks(out / "retrieval_ranks.npz")) == {"no-tune/0/retrieval"}
+    assert json.loads((out / "retrieval.json").read_text()) == {"no-tune": [{"retrieval/seen": 1.0}],
+                                                               "oracle": [{"retrieval/seen": 1.0}] * 2}
+    both = {"zeroshot/seen": 1.0, "compositional/seen": 1.0}
+    assert json.loads((out / "beyond.json").read_text()) == {"no-tune": [both], "oracle": [both] * 2}
+    checkpoints = ("no-tune/0", "oracle/0", "oracle/1")
+    assert set(read_ranks(out / "beyond_hits.npz")) == {f"{c}/{e}" for c in checkpoints
+                                                        for e in ("zeroshot", "compositional")}
+    assert set(read_ranks(out / "retrieval_ranks.npz")) == {f"{c}/retrieval" for c in checkpoints}
 
 
 def test_a_turned_off_evaluation_is_not_run_and_a_per_model_entry_without_recipe_sets_is_refused(tmp_path,
