@@ -1,7 +1,8 @@
 """The ``halsift`` command line.
 
 Each (sub)command lives in its own module ``halsift.launch.cmd_*`` exposing ``HELP`` (one line),
-``add_arguments(parser)`` and ``run(args) -> int``. Command modules import only argparse-level things at the
+``add_arguments(parser)`` and ``run(args) -> int``, or is generated with the same attributes (``halsift eval NAME``
+from the evaluations registry: ``launch/eval_command.py``). Command modules import only argparse-level things at the
 top; torch, transformers and open_clip are imported inside ``run``, so ``halsift --help`` is instant.
 
 Exit codes: 0 on success; 2 with a one-line message naming the bad flag/key/file on a usage or config error, an
@@ -22,8 +23,12 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-# command path -> module; a module that does not exist yet is simply not offered.
+GENERATED = "*"
+# command path -> module; a module that does not exist yet is simply not offered. A path ending in GENERATED is a
+# group of commands its module builds (``commands() -> {name: command}``, each with a module's HELP, add_arguments,
+# run, CONFIG): ``halsift eval NAME``, from the evaluations registry.
 COMMANDS: dict[tuple[str, ...], str] = {
     ("synth",): "halsift.launch.cmd_synth",
     ("stats",): "halsift.launch.cmd_stats",
@@ -37,13 +42,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("dedup",): "halsift.launch.cmd_dedup",
     ("train", "clip"): "halsift.launch.cmd_train_clip",
     ("train", "detector"): "halsift.launch.cmd_train_detector",
-    ("eval", "bench"): "halsift.launch.cmd_eval_bench",
-    ("eval", "retrieval"): "halsift.launch.cmd_eval_retrieval",
-    ("eval", "zeroshot"): "halsift.launch.cmd_eval_zeroshot",
-    ("eval", "compositional"): "halsift.launch.cmd_eval_compositional",
-    ("eval", "ihalla"): "halsift.launch.cmd_eval_ihalla",
-    ("eval", "vope"): "halsift.launch.cmd_eval_vope",
-    ("eval", "vigil"): "halsift.launch.cmd_eval_vigil",
+    ("eval", GENERATED): "halsift.launch.eval_command",  # one per evaluation of halsift.eval.registry.EVALS
     ("run",): "halsift.launch.cmd_run",
     ("launch",): "halsift.launch.cmd_launch",
 }
@@ -170,16 +169,28 @@ def _load(module: str):
         raise
 
 
+def commands() -> dict[tuple[str, ...], Any]:
+    """Every command by path, in :data:`COMMANDS` order: its module, or a generated command (built now, so an
+    evaluation registered before the parser is built is a command)."""
+    table = {}
+    for path, module in COMMANDS.items():
+        mod = _load(module)
+        if mod is None:
+            continue
+        if path[-1] == GENERATED:
+            table |= {(*path[:-1], name): cmd for name, cmd in mod.commands().items()}
+        else:
+            table[path] = mod
+    return table
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="halsift",
         description="Curate image-caption data with hallucination detectors: synth, score, select, train, eval.")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     groups: dict[str, argparse._SubParsersAction] = {}
-    for path, module in COMMANDS.items():
-        mod = _load(module)
-        if mod is None:
-            continue
+    for path, mod in commands().items():
         if len(path) == 1:
             p = sub.add_parser(path[0], help=mod.HELP, description=mod.HELP)
         else:

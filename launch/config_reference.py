@@ -2,14 +2,13 @@
 docs/config.md`` (tests/launch/test_config_reference.py checks that the file is current).
 
 Every setting a user can give is a field of one of these classes, with its type, default and one-line help: a
-recipe's sections, the commands' flags (a command module names its class ``CONFIG``), a trained detector's options
-and the detector families' spec options.
+recipe's sections, the commands' flags (a command module, or a generated command, names its class ``CONFIG``), a
+trained detector's options and the detector families' spec options.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import typing
 
 import yaml
@@ -64,16 +63,11 @@ def tables(cls: type, title: str, key_prefix: str = "", drop: tuple[str, ...] = 
 
 
 def command_configs() -> list[tuple[str, type]]:
-    """``(command, config class)`` of every command whose module names its class ``CONFIG``."""
-    from halsift.launch.cli import COMMANDS
+    """``(command, config class)`` of every command whose module (or generated command) names its class
+    ``CONFIG``."""
+    from halsift.launch.cli import commands
 
-    found = []
-    for path, module in COMMANDS.items():
-        mod = importlib.import_module(module)
-        cls = getattr(mod, "CONFIG", None)
-        if cls is not None:
-            found.append((" ".join(path), cls))
-    return found
+    return [(" ".join(path), mod.CONFIG) for path, mod in commands().items() if getattr(mod, "CONFIG", None)]
 
 
 def reference() -> str:

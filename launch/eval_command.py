@@ -1,12 +1,24 @@
-"""``halsift eval NAME`` for every evaluation of :data:`halsift.eval.registry.EVALS`: the flags come from the
-eval's config class (one ``--flag`` per setting, ``--config YAML`` for all of them), the command calls the library
-function, and :func:`run_eval` wires the synthetic world in where a config asks for it (``synthetic``) -- the one
-place outside ``halsift.synth`` that knows the world's answerers, for the commands and the recipes alike."""
+"""``halsift eval NAME`` for every evaluation of :data:`halsift.eval.registry.EVALS`, generated here from its entry
+(the CLI's command table names this module for the ``eval`` group): the flags come from the eval's config class
+(one ``--flag`` per setting, ``--config YAML`` for all of them), the command calls the library function, and
+:func:`run_eval` wires the synthetic world in where a config asks for it (``synthetic``) -- the one place outside
+``halsift.synth`` that knows the world's answerers, for the commands and the recipes alike."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Command:
+    """A generated command: what a ``cmd_*`` module holds (``HELP``, ``add_arguments``, ``run``, ``CONFIG``)."""
+
+    HELP: str  # one line
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    CONFIG: type  # the settings (docs/config.md, --describe)
 
 
 def synthetic_data(name: str, config):
@@ -22,24 +34,25 @@ def synthetic_data(name: str, config):
     return build(config)
 
 
-def run_eval(name: str, config):
-    """Run evaluation ``name`` with ``config``: the library function, fed the synthetic world's data when
-    ``config.synthetic`` is set. Returns its :class:`~halsift.eval.result.EvalResult`."""
+def run_eval(name: str, config, data=None):
+    """Run evaluation ``name`` with ``config``: the library function, given ``data`` (what the caller already holds,
+    e.g. a recipe's score tables), else the synthetic world's when ``config.synthetic`` is set. Returns its
+    :class:`~halsift.eval.result.EvalResult`."""
     from halsift.eval.registry import EVALS
 
     entry = EVALS[name]
-    data = synthetic_data(name, config) if getattr(config, "synthetic", False) else None
+    if data is None and getattr(config, "synthetic", False):
+        data = synthetic_data(name, config)
     return entry.run(config) if data is None else entry.run(config, data)
 
 
-def eval_command(name: str, metavars: Mapping[str, str] | None = None) -> tuple[str, Callable, Callable]:
-    """``(HELP, add_arguments, run)`` of the ``halsift eval NAME`` command module."""
+def command(name: str) -> Command:
+    """The ``halsift eval NAME`` command of registry entry ``name``."""
     from halsift.eval.registry import EVALS
     from halsift.launch.describe import config_arguments
 
-    cls = EVALS[name].config
-    # list flags add up over repeats (`--scores A --scores B`); bench's --describe lists the detector families too
-    add_arguments = config_arguments(cls, metavars, detectors=name == "bench")
+    entry = EVALS[name]
+    cls = entry.config
 
     def run(args: argparse.Namespace) -> int:
         from halsift.corpus.config import ConfigError, config_from_args, flag_message
@@ -53,4 +66,12 @@ def eval_command(name: str, metavars: Mapping[str, str] | None = None) -> tuple[
             print(result.summary)
         return 0
 
-    return EVALS[name].help, add_arguments, run
+    # list flags add up over repeats (`--scores A --scores B`)
+    return Command(entry.help, config_arguments(cls, dict(entry.metavars), detectors=entry.detector_specs), run, cls)
+
+
+def commands() -> dict[str, Command]:
+    """``halsift eval NAME`` for every evaluation the registry holds now, in its order."""
+    from halsift.eval.registry import EVALS
+
+    return {name: command(name) for name in EVALS}

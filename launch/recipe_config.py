@@ -7,12 +7,12 @@ the pretrain stage produced or ``model.pretrained``) are substituted in detector
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, make_dataclass
 from typing import Any, ClassVar
 
 from halsift.corpus.config import ConfigError, WandbMode, field, fields_of
 from halsift.corpus.safe_paths import safe_component
-from halsift.eval.registry import RECIPE_EVALS, IhallaEvalConfig, VigilEvalConfig, VopeEvalConfig
+from halsift.eval.registry import EVALS, recipe_sections
 from halsift.filtering.curation.config import DedupConfig
 from halsift.filtering.scoring.config import RUN_ONLY as SCORE_RUN_ONLY, ScoreConfig
 from halsift.filtering.scoring.settings import check_settings
@@ -28,7 +28,7 @@ STAGES = ("world", "pretrain", "detectors", "dedup", "score", "select", "finetun
 TRAINED_KINDS = ("lora", "world_judge")
 # the report's own rows (the base model, the whole corpus): no detector, ensemble or variant may take these names
 RESERVED_NAMES = ("no-tune", "unfiltered")
-EXTRA_EVALS = RECIPE_EVALS
+EXTRA_EVALS = recipe_sections()  # the evaluations with a typed section in a recipe's `evals:`
 
 
 @dataclass
@@ -296,18 +296,17 @@ class EvalCfg(EvalBenchSection):
         return BenchEvalConfig(**{f.name: getattr(self, f.name) for f in fields(EvalBenchSection)}, **recipe_set)
 
 
+# one optional section per evaluation of the registry that has one (EvalEntry.section: its help), in its order
+EvalsSections = make_dataclass("EvalsSections", [
+    (name, EVALS[name].config | None, field(None, help=EVALS[name].section)) for name in EXTRA_EVALS],
+    namespace={"__module__": __name__})
+
+
 @dataclass
-class EvalsCfg:
+class EvalsCfg(EvalsSections):
     """The extra evaluations of the eval stage: each a typed section of its ``halsift eval NAME`` settings (the
     command's flags as keys, e.g. ``ihalla: {synthetic: true, prompts: 30}``); absent = not run. Its ``out`` is
     the recipe's: ``<run_dir>/eval/NAME``."""
-
-    ihalla: IhallaEvalConfig | None = field(None, help="I-HallA (`halsift eval ihalla` settings, e.g. {synthetic: "
-                                                       "true, prompts: 30} or {qa: FILE, predictions: FILE})")
-    vope: VopeEvalConfig | None = field(None, help="VOPE (`halsift eval vope` settings, e.g. {synthetic: true} or "
-                                                   "{responses: FILE, vocab: FILE})")
-    vigil: VigilEvalConfig | None = field(None, help="VIGIL (`halsift eval vigil` settings, e.g. {synthetic: true} "
-                                                     "or {annotations: FILE})")
 
     def enabled(self) -> dict[str, Any]:
         """The sections given, by eval name, in :data:`EXTRA_EVALS` order."""

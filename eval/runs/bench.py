@@ -5,6 +5,7 @@ specs, with ensembles, self-preference, the likelihood analysis, report, plots a
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,9 +135,10 @@ def _summary(metrics: dict, names: list[str]) -> str:
     return "\n".join(lines)
 
 
-def run_bench(config: BenchEvalConfig) -> EvalResult:
+def run_bench(config: BenchEvalConfig, data: Mapping[str, Any] | None = None) -> EvalResult:
     """Gather the scores (score folders, then detectors scored here), evaluate them on the bench and write
-    ``metrics.json``, ``report.md``, plots and ``index.html`` to ``config.out``."""
+    ``metrics.json``, ``report.md``, plots and ``index.html`` to ``config.out``. ``data``: score tables by detector
+    name already read (a recipe's score stage's), used instead of reading ``config.scores``."""
     from halsift.eval.metrics.agreement import AgreementError
     from halsift.eval.runs.bench_eval import evaluate_bench
     from halsift.eval.metrics.detection import MetricError
@@ -146,7 +148,7 @@ def run_bench(config: BenchEvalConfig) -> EvalResult:
     if not Path(config.bench).exists():
         raise ConfigError(f"bench: {config.bench} does not exist")
     out_dir = Path(config.out)
-    scores = load_scores(config.scores)
+    scores = dict(data) if data is not None else load_scores(config.scores)
     if config.detector:
         for name, df in score_with_detectors(config.detector, config.bench, out_dir).items():
             if name in scores:

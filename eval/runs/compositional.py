@@ -3,12 +3,14 @@ true caption an open_clip model scores above its negative caption (SugarCrepe's 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from halsift.corpus.config import ConfigError, field
 from halsift.eval.result import EvalResult
 from halsift.eval.runs.clip_model import ClipEvalSettings
+from halsift.eval.runs.per_model import ModelScores
 
 
 @dataclass
@@ -57,6 +59,26 @@ def evaluate_compositional(model, preprocess, tokenizer, pairs: dict, device="cp
         correct[cat] = pair_correct(cosine_scores(rows, pos), cosine_scores(rows, neg))
     m = compositional_metrics(correct) | {"compositional/pairs": float(sum(len(ps) for ps in pairs.values()))}
     return (m, correct) if return_correct else m
+
+
+def read_sets(sets: Mapping[str, str]) -> dict:
+    """The SugarCrepe pairs by category of one folder (``{name: folder}``, as a recipe's ``data.compositional``),
+    read and checked before any model; none: ``{}``."""
+    from halsift.corpus.sugarcrepe import read_sugarcrepe
+
+    if len(sets) > 1:
+        raise ConfigError(f"compositional: one SugarCrepe folder at a time, got {sorted(sets)}")
+    return read_sugarcrepe(next(iter(sets.values()))) if sets else {}
+
+
+def evaluate_sets(model, preprocess, tokenizer, pairs: Mapping, device, batch_size: int,
+                  precision: str) -> ModelScores:
+    """A recipe's compositional evaluation of one loaded model: ``compositional/<category>`` and
+    ``compositional/mean``, and per pair whether it is right (``compositional/<category>``)."""
+    m, correct = evaluate_compositional(model, preprocess, tokenizer, pairs, device, batch_size, precision,
+                                        return_correct=True)
+    return ModelScores({k: v for k, v in m.items() if k != "compositional/pairs"},
+                       {f"compositional/{c}": v for c, v in correct.items()})
 
 
 def render_report(metrics: dict, model: str, pretrained: str, data: str) -> str:

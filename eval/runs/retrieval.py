@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from halsift.corpus.config import ConfigError, field
 from halsift.eval.result import EvalResult
 from halsift.eval.runs.clip_model import ClipEvalSettings
+from halsift.eval.runs.per_model import ModelScores
 
 
 @dataclass
@@ -20,6 +22,32 @@ class RetrievalEvalConfig(ClipEvalSettings):
         super().validate()
         if not self.data:
             raise ValueError("data: required")
+
+
+def read_sets(sets: Mapping[str, str]) -> dict[str, str]:
+    """The retrieval sets by name, each read and checked (errors name file:line:field) before any model."""
+    from halsift.corpus.retrieval import read_retrieval
+
+    for path in sets.values():
+        read_retrieval(path)
+    return dict(sets)
+
+
+def evaluate_sets(model, preprocess, tokenizer, sets: Mapping[str, str], device, batch_size: int,
+                  precision: str) -> ModelScores:
+    """A recipe's retrieval of one loaded model on every set: ``<set>/<i2t|t2i>/r@k`` (and the set's
+    ``retrieval/images|captions``), the per-query ranks ``<set>/<i2t|t2i>`` and, the same for every model, the set's
+    caption -> image map ``<set>/text_to_image``."""
+    from halsift.eval.metrics.retrieval import evaluate_retrieval
+
+    out = ModelScores({})
+    for set_name, path in sets.items():
+        m, rk = evaluate_retrieval(model, preprocess, tokenizer, path, device, batch_size, return_ranks=True,
+                                   precision=precision)
+        out.metrics |= {f"{set_name}/{k}": v for k, v in m.items()}
+        out.arrays |= {f"{set_name}/{d}": rk[d] for d in ("i2t", "t2i")}
+        out.shared[f"{set_name}/text_to_image"] = rk["text_to_image"]
+    return out
 
 
 def render_report(metrics: dict, model: str, pretrained: str, data: str) -> str:

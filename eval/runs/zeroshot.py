@@ -3,6 +3,7 @@ on a CLIP_benchmark wds folder or an ImageFolder, computed as CLIP_benchmark com
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import numpy as np
 from halsift.corpus.config import ConfigError, field
 from halsift.eval.result import EvalResult
 from halsift.eval.runs.clip_model import ClipEvalSettings
+from halsift.eval.runs.per_model import ModelScores
 
 METRICS = ("acc1", "acc5", "mean_per_class_recall")
 
@@ -59,6 +61,32 @@ def evaluate_zeroshot(model, preprocess, tokenizer, cset, device="cpu", batch_si
     m = {f"zeroshot/{k}": v for k, v in zeroshot_metrics(logits, target, len(cset.classnames)).items()}
     m |= {"zeroshot/images": float(len(target)), "zeroshot/classes": float(len(cset.classnames))}
     return (m, logits, np.asarray(target)) if return_logits else m
+
+
+def read_sets(sets: Mapping[str, str]) -> dict:
+    """The classification sets by task name (each a folder of :func:`halsift.corpus.classification
+    .read_classification`), read and checked before any model."""
+    from halsift.corpus.classification import read_classification
+
+    return {name: read_classification(path) for name, path in sets.items()}
+
+
+def evaluate_sets(model, preprocess, tokenizer, tasks: Mapping, device, batch_size: int,
+                  precision: str) -> ModelScores:
+    """A recipe's zero-shot classification of one loaded model on every task: ``zeroshot/<task>/<measure>``, their
+    mean over tasks ``zeroshot/<measure>`` (``acc5`` over the tasks with >= 5 classes), and per image whether its
+    top-1 class is right (``zeroshot/<task>``)."""
+    out = ModelScores({})
+    for name, cset in tasks.items():
+        m, logits, target = evaluate_zeroshot(model, preprocess, tokenizer, cset, device, batch_size, precision,
+                                              return_logits=True)
+        out.metrics |= {f"zeroshot/{name}/{k}": m[f"zeroshot/{k}"] for k in METRICS}
+        out.arrays[f"zeroshot/{name}"] = logits.argmax(axis=1) == target
+    for k in METRICS:
+        vals = [out.metrics[f"zeroshot/{t}/{k}"] for t in tasks if np.isfinite(out.metrics[f"zeroshot/{t}/{k}"])]
+        if vals:
+            out.metrics[f"zeroshot/{k}"] = float(np.mean(vals))
+    return out
 
 
 def render_report(metrics: dict, model: str, pretrained: str, data: str) -> str:

@@ -1,13 +1,15 @@
-"""The eval stage: detectors on the bench, retrieval, zero-shot classification and compositional hard negatives of
-every fine-tuned model, the extra evaluations."""
+"""The eval stage: every evaluation through the registry (:data:`halsift.eval.registry.EVALS`): the detectors on
+the bench (``bench``), the per-model evaluations (retrieval, zero-shot, compositional) of every model, and the
+extra evaluations of ``evals:``. What is the recipe's own here: which models, and where each per-model evaluation's
+sets come from (:data:`RECIPE_SETS`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from halsift.corpus.config import ConfigError
-from halsift.corpus.shards import write_json_atomic
 from halsift.launch.stages.base import Paths, Stage
 from halsift.launch.stages.finetune import finetune_runs
 from halsift.launch.stages.score import scored_names, scores_dir
@@ -17,64 +19,74 @@ if TYPE_CHECKING:
     from halsift.launch.recipe_config import Recipe
 
 
-def stage_eval(r: Recipe, p: Paths) -> dict:
-    """Detector AUROC on the bench split, retrieval, zero-shot and compositional accuracy of every model (base, each
-    fine-tune), the `evals:`."""
-    import torch
+def zeroshot_sets(r: Recipe, p: Paths) -> dict[str, str]:
+    """Task name -> classification folder: ``data.zeroshot``, else the world's tasks (none when turned off)."""
+    if not r.eval.zeroshot:
+        return {}
+    if r.data.zeroshot:
+        return dict(r.data.zeroshot)
+    root = p.stage("world") / "zeroshot"
+    return {d.name: str(d) for d in sorted(root.iterdir()) if d.is_dir()} if r.world.enabled and root.is_dir() else {}
 
-    from halsift.corpus.scores import read_scores_df
-    from halsift.eval.runs.bench_eval import evaluate_bench
-    from halsift.eval.metrics.retrieval import evaluate_retrieval, ranks_key, write_ranks
-    from halsift.filtering.models.clip_models import load_open_clip
-    from halsift.filtering.models.clip_tokenizer import get_tokenizer
-    from halsift.launch.eval_beyond import evaluate_beyond, hits_key, load_beyond_sets, write_beyond
 
-    out_dir = p.stage("eval")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    bench_metrics = {}
-    if p.bench and "score" in r.stages:
-        scores = {name: read_scores_df(scores_dir(p, name, "bench")) for name in scored_names(r)}
-        bench = bench_subset(p.bench, r.eval.bench_split, p.run)
-        if not bench:
-            raise ConfigError(f"eval.bench_split: no rows of split {r.eval.bench_split!r} in {p.bench}")
-        cfg = r.eval.bench_config(bench=str(bench), seed=r.seed)
-        bench_metrics = evaluate_bench(bench, scores, out_dir / "bench", keep=cfg.keep, seed=cfg.seed,
-                                       self_pref_map=cfg.self_preference_map(), n_boot=cfg.n_boot, plots=cfg.plots)
-    device = run_device(r)
+def compositional_sets(r: Recipe, p: Paths) -> dict[str, str]:
+    """The SugarCrepe folder: ``data.compositional``, else the world's (none when there is none or it is off)."""
+    if not r.eval.compositional:
+        return {}
+    comp = p.stage("world") / "compositional"
+    folder = r.data.compositional or (str(comp) if r.world.enabled and comp.is_dir() else "")
+    return {"compositional": folder} if folder else {}
+
+
+# per-model evaluation of the registry -> the sets a recipe evaluates every model on ({set name: path}; none: not run)
+RECIPE_SETS: dict[str, Callable[[Recipe, Paths], dict[str, str]]] = {
+    "retrieval": retrieval_sets, "zeroshot": zeroshot_sets, "compositional": compositional_sets}
+
+
+def recipe_models(r: Recipe, p: Paths) -> dict[str, list[str]]:
+    """The models the stage evaluates, each with one weights file per fine-tuning seed: the base (``no-tune``) and
+    every fine-tuned filter; none without a retrieval set."""
     models = {"no-tune": [p.base]} if r.finetune.no_tune and p.retrieval else {}
     if "finetune" in r.stages and p.retrieval:
         for name, runs in finetune_runs(r, p).items():
             models[name] = [str(d / "final" / "open_clip_model.safetensors") for d in runs]
-    retrieval: dict[str, list[dict]] = {}
-    ranks = {}  # per-query ranks of every model, for the report's bootstrap CIs
-    tasks, pairs = load_beyond_sets(r, p.stage("world")) if models else ({}, {})
-    beyond: dict[str, list[dict]] = {}
-    beyond_hits = {}
-    for name, weights in models.items():
-        for i, w in enumerate(weights):
-            model, _, preprocess = load_open_clip(r.model.arch, pretrained=w, device=device)
-            tokenizer = get_tokenizer(r.model.arch)
-            model.eval()
-            res = {}
-            for set_name, path in retrieval_sets(r, p).items():
-                with torch.no_grad():
-                    m, rk = evaluate_retrieval(model, preprocess, tokenizer, path, device, r.eval.batch_size,
-                                               return_ranks=True, precision=r.finetune.precision)
-                res.update({f"{set_name}/{k}": v for k, v in m.items()})
-                ranks.update({ranks_key(name, i, set_name, d): rk[d] for d in ("i2t", "t2i")})
-                ranks[f"{set_name}/text_to_image"] = rk["text_to_image"]
-            retrieval.setdefault(name, []).append(res)
-            if tasks or pairs:
-                m, hits = evaluate_beyond(model, preprocess, tokenizer, tasks, pairs, device, r.eval.batch_size,
-                                          r.finetune.precision)
-                beyond.setdefault(name, []).append(m)
-                beyond_hits |= {hits_key(name, i, k): v for k, v in hits.items()}
-    write_json_atomic(out_dir / "retrieval.json", retrieval)
-    write_beyond(out_dir, beyond, beyond_hits)
-    if ranks:
-        write_ranks(out_dir / "retrieval_ranks.npz", ranks)
+    return models
+
+
+def stage_eval(r: Recipe, p: Paths) -> dict:
+    """Detector AUROC on the bench split, retrieval, zero-shot and compositional accuracy of every model (base, each
+    fine-tune), the `evals:`."""
+    from halsift.eval.registry import per_model_evals
+    from halsift.eval.runs.per_model import evaluate_models
+
+    out_dir = p.stage("eval")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bench_metrics = run_bench_eval(r, p, out_dir / "bench") if p.bench and "score" in r.stages else {}
+    evals = per_model_evals()
+    missing = sorted(set(evals) - set(RECIPE_SETS))
+    if missing:
+        raise LookupError(f"per-model evaluation(s) {missing} of the registry: no recipe sets in "
+                          "launch/stages/eval.py RECIPE_SETS")
+    models = recipe_models(r, p)
+    evaluate_models(models, r.model.arch, evals, {name: RECIPE_SETS[name](r, p) for name in evals} if models else {},
+                    out_dir, run_device(r), r.eval.batch_size, r.finetune.precision)
     extra = run_extra_evals(r, out_dir)
-    return {"bench": bench_metrics, "retrieval_models": sorted(retrieval), "evals": extra}
+    return {"bench": bench_metrics, "retrieval_models": sorted(models), "evals": extra}
+
+
+def run_bench_eval(r: Recipe, p: Paths, out: Path) -> dict:
+    """``eval bench`` with the recipe's eval section on its bench split, given the score stage's bench scores of
+    every detector and ensemble; its metrics."""
+    from halsift.corpus.scores import read_scores_df
+    from halsift.launch.eval_command import run_eval
+
+    bench = bench_subset(p.bench, r.eval.bench_split, p.run)
+    if not bench:
+        raise ConfigError(f"eval.bench_split: no rows of split {r.eval.bench_split!r} in {p.bench}")
+    folders = {name: scores_dir(p, name, "bench") for name in scored_names(r)}
+    cfg = r.eval.bench_config(bench=str(bench), scores=[str(f) for f in folders.values()], out=str(out),
+                              seed=r.seed, html=False)
+    return run_eval("bench", cfg, {name: read_scores_df(f) for name, f in folders.items()}).metrics
 
 
 def run_extra_evals(r: Recipe, out_dir: Path) -> dict:

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from halsift.launch.cli import COMMANDS
+from halsift.launch.cli import commands
+
+COMMANDS = commands()  # path -> module or generated command (`eval NAME`, from the evaluations registry)
 
 ROOT = Path(__file__).parents[2]
 NOT_SETTINGS = {"help", "describe", "config"}  # argparse's own and the settings printers / YAML loader
 
 
-def _parser(module: str) -> argparse.ArgumentParser:
-    import importlib
-
+def _parser(command) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="halsift")
-    importlib.import_module(module).add_arguments(p)
+    command.add_arguments(p)
     return p
 
 
@@ -74,7 +74,7 @@ def test_every_flag_is_described_and_documented(path, module):
 
 def test_the_check_sees_a_flag_declared_outside_the_settings():
     """The check itself can fail: a flag added by hand beside the settings classes is reported."""
-    p = _parser("halsift.launch.cmd_score")
+    p = _parser(COMMANDS[("score",)])
     p.add_argument("--hand-made", type=int, default=0)
     assert "hand_made" in _settings(p)
     assert "hand_made" not in {m.group(1) for m in re.finditer(r"(?m)^(\w+):", _describe(p))}

@@ -45,10 +45,13 @@ def test_the_eval_stage_passes_the_section_to_the_bench_evaluation(tmp_path, mon
     monkeypatch.setattr(bench_eval, "evaluate_bench", record)
     monkeypatch.setattr(stage, "scored_names", lambda r: [])
     monkeypatch.setattr(stage, "bench_subset", lambda *a: str(tmp_path / "bench.jsonl"))
+    (tmp_path / "bench.jsonl").write_text("")
     r = load_recipe("quickstart", [f"run_dir={tmp_path}", "eval.n_boot=17", "eval.plots=false", "eval.keep=0.3",
                                    "eval.self_preference=[judge=share-sim]", "seed=5"])
     p = resolve_paths(r)
     p.bench = str(tmp_path / "bench.jsonl")
     with pytest.raises(Stop, match="^reached$"):
         stage.stage_eval(r, p)
-    assert seen == {"keep": 0.3, "seed": 5, "self_pref_map": {"judge": "share-sim"}, "n_boot": 17, "plots": False}
+    # through the registry's `eval bench` (run_bench), as the command: the recipe's section, no html report
+    assert seen == {"keep": 0.3, "seed": 5, "self_pref_map": {"judge": "share-sim"}, "n_boot": 17, "plots": False,
+                    "ensembles": [], "likelihood": None, "html": False}
