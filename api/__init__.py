@@ -12,17 +12,19 @@ The stage packages are ``halsift.corpus``, ``halsift.filtering``, ``halsift.trai
 ``halsift.launch`` (DESIGN.md).
 """
 
-from __future__ import annotations
+import os as _os
+import typing as _typing
 
-import os
-from collections.abc import Sequence
-from typing import Any
+if _typing.TYPE_CHECKING:  # annotations only (quoted below): nothing but __all__ is public
+    from collections.abc import Sequence
+    from os import PathLike
+    from typing import Any
 
-__all__ = ["load_detector", "score", "score_pairs", "select"]
+__all__ = ["load_detector", "score", "score_pairs", "select"]  # the whole public namespace (a test keeps it so)
 
 
-def score(detector: Any, data: str | os.PathLike, out: str | os.PathLike, engine: str = "local",
-          **settings: Any) -> dict:
+def score(detector: "Any", data: "str | PathLike", out: "str | PathLike", engine: str = "local",
+          **settings: "Any") -> dict:
     """Score shards (or a ``bench.jsonl``) into the folder ``out`` as ``halsift score`` does: one
     :class:`~halsift.filtering.scoring.job.ScoreJob` (``settings``: its fields, e.g. ``batch_size``, ``unit``,
     ``decode_workers``) run by ``engine``; resumes a folder of the same job. Returns the folder's manifest."""
@@ -36,7 +38,7 @@ def score(detector: Any, data: str | os.PathLike, out: str | os.PathLike, engine
     return json.loads((Path(out) / "_manifest.json").read_text())
 
 
-def load_detector(spec: Any, device: str | None = None):
+def load_detector(spec: "Any", device: "str | None" = None):
     """A detector from a spec string (``clip:arch=ViT-B-32,pretrained=openai``, ``random:seed=0``, ``vlm:...``),
     a YAML file or a dict; moved to ``device`` when given."""
     from halsift.filtering.detectors.spec import load_detector as _load
@@ -45,7 +47,7 @@ def load_detector(spec: Any, device: str | None = None):
     return det.to(device) if device else det
 
 
-def _image(x: Any, i: int):
+def _image(x: "Any", i: int):
     """A PIL image (RGB) from a PIL image, a path or bytes; raises naming the position of a bad one."""
     from PIL import Image
 
@@ -53,20 +55,21 @@ def _image(x: Any, i: int):
 
     if isinstance(x, Image.Image):
         return x.convert("RGB")
-    if isinstance(x, (str, os.PathLike)):
+    if isinstance(x, (str, _os.PathLike)):
         try:
             with open(x, "rb") as f:
                 data = f.read()
         except OSError as e:
-            raise ValueError(f"images[{i}]: cannot read {os.fspath(x)!r} ({e.strerror or e})") from None
+            raise ValueError(f"images[{i}]: cannot read {_os.fspath(x)!r} ({e.strerror or e})") from None
         return decode_image(data, f"images[{i}]")
     if isinstance(x, (bytes, bytearray)):
         return decode_image(bytes(x), f"images[{i}]")
     raise TypeError(f"images[{i}]: expected a PIL image, a path or bytes, got {type(x).__name__}")
 
 
-def score_pairs(images: Sequence[Any], captions: Sequence[str], detector: Any = "clip:arch=ViT-B-32,pretrained=openai",
-                *, unit: str = "sentence", batch_size: int = 64, device: str | None = None):
+def score_pairs(images: "Sequence[Any]", captions: "Sequence[str]",
+                detector: "Any" = "clip:arch=ViT-B-32,pretrained=openai", *, unit: str = "sentence",
+                batch_size: int = 64, device: str | None = None):
     """Score image-caption pairs; returns a pandas DataFrame with one row per sentence (``unit="sentence"``) or
     per caption (``unit="caption"``): ``pair`` (position in the inputs), ``sentence_index`` (-1 for a whole
     caption), ``sentence``, ``score`` (0-100, higher = more likely correct), ``parsed``, ``detector``.

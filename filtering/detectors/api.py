@@ -107,6 +107,7 @@ class ApiDetector(Detector):
     """Judge through an OpenAI-compatible ``/chat/completions`` endpoint (see the module docstring)."""
 
     family = "api"
+    CALLS_JUDGE = True  # a judge asked about every unit it scores (filtering/scoring/judge_spend.py)
 
     # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
     OPTION_HELP = {

@@ -316,22 +316,27 @@ def _check_types(family: str, opts: dict[str, Any], where: str) -> None:
             raise SpecError(f"detector spec {where!r}: {k}={v!r}: expected a value in {interval}")
 
 
-def option_ranges(family: str) -> dict[str, str]:
-    """The family's ``OPTION_RANGES`` (option -> interval such as ``"(0, 1]"`` or ``"[1, inf)"``), declared once
-    on its class beside ``OPTION_HELP`` and read from the source without importing it (like the options): the dry
-    run and the build check the same ranges."""
+def family_constant(family: str, name: str, default: Any = None) -> Any:
+    """A constant the family's class declares (``OPTION_RANGES``, ``CALLS_JUDGE`` ...), read from its source without
+    importing it (like the options), so that the dry run and the build read the same declaration."""
     target = _REGISTRY[family]
     if not isinstance(target, str):
-        return dict(getattr(target, "OPTION_RANGES", {}))
+        return getattr(target, name, default)
     mod, cls = target.split(":")
     found = importlib.util.find_spec(mod)
     if found is None or not (found.origin or "").endswith(".py"):
-        return {}
+        return default
     for node in ast.parse(Path(found.origin).read_text()).body:
         if isinstance(node, ast.ClassDef) and node.name == cls:
             return next((ast.literal_eval(s.value) for s in node.body if isinstance(s, ast.Assign)
-                         and [getattr(x, "id", "") for x in s.targets] == ["OPTION_RANGES"]), {})
-    return {}
+                         and [getattr(x, "id", "") for x in s.targets] == [name]), default)
+    return default
+
+
+def option_ranges(family: str) -> dict[str, str]:
+    """The family's ``OPTION_RANGES`` (option -> interval such as ``"(0, 1]"`` or ``"[1, inf)"``), declared once
+    on its class beside ``OPTION_HELP`` (:func:`family_constant`): the dry run and the build check the same ranges."""
+    return dict(family_constant(family, "OPTION_RANGES", {}))
 
 
 def in_interval(value: float, interval: str) -> bool:

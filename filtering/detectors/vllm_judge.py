@@ -172,6 +172,7 @@ class VllmDetector(PreparedDetector):
     """Judge (image, sentence) pairs with an offline vLLM engine; see the module docstring."""
 
     family = "vllm"
+    CALLS_JUDGE = True  # a judge asked about every unit it scores (filtering/scoring/judge_spend.py)
 
     # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
     OPTION_HELP = {

@@ -163,6 +163,7 @@ class VlmDetector(PreparedDetector):
     """
 
     family = "vlm"
+    CALLS_JUDGE = True  # a judge asked about every unit it scores (filtering/scoring/judge_spend.py)
 
     # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
     OPTION_HELP = {

@@ -2,8 +2,8 @@
 
 The one place that says what counts as a judge. A detector spec is a judge when any node of it
 (:func:`~halsift.filtering.detectors.spec.iter_specs`: the spec, its ensemble members, nested specs) is of a
-family in :data:`JUDGE_FAMILIES` (a VLM asked about the sentence: ``vlm``, ``api``, ``vllm``) or a ``lora``
-adapter of kind ``vlm`` (its ``detector.yaml``). A judge spec judges every unit it scores: its calls are the folder's
+family whose class declares ``CALLS_JUDGE = True`` (a VLM asked about the sentence: today ``vlm``, ``api``, ``vllm``;
+read from the class, never a list of names here) or a ``lora`` adapter of kind ``vlm`` (its ``detector.yaml``). A judge spec judges every unit it scores: its calls are the folder's
 units and its fraction 100 %. ``clip``, a ``lora`` CLIP adapter, ``random`` and ``oracle`` call no judge (0); a
 distilled ``student`` calls none when it scores, but its teacher's calls (the judge's score folder its ``config.json``
 names) were spent to make it and are counted with it (:func:`teacher_calls`). A cascade's folder says what it spent
@@ -20,14 +20,13 @@ from typing import Any
 
 from halsift.corpus.percent import ratio_percent
 
-JUDGE_FAMILIES = ("vlm", "api", "vllm")
 MANIFEST = "_manifest.json"
 
 
 def is_judge_spec(spec: str | dict) -> bool | None:
     """Whether a detector spec calls a judge on every unit it scores; None when it cannot be told (an invalid
     spec, or a ``lora`` adapter folder whose ``detector.yaml`` is missing or unreadable and no other judge node)."""
-    from halsift.filtering.detectors.spec import iter_specs
+    from halsift.filtering.detectors.spec import family_constant, iter_specs
     from halsift.filtering.detectors.spec_error import SpecError
     from halsift.filtering.models.lora_adapters import read_description
 
@@ -37,7 +36,7 @@ def is_judge_spec(spec: str | dict) -> bool | None:
         return None
     unknown = False
     for _, family, opts in nodes:
-        if family in JUDGE_FAMILIES:
+        if family_constant(family, "CALLS_JUDGE", False):
             return True
         if family == "lora":
             try:

@@ -86,3 +86,12 @@ def test_notebook_score_is_the_commands_job(tmp_path):
     a, b = (read_scores_df(tmp_path / d).sort_values(["key", "sentence_index"]).reset_index(drop=True)
             for d in ("api", "cli"))
     assert a["score"].tolist() == b["score"].tolist()
+
+
+def test_the_public_namespace_is_exactly_all():
+    """``import halsift`` offers what ``__all__`` names and nothing else (no ``os`` or ``Any`` leaking, the stage
+    packages reached as ``halsift.<stage>``)."""
+    import types
+
+    public = {n for n, v in vars(halsift).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)}
+    assert public == set(halsift.__all__) == {"load_detector", "score", "score_pairs", "select"}
