@@ -49,7 +49,7 @@ class Summary:
 
 
 _RAY_ONLY = "--address/--workers: only with --engine ray"
-POLL_S = 10.0  # a waiting task looks again after this many seconds
+POLL_S = float(os.environ.get("HALSIFT_TASK_POLL_S", "10"))  # a waiting task looks again after this many seconds
 
 
 def _flag(name: str) -> str:

@@ -100,6 +100,14 @@ class CascadeDetector(Detector):
                             "--detector CASCADE --data SHARDS --out DIR (not per batch)")
 
 
+def _read_keys(keys: str) -> set[tuple[str, int]]:
+    """The units a key file lists: ``(key, sentence_index)`` pairs."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(keys, columns=["key", "sentence_index"])
+    return set(zip(t["key"].to_pylist(), t["sentence_index"].to_pylist()))
+
+
 class SubsetDetector(Detector):
     """Options: ``detector`` (spec), ``keys`` (a parquet file of ``key``, ``sentence_index``). Calls the detector
     on the listed units only; every other unit gets :data:`PLACEHOLDER` (a cascade reads back the listed rows
@@ -114,8 +122,6 @@ class SubsetDetector(Detector):
 
     def __init__(self, detector: str | dict = "", keys: str = "") -> None:
         super().__init__()
-        import pyarrow.parquet as pq
-
         from halsift.filtering.detectors.spec import load_detector
 
         if not keys:
@@ -123,8 +129,7 @@ class SubsetDetector(Detector):
         self.inner = load_detector(detector)
         if self.inner.set_level:
             raise ValueError(f"detector={self.inner.spec!r}: a set-level detector cannot score a subset")
-        t = pq.read_table(keys, columns=["key", "sentence_index"])
-        self.keys = set(zip(t["key"].to_pylist(), t["sentence_index"].to_pylist()))
+        self.keys = _read_keys(keys)
         self.needs_image = self.inner.needs_image
         self.decode_size, self.image_arrays = self.inner.decode_size, self.inner.image_arrays
         self.calls = 0  # units passed to the inner detector (tests)
@@ -133,18 +138,24 @@ class SubsetDetector(Detector):
         self.inner.to(device)
         return self
 
+    def fingerprint_spec(self) -> str:
+        """The inner detector's fingerprint and the listed units' content (not the key file's path or mtime: two
+        tasks that each wrote the same key file, or a moved folder, score the same subset)."""
+        import hashlib
+        import json
+
+        units = hashlib.blake2b(json.dumps(sorted(self.keys)).encode(), digest_size=16).hexdigest()
+        return f"subset:detector=[{self.inner.fingerprint_spec()}],units={units}"
+
     def with_keys(self, keys: str) -> "SubsetDetector":
         """The same inner detector (loaded once) on the units of another key file: a cascade's band after its
         sample. Its spec is the one :func:`~halsift.filtering.detectors.spec.load_detector` gives that key file."""
         import copy
 
-        import pyarrow.parquet as pq
-
         from halsift.filtering.detectors.spec import format_spec, parse_spec
 
         other = copy.copy(self)
-        t = pq.read_table(keys, columns=["key", "sentence_index"])
-        other.keys = set(zip(t["key"].to_pylist(), t["sentence_index"].to_pylist()))
+        other.keys = _read_keys(keys)
         family, opts = parse_spec(self.spec)
         other.spec = format_spec(family, {**opts, "keys": keys})
         other.calls = 0

@@ -1,0 +1,84 @@
+"""One door for the cascade (issue 50): ``halsift.score`` and ``halsift score`` give byte-identical parts on the
+local and the tasks engines, and a task that waits for another's share of a judged stage keeps its judge loaded
+(the sample and the band share it): each process loads the judge once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from filtering_data import make_corpus
+
+import halsift
+from halsift.launch.cli import main
+
+CASCADE = "cascade:cheap=[random:seed=0],judge=[oracle],budget=0.5"
+TESTS = Path(__file__).parents[1]
+
+
+def _parts(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("part-*.parquet"))}
+
+
+def test_library_and_command_write_the_same_cascade_parts_on_every_engine(tmp_path, monkeypatch):
+    for k in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN"):
+        monkeypatch.delenv(k, raising=False)
+    data = make_corpus(tmp_path / "c", shards=3, per_shard=8, seed=3)
+    assert main(["score", "--detector", CASCADE, "--data", str(data), "--out", str(tmp_path / "cli"),
+                 "--no-progress"]) == 0
+    local = halsift.score(CASCADE, data, tmp_path / "lib", show_progress=False)
+    assert local["status"] == "complete" and local["cascade"]["judge_calls"] > 0
+    for i in (0, 1):
+        tasks = halsift.score(CASCADE, data, tmp_path / "tasks", engine="tasks", num_tasks=2, task_index=i,
+                              show_progress=False)
+    assert tasks["status"] == "complete" and tasks["cascade"]["judge_calls"] == local["cascade"]["judge_calls"]
+    want = _parts(tmp_path / "cli")
+    assert len(want) == 3 and _parts(tmp_path / "lib") == want and _parts(tmp_path / "tasks") == want
+
+
+# two task processes released together (both import first): the judged stages are shared between them, so one
+# finishes its share of the sample (and of the band) while the other still holds parts, and waits for them
+GATED = """
+import pathlib, sys, time
+from halsift.filtering.detectors.spec import register_family
+register_family("counting", "counting_judge:CountingJudge")
+import halsift.filtering.scoring.job, halsift.execution.engines
+from halsift.launch.cli import main
+ready, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+ready.touch()
+while not go.exists():
+    time.sleep(0.01)
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def test_a_task_waiting_on_another_loads_the_judge_once(tmp_path):
+    data = make_corpus(tmp_path / "c", shards=6, per_shard=6, seed=4)
+    log = tmp_path / "loads.txt"
+    spec = "cascade:cheap=[random:seed=0],judge=[counting:delay=0.4],budget=0.6,sample=0.5"
+    env = {**os.environ, "HALSIFT_QUIET": "1", "OMP_NUM_THREADS": "1", "HALSIFT_TASK_POLL_S": "0.2",
+           "PYTHONPATH": str(TESTS), "COUNTING_JUDGE_LOG": str(log)}
+    for k in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN"):
+        env.pop(k, None)
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", GATED, str(tmp_path / f"ready{i}"), str(go), "score",
+                               "--detector", spec, "--data", str(data), "--out", str(tmp_path / "out"),
+                               "--batch-size", "4", "--num-tasks", "2", "--task-index", str(i), "--no-progress"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    deadline = time.time() + 120
+    while not all((tmp_path / f"ready{i}").exists() for i in range(2)) and time.time() < deadline:
+        time.sleep(0.02)
+    go.touch()
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    import json
+
+    # both tasks made parts of the sample: the first to finish its share waited for the other's before the plan
+    runs = [json.loads(f.read_text()) for f in (tmp_path / "out" / "_stages" / "sample" / "_tasks").glob("*.json")]
+    assert sorted(r["task_index"] for r in runs if r["parts_made"]) == [0, 1], runs
+    pids = log.read_text().split()
+    assert len(set(pids)) == 2, pids  # both tasks judged (they shared the sample and the band) ...
+    assert sorted(pids.count(p) for p in set(pids)) == [1, 1], pids  # ... each with the one judge it loaded
