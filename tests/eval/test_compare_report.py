@@ -10,7 +10,8 @@ from PIL import Image
 from scipy.stats import spearmanr
 
 from halsift.launch.recipe_config import Recipe
-from halsift.eval.report.compare import bootstrap_delta, compare_filters_report
+from halsift.eval.metrics.filter_delta import bootstrap_delta
+from halsift.eval.report.compare import compare_filters_report
 from halsift.eval.metrics.retrieval import (NO_CAPTION_RANK, ranks_key, read_ranks, recall_at_k, recall_from_ranks,
                                     retrieval_ranks, write_ranks)
 
@@ -67,14 +68,19 @@ def test_headline_names_best_detector_with_ci_bracketing_the_truth(tmp_path):
     # the answer comes right after the title; oracle has the highest R@5 but is a bound, not a detector
     assert lines[2].startswith("**Best detector filter: `judge`**")
     assert "3 fine-tuning seeds" in lines[2] and "does not beat" not in lines[2]
-    assert "evaluation-set sampling" in text and "1000 replicates" in text
+    assert "Welch-Satterthwaite" in text and "1000 replicates" in text
     want = r5(retrieval, "judge") - r5(retrieval, "random")
     assert metrics["judge/r@5"] == pytest.approx(r5(retrieval, "judge"))
     assert metrics["judge/delta_random/r@5"] == pytest.approx(want)
-    lo, hi = metrics["judge/delta_random/ci_low"], metrics["judge/delta_random/ci_high"]
-    assert 0 < lo < 15 < hi and lo < want < hi and hi - lo < 5  # true effect 100 * (0.65 - 0.50) = 15 points
-    assert f"Over `random` it bought {want:+.1f} R@5 points (95% CI {lo:+.1f} to {hi:+.1f})" in lines[2]
-    lo_nt, hi_nt = metrics["judge/delta_no_tune/ci_low"], metrics["judge/delta_no_tune/ci_high"]
+    q_lo, q_hi = metrics["judge/delta_random/ci_low"], metrics["judge/delta_random/ci_high"]
+    assert 0 < q_lo < 15 < q_hi and q_lo < want < q_hi and q_hi - q_lo < 5  # true effect 100 * (0.65 - 0.50)
+    # 3 seeds: the answer reads the interval over fine-tuning seeds and queries, wider than the queries' alone
+    lo, hi = metrics["judge/delta_random/seeds_ci_low"], metrics["judge/delta_random/seeds_ci_high"]
+    assert 0 < lo < q_lo and q_hi < hi and lo < 15 < hi
+    assert (f"Over `random` it bought {want:+.1f} R@5 points (95% CI {lo:+.1f} to {hi:+.1f} over fine-tuning seeds "
+            "and queries)") in lines[2]
+    assert f"over the queries alone they would be {q_lo:+.1f} to {q_hi:+.1f} over `random`" in text
+    lo_nt, hi_nt = metrics["judge/delta_no_tune/seeds_ci_low"], metrics["judge/delta_no_tune/seeds_ci_high"]
     assert lo_nt < 35 < hi_nt and f"over `no-tune` it bought" in lines[2]
     # table: R@5 and Δ vs random columns
     head = next(line for line in lines if line.startswith("| Filter"))
