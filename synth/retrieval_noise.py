@@ -7,7 +7,7 @@ Every query (an image for i2t, each of its captions for t2i) has a latent diffic
 (``shared``; a caption's is its image's with weight ``caption_share``), a part of its own per filter that every seed
 of that filter keeps (``filter_query``) and a part per fine-tuning seed (``seed_query``), the shares summing to 1.
 A seed of filter ``m`` shifts all its queries by ``u ~ N(0, tau^2)`` (``seed_sd`` in R@5 points at the reference's
-R@5). A query is a hit (rank 0, else rank ``MISS``) when ``z - u < t_m``; so a filter's expected hit rate over
+R@5; seed ``s`` of two filters shares a part ``seed_correlation`` of its variance, 0 by default). A query is a hit (rank 0, else rank ``MISS``) when ``z - u < t_m``; so a filter's expected hit rate over
 seeds and queries is ``Phi(t_m / sqrt(1 + tau^2))``, and ``t_m`` is set to make it exactly the reference's plus
 ``delta`` points, in both directions: the truth is ``delta``.
 """
@@ -36,6 +36,7 @@ class NoiseWorld:
     captions: int = 5
     seeds: int = 2
     seed_sd: float = 0.7  # std of a seed's shift of R@5, points
+    seed_correlation: float = 0.0  # correlation of seed s's shifts across filters (0: each shuffles its own data)
     reference: tuple[float, float] = (18.0, 15.0)  # the reference's expected i2t, t2i R@5 (%)
     shared: float = 0.3
     filter_query: float = 0.35
@@ -66,12 +67,13 @@ def simulate(world: NoiseWorld, deltas: dict[str, float], rng: np.random.Generat
     shared = {"i2t": image, "t2i": math.sqrt(world.caption_share) * image[t2i]
               + math.sqrt(1 - world.caption_share) * rng.standard_normal(n_cap)}
     ranks = {f"{SET}/text_to_image": t2i}
-    tau = world.tau()
+    tau, rho = world.tau(), world.seed_correlation
+    common = rng.standard_normal(world.seeds)  # the part of seed s's shift every filter shares
     for name, delta in deltas.items():
         th = world.thresholds(delta)
         own = {d: rng.standard_normal(len(shared[d])) for d in DIRECTIONS}
         for s in range(world.seeds):
-            shift = tau * rng.standard_normal()
+            shift = tau * (math.sqrt(rho) * common[s] + math.sqrt(1 - rho) * rng.standard_normal())
             for d in DIRECTIONS:
                 z = (math.sqrt(world.shared) * shared[d] + math.sqrt(world.filter_query) * own[d]
                      + math.sqrt(world.seed_query) * rng.standard_normal(len(shared[d])))

@@ -125,18 +125,23 @@ def _set_recall(w: np.ndarray, h: Hits, t2i: np.ndarray) -> np.ndarray:
         return 50.0 * (w @ i2t / (w @ has_cap) + w @ t2i_sum / (w @ n_caps))
 
 
-def seed_recalls(ranks: Mapping[str, np.ndarray], name: str, n_seeds: int, sets: Sequence[str], k: int = 5
-                 ) -> np.ndarray | None:
-    """Each seed's R@k (mean over sets of the mean of i2t and t2i R@k, as ``retrieval.json``); None if missing."""
+def seed_recalls(ranks: Mapping[str, np.ndarray], name: str, n_seeds: int, sets: Sequence[str], k: int = 5,
+                 draws: Mapping[str, np.ndarray] | None = None) -> np.ndarray | None:
+    """Each seed's R@k (mean over sets of the mean of i2t and t2i R@k, as ``retrieval.json``): shape (n_seeds,);
+    None if missing. With ``draws`` (per set, replicates x images, as :func:`bootstrap_delta` fills them), each
+    seed's R@k in each query replicate: shape (replicates, n_seeds)."""
     per_set = []
     for s in sets:
         hits = seed_hits(ranks, name, n_seeds, s, k)
         t2i = _text_to_image(ranks, s, hits) if hits is not None else None
         if t2i is None:
             return None
-        ones = np.ones((1, len(hits[0][0])))
-        per_set.append([_set_recall(ones, h, t2i)[0] for h in hits])
-    return np.mean(per_set, axis=0) if per_set else None
+        w = np.ones((1, len(hits[0][0]))) if draws is None else draws[s]
+        per_set.append(np.stack([_set_recall(w, h, t2i) for h in hits], axis=-1))
+    if not per_set:
+        return None
+    out = np.mean(per_set, axis=0)
+    return out[0] if draws is None else out
 
 
 def delta_interval(ranks: Mapping[str, np.ndarray], a: tuple[str, int], b: tuple[str, int], sets: Sequence[str],

@@ -140,6 +140,18 @@ def _interval(row: dict, tag: str, k: int) -> tuple[float, float, str]:
     return d - sd, d + sd, "std"
 
 
+def metrics_interval(metrics: Mapping[str, float], name: str, tag: str = "delta_random", k: int = 5
+                     ) -> tuple[float, float, str]:
+    """The interval the report's answer reads for filter ``name``'s ``tag`` difference, from its ``metrics.json``
+    (as :func:`_interval`: over seeds and queries, else the queries, else ± the seeds' std); kind ``none`` (NaN
+    bounds) where the report has no such difference."""
+    prefix = f"{name}/"
+    row = {key[len(prefix):]: v for key, v in metrics.items() if key.startswith(prefix)}
+    if f"{tag}/r@{k}" not in row:
+        return float("nan"), float("nan"), "none"
+    return _interval({f"{tag}/std": float("nan")} | row, tag, k)
+
+
 INTERVAL_WORDS = {"seeds": "over fine-tuning seeds and queries", "queries": "over the queries only"}
 
 
