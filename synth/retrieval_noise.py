@@ -7,9 +7,10 @@ Every query (an image for i2t, each of its captions for t2i) has a latent diffic
 (``shared``; a caption's is its image's with weight ``caption_share``), a part of its own per filter that every seed
 of that filter keeps (``filter_query``) and a part per fine-tuning seed (``seed_query``), the shares summing to 1.
 A seed of filter ``m`` shifts all its queries by ``u ~ N(0, tau^2)`` (``seed_sd`` in R@5 points at the reference's
-R@5; seed ``s`` of two filters shares a part ``seed_correlation`` of its variance, 0 by default). A query is a hit (rank 0, else rank ``MISS``) when ``z - u < t_m``; so a filter's expected hit rate over
-seeds and queries is ``Phi(t_m / sqrt(1 + tau^2))``, and ``t_m`` is set to make it exactly the reference's plus
-``delta`` points, in both directions: the truth is ``delta``.
+R@5; seed ``s`` of two filters shares a part ``seed_correlation`` of its variance, 0 by default). A query is a hit
+(rank 0, else rank ``MISS``) when ``z - u < t_m``; so a filter's expected hit rate over seeds and queries is
+``Phi(t_m / sqrt(1 + tau^2))``, and ``t_m`` is set to make it exactly the reference's plus ``delta`` points, in both
+directions: the truth is ``delta``.
 """
 
 from __future__ import annotations

@@ -153,8 +153,9 @@ def delta_interval(ranks: Mapping[str, np.ndarray], a: tuple[str, int], b: tuple
 
     ``a`` and ``b`` are ``(model, n_seeds)``; a model in ``seedless`` (the un-tuned base model) has no fine-tuning
     seed and no seed variance. A model with one seed that is not seedless has an unknown seed variance: the
-    two-level interval is NaN then. Seeds are not paired across models: seed ``s`` of two filters shares its number,
-    not its data order (each shuffles its own selection), so each model's seed variance counts on its own.
+    two-level interval is NaN then. Seeds are not paired across models: seed ``s`` of two filters draws the same
+    random streams, but over different selections, so its luck with one says little about the other; each model's
+    seed variance counts on its own (docs/table_f.md, "Intervals that include training noise").
     """
     from scipy import stats
 

@@ -2,8 +2,10 @@
 filter's benchmark AUROC and the precision of what it kept, as markdown, metrics.json, plots and a wandb run.
 
 The report opens with the answer: the best real detector by R@k (mean over retrieval sets of the mean of i2t and
-t2i R@k, averaged over fine-tuning seeds) and what it bought over ``random`` and ``no-tune``, with a 95% CI from a
-paired bootstrap over the retrieval queries (per-query ranks from ``eval/retrieval_ranks.npz``).
+t2i R@k, averaged over fine-tuning seeds) and what it bought over ``random`` and ``no-tune``, with a 95% CI from
+the per-query ranks of ``eval/retrieval_ranks.npz`` (:mod:`halsift.eval.metrics.filter_delta`): over fine-tuning
+seeds and retrieval queries where both models have >= 2 seeds (or none), else over the queries only, said so in the
+answer with the seed spread measured on the quickstart's world (:mod:`halsift.eval.report.seed_spread`).
 """
 
 from __future__ import annotations
@@ -200,11 +202,11 @@ def headline(rows: list[dict], sets: Sequence[str], k: int = 5, n_boot: int = 10
         alone = "; ".join(f"{best[f'{tag}/ci_low']:+.1f} to {best[f'{tag}/ci_high']:+.1f} over `{ref}`"
                           for ref, tag, _, kind in parts if kind == "seeds")
         notes.append(f"95% CIs over fine-tuning seeds and queries: the seeds' variance of each filter's R@{k} (its "
-                     "own seeds; seed s of two filters shares its number, not its data order) plus the queries' "
-                     f"(paired bootstrap, {n_boot} replicates resampling images with all their captions, the same "
-                     "draw for both filters), with a t quantile of Welch-Satterthwaite degrees of freedom "
-                     f"(docs/table_f.md); over the queries alone they would be {alone}. The ± in the table is the "
-                     "std over fine-tuning seeds.")
+                     "own seeds, not paired: seed s draws the same random streams over different selections) plus "
+                     f"the queries' (paired bootstrap, {n_boot} replicates resampling images with all their "
+                     "captions, the same draw for both filters), with a t quantile of Welch-Satterthwaite degrees of "
+                     f"freedom (docs/table_f.md); over the queries alone they would be {alone}. The ± in the table "
+                     "is the std over fine-tuning seeds.")
     if "queries" in kinds:
         notes.append(f"95% CIs over the queries: paired bootstrap over the retrieval queries ({n_boot} replicates "
                      "resampling images with all their captions, the same draw for both filters, fine-tuning seeds "
@@ -422,8 +424,8 @@ def plot_dose_response(rows: list[dict], out: Path, k: int = 5) -> Path | None:
 
 def plot_judge_fraction(rows: list[dict], out: Path, k: int = 5) -> Path | None:
     """``judge_fraction.png``: ΔR@k over random vs the judge fraction (%), one labelled point per filter with its
-    95% CI as error bar (over seeds and queries, else over the queries; none without per-query ranks). None (and no stale file) when no filter says
-    what it spent on the judge."""
+    95% CI as error bar (over seeds and queries, else over the queries; none without per-query ranks). None (and no
+    stale file) when no filter says what it spent on the judge."""
     import matplotlib
 
     matplotlib.use("Agg")

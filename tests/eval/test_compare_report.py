@@ -151,7 +151,8 @@ def test_one_seed_answer_says_its_interval_covers_evaluation_sampling_only(tmp_p
     assert f"(95% CI {lo:+.1f} to {hi:+.1f} over the queries only)" in headline
     # in the answer itself, with the measured seed spread and where it was measured
     assert ("With one fine-tuning seed, these intervals cover evaluation sampling only: between fine-tuning seeds "
-            f"one filter's R@5 moves by {SEED_SD:.1f} points (std) on the quickstart's world (docs/table_f.md") in headline
+            f"one filter's R@5 moves by {SEED_SD:.1f} points (std) on the quickstart's world (docs/table_f.md"
+            ) in headline
     assert f"about ±{1.96 * np.sqrt(2) * SEED_SD:.1f} points at 95% on the difference of two filters" in headline
     assert "judge/delta_random/seeds_ci_low" not in metrics  # no seed variance to put in an interval
     assert metrics["judge/r@5/seed0"] == pytest.approx(per_seed(retrieval, "judge")[0])
