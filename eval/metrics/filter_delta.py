@@ -11,7 +11,8 @@ Two intervals (docs/table_f.md, "Intervals that include training noise"):
   level's (the variance of the bootstrap above), and the interval is ``delta ± t(df) * sd`` with Welch-Satterthwaite
   degrees of freedom (the query level counts as known). With 2 seeds the seed level has 1 or 2 degrees of freedom: a
   bootstrap over two seeds halves their variance and under-covers, the t quantile does not (coverage measured by
-  ``benchmarks/seed_interval_coverage.py``).
+  ``benchmarks/seed_interval_coverage.py``). It errs on the wide side: a model's seed variance also holds the
+  seed x query noise the query level counts.
 
 The compare report, ``benchmarks/table_f.py`` and ``benchmarks/cascade_table.py`` all read their intervals here.
 """
