@@ -31,8 +31,9 @@ reused) with more detectors, each selected like every filter (top 20 % of captio
 Prints per world and filter: kept precision, R@5 (mean over fine-tuning seeds), judge calls (units the judge scored,
 from the score manifests; the student's rows add the teacher's N), the corpus scoring's wall time (a cascade's: all
 its stages; the student's rows add the teacher's judge scoring, not the sample's embedding or the distillation), and
-R@5 minus the judge's with the 95 % paired-bootstrap interval over the retrieval queries
-(``halsift.eval.report.compare.bootstrap_delta``). Checks the issue's target per world for every cascade at <= 25 %
+R@5 minus the judge's with its 95 % interval, read as the report reads a difference: over fine-tuning seeds and
+retrieval queries with >= 2 fine-tuning seeds, over the queries only with one
+(``halsift.eval.metrics.filter_delta.delta_interval``). Checks the issue's target per world for every cascade at <= 25 %
 of judge calls (the student cascade's teacher included): it keeps >= 95 % of the judge's kept precision and the
 interval of R@5 (cascade - judge) reaches 0 or above. Exit code 1 when a target fails.
 
@@ -164,8 +165,10 @@ def scoring(run_dir: Path, name: str) -> tuple[int | None, float]:
 
 
 def paired_interval(run_dir: Path, a: str, b: str, seeds: int) -> tuple[float, float]:
-    """95 % paired-bootstrap interval of R@5(a) - R@5(b) over the retrieval queries (NaN without ranks)."""
-    from halsift.eval.report.compare import bootstrap_delta
+    """95 % interval of R@5(a) - R@5(b), read as the report reads a difference
+    (:func:`halsift.eval.metrics.filter_delta.delta_interval`): over fine-tuning seeds and retrieval queries with
+    >= 2 seeds, else over the queries only; NaN without ranks."""
+    from halsift.eval.metrics.filter_delta import delta_interval
 
     path = run_dir / "eval" / "retrieval_ranks.npz"
     if not path.exists():
@@ -173,11 +176,8 @@ def paired_interval(run_dir: Path, a: str, b: str, seeds: int) -> tuple[float, f
     ranks = dict(np.load(path))
     retrieval = json.loads((run_dir / "eval" / "retrieval.json").read_text())
     sets = sorted({k.split("/")[0] for runs in retrieval.values() for run in runs for k in run})
-    reps = bootstrap_delta(ranks, (a, seeds), (b, seeds), sets, 5, 1000, 0)
-    if reps is None or not np.isfinite(reps).any():
-        return float("nan"), float("nan")
-    lo, hi = np.nanpercentile(reps, [2.5, 97.5])
-    return float(lo), float(hi)
+    iv = delta_interval(ranks, (a, seeds), (b, seeds), sets, 5, 1000, 0)
+    return iv.bounds if iv is not None else (float("nan"), float("nan"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"({100 * student['teacher_calls'] / units:.1f}%), held-out Spearman with the teacher "
                   f"{'–' if rho is None else f'{rho:.3f}'}; {STUDENT_CASCADE}: cascade budget {100 * budget:.2f}% "
                   "+ the teacher's calls")
-        print("| filter | kept precision % | R@5 | judge calls | judge % | scoring wall s | R@5 - judge [95% CI] |")
+        print("| filter | kept precision % | R@5 | judge calls | judge % | scoring wall s | R@5 - judge [95% CI] "
+              f"({'over fine-tuning seeds and queries' if args.finetune_seeds > 1 else 'over the queries only'}) |")
         print("|---|---:|---:|---:|---:|---:|---|")
         judge_kp = metrics.get(f"{JUDGE}/kept_precision", float("nan"))
         for name in [*filters, *((STUDENT, STUDENT_CASCADE) if student else ())]:

@@ -13,7 +13,13 @@ makes on every world x fine-tuning seed, each with its margin's spread (mean ± 
 
 * no-tune < random < oracle, with oracle - random >= 3 R@5 points;
 * the best trained detector (judge or clip-lora) beats random;
-* Spearman correlation between kept precision and R@5 across filters >= 0.6.
+* Spearman correlation between kept precision and R@5 across filters >= 0.6;
+* per world, the best trained detector beats random as the report reads it: the 95% interval of the difference
+  (over fine-tuning seeds and retrieval queries with >= 2 seeds, else over the queries only) lies above 0.
+
+It also prints, per world, every filter's difference to random and to no-tune with the query-only interval and the
+report's, marking where the conclusion (above 0 / includes 0 / below 0) changed, and the pooled seed spread of R@5
+(the report's one-seed answer states it: ``eval/report/seed_spread.SEED_SD``).
 
 The same margins on zero-shot top-1 and compositional accuracy (oracle and the best trained detector vs random) are
 printed as findings, not claims.
@@ -109,6 +115,54 @@ def claim_margins(m: dict) -> dict[str, tuple[bool, float]]:
             "spearman(kept precision, R@5) >= 0.6": (rho >= 0.6, rho - 0.6)}
 
 
+def conclusion(lo: float, hi: float) -> str:
+    """What an interval of a difference says: ``above 0``, ``below 0``, ``includes 0`` (``–`` without one)."""
+    if not (lo == lo and hi == hi):
+        return "–"
+    return "above 0" if lo > 0 else "below 0" if hi < 0 else "includes 0"
+
+
+def interval_changes(metrics: dict) -> list[dict]:
+    """Per filter and reference (random, no-tune) of one world's report: the difference, its query interval
+    (``ci_low``/``ci_high``), the interval the report's answer reads (over seeds and queries with >= 2 seeds:
+    :func:`halsift.eval.report.compare.metrics_interval`), what each concludes and whether that changed."""
+    from halsift.eval.report.compare import REFERENCES, metrics_interval
+
+    names = sorted({k.removesuffix("/seeds") for k in metrics if k.endswith("/seeds")})
+    out = []
+    for ref, tag in REFERENCES:
+        for n in names:
+            if n == ref or f"{n}/{tag}/r@5" not in metrics:
+                continue
+            q = (metrics.get(f"{n}/{tag}/ci_low", float("nan")), metrics.get(f"{n}/{tag}/ci_high", float("nan")))
+            lo, hi, kind = metrics_interval(metrics, n, tag)
+            out.append({"filter": n, "reference": ref, "delta": metrics[f"{n}/{tag}/r@5"], "queries": q,
+                        "read": (lo, hi), "kind": kind, "changed": conclusion(*q) != conclusion(lo, hi)})
+    return out
+
+
+def best_trained_interval(metrics: dict) -> tuple[str, float, float, str]:
+    """The best trained detector of one world (by R@5) and its difference to random as the report's answer reads
+    it: (name, low, high, kind)."""
+    from halsift.eval.report.compare import metrics_interval
+
+    best = max(TRAINED, key=lambda t: r5(metrics, t))
+    return (best, *metrics_interval(metrics, best, "delta_random"))
+
+
+def pooled_seed_sd(per_world: list[dict]) -> tuple[float, int]:
+    """The std of one fine-tuned filter's R@5 between fine-tuning seeds, pooled over filters and worlds (each
+    report's ``<filter>/r@5/seed<i>``; no-tune has no seeds), and its degrees of freedom."""
+    ss, df = 0.0, 0
+    for m in per_world:
+        for n in {k.split("/r@5/seed")[0] for k in m if "/r@5/seed" in k} - {"no-tune"}:
+            vals = [v for i in range(int(m.get(f"{n}/seeds", 0))) if (v := m.get(f"{n}/r@5/seed{i}")) is not None]
+            if len(vals) > 1:
+                ss += statistics.variance(vals) * (len(vals) - 1)
+                df += len(vals) - 1
+    return (ss / df) ** 0.5 if df else float("nan"), df
+
+
 def findings(m: dict) -> dict[str, float]:
     """Gains over random beyond retrieval on one world x fine-tuning seed (points; NaN where not measured)."""
     out = {}
@@ -127,6 +181,36 @@ def spread(values: list[float]) -> str:
         return "–"
     sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
     return f"{statistics.mean(vals):+.2f} ± {sd:.2f} (min {min(vals):+.2f})"
+
+
+def print_intervals(per_seed: dict[int, dict]) -> bool:
+    """Print the claim read as the report reads it, per world; every difference's query-only and report's interval
+    with the conclusions that changed; the pooled seed spread. Returns whether the claim held on every world."""
+    from halsift.eval.report.seed_spread import SEED_SD
+
+    ok = True
+    print("\nbest trained detector > random, read as the report reads it (95% interval over fine-tuning seeds and "
+          "queries with >= 2 seeds, else over the queries only)\n")
+    for s in per_seed:
+        best, lo, hi, kind = best_trained_interval(per_seed[s])
+        held, diff = lo > 0, r5(per_seed[s], best) - r5(per_seed[s], "random")
+        ok &= held
+        print(f"{'PASS' if held else 'FAIL'}  world {s}: {best} - random {diff:+.2f} [{lo:+.2f}, {hi:+.2f}] ({kind})")
+    print("\ndifferences vs random and no-tune per world: 95% interval over the queries only -> as the report reads "
+          "it (over seeds and queries with >= 2 seeds); * where the conclusion changed\n")
+    print("| world | filter | vs | Δ R@5 | queries only | report's interval | conclusion |")
+    print("|---|---|---|---:|---|---|---|")
+    for s in per_seed:
+        for c in interval_changes(per_seed[s]):
+            (ql, qh), (lo, hi) = c["queries"], c["read"]
+            print(f"| {s} | {c['filter']} | {c['reference']} | {c['delta']:+.2f} | [{ql:+.2f}, {qh:+.2f}] | "
+                  f"[{lo:+.2f}, {hi:+.2f}] ({c['kind']}) | {conclusion(ql, qh)} -> {conclusion(lo, hi)}"
+                  f"{' *' if c['changed'] else ''} |")
+    sd, df = pooled_seed_sd(list(per_seed.values()))
+    print(f"\nseed spread: std of one filter's R@5 between fine-tuning seeds, pooled over filters and worlds: {sd:.2f} "
+          f"({df} degrees of freedom; the report's one-seed answer states SEED_SD = {SEED_SD}, "
+          "eval/report/seed_spread.py)")
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         ok &= all(held)
         print(f"{'PASS' if all(held) else 'FAIL'}  {claim}  ({sum(held)}/{len(held)} worlds x seeds; margin "
               f"{spread([claim_margins(m)[claim][1] for m in grid])})")
+    ok &= print_intervals(per_seed)
     print("\nbeyond retrieval (findings, not claims): gain over random in points, mean ± std (min) over worlds x "
           "seeds\n")
     for name in findings(grid[0]):

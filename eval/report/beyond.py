@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from halsift.eval.metrics.filter_delta import bootstrap_draws
+
 REFERENCE = "random"
 # measure -> (label, the hits group whose per-sample hits give its CI, or None)
 MEASURES = {"zeroshot/acc1": ("zero-shot top-1", "zeroshot"),
@@ -45,8 +47,7 @@ def bootstrap_gain(hits: Mapping[str, np.ndarray], a: tuple[str, int], b: tuple[
         return None
     total = np.zeros(n_boot)
     for i, s in enumerate(sets):
-        n = len(ha[s])  # the draws of compare.bootstrap_draws (imported there, so not imported here)
-        w = np.random.default_rng(seed + i).multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
+        w = bootstrap_draws(len(ha[s]), n_boot, seed + i)
         total += 100.0 * (w @ (ha[s] - hb[s])) / len(ha[s])
     return total / len(sets)
 

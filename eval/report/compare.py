@@ -2,8 +2,10 @@
 filter's benchmark AUROC and the precision of what it kept, as markdown, metrics.json, plots and a wandb run.
 
 The report opens with the answer: the best real detector by R@k (mean over retrieval sets of the mean of i2t and
-t2i R@k, averaged over fine-tuning seeds) and what it bought over ``random`` and ``no-tune``, with a 95% CI from a
-paired bootstrap over the retrieval queries (per-query ranks from ``eval/retrieval_ranks.npz``).
+t2i R@k, averaged over fine-tuning seeds) and what it bought over ``random`` and ``no-tune``, with a 95% CI from
+the per-query ranks of ``eval/retrieval_ranks.npz`` (:mod:`halsift.eval.metrics.filter_delta`): over fine-tuning
+seeds and retrieval queries where both models have >= 2 seeds (or none), else over the queries only, said so in the
+answer with the seed spread measured on the quickstart's world (:mod:`halsift.eval.report.seed_spread`).
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from pathlib import Path
 import numpy as np
 
 from halsift.corpus.atomic import write_text_atomic
-from halsift.eval.metrics.retrieval import ranks_key
+from halsift.eval.metrics.filter_delta import delta_interval
 from halsift.eval.report.beyond import add_beyond, beyond_keys, beyond_markdown, plot_gain_over_random
 from halsift.eval.report.outputs import with_scale_note
+from halsift.eval.report.seed_spread import per_seed_text, seed_caveat, seed_dots
 from halsift.filtering.selection.manifest_scale import on_percent_scale
 
 NOT_DETECTORS = ("oracle", "random", "no-tune", "unfiltered")  # bounds and baselines: never the "best filter"
 REFERENCES = (("random", "delta_random"), ("no-tune", "delta_no_tune"))  # what the best filter is compared with
+SEEDLESS = ("no-tune",)  # the un-tuned base model: no fine-tuning seed, no seed variance
 BEYOND_COLUMNS = (("zeroshot/acc1", "zero-shot top-1"), ("compositional/mean", "compositional"))
 
 
@@ -77,7 +81,8 @@ def compare_table(retrieval: Mapping[str, list[dict]], bench: Mapping[str, float
                 mean, std = _mean_std([run.get(f"{s}/{d}/r@{k}") for run in runs])
                 row[f"{s}/{d}/r@{k}"] = mean
                 row[f"{s}/{d}/r@{k}/std"] = std
-        row[f"r@{k}"], row[f"r@{k}/std"] = _mean_std([run_recall(run, sets, k) for run in runs])
+        row["per_seed"] = [run_recall(run, sets, k) for run in runs]  # R@k of each fine-tuning seed, in order
+        row[f"r@{k}"], row[f"r@{k}/std"] = _mean_std(row["per_seed"])
         single = filters is not None and len(filters) == 1 and name == filters[0]
         auroc = bench.get(f"{name}/auroc/mean", bench.get("auroc/mean") if single else None)
         row["auroc/mean"] = float(auroc) if auroc is not None else float("nan")
@@ -100,103 +105,68 @@ def run_recall(run: Mapping[str, float], sets: Sequence[str], k: int = 5) -> flo
     return float(np.mean(vals)) if vals and all(isinstance(v, (int, float)) for v in vals) else float("nan")
 
 
-def query_hits(ranks: Mapping[str, np.ndarray], name: str, n_seeds: int, set_name: str, k: int = 5
-               ) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per-query hit rate at k averaged over the model's seeds: (per image i2t, per caption t2i); None if missing."""
-    keys = [[ranks_key(name, i, set_name, d) for i in range(n_seeds)] for d in ("i2t", "t2i")]
-    if n_seeds < 1 or not all(key in ranks for ks in keys for key in ks):
-        return None
-    try:
-        return tuple(np.mean([np.asarray(ranks[key]) < k for key in ks], axis=0) for ks in keys)
-    except ValueError:  # seeds with different query counts: not one evaluation set
-        return None
-
-
-def bootstrap_draws(n_images: int, n_boot: int = 1000, seed: int = 0) -> np.ndarray:
-    """(n_boot, n_images) float counts: how often each image is drawn in each replicate (with replacement)."""
-    rng = np.random.default_rng(seed)
-    return rng.multinomial(n_images, np.full(n_images, 1.0 / n_images), size=n_boot).astype(np.float64)
-
-
-def bootstrap_delta(ranks: Mapping[str, np.ndarray], a: tuple[str, int], b: tuple[str, int], sets: Sequence[str],
-                    k: int = 5, n_boot: int = 1000, seed: int = 0,
-                    draws: dict[str, np.ndarray] | None = None) -> np.ndarray | None:
-    """Bootstrap replicates of R@k(a) - R@k(b) (0–100 points), paired over the retrieval queries.
-
-    ``a`` and ``b`` are ``(model, n_seeds)``. Each replicate resamples a set's images with replacement and takes
-    all their captions, so i2t and t2i stay paired; both models see the same draw, and so does every call with the
-    same ``seed`` (``draws`` caches it per set). Seeds are averaged inside each replicate. None where ranks are
-    missing or do not fit the set. Hand-written: ``scipy.stats.bootstrap`` resamples independent observations, not
-    images with all their captions, paired across two models, as one matrix product.
-    """
-    draws = {} if draws is None else draws
-    total = np.zeros(n_boot)
-    for i, s in enumerate(sets):
-        ha, hb = query_hits(ranks, *a, s, k), query_hits(ranks, *b, s, k)
-        t2i = ranks.get(f"{s}/text_to_image")
-        if ha is None or hb is None or t2i is None:
-            return None
-        n_img, t2i = len(ha[0]), np.asarray(t2i, dtype=np.int64)
-        if len(hb[0]) != n_img or not len(ha[1]) == len(hb[1]) == len(t2i) or (t2i.size and t2i.max() >= n_img):
-            return None
-        if s not in draws or draws[s].shape != (n_boot, n_img):
-            draws[s] = bootstrap_draws(n_img, n_boot, seed + i)
-        total += _set_delta(draws[s], ha, hb, t2i)
-    return total / len(sets) if sets else None
-
-
-def _set_delta(w: np.ndarray, ha: tuple[np.ndarray, np.ndarray], hb: tuple[np.ndarray, np.ndarray],
-               t2i: np.ndarray) -> np.ndarray:
-    """(i2t + t2i) / 2 R@k difference per replicate; ``w`` (replicates x images): how often each image is drawn."""
-    n_img = w.shape[1]
-    n_caps = np.bincount(t2i, minlength=n_img).astype(np.float64)
-    has_cap = (n_caps > 0).astype(np.float64)
-    d_i2t = np.where(has_cap > 0, ha[0] - hb[0], 0.0)
-    d_t2i = np.bincount(t2i, weights=ha[1] - hb[1], minlength=n_img)  # summed over each image's captions
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return 50.0 * (w @ d_i2t / (w @ has_cap) + w @ d_t2i / (w @ n_caps))
-
-
 def add_deltas(rows: list[dict], ranks: Mapping[str, np.ndarray] | None, sets: Sequence[str], k: int = 5,
                n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> None:
-    """Add ``delta_<ref>/r@k``, ``/ci_low``, ``/ci_high`` (bootstrap, NaN without ranks) and ``/std`` (the two
-    filters' seed stds combined) to every row, for the references ``random`` and ``no-tune``."""
+    """Add to every row, for the references ``random`` and ``no-tune``: ``delta_<ref>/r@k``; ``/ci_low``,
+    ``/ci_high`` (the query interval: paired bootstrap over the retrieval queries); ``/seeds_ci_low``,
+    ``/seeds_ci_high``, ``/seeds_df`` (the two-level interval over fine-tuning seeds and queries, where both models
+    have >= 2 seeds or none: :func:`halsift.eval.metrics.filter_delta.delta_interval`); NaN without ranks; and
+    ``/std`` (the two filters' seed stds combined)."""
     by_name, draws = {r["filter"]: r for r in rows}, {}
-    q = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
     for ref, tag in REFERENCES:
         base = by_name.get(ref)
         for row in rows:
             delta = row[f"r@{k}"] - base[f"r@{k}"] if base is not None else float("nan")
             std = float(np.hypot(row[f"r@{k}/std"], base[f"r@{k}/std"])) if base is not None else float("nan")
             std = 0.0 if row is base else std
-            reps = None
+            iv = None
             if ranks and base is not None and row is not base:
-                reps = bootstrap_delta(ranks, (row["filter"], row["seeds"]), (ref, base["seeds"]), sets, k, n_boot,
-                                       seed, draws)
-            lo, hi = np.nanpercentile(reps, q) if reps is not None and np.isfinite(reps).any() else (np.nan, np.nan)
+                iv = delta_interval(ranks, (row["filter"], row["seeds"]), (ref, base["seeds"]), sets, k, n_boot,
+                                    seed, level, draws, seedless=SEEDLESS)
+            nan = float("nan")
             row[f"{tag}/r@{k}"], row[f"{tag}/std"] = delta, std
-            row[f"{tag}/ci_low"], row[f"{tag}/ci_high"] = float(lo), float(hi)
+            row[f"{tag}/ci_low"], row[f"{tag}/ci_high"] = (iv.query_low, iv.query_high) if iv else (nan, nan)
+            row[f"{tag}/seeds_ci_low"], row[f"{tag}/seeds_ci_high"], row[f"{tag}/seeds_df"] = (
+                (iv.seeds_low, iv.seeds_high, iv.df) if iv else (nan, nan, nan))
 
 
-def _interval(row: dict, tag: str, k: int) -> tuple[float, float, bool]:
-    """(low, high, is_ci): the bootstrap CI, or the delta ± its seed std when there were no ranks."""
-    lo, hi = row[f"{tag}/ci_low"], row[f"{tag}/ci_high"]
-    if np.isfinite(lo) and np.isfinite(hi):
-        return lo, hi, True
+def _interval(row: dict, tag: str, k: int) -> tuple[float, float, str]:
+    """(low, high, kind): the two-level interval (kind ``seeds``), else the query interval (``queries``), else the
+    delta ± its seed std when there were no ranks (``std``)."""
+    for kind, lo_key, hi_key in (("seeds", "seeds_ci_low", "seeds_ci_high"), ("queries", "ci_low", "ci_high")):
+        lo, hi = row.get(f"{tag}/{lo_key}", np.nan), row.get(f"{tag}/{hi_key}", np.nan)
+        if np.isfinite(lo) and np.isfinite(hi):
+            return lo, hi, kind
     d, sd = row[f"{tag}/r@{k}"], row[f"{tag}/std"]
     sd = sd if np.isfinite(sd) else 0.0
-    return d - sd, d + sd, False
+    return d - sd, d + sd, "std"
 
 
-def _versus(row: dict, ref: str, tag: str, k: int) -> tuple[str, bool]:
-    """Half a sentence on what ``row`` bought over ``ref``, and whether it used a bootstrap CI."""
+def metrics_interval(metrics: Mapping[str, float], name: str, tag: str = "delta_random", k: int = 5
+                     ) -> tuple[float, float, str]:
+    """The interval the report's answer reads for filter ``name``'s ``tag`` difference, from its ``metrics.json``
+    (as :func:`_interval`: over seeds and queries, else the queries, else ± the seeds' std); kind ``none`` (NaN
+    bounds) where the report has no such difference."""
+    prefix = f"{name}/"
+    row = {key[len(prefix):]: v for key, v in metrics.items() if key.startswith(prefix)}
+    if f"{tag}/r@{k}" not in row:
+        return float("nan"), float("nan"), "none"
+    return _interval({f"{tag}/std": float("nan")} | row, tag, k)
+
+
+INTERVAL_WORDS = {"seeds": "over fine-tuning seeds and queries", "queries": "over the queries only"}
+
+
+def _versus(row: dict, ref: str, tag: str, k: int) -> tuple[str, str]:
+    """Half a sentence on what ``row`` bought over ``ref``, and the kind of interval it used (:func:`_interval`)."""
     d = row[f"{tag}/r@{k}"]
-    lo, hi, is_ci = _interval(row, tag, k)
-    spread = f"95% CI {lo:+.1f} to {hi:+.1f}" if is_ci else f"± {(hi - lo) / 2:.1f} std over seeds, no CI"
+    lo, hi, kind = _interval(row, tag, k)
+    spread = (f"95% CI {lo:+.1f} to {hi:+.1f} {INTERVAL_WORDS[kind]}" if kind in INTERVAL_WORDS
+              else f"± {(hi - lo) / 2:.1f} std over seeds, no CI")
     if lo > 0:
-        return f"over `{ref}` it bought {d:+.1f} R@{k} points ({spread})", is_ci
+        return f"over `{ref}` it bought {d:+.1f} R@{k} points ({spread})", kind
     where = "is below 0" if hi < 0 else "includes 0"
-    return f"it does not beat `{ref}`: {d:+.1f} R@{k} points ({spread}, which {where})", is_ci
+    return f"it does not beat `{ref}`: {d:+.1f} R@{k} points ({spread}, which {where})", kind
 
 
 def best_filter(rows: list[dict], k: int = 5) -> dict | None:
@@ -217,20 +187,31 @@ def headline(rows: list[dict], sets: Sequence[str], k: int = 5, n_boot: int = 10
             f"R@{k} over {n_sets} retrieval set{'s' * (n_sets != 1)}, averaged over {n} fine-tuning "
             f"seed{'s' * (n != 1)}).")
     names = {r["filter"] for r in rows if np.isfinite(r[f"r@{k}"])}
-    parts = [_versus(best, ref, tag, k) for ref, tag in REFERENCES if ref in names]
+    parts = [(ref, tag, *_versus(best, ref, tag, k)) for ref, tag in REFERENCES if ref in names]
     missing = [f"`{ref}`" for ref, _ in REFERENCES if ref not in names]
     if parts:
-        sentence = "; ".join(p for p, _ in parts)
+        sentence = "; ".join(p[2] for p in parts)
         text += " " + sentence[0].upper() + sentence[1:] + "."
     if missing:
         text += f" No {' or '.join(missing)} model in this run to compare with."
+    kinds = {p[3] for p in parts}
+    if "queries" in kinds:  # training noise left out: said in the answer, with its measured size
+        text += " " + seed_caveat(n, k)
     notes = []
-    if any(is_ci for _, is_ci in parts):
-        notes.append(f"95% CIs: paired bootstrap over the retrieval queries ({n_boot} replicates resampling images "
-                     "with all their captions, the same draw for both filters, fine-tuning seeds averaged inside "
-                     "each replicate); they cover evaluation-set sampling only — the ± in the table is the std over "
-                     "fine-tuning seeds.")
-    if any(not is_ci for _, is_ci in parts):
+    if "seeds" in kinds:
+        alone = "; ".join(f"{best[f'{tag}/ci_low']:+.1f} to {best[f'{tag}/ci_high']:+.1f} over `{ref}`"
+                          for ref, tag, _, kind in parts if kind == "seeds")
+        notes.append(f"95% CIs over fine-tuning seeds and queries: the seeds' variance of each filter's R@{k} (its "
+                     "own seeds, not paired: seed s draws the same random streams over different selections) plus "
+                     f"the queries' (paired bootstrap, {n_boot} replicates resampling images with all their "
+                     "captions, the same draw for both filters), with a t quantile of Welch-Satterthwaite degrees of "
+                     f"freedom (docs/table_f.md); over the queries alone they would be {alone}. The ± in the table "
+                     "is the std over fine-tuning seeds.")
+    if "queries" in kinds:
+        notes.append(f"95% CIs over the queries: paired bootstrap over the retrieval queries ({n_boot} replicates "
+                     "resampling images with all their captions, the same draw for both filters, fine-tuning seeds "
+                     "averaged inside each replicate); they cover evaluation-set sampling only.")
+    if "std" in kinds:
         notes.append("No per-query ranks (`eval/retrieval_ranks.npz`; older runs lack them) for these models, so "
                      "no confidence interval: the ± is the std over fine-tuning seeds of the two filters' "
                      f"R@{k}, combined; it ignores evaluation-set sampling.")
@@ -260,8 +241,8 @@ def _fmt_delta(row: dict, ref: str, tag: str, k: int) -> str:
     d = row.get(f"{tag}/r@{k}", float("nan"))
     if row["filter"] == ref or not np.isfinite(d):
         return "–"
-    lo, hi, is_ci = _interval(row, tag, k)
-    return f"{d:+.1f} [{lo:+.1f}, {hi:+.1f}]" if is_ci else f"{d:+.1f} ± {(hi - lo) / 2:.1f}"
+    lo, hi, kind = _interval(row, tag, k)
+    return f"{d:+.1f} [{lo:+.1f}, {hi:+.1f}]" if kind != "std" else f"{d:+.1f} ± {(hi - lo) / 2:.1f}"
 
 
 def _fmt(v, std=None) -> str:
@@ -272,15 +253,16 @@ def _fmt(v, std=None) -> str:
 
 def table_cells(rows: list[dict], sets: Sequence[str], k: int = 5) -> tuple[list[str], list[list[str]]]:
     """The compare-filters table as text cells: (header, one list of cells per row), for markdown and HTML."""
-    head = ["Filter", *[f"{s} {d} R@{k}" for s in sets for d in ("i2t", "t2i")], f"R@{k}", "Δ vs random",
-            "bench AUROC", "kept precision", "kept", "seeds"]
+    head = ["Filter", *[f"{s} {d} R@{k}" for s in sets for d in ("i2t", "t2i")], f"R@{k}", f"R@{k} per seed",
+            "Δ vs random", "bench AUROC", "kept precision", "kept", "seeds"]
     body = []
     for row in rows:
         cells = [row["filter"]]
         for s in sets:
             for d in ("i2t", "t2i"):
                 cells.append(_fmt(row[f"{s}/{d}/r@{k}"], row[f"{s}/{d}/r@{k}/std"]))
-        cells += [_fmt(row[f"r@{k}"], row[f"r@{k}/std"]), _fmt_delta(row, *REFERENCES[0], k)]
+        cells += [_fmt(row[f"r@{k}"], row[f"r@{k}/std"]), per_seed_text(row.get("per_seed", [])),
+                  _fmt_delta(row, *REFERENCES[0], k)]
         cells += [_fmt(row["auroc/mean"]), _fmt(row["kept_precision"]),
                   str(row["kept"]) if row["kept"] is not None else "–", str(row["seeds"])]
         body.append(cells)
@@ -316,8 +298,10 @@ def table_caption(k: int = 5, bench_split: str = "") -> str:
             f"AUROC on the benchmark{f' ({bench_split} split)' if bench_split else ''} and the precision "
             "(share of correct sentences) of what it kept. "
             f"AUROC, R@k and precision on a 0–100 scale; R@k mean ± std over fine-tuning seeds. R@{k}: mean over "
-            f"retrieval sets of the mean of i2t and t2i R@{k}; Δ vs random: its difference to `random` in R@{k} points, with the 95% bootstrap "
-            "CI in brackets (or ± the seeds' std where there are no per-query ranks).")
+            f"retrieval sets of the mean of i2t and t2i R@{k}; R@{k} per seed: each fine-tuning seed's, in seed "
+            f"order; Δ vs random: its difference to `random` in R@{k} points, with the 95% CI in brackets: over "
+            "fine-tuning seeds and retrieval queries where both have 2 or more seeds, over the queries only with "
+            "one (or ± the seeds' std where there are no per-query ranks).")
 
 
 def spearman_sentence(rows: list[dict], k: int = 5, spearman: tuple[float, float, int] | None = None) -> str:
@@ -419,7 +403,8 @@ def plot_dose_response(rows: list[dict], out: Path, k: int = 5) -> Path | None:
         y = np.array([r[f"{tag}/r@{k}"] for r in pts])
         spans = [_interval(r, tag, k) for r in pts]
         yerr = np.abs(np.array([sp[:2] for sp in spans]) - y[:, None]).T
-        label = "filter (95% CI)" if all(sp[2] for sp in spans if sp[1] > sp[0]) else "filter (CI or ± seed std)"
+        label = ("filter (95% CI)" if all(sp[2] != "std" for sp in spans if sp[1] > sp[0])
+                 else "filter (CI or ± seed std)")
         ax.errorbar(x, y, yerr=yerr, fmt="o", capsize=3, label=label)
         for r, xi, yi in zip(pts, x, y):
             ax.annotate(r["filter"], (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
@@ -439,8 +424,8 @@ def plot_dose_response(rows: list[dict], out: Path, k: int = 5) -> Path | None:
 
 def plot_judge_fraction(rows: list[dict], out: Path, k: int = 5) -> Path | None:
     """``judge_fraction.png``: ΔR@k over random vs the judge fraction (%), one labelled point per filter with its
-    95% bootstrap CI as error bar (none without per-query ranks). None (and no stale file) when no filter says
-    what it spent on the judge."""
+    95% CI as error bar (over seeds and queries, else over the queries; none without per-query ranks). None (and no
+    stale file) when no filter says what it spent on the judge."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -454,8 +439,8 @@ def plot_judge_fraction(rows: list[dict], out: Path, k: int = 5) -> Path | None:
         return None
     x = np.array([r["judge_fraction"] for r in pts])
     y = np.array([r[f"{tag}/r@{k}"] for r in pts])
-    lo = np.array([r[f"{tag}/ci_low"] for r in pts])
-    hi = np.array([r[f"{tag}/ci_high"] for r in pts])
+    spans = [_interval(r, tag, k) for r in pts]  # a CI, none where there were no ranks
+    lo, hi = (np.array([sp[i] if sp[2] != "std" else np.nan for sp in spans]) for i in (0, 1))
     err = np.where(np.isfinite(lo) & np.isfinite(hi), np.abs(np.stack([y - lo, hi - y])), 0.0)
     fig, ax = plt.subplots(figsize=(5, 3.8))
     ax.errorbar(x, y, yerr=err if err.any() else None, fmt="o", capsize=3)
@@ -506,6 +491,8 @@ def compare_filters_report(title: str, retrieval: Mapping[str, list[dict]], benc
     add_beyond(rows, beyond or {}, beyond_hits, n_boot, seed)
     metrics = {f"{r['filter']}/{key}": v for r in rows for key, v in r.items()
                if key not in ("filter", "variant") and isinstance(v, (int, float)) and np.isfinite(v)}
+    metrics.update({f"{r['filter']}/r@{k}/seed{i}": v for r in rows for i, v in enumerate(r["per_seed"])
+                    if np.isfinite(v)})
     spearman = kept_precision_spearman(rows, k)
     if np.isfinite(spearman[0]):
         metrics[f"spearman/kept_precision_vs_r@{k}"] = spearman[0]
@@ -576,9 +563,11 @@ def write_html(title: str, rows: list[dict], sets: Sequence[str], out: Path, k: 
         notes.append(spearman_sentence(rows, k, spearman))
     if has_judge_spend(rows):
         notes.append(JUDGE_NOTE)
+    dots = seed_dots([r["per_seed"] for r in rows])  # a dot plot per filter: one dot per fine-tuning seed
     table = {"caption": "Fine-tuned CLIP retrieval per filter (HalDec Table F); 'kept' / 'dropped' open that "
-                        "filter's samples below", "header": head,
-             "rows": [{"cells": cells, "filter": r["filter"]} for cells, r in zip(body, rows)]} if rows else None
+                        "filter's samples below", "header": head, "dots_col": head.index(f"R@{k} per seed"),
+             "rows": [{"cells": cells, "filter": r["filter"], "dots": d}
+                      for cells, r, d in zip(body, rows, dots)]} if rows else None
     figures = [hr.figure(out / name, t.format(k=k)) for name, t in PLOTS.items()]
     bench_dir = out.parent / "eval" / "bench"
     figures += hr.bench_figures(bench_dir / "plots")
@@ -606,7 +595,7 @@ def _log_run(run, rows: list[dict], metrics: dict, out: Path, samples=None) -> N
     import wandb
 
     try:
-        keys = [k for k in rows[0] if k not in ("filter", "variant")] if rows else []
+        keys = [k for k in rows[0] if k not in ("filter", "variant", "per_seed")] if rows else []
         table = wandb.Table(columns=["filter", *keys], data=[[r["filter"], *[r[k] for k in keys]] for r in rows])
         run.log({"compare_filters": table, **metrics})
         for png in sorted(out.glob("*.png")):

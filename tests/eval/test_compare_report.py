@@ -10,7 +10,9 @@ from PIL import Image
 from scipy.stats import spearmanr
 
 from halsift.launch.recipe_config import Recipe
-from halsift.eval.report.compare import bootstrap_delta, compare_filters_report
+from halsift.eval.metrics.filter_delta import bootstrap_delta
+from halsift.eval.report.compare import compare_filters_report
+from halsift.eval.report.seed_spread import SEED_SD
 from halsift.eval.metrics.retrieval import (NO_CAPTION_RANK, ranks_key, read_ranks, recall_at_k, recall_from_ranks,
                                     retrieval_ranks, write_ranks)
 
@@ -67,14 +69,19 @@ def test_headline_names_best_detector_with_ci_bracketing_the_truth(tmp_path):
     # the answer comes right after the title; oracle has the highest R@5 but is a bound, not a detector
     assert lines[2].startswith("**Best detector filter: `judge`**")
     assert "3 fine-tuning seeds" in lines[2] and "does not beat" not in lines[2]
-    assert "evaluation-set sampling" in text and "1000 replicates" in text
+    assert "Welch-Satterthwaite" in text and "1000 replicates" in text
     want = r5(retrieval, "judge") - r5(retrieval, "random")
     assert metrics["judge/r@5"] == pytest.approx(r5(retrieval, "judge"))
     assert metrics["judge/delta_random/r@5"] == pytest.approx(want)
-    lo, hi = metrics["judge/delta_random/ci_low"], metrics["judge/delta_random/ci_high"]
-    assert 0 < lo < 15 < hi and lo < want < hi and hi - lo < 5  # true effect 100 * (0.65 - 0.50) = 15 points
-    assert f"Over `random` it bought {want:+.1f} R@5 points (95% CI {lo:+.1f} to {hi:+.1f})" in lines[2]
-    lo_nt, hi_nt = metrics["judge/delta_no_tune/ci_low"], metrics["judge/delta_no_tune/ci_high"]
+    q_lo, q_hi = metrics["judge/delta_random/ci_low"], metrics["judge/delta_random/ci_high"]
+    assert 0 < q_lo < 15 < q_hi and q_lo < want < q_hi and q_hi - q_lo < 5  # true effect 100 * (0.65 - 0.50)
+    # 3 seeds: the answer reads the interval over fine-tuning seeds and queries, wider than the queries' alone
+    lo, hi = metrics["judge/delta_random/seeds_ci_low"], metrics["judge/delta_random/seeds_ci_high"]
+    assert 0 < lo < q_lo and q_hi < hi and lo < 15 < hi
+    assert (f"Over `random` it bought {want:+.1f} R@5 points (95% CI {lo:+.1f} to {hi:+.1f} over fine-tuning seeds "
+            "and queries)") in lines[2]
+    assert f"over the queries alone they would be {q_lo:+.1f} to {q_hi:+.1f} over `random`" in text
+    lo_nt, hi_nt = metrics["judge/delta_no_tune/seeds_ci_low"], metrics["judge/delta_no_tune/seeds_ci_high"]
     assert lo_nt < 35 < hi_nt and f"over `no-tune` it bought" in lines[2]
     # table: R@5 and Δ vs random columns
     head = next(line for line in lines if line.startswith("| Filter"))
@@ -122,6 +129,72 @@ def test_bootstrap_is_paired_seeded_and_zero_for_identical_models():
     reps = bootstrap_delta(ranks, ("judge", 3), ("random", 3), [SET], n_boot=2000)
     assert reps.std() == pytest.approx(z.std() / np.sqrt(500), rel=0.08)
     assert reps.mean() == pytest.approx(z.mean(), abs=0.2)
+
+
+def table_row(lines: list[str], name: str) -> dict[str, str]:
+    """One filter's row of the report's markdown table, by column name."""
+    head = [c.strip() for c in next(line for line in lines if line.startswith("| Filter")).split("|")[1:-1]]
+    cells = [c.strip() for c in next(line for line in lines if line.startswith(f"| {name} ")).split("|")[1:-1]]
+    return dict(zip(head, cells))
+
+
+def per_seed(retrieval, name):
+    return [(run[f"{SET}/i2t/r@5"] + run[f"{SET}/t2i/r@5"]) / 2 for run in retrieval[name]]
+
+
+def test_one_seed_answer_says_its_interval_covers_evaluation_sampling_only(tmp_path):
+    retrieval, ranks = fake_eval(RATES, n_img=400, seeds=1)
+    metrics, text = report(tmp_path, retrieval, ranks)
+    headline = text.splitlines()[2]
+    lo, hi = metrics["judge/delta_random/ci_low"], metrics["judge/delta_random/ci_high"]
+    assert "averaged over 1 fine-tuning seed)" in headline
+    assert f"(95% CI {lo:+.1f} to {hi:+.1f} over the queries only)" in headline
+    # in the answer itself, with the measured seed spread and where it was measured
+    assert ("With one fine-tuning seed, these intervals cover evaluation sampling only: between fine-tuning seeds "
+            f"one filter's R@5 moves by {SEED_SD:.1f} points (std) on the quickstart's world (docs/table_f.md"
+            ) in headline
+    assert f"about ±{1.96 * np.sqrt(2) * SEED_SD:.1f} points at 95% on the difference of two filters" in headline
+    assert "judge/delta_random/seeds_ci_low" not in metrics  # no seed variance to put in an interval
+    assert metrics["judge/r@5/seed0"] == pytest.approx(per_seed(retrieval, "judge")[0])
+    assert "judge/r@5/seed1" not in metrics
+    assert table_row(text.splitlines(), "judge")["R@5 per seed"] == f"{per_seed(retrieval, 'judge')[0]:.1f}"
+
+
+def test_two_seeds_answer_reads_the_interval_over_seeds_and_queries(tmp_path):
+    retrieval, ranks = fake_eval(RATES, n_img=400, seeds=2)
+    metrics, text = report(tmp_path, retrieval, ranks)
+    lines = text.splitlines()
+    headline = lines[2]
+    lo, hi = metrics["judge/delta_random/seeds_ci_low"], metrics["judge/delta_random/seeds_ci_high"]
+    assert "averaged over 2 fine-tuning seeds)" in headline
+    assert f"bought {metrics['judge/delta_random/r@5']:+.1f} R@5 points (95% CI {lo:+.1f} to {hi:+.1f} over " \
+           "fine-tuning seeds and queries)" in headline
+    assert "evaluation sampling only" not in headline and "over the queries only" not in headline
+    assert metrics["judge/delta_random/seeds_df"] > 1  # Welch-Satterthwaite: two filters' seeds and the queries
+    assert metrics["judge/delta_no_tune/seeds_ci_low"] < metrics["judge/delta_no_tune/r@5"]  # no-tune: no seeds
+    for name in ("judge", "random", "no-tune"):
+        want = per_seed(retrieval, name)
+        assert [metrics[f"{name}/r@5/seed{i}"] for i in range(len(want))] == pytest.approx(want)
+        assert table_row(lines, name)["R@5 per seed"] == ", ".join(f"{v:.1f}" for v in want)
+    assert len(per_seed(retrieval, "judge")) == 2 and len(per_seed(retrieval, "no-tune")) == 1
+
+
+def test_page_draws_a_dot_per_seed_for_each_filter(tmp_path):
+    import re
+
+    retrieval, ranks = fake_eval(RATES, n_img=200, seeds=2)
+    report(tmp_path, retrieval, ranks)
+    html = (tmp_path / "index.html").read_text()
+    values = {n: per_seed(retrieval, n) for n in retrieval}
+    lo, hi = min(min(v) for v in values.values()), max(max(v) for v in values.values())
+    for name, vals in values.items():
+        row = re.search(rf'<tr data-filter="{re.escape(name)}">(.*?)</tr>', html, re.S).group(1)
+        svg = re.search(r'<svg class="dots"[^>]*aria-label="per seed: ([^"]*)"[^>]*>(.*?)</svg>', row, re.S)
+        assert svg.group(1).startswith(", ".join(f"{v:.1f}" for v in vals)), name
+        xs = [float(x) for x in re.findall(r'<circle cx="([\d.]+)"', svg.group(2))]
+        assert len(xs) == len(vals), name  # one dot per fine-tuning seed
+        # one scale for every filter: left to right as the values
+        assert xs == pytest.approx([4 + 92 * (v - lo) / (hi - lo) for v in vals], abs=0.06), name
 
 
 def test_metrics_keys_spearman_and_plots(tmp_path):

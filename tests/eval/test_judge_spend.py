@@ -152,7 +152,9 @@ def test_report_shows_judge_calls_and_plots_gain_against_judge_fraction(tmp_path
         if name == "random":  # the reference itself: no interval
             assert yerr[:, i].tolist() == [0.0, 0.0]
             continue
-        lo, hi = metrics[f"{name}/delta_random/ci_low"], metrics[f"{name}/delta_random/ci_high"]
+        # 3 fine-tuning seeds each: the interval over seeds and queries, as the report's answer reads it
+        lo, hi = metrics[f"{name}/delta_random/seeds_ci_low"], metrics[f"{name}/delta_random/seeds_ci_high"]
+        assert lo < metrics[f"{name}/delta_random/ci_low"] and metrics[f"{name}/delta_random/ci_high"] < hi
         assert lo < y[i] < hi
         assert yerr[:, i] == pytest.approx([y[i] - lo, hi - y[i]])
     assert "judge fraction" in (run / "report" / "index.html").read_text()
