@@ -24,13 +24,10 @@ class EmbedConfig(StageFlags):
                        cli={"required": True, "metavar": "SPEC"})
     data: str = field("", help="shard folder / glob / brace pattern", cli={"required": True})
     out: str = field("", help="output folder: one parquet part per shard + _manifest.json", cli={"required": True})
-    batch_size: int = field(64, help="texts per model call (a sample's image, caption and sentences stay together)")
+    batch_size: int = field(64, range="[1, inf)",
+                            help="texts per model call (a sample's image, caption and sentences stay together)")
     device: str | None = field(None, help="cpu, cuda, cuda:1 ... (default: the process's accelerate device)")
     no_progress: bool = field(False, help="no progress bar")
-
-    def validate(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size: expected >= 1, got {self.batch_size}")
 
 
 CONFIG = EmbedConfig
