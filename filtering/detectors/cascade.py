@@ -41,6 +41,7 @@ class CascadeDetector(Detector):
 
     family = "cascade"
     set_level = True  # depends on the whole corpus: run by halsift score as a staged job, never per batch
+    staged = True  # capability staged: only the whole of a spec (spec.check_tree), never a member, cheap or judge
 
     # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
     OPTION_HELP = {
