@@ -6,6 +6,7 @@ the same way, in one line naming the place in the tree, before anything is score
 from __future__ import annotations
 
 import pytest
+from cli_cases import _err_line
 from filtering_data import make_bench, make_corpus
 
 from halsift.filtering.detectors.base import STAGED, Detector, Result
@@ -24,13 +25,6 @@ PLACES = [  # (spec, the place the line names)
     (f"cascade:cheap=[random:seed=0],judge=[ensemble:members=[oracle;{CAS}],norm=zscore]", "judge.members[1]"),
     (f"subset:detector=[{CAS}],keys=k.parquet", "detector"),
 ]
-
-
-def _one_line(capsys) -> str:
-    captured = capsys.readouterr()
-    err = captured.err.strip().splitlines()
-    assert len(err) == 1 and "Traceback" not in captured.err, captured.err
-    return err[0]
 
 
 @pytest.mark.parametrize("spec, place", PLACES)
@@ -111,7 +105,7 @@ def test_score_refuses_it_before_scoring_anything(data, tmp_path, capsys, spec, 
     corpus, _ = data
     assert main(["score", "--detector", spec, "--data", str(corpus), "--out", str(tmp_path / "o"),
                  "--no-progress"]) == 2
-    line = _one_line(capsys)
+    line = _err_line(capsys)
     assert f"{place} is a cascade spec" in line, line
     assert not list(tmp_path.glob("o/**/*.parquet"))  # nothing scored, no stage ran
 
@@ -120,14 +114,14 @@ def test_score_refuses_it_before_scoring_anything(data, tmp_path, capsys, spec, 
 def test_eval_bench_refuses_it(data, tmp_path, capsys, spec, place):
     _, bench = data
     assert main(["eval", "bench", "--bench", str(bench), "--detector", spec, "--out", str(tmp_path / "e")]) == 2
-    assert f"{place} is a cascade spec" in _one_line(capsys)
+    assert f"{place} is a cascade spec" in _err_line(capsys)
 
 
 @pytest.mark.parametrize("spec, place", PLACES[:6])
 def test_a_recipe_dry_run_refuses_it_naming_the_key(tmp_path, capsys, monkeypatch, spec, place):
     monkeypatch.chdir(tmp_path)
     assert main(["run", "quickstart", "--dry-run", f"score.detectors.x={spec}"]) == 2
-    line = _one_line(capsys)
+    line = _err_line(capsys)
     assert "score.detectors.x" in line and f"{place} is a cascade spec" in line, line
 
 

@@ -9,27 +9,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from filtering_data import make_corpus
+from cli_cases import _err_line as _one_line
+from cli_cases import scored  # noqa: F401 (a fixture: a corpus and its random scores)
 
 from halsift.corpus.ranges import machine_memory
 from halsift.launch.cli import main
-
-
-def _one_line(capsys) -> str:
-    captured = capsys.readouterr()
-    err = captured.err.strip().splitlines()
-    assert len(err) == 1 and "Traceback" not in captured.err, captured.err
-    return err[0]
-
-
-@pytest.fixture(scope="module")
-def scored(tmp_path_factory):
-    from halsift.filtering.scoring.runner import score
-
-    d = tmp_path_factory.mktemp("ranges")
-    corpus = make_corpus(d / "corpus", shards=2, per_shard=4)
-    score("random:seed=1", corpus, d / "scores", show_progress=False)
-    return corpus, d
 
 
 # (argv after the command's required flags, the flag the line names, what it says)
@@ -57,33 +41,32 @@ CASES = {
 }
 
 
-def _argv(command: str, d) -> list[str]:
-    out = str(d / "out")
-    return {"score": ["--detector", "oracle", "--data", str(d / "corpus"), "--out", out],
-            "select": ["--scores", str(d / "scores"), "--data", str(d / "corpus"), "--out", out],
-            "embed": ["--model", "clip:arch=halsift-tiny,pretrained=random", "--data", str(d / "corpus"), "--out",
-                      out],
-            "dedup": ["--data", str(d / "corpus"), "--out", out],
-            "annotate": ["--scores", str(d / "scores"), "--data", str(d / "corpus"), "--out", out],
-            "train clip": ["--data", str(d / "corpus"), "--out", out, "--model", "halsift-tiny"],
-            "train detector": ["--base", "clip:arch=halsift-tiny,pretrained=random", "--bench", str(d / "b.jsonl"),
-                               "--out", out],
-            "eval bench": ["--bench", str(d / "b.jsonl"), "--detector", "oracle", "--out", out]}[command]
+def _argv(command: str, corpus, scores, out) -> list[str]:
+    data, bench, out = str(corpus), str(corpus.parent / "b.jsonl"), str(out)
+    return {"score": ["--detector", "oracle", "--data", data, "--out", out],
+            "select": ["--scores", str(scores), "--data", data, "--out", out],
+            "embed": ["--model", "clip:arch=halsift-tiny,pretrained=random", "--data", data, "--out", out],
+            "dedup": ["--data", data, "--out", out],
+            "annotate": ["--scores", str(scores), "--data", data, "--out", out],
+            "train clip": ["--data", data, "--out", out, "--model", "halsift-tiny"],
+            "train detector": ["--base", "clip:arch=halsift-tiny,pretrained=random", "--bench", bench, "--out", out],
+            "eval bench": ["--bench", bench, "--detector", "oracle", "--out", out]}[command]
 
 
 @pytest.mark.parametrize("command, extra, message", [(c, a, m) for c, cases in CASES.items() for a, m in cases],
                          ids=lambda x: x if isinstance(x, str) else " ".join(x))
-def test_a_value_outside_its_range_is_refused_before_anything_is_written(scored, capsys, command, extra, message):
-    _, d = scored
-    assert main([*command.split(), *_argv(command, d), *extra]) == 2
+def test_a_value_outside_its_range_is_refused_before_anything_is_written(scored, tmp_path, capsys, command, extra,
+                                                                          message):
+    corpus, scores = scored
+    assert main([*command.split(), *_argv(command, corpus, scores, tmp_path / "out"), *extra]) == 2
     assert message in _one_line(capsys)
-    assert not (d / "out").exists()
+    assert not (tmp_path / "out").exists()
 
 
-def test_train_detector_teacher_checks_the_same_options(scored, capsys):
-    _, d = scored
-    assert main(["train", "detector", "--teacher", str(d / "scores"), "--embeddings", str(d / "emb"), "--out",
-                 str(d / "out"), "--lr", "inf"]) == 2
+def test_train_detector_teacher_checks_the_same_options(scored, tmp_path, capsys):
+    _, scores = scored
+    assert main(["train", "detector", "--teacher", str(scores), "--embeddings", str(tmp_path / "emb"), "--out",
+                 str(tmp_path / "out"), "--lr", "inf"]) == 2
     assert "--lr: expected a finite value in [0, inf), got inf" in _one_line(capsys)
 
 
@@ -94,19 +77,20 @@ def test_train_detector_teacher_checks_the_same_options(scored, capsys):
     ("999999999999TB", "expected a size in [16MB, RAM]"), ("80%", "expected a size such as 512MB"),
     (f"{machine_memory() * 2 // 10 ** 6}MB", "(RAM: this machine's memory,"),
 ])
-def test_a_memory_limit_duckdb_cannot_take_is_one_line_before_the_folder_is_touched(scored, capsys, limit, message):
-    corpus, d = scored
-    manifest = (d / "scores" / "_manifest.json").read_text()
-    assert main(["select", "--scores", str(d / "scores"), "--data", str(corpus), "--out", str(d / "out"),
+def test_a_memory_limit_duckdb_cannot_take_is_one_line_before_the_folder_is_touched(scored, tmp_path, capsys, limit,
+                                                                                   message):
+    corpus, scores = scored
+    manifest = (scores / "_manifest.json").read_text()
+    assert main(["select", "--scores", str(scores), "--data", str(corpus), "--out", str(tmp_path / "out"),
                  "--memory-limit", limit, "--no-progress"]) == 2
     line = _one_line(capsys)
     assert line.startswith("halsift select: error: --memory-limit: ") and message in line, line
-    assert not (d / "out").exists() and (d / "scores" / "_manifest.json").read_text() == manifest
+    assert not (tmp_path / "out").exists() and (scores / "_manifest.json").read_text() == manifest
 
 
 def test_a_memory_limit_in_range_reaches_duckdb_as_bytes(scored, tmp_path, capsys):
-    corpus, d = scored
-    assert main(["select", "--scores", str(d / "scores"), "--data", str(corpus), "--out", str(tmp_path / "sel"),
+    corpus, scores = scored
+    assert main(["select", "--scores", str(scores), "--data", str(corpus), "--out", str(tmp_path / "sel"),
                  "--memory-limit", "64 MiB", "--keep", "0.5", "--no-progress"]) == 0
     assert json.loads((tmp_path / "sel" / "manifest.json").read_text())["status"] == "complete"
 

@@ -7,36 +7,32 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
+from cli_cases import _err_line
 from filtering_data import make_corpus
 
 from halsift.launch.cli import main
 
-CLIP = "clip:arch=halsift-tiny,pretrained=random"
+sys.path.insert(0, str(Path(__file__).parent))
+from test_distill import distilled  # noqa: E402, F401 (a fixture: a corpus, its embeddings, a teacher)
 
 
 @pytest.fixture(scope="module")
-def taught(tmp_path_factory):
-    root = tmp_path_factory.mktemp("record")
-    corpus = make_corpus(root / "corpus", shards=1, per_shard=30, seed=3)
-    assert main(["embed", "--model", CLIP, "--data", str(corpus), "--out", str(root / "emb"), "--no-progress"]) == 0
-    for name, seed in (("teacher", 1), ("other_teacher", 2)):
-        assert main(["score", "--detector", f"random:seed={seed}", "--data", str(corpus), "--out", str(root / name),
-                     "--no-progress"]) == 0
+def taught(distilled):
+    """``distilled``'s folder (corpus/, emb/, teacher/) with another teacher of the same corpus."""
+    corpus, root = distilled
+    if not (root / "other_teacher").exists():
+        assert main(["score", "--detector", "random:seed=2", "--data", str(corpus), "--out",
+                     str(root / "other_teacher"), "--no-progress"]) == 0
     return root
 
 
 def _distill(root, out, *extra, teacher="teacher", emb="emb") -> list[str]:
     return ["train", "detector", "--teacher", str(root / teacher), "--embeddings", str(root / emb), "--out",
             str(out), "--steps", "20", *extra]
-
-
-def _one_line(capsys) -> str:
-    captured = capsys.readouterr()
-    err = captured.err.strip().splitlines()
-    assert len(err) == 1 and "Traceback" not in captured.err, captured.err
-    return err[0]
 
 
 @pytest.fixture()
@@ -83,7 +79,7 @@ def test_another_student_into_the_folder_is_refused(taught, student, capsys, cha
     argv = _distill(taught, student, *change.get("extra", ()), teacher=change.get("teacher", "teacher"),
                     emb=change.get("emb", "emb"))
     assert main(argv) == 2
-    line = _one_line(capsys)
+    line = _err_line(capsys)
     assert f"--out: {student}: holds another student with a different {key}" in line, line
     assert (student / "student" / "model.safetensors").read_bytes() == before
 
@@ -93,7 +89,7 @@ def test_a_folder_holding_a_student_without_a_record_is_refused(taught, tmp_path
     (out / "student").mkdir(parents=True)
     (out / "student" / "config.json").write_text("{}")  # a student made before the record
     assert main(_distill(taught, out)) == 2
-    assert "is not empty and holds no distill.json" in _one_line(capsys)
+    assert "is not empty and holds no distill.json" in _err_line(capsys)
     assert (out / "student" / "config.json").read_text() == "{}"
 
 
@@ -106,6 +102,6 @@ def test_a_failed_run_is_left_failed_with_its_reason(taught, tmp_path, capsys):
             str(out), "--steps", "20"]
     capsys.readouterr()
     assert main(argv) == 2
-    assert "have vectors in --embeddings" in _one_line(capsys)
+    assert "have vectors in --embeddings" in _err_line(capsys)
     rec = json.loads((out / "distill.json").read_text())
     assert rec["status"] == "failed" and "have vectors" in rec["error"]

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_cases import _err_line
 
 from halsift.training import engine
 
@@ -94,13 +95,6 @@ def clip_run(tmp_path_factory):
     return root, args
 
 
-def _one_line(capsys) -> str:
-    captured = capsys.readouterr()
-    err = captured.err.strip().splitlines()
-    assert err and "Traceback" not in captured.err, captured.err
-    return err[-1]
-
-
 def test_train_clip_resume_without_config_json_and_another_lr_is_one_line(clip_run, tmp_path, capsys):
     import shutil
 
@@ -111,7 +105,7 @@ def test_train_clip_resume_without_config_json_and_another_lr_is_one_line(clip_r
     shutil.copytree(root / "run", out)
     (out / "config.json").unlink()
     assert main([*args, "--out", str(out), "--steps", "6", "--resume", "--lr", "5e-3"]) == 2
-    line = _one_line(capsys)
+    line = _err_line(capsys)
     assert line.startswith("halsift train clip: error: --resume: ") and "different lr" in line, line
 
 
@@ -120,4 +114,4 @@ def test_train_clip_resume_with_fewer_steps_is_one_line(clip_run, capsys):
 
     root, args = clip_run
     assert main([*args, "--out", str(root / "run"), "--steps", "2", "--resume"]) == 2
-    assert "is at step 4, past --steps 2" in _one_line(capsys)
+    assert "is at step 4, past --steps 2" in _err_line(capsys)
