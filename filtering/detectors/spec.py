@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import contextvars
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -323,17 +324,31 @@ def _declared(family: str, name: str, default: Any) -> Any:
     target = _REGISTRY[family]
     if not isinstance(target, str):
         return getattr(target, name, default)
+    constants = _source_constants(target)
+    if constants is None:  # no Python source to read
+        return getattr(_family_class(family, family), name, default)
+    return constants.get(name, default)
+
+
+@functools.lru_cache(maxsize=None)
+def _source_constants(target: str) -> dict[str, Any] | None:
+    """The literal class-level constants of ``"module:Class"`` read from its source (parsed once); None without one."""
     mod, cls = target.split(":")
     found = importlib.util.find_spec(mod)
     if found is None or not (found.origin or "").endswith(".py"):
-        return getattr(_family_class(family, family), name, default)
+        return None
+    out: dict[str, Any] = {}
     for node in ast.parse(Path(found.origin).read_text()).body:
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for s in node.body:
                 targets = [s.target] if isinstance(s, ast.AnnAssign) else getattr(s, "targets", [])
-                if [getattr(x, "id", "") for x in targets] == [name] and s.value is not None:
-                    return ast.literal_eval(s.value)
-    return default
+                names = [getattr(x, "id", "") for x in targets]
+                if len(names) == 1 and getattr(s, "value", None) is not None:
+                    try:
+                        out[names[0]] = ast.literal_eval(s.value)
+                    except (ValueError, TypeError, SyntaxError):
+                        continue  # not a literal (a call, a name): not a declaration this module reads
+    return out
 
 
 def option_ranges(family: str) -> dict[str, str]:
