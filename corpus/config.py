@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from halsift.corpus.errors import InputError
+from halsift.corpus.ranges import parse_interval, range_problem
 from halsift.corpus.safe_yaml import MAX_YAML_NODES, clip_text, safe_load_yaml, short_repr  # noqa: F401 (re-exported)
 
 WandbMode = Literal["offline", "online", "disabled"]  # every wandb mode setting (commands, recipes, training)
@@ -40,10 +41,15 @@ class ConfigError(InputError):
 
 
 def field(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING,
-          cli: Mapping[str, Any] | None = None, **kw):
-    """A dataclass field with a one-line ``help`` (used for YAML comments, ``--help`` and error messages) and,
-    for a command's config, how its flag is declared (``cli``: see :func:`add_dataclass_arguments`)."""
-    meta = {"help": help, **({"cli": dict(cli)} if cli else {}), **kw.pop("metadata", {})}
+          cli: Mapping[str, Any] | None = None, range: str | None = None, **kw):
+    """A dataclass field with a one-line ``help`` (used for YAML comments, ``--help`` and error messages), its
+    ``range`` (an interval of :mod:`halsift.corpus.ranges`, e.g. ``"[1, inf)"``: checked wherever the config is
+    built, shown by ``--help``, ``--describe`` and docs/config.md) and, for a command's config, how its flag is
+    declared (``cli``: see :func:`add_dataclass_arguments`)."""
+    if range is not None:
+        parse_interval(range)  # a malformed declaration fails at import, not when a user gives a value
+    meta = {"help": help, **({"cli": dict(cli)} if cli else {}), **({"range": range} if range else {}),
+            **kw.pop("metadata", {})}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta, **kw)
     return dataclasses.field(default=default, metadata=meta, **kw)
@@ -188,6 +194,7 @@ def _validate_tree(obj: Any, prefix: str) -> None:
         return
     for f in dataclasses.fields(obj):
         _validate_tree(getattr(obj, f.name), f"{prefix}.{f.name}" if prefix else f.name)
+    check_ranges(obj, prefix)
     check = getattr(obj, "validate", None)
     if not callable(check):
         return
@@ -197,6 +204,16 @@ def _validate_tree(obj: Any, prefix: str) -> None:
         raise
     except ValueError as e:
         raise ConfigError(_qualify(type(obj), str(e), prefix)) from None
+
+
+def check_ranges(obj: Any, prefix: str = "") -> None:
+    """Each field of dataclass ``obj`` declared with a ``range`` holds a value in it (``None``: unset, not checked):
+    a :class:`ConfigError` naming the dotted key otherwise. :func:`from_dict` runs it before ``validate()``."""
+    for f in dataclasses.fields(obj):
+        interval = f.metadata.get("range")
+        problem = range_problem(getattr(obj, f.name), interval) if interval else None
+        if problem:
+            raise ConfigError(f"{prefix}.{f.name}: {problem}" if prefix else f"{f.name}: {problem}")
 
 
 def _qualify(cls: type, msg: str, prefix: str) -> str:
@@ -273,6 +290,11 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+def range_text(f: dataclasses.Field) -> str:
+    """`` (in [1, inf))``: a field's declared range as ``--help`` and ``--describe`` show it ('' without one)."""
+    return f" (in {f.metadata['range']})" if f.metadata.get("range") else ""
+
+
 def describe(cls: type, indent: int = 0) -> str:
     """YAML with every field's default and its help as a comment (for docs and `--help`)."""
     lines = []
@@ -287,7 +309,7 @@ def describe(cls: type, indent: int = 0) -> str:
             continue
         val = yaml.safe_dump(to_dict(field_default(f)), default_flow_style=True).strip()
         val = val.removesuffix("...").strip()
-        lines.append(f"{pad}{f.name}: {val}  # {help_}")
+        lines.append(f"{pad}{f.name}: {val}  # {help_}{range_text(f)}")
         entry = typing.get_args(tp)[-1] if typing.get_origin(tp) is dict else None
         if entry is not None and dataclasses.is_dataclass(entry):  # show the shape of one entry, commented out
             lines.append(f"{pad}  # NAME:")
@@ -349,6 +371,7 @@ def _add_flag(target, f: dataclasses.Field, tp: Any, cli: Mapping[str, Any], met
     help_ = f.metadata["help"]
     if "default" not in help_ and not (default is None or default is False or default in ("", [])):
         help_ += f" (default: {default})"
+    help_ += range_text(f)
     help_ = help_.replace("%", "%%")
     kw: dict[str, Any] = {"help": help_, "default": default if defaults else argparse.SUPPRESS}
     if cli.get("metavar") or metavar:

@@ -22,13 +22,9 @@ class AnnotateConfig:
     out: str = field("", help="new folder: index.html (the page), images/, sample.jsonl, design.json, annotate.json "
                               "(the run's record: the same command again keeps the page); save the exported "
                               "labels.jsonl here", cli={"required": True})
-    n: int = field(300, help="sentences to draw")
-    seed: int = field(0, help="seed of the draw")
+    n: int = field(300, range="[1, inf)", help="sentences to draw")
+    seed: int = field(0, range="[0, inf)", help="seed of the draw")
     detector: str | None = field(None, help="the detector's rows in a score folder of several")
-
-    def validate(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n: expected >= 1, got {self.n}")
 
 
 CONFIG = AnnotateConfig  # the settings (docs/config.md, --describe)

@@ -48,11 +48,7 @@ class ConvertConfig:
     captioner: str | None = field(None, help="shards: captioner for samples whose json has none (default unknown)")
     source: Literal["i2t", "t2i"] | None = field(None, help="shards: source for samples whose json has none "
                                                             "(default i2t)")
-    maxcount: int = field(1000, help="shards: samples per output shard")
-
-    def validate(self) -> None:
-        if self.maxcount < 1:
-            raise ValueError(f"maxcount: expected >= 1, got {self.maxcount}")
+    maxcount: int = field(1000, range="[1, inf)", help="shards: samples per output shard")
 
 
 CONFIG = ConvertConfig  # the settings (docs/config.md, --describe)

@@ -28,13 +28,11 @@ class ExportConfig:
     src: str = field("", help="the halsift file or folder to export", cli={"positional": True})
     out: str = field("", help="the output folder (a CLIP_benchmark --dataset_root)", cli={"required": True})
     split: str = field("test", help="clip-benchmark: the split folder written under OUT (clip_benchmark --split)")
-    maxcount: int = field(10_000, help="clip-benchmark: samples per tar shard")
+    maxcount: int = field(10_000, range="[1, inf)", help="clip-benchmark: samples per tar shard")
 
     def validate(self) -> None:
         from halsift.corpus.clip_benchmark_wds import ClipBenchmarkExportError, check_split_name
 
-        if self.maxcount < 1:
-            raise ValueError(f"maxcount: expected >= 1, got {self.maxcount}")
         try:
             check_split_name(self.split)
         except ClipBenchmarkExportError as e:

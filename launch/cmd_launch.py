@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from halsift.corpus.config import add_dataclass_arguments, field
+from halsift.corpus.config import add_dataclass_arguments, config_from_args, field
 from halsift.launch.describe import add_describe_argument
 from halsift.launch.launchers import LaunchSpec, SbatchOptions
 
@@ -27,13 +27,14 @@ class LaunchConfig:
     """``halsift launch``'s flags; after them ``--`` and the halsift command to run (``halsift launch --gpus 8 --
     score ...``)."""
 
-    gpus: int | None = field(None, help="processes per node, one per GPU")
-    cpu: int | None = field(None, help="N CPU processes (gloo) instead of GPUs (per node; with --slurm: no GPU "
-                                       "request, torchrun)", cli={"metavar": "N"})
-    nodes: int = field(LaunchSpec.nodes, help="number of nodes")
-    node_rank: int = field(LaunchSpec.node_rank, help="this node's rank (0 .. nodes-1)")
+    gpus: int | None = field(None, range="[1, inf)", help="processes per node, one per GPU")
+    cpu: int | None = field(None, range="[1, inf)",
+                            help="N CPU processes (gloo) instead of GPUs (per node; with --slurm: no GPU "
+                                 "request, torchrun)", cli={"metavar": "N"})
+    nodes: int = field(LaunchSpec.nodes, range="[1, inf)", help="number of nodes")
+    node_rank: int = field(LaunchSpec.node_rank, range="[0, inf)", help="this node's rank (0 .. nodes-1)")
     master_addr: str = field(LaunchSpec.master_addr, help="address of the rank-0 node")
-    master_port: int = field(LaunchSpec.master_port, help="rendezvous port")
+    master_port: int = field(LaunchSpec.master_port, range="[1, 65535]", help="rendezvous port")
     backend: Literal["auto", "torchrun", "accelerate"] = field(
         LaunchSpec.backend, help="launcher; auto = torchrun on CPU (accelerate --cpu starts a single process), "
                                  "accelerate on GPU")
@@ -51,15 +52,18 @@ class LaunchConfig:
     account: str | None = field(None, help="SLURM account to charge (default: yours)", cli=_SLURM)
     qos: str | None = field(None, help="SLURM quality of service (default: the cluster's)", cli=_SLURM)
     time: str = field(SbatchOptions.time, help="wall-time limit", cli=_SLURM)
-    cpus_per_task: int = field(SbatchOptions.cpus_per_task, help="CPUs per task (per node, or per array task)",
+    cpus_per_task: int = field(SbatchOptions.cpus_per_task, range="[1, inf)",
+                               help="CPUs per task (per node, or per array task)",
                                cli=_SLURM)
     job_name: str = field(SbatchOptions.job_name, help="SLURM job name", cli=_SLURM)
     setup: list[str] = field(default_factory=list, help="one shell line run before the command, as written (module "
                                                         "load, venv activate; repeatable)", cli={**_SLURM, **_ONE})
-    array: int | None = field(None, help="a job array of N independent single-GPU tasks running `score --num-tasks "
-                                         "N` (no process group; a dead task loses only its current part; rerun one "
-                                         "with sbatch --array=I SCRIPT)", cli={**_SLURM, "metavar": "N"})
-    max_parallel: int | None = field(None, help="with --array: at most M tasks at once (#SBATCH --array=0-(N-1)%M)",
+    array: int | None = field(None, range="[1, inf)",
+                              help="a job array of N independent single-GPU tasks running `score --num-tasks "
+                                   "N` (no process group; a dead task loses only its current part; rerun one "
+                                   "with sbatch --array=I SCRIPT)", cli={**_SLURM, "metavar": "N"})
+    max_parallel: int | None = field(None, range="[1, inf)",
+                                     help="with --array: at most M tasks at once (#SBATCH --array=0-(N-1)%M)",
                                      cli={**_SLURM, "metavar": "M"})
     requeue: bool = field(False, help="with --array: requeue a task after node failure/preemption", cli=_SLURM)
     sbatch_extra: list[str] = field(default_factory=list, help="extra sbatch option, e.g. "
@@ -84,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from halsift.launch.launchers import LaunchSpec, SlurmSpec, launch_command, sbatch_script
     from halsift.launch.slurm_array import array_text
 
+    config_from_args(LaunchConfig, args)  # every declared range (--gpus, --nodes, --master-port, --array ...)
     command = list(args.argv)
     if command and command[0] == "--":
         command = command[1:]
@@ -97,9 +102,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-parallel/--requeue: only with --slurm --array N")
     if args.array is not None and not args.slurm:
         raise UsageError("--array: a SLURM job array; add --slurm")
-    for flag, value in (("--gpus", args.gpus), ("--cpu", args.cpu)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag}: expected >= 1, got {value}")
     if args.slurm:
         if args.wait and not args.submit:
             raise UsageError("--wait: only with --submit")

@@ -19,7 +19,7 @@ class SynthConfig(WorldSettings):
     ``world`` section)."""
 
     out: str = field("", help="folder to write the world into", cli={"required": True})
-    seed: int = field(0, help="the same seed gives byte-identical files")
+    seed: int = field(0, range="[0, inf)", help="the same seed gives byte-identical files")
     overwrite: bool = field(False, help="replace a world already in --out")
 
 

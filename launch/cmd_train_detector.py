@@ -26,8 +26,10 @@ def run(args: argparse.Namespace) -> int:
 
         s = distill(cfg.teacher, cfg.embeddings, cfg.out, steps=cfg.steps, batch_size=max(cfg.batch_size, 1),
                     lr=cfg.lr, hidden=cfg.head_hidden, sample=cfg.teacher_sample, seed=cfg.seed)
-        print(f"detector: {s['spec']}  {s['units']} teacher units, held-out spearman "
-              f"{s['held_out_spearman']:.3f}" if s["held_out_spearman"] is not None else f"detector: {s['spec']}")
+        line = (f"detector: {s['spec']}  {s['units']} teacher units, held-out spearman "
+                f"{s['held_out_spearman']:.3f}" if s["held_out_spearman"] is not None else f"detector: {s['spec']}")
+        print(line + ("  (trained already: the same teacher, embeddings and settings)" if s.get("trained_already")
+                      else ""))
         return 0
     from halsift.training.detector_train import train_detector
 

@@ -48,7 +48,9 @@ def tables(cls: type, title: str, key_prefix: str = "", drop: tuple[str, ...] = 
         if dataclasses.is_dataclass(tp):
             nested.append((tp, f"`{key}`", f"{key}."))
             continue
-        rows.append(f"| `{key}` | `{_cell(type_text(tp))}` | `{_cell(_default(f))}` | {_cell(f.metadata.get('help', ''))} |")
+        rng = f" in `{_cell(f.metadata['range'])}`" if f.metadata.get("range") else ""  # its declared range
+        rows.append(f"| `{key}` | `{_cell(type_text(tp))}`{rng} | `{_cell(_default(f))}` | "
+                    f"{_cell(f.metadata.get('help', ''))} |")
         entry = _entry_class(tp)
         if entry is not None:
             nested.append((entry, f"`{key}.NAME`", f"{key}.NAME."))
@@ -82,8 +84,11 @@ def reference() -> str:
            "as commented YAML.", "",
            "Values are checked strictly (pydantic, `halsift.corpus.config`): an integer setting takes an integer "
            "(not `\"1\"`, `1.0` or `true`), a number an integer or a float, a switch only `true`/`false`, a text "
-           "setting a string (quote a number: `bench_split: \"2017\"`). Unknown keys and bad values stop with one "
-           "line naming the key.", "",
+           "setting a string (quote a number: `bench_split: \"2017\"`). A type followed by an interval (`int` in "
+           "`[1, inf)`; `(`/`)` open ends) is the setting's declared range, checked wherever the settings are built "
+           "(flags, `--config`, recipes and `--dry-run`): NaN is in no range and an infinity only in one closed at "
+           "it; a size range (`[16MB, RAM]`, RAM = this machine's memory) takes text such as `512MB` or `2GiB`. "
+           "Unknown keys and bad values stop with one line naming the key.", "",
            "## Recipes (`halsift run RECIPE key=value ...`)", ""]
     out += tables(Recipe, "recipe")
     out += tables(DetectorTrainConfig, "recipe: `detectors.NAME.options` (kind `lora`)", "detectors.NAME.options.",

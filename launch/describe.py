@@ -7,7 +7,8 @@ import argparse
 
 
 def describe_detectors() -> str:
-    """Every registered detector family with its typed options (the keys a ``family:key=value,...`` spec takes)."""
+    """Every registered detector family with its typed options (the keys a ``family:key=value,...`` spec takes) and
+    their declared ranges (``budget: float in (0, 1] = 0.25``)."""
     import dataclasses
 
     from halsift.filtering.detectors.spec import families, family_config
@@ -16,7 +17,7 @@ def describe_detectors() -> str:
     for name in families():
         opts = []
         for f in dataclasses.fields(family_config(name)):
-            tp = type_text(f.type)
+            tp = type_text(f.type) + (f" in {f.metadata['range']}" if f.metadata.get("range") else "")
             opts.append(f"{f.name}: {tp} (required)" if f.default is dataclasses.MISSING
                         else f"{f.name}: {tp} = {f.default!r}")
         lines.append(f"#   {name}: {', '.join(opts) or '(no options)'}")

@@ -197,16 +197,17 @@ def sbatch_script(spec: SlurmSpec, command: Sequence[str], python: str = "python
     cmd = shell_command([*ENTRY, *command])
     py = script_value("--python", python)
     total = spec.nodes * spec.procs_per_node
+    # static rendezvous for both backends: the node rank is SLURM's, the store on the first node. Not c10d: its
+    # agents poll the store while their workers run (`num_nodes_waiting`), and one whose peer agent (hosting the
+    # store) has already exited fails the job with RendezvousConnectionError although every worker finished (seen on
+    # a loaded 2-node run; pytorch/pytorch#69197, torchtune#2676). A SLURM allocation has a fixed node count, so
+    # nothing elastic is lost. accelerate hands torch.distributed.run the same arguments as the torchrun backend
+    # (--node_rank, --master_addr, --master_port) with --rdzv_backend=static --same_network.
     if spec.backend == "accelerate":
         inner = (f"{py} -m accelerate.commands.launch --num_processes={total} --num_machines={spec.nodes} "
                  f"--machine_rank=$SLURM_NODEID --main_process_ip=$MASTER_ADDR --main_process_port=$MASTER_PORT "
-                 f"--rdzv_backend=c10d {'--multi_gpu ' if total > 1 else ''}{cmd}")
+                 f"--rdzv_backend=static --same_network {'--multi_gpu ' if total > 1 else ''}{cmd}")
     else:
-        # static rendezvous: the node rank is SLURM's, the store on the first node. Not c10d: its agents poll the
-        # store while their workers run (`num_nodes_waiting`), and one whose peer agent (hosting the store) has
-        # already exited fails the job with RendezvousConnectionError although every worker finished (seen on a
-        # loaded 2-node run; pytorch/pytorch#69197, torchtune#2676). A SLURM allocation has a fixed node count, so
-        # nothing elastic is lost.
         inner = (f"{py} -m torch.distributed.run --nnodes={spec.nodes} --nproc_per_node={spec.procs_per_node} "
                  f"--node_rank=$SLURM_NODEID --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT {cmd}")
     # single quotes: $SLURM_NODEID must expand inside each task, not once in the batch shell. --cpus-per-task is

@@ -95,16 +95,16 @@ class PretrainCfg(TrainCfg):
 
 @dataclass
 class FinetuneCfg(TrainCfg):
-    seeds: list[int] = field(default_factory=lambda: [0], help="fine-tune each selection once per seed")
+    seeds: list[int] = field(default_factory=lambda: [0], range="[0, inf)",
+                             help="fine-tune each selection once per seed")
     no_tune: bool = field(True, help="also evaluate the base model without fine-tuning")
     unfiltered: bool = field(False, help="also fine-tune on the whole corpus (every sentence)")
-    jobs: int = field(0, help="fine-tuning runs at once on a CPU device, each in its own process with one thread "
-                              "(0: one per core; 1: one after another). On a GPU they always run one after another")
+    jobs: int = field(0, range="[0, inf)",
+                      help="fine-tuning runs at once on a CPU device, each in its own process with one thread "
+                           "(0: one per core; 1: one after another). On a GPU they always run one after another")
 
     def validate(self) -> None:
         super().validate()
-        if self.jobs < 0:
-            raise ValueError(f"jobs: expected >= 0, got {self.jobs}")
 
 
 @dataclass
@@ -138,9 +138,6 @@ class DedupCfg(DedupSection):
 
     enabled: bool = field(True, help="decontaminate and deduplicate the corpus before scoring (false: score and "
                                      "select the corpus as it is, e.g. Table F without decontamination)")
-
-    def validate(self) -> None:
-        DedupConfig.validate(self)
 
 
 # ScoreConfig fields a recipe sets itself: the detectors (score.detectors), the data and output folders, the ranks
@@ -209,9 +206,10 @@ def check_split(key: str, split: str) -> None:
 class SelectVariantCfg:
     filter: str = field("", help="the detector or ensemble (a key of score.detectors / score.ensembles) whose "
                                  "scores this selection reads")
-    keep: float = field(0.0, help="fraction kept (0 = select.keep)")
-    top_k: int = field(0, help="number of units kept instead of a fraction (0 = as select)")
-    threshold: float | None = field(None, help="keep units scoring at least this, 0-100 (null = as select)")
+    keep: float = field(0.0, range="[0, 1]", help="fraction kept (0 = select.keep)")
+    top_k: int = field(0, range="[0, inf)", help="number of units kept instead of a fraction (0 = as select)")
+    threshold: float | None = field(None, range="[0, 100]",
+                                    help="keep units scoring at least this, 0-100 (null = as select)")
     unit: str = field("", help="sentence | caption ('' = select.unit)")
     agg: str = field("", help="min | mean | prob | prune | repair ('' = select.agg)")
 
@@ -241,15 +239,14 @@ class SelectCfg(SelectSection):
                                    "whole captions vs pruned captions vs sentences)")
 
     def validate(self) -> None:
-        check_selection("select", self.keep, self.unit, self.agg, self.top_k, self.threshold)
+        check_selection("select", self.unit, self.agg, self.top_k, self.threshold)
         check_guarantee("select", self.max_hallucination, self.confidence, self.calibration, self.top_k,
                         self.threshold, "min", self.per_captioner, calibration_default=True,
                         composed=bool(self.where or self.rank), keep=self.keep)
         for name in self.variants:
             check_name("select.variants", name)
         for name, v in self.variants.items():
-            check_selection(f"select.variants.{name}", v.keep or self.keep, v.unit or self.unit, v.agg or self.agg,
-                             v.top_k, v.threshold)
+            check_selection(f"select.variants.{name}", v.unit or self.unit, v.agg or self.agg, v.top_k, v.threshold)
             if not v.filter:
                 raise ValueError(f"select.variants.{name}.filter: required (a key of score.detectors or "
                                  "score.ensembles)")
@@ -282,7 +279,7 @@ class EvalCfg(EvalBenchSection):
     """A recipe's eval section: `eval bench`'s settings (one definition, one check), and the recipe's own."""
 
     bench_split: str = field("", help="evaluate detectors on this bench split only ('' = all rows)")
-    batch_size: int = field(128, help="evaluation batch size")
+    batch_size: int = field(128, range="[1, inf)", help="evaluation batch size")
     zeroshot: bool = field(True, help="zero-shot classification of every model (data.zeroshot or the world's tasks)")
     compositional: bool = field(True, help="compositional hard negatives (SugarCrepe) of every model "
                                            "(data.compositional or the world's)")
@@ -328,7 +325,7 @@ class WandbCfg:
 class Recipe:
     name: str = field("quickstart", help="recipe name (report title)")
     run_dir: str = field("runs/quickstart", help="one folder for everything this recipe writes")
-    seed: int = field(0, help="seed for the world, random detectors, selection and training")
+    seed: int = field(0, range="[0, inf)", help="seed for the world, random detectors, selection and training")
     device: str = field("auto", help="auto | cpu | cuda")
     stages: list[str] = field(default_factory=lambda: list(STAGES), help=f"stages to run, in order: {STAGES}")
     world: WorldCfg = field(default_factory=WorldCfg, help="the embedded synthetic world")
@@ -338,9 +335,10 @@ class Recipe:
     detectors: dict[str, TrainedDetectorCfg] = field(
         default_factory=dict, help="detectors trained before scoring, into <run_dir>/detectors/NAME; a score spec "
                                    "names one as {trained.NAME}")
-    detector_jobs: int = field(0, help="detectors trained at once, each in its own process (0: one per GPU with 2 "
-                                       "or more GPUs, one at a time on one GPU, on CPU one per 4 cores; 1: one "
-                                       "after another)")
+    detector_jobs: int = field(0, range="[0, inf)",
+                               help="detectors trained at once, each in its own process (0: one per GPU with 2 "
+                                    "or more GPUs, one at a time on one GPU, on CPU one per 4 cores; 1: one "
+                                    "after another)")
     dedup: DedupCfg = field(default_factory=DedupCfg, help="decontamination and dedup of the corpus (against the "
                                                             "retrieval sets and bench) before scoring")
     score: ScoreCfg = field(default_factory=ScoreCfg, help="detectors scored on the corpus and the bench")
@@ -360,8 +358,6 @@ class Recipe:
             raise ConfigError(f"stages: unknown stage {bad[0]!r}; expected some of {STAGES}")
         if self.detectors and "detectors" not in self.stages:
             raise ConfigError(f"stages: 'detectors' is needed to train {sorted(self.detectors)}")
-        if self.detector_jobs < 0:
-            raise ConfigError(f"detector_jobs: expected >= 0, got {self.detector_jobs}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device: expected auto, cpu or cuda, got {self.device!r}")
         if not self.world.enabled:

@@ -22,17 +22,20 @@ def check_corpus_sentences(window) -> tuple[int, int] | None:
 class WorldSettings:
     """The synthetic world's sizes and makers (a world is a function of these and the seed)."""
 
-    images: int = field(2000, help="corpus image-caption pairs")
-    image_size: int = field(64, help="image side in pixels (>= 32)")
-    bench_images: int | None = field(None, help="bench images, each captioned by all 6 captioners (default "
-                                                "max(24, images/4))")
-    t2i_prompts: int | None = field(None, help="t2i prompts, each drawn by all 3 generators (default "
-                                               "max(12, bench_images/2))")
-    retrieval_images: int | None = field(None, help="held-out retrieval images with 5 captions each (default "
-                                                    "max(20, images/10))")
-    pretrain_images: int | None = field(None, help="pre-training pairs: web alt-text + a clean detailed caption "
-                                                   "(default images)")
-    shard_size: int = field(256, help="samples per shard")
+    images: int = field(2000, range="[1, inf)", help="corpus image-caption pairs")
+    image_size: int = field(64, range="[32, inf)", help="image side in pixels (>= 32)")
+    bench_images: int | None = field(None, range="[0, inf)",
+                                     help="bench images, each captioned by all 6 captioners (default "
+                                          "max(24, images/4))")
+    t2i_prompts: int | None = field(None, range="[0, inf)", help="t2i prompts, each drawn by all 3 generators (default "
+                                                                 "max(12, bench_images/2))")
+    retrieval_images: int | None = field(None, range="[0, inf)",
+                                         help="held-out retrieval images with 5 captions each (default "
+                                              "max(20, images/10))")
+    pretrain_images: int | None = field(None, range="[0, inf)",
+                                        help="pre-training pairs: web alt-text + a clean detailed caption "
+                                             "(default images)")
+    shard_size: int = field(256, range="[1, inf)", help="samples per shard")
     captioners: list[str] = field(default_factory=list, help="simulated captioners that write the corpus (default: "
                                                              "all six; HalDec Table F's corpus is one captioner's)",
                                   cli={"metavar": "NAME"})
@@ -44,30 +47,26 @@ class WorldSettings:
                                                     "write the corpus (default), or short human-style captions over "
                                                     "families of look-alike scenes",
                                  cli={"choices": RETRIEVAL_STYLES})
-    zeroshot_images: int | None = field(None, help="images per zero-shot task (shape, colour, count of the main "
-                                                   "object; CLIP_benchmark wds layout in zeroshot/TASK); 0 = none "
-                                                   "(default max(12, images/30))")
-    compositional_images: int | None = field(None, help="images with SugarCrepe's seven hard-negative categories "
-                                                        "(compositional/); 0 = none (default max(12, images/30))")
-    leaks: float = field(0.0, help="planted evaluation leaks: the share (0-1) of retrieval images with a near copy "
-                                   "(cropped <= 10%, resized, colour-jittered, JPEG re-encoded) put into the corpus, "
-                                   "captioned by the corpus captioner; world.json 'leaks' records them")
-    exact_copies: int = field(0, help="planted byte-identical copies of corpus samples (new keys); world.json "
-                                      "'exact_copies' records them")
+    zeroshot_images: int | None = field(None, range="[0, inf)",
+                                        help="images per zero-shot task (shape, colour, count of the main "
+                                             "object; CLIP_benchmark wds layout in zeroshot/TASK); 0 = none "
+                                             "(default max(12, images/30))")
+    compositional_images: int | None = field(None, range="[0, inf)",
+                                             help="images with SugarCrepe's seven hard-negative categories "
+                                                  "(compositional/); 0 = none (default max(12, images/30))")
+    leaks: float = field(0.0, range="[0, 1]",
+                         help="planted evaluation leaks: the share (0-1) of retrieval images with a near copy "
+                              "(cropped <= 10%, resized, colour-jittered, JPEG re-encoded) put into the corpus, "
+                              "captioned by the corpus captioner; world.json 'leaks' records them")
+    exact_copies: int = field(0, range="[0, inf)",
+                              help="planted byte-identical copies of corpus samples (new keys); world.json "
+                                   "'exact_copies' records them")
 
     def validate(self) -> None:
         from halsift.synth.captioners import check_captioner_names
 
-        for name, lo in (("images", 1), ("image_size", 32), ("shard_size", 1), ("bench_images", 0),
-                         ("t2i_prompts", 0), ("retrieval_images", 0), ("pretrain_images", 0),
-                         ("zeroshot_images", 0), ("compositional_images", 0), ("exact_copies", 0)):
-            v = getattr(self, name)
-            if v is not None and v < lo:
-                raise ValueError(f"{name}: got {v}, expected an integer >= {lo}")
-        if self.retrieval_style not in RETRIEVAL_STYLES:
+        if self.retrieval_style not in RETRIEVAL_STYLES:  # the sizes' ranges are declared on the fields
             raise ValueError(f"retrieval_style: expected one of {RETRIEVAL_STYLES}, got {self.retrieval_style!r}")
-        if not 0 <= self.leaks <= 1:
-            raise ValueError(f"leaks: got {self.leaks}, expected a share of the retrieval images in [0, 1]")
         check_captioner_names(self.captioners, "captioners")
         check_corpus_sentences(self.corpus_sentences)
 

@@ -38,24 +38,21 @@ class CaptionPretrainConfig(CaptionOptimizer):
     shards: str = _f("", help="shard spec of the image-caption pairs")
     out: str = _f("", help="run folder: config.json, metrics.jsonl, checkpoints/")
     save_to: str = _f("", help="folder the trained model and processor are saved to (replaced atomically)")
-    steps: int = _f(300, help="optimizer steps")
-    batch_size: int = _f(16, help="captions per step")
-    grad_clip: float = _f(1.0, help="max gradient norm (0 = off)")
+    steps: int = _f(300, range="[1, inf)", help="optimizer steps")
+    batch_size: int = _f(16, range="[1, inf)", help="captions per step")
+    grad_clip: float = _f(1.0, range="[0, inf)", help="max gradient norm (0 = off)")
     freeze_vision: bool = _f(False, help="leave the vision tower as it is (LLaVA stage 1)")
-    seed: int = _f(0, help="seed of the batch order (and of anything drawn at random)")
-    log_every: int = _f(10, help="write a metrics.jsonl line every N steps")
-    checkpoint_every: int = _f(0, help="save a resumable checkpoint every N steps (0 = never)")
-    keep_checkpoints: int = _f(1, help="keep the newest K step checkpoints (0 = all)")
+    seed: int = _f(0, range="[0, inf)", help="seed of the batch order (and of anything drawn at random)")
+    log_every: int = _f(10, range="[1, inf)", help="write a metrics.jsonl line every N steps")
+    checkpoint_every: int = _f(0, range="[0, inf)", help="save a resumable checkpoint every N steps (0 = never)")
+    keep_checkpoints: int = _f(1, range="[0, inf)", help="keep the newest K step checkpoints (0 = all)")
     resume: bool = _f(False, help="continue from the newest complete checkpoint in out/checkpoints")
 
     def validate(self) -> None:
         missing = [n for n in ("model", "shards", "out", "save_to") if not getattr(self, n)]
         if missing:
             raise ValueError(f"{missing[0]}: required")
-        small = [n for n in ("steps", "batch_size", "log_every") if getattr(self, n) < 1]
-        if small:
-            raise ValueError(f"{small[0]}: must be >= 1, got {getattr(self, small[0])}")
-        self.check_optimizer()
+        self.check_optimizer()  # and every declared range
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

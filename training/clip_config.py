@@ -26,36 +26,37 @@ class ClipTrainConfig(ClipOptimizer):
     """Everything one CLIP fine-tuning run needs; saved as ``config.json`` in the run folder."""
 
     data: list[str] = _f(default_factory=list, help="shard specs: folder, glob or brace pattern (one per source)")
-    data_weights: list[float] = _f(default_factory=list,
+    data_weights: list[float] = _f(default_factory=list, range="(0, inf)",
                                    help="mixture weight per data spec (several specs: resampled mixture)")
     out: str = _f("", help="run folder: checkpoints/, final/, metrics.jsonl, config.json")
     model: str = _f("ViT-B-32", help="open_clip architecture (open_clip.list_models()); halsift-tiny: a built-in "
                                      "2-layer model for tests and CPU smoke runs")
     pretrained: str = _f("", help="open_clip pretrained tag, a local weights file, or '' for random init")
     loss: str = _f("clip", help="clip (softmax InfoNCE) or siglip (sigmoid)")
-    steps: int = _f(100, help="optimizer steps")
-    batch_size: int = _f(64, help="samples per micro-batch per process")
-    grad_accum: int = _f(1, help="micro-batches per optimizer step (negatives stay within a micro-batch)")
-    grad_clip: float = _f(1.0, help="max gradient norm (0 = off)")
+    steps: int = _f(100, range="[1, inf)", help="optimizer steps")
+    batch_size: int = _f(64, range="[1, inf)", help="samples per micro-batch per process")
+    grad_accum: int = _f(1, range="[1, inf)",
+                         help="micro-batches per optimizer step (negatives stay within a micro-batch)")
+    grad_clip: float = _f(1.0, range="[0, inf)", help="max gradient norm (0 = off)")
     precision: str = _f("auto", help="auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32")
     lock_image: bool = _f(False, help="freeze the image tower")
     lock_text: bool = _f(False, help="freeze the text tower except its last lock_text_unlocked layers")
-    lock_text_unlocked: int = _f(0, help="text layers left trainable when lock_text is set")
+    lock_text_unlocked: int = _f(0, range="[0, inf)", help="text layers left trainable when lock_text is set")
     augment: bool = _f(False, help="train with open_clip's random-resized-crop transform instead of the eval one")
-    workers: int = _f(2, help="dataloader workers per process (0 = in the main process)")
-    shuffle_buffer: int = _f(256, help="sample shuffle buffer per worker (0 = off)")
-    checkpoint_every: int = _f(0, help="save a checkpoint every N steps (0 = only at the end)")
-    keep_checkpoints: int = _f(0, help="keep only the newest K step checkpoints (0 = keep all)")
-    eval_every: int = _f(0, help="evaluate every N steps (0 = only at the end)")
+    workers: int = _f(2, range="[0, inf)", help="dataloader workers per process (0 = in the main process)")
+    shuffle_buffer: int = _f(256, range="[0, inf)", help="sample shuffle buffer per worker (0 = off)")
+    checkpoint_every: int = _f(0, range="[0, inf)", help="save a checkpoint every N steps (0 = only at the end)")
+    keep_checkpoints: int = _f(0, range="[0, inf)", help="keep only the newest K step checkpoints (0 = keep all)")
+    eval_every: int = _f(0, range="[0, inf)", help="evaluate every N steps (0 = only at the end)")
     retrieval: str = _f("", help="retrieval set (retrieval.jsonl or its folder) evaluated in the loop")
     bench: str = _f("", help="benchmark bench.jsonl: the model's own detection AUROC, evaluated in the loop")
-    eval_batch_size: int = _f(64, help="batch size for evaluation")
-    log_every: int = _f(10, help="write a metrics.jsonl line every N steps (the loss is read from the device only "
-                                 "then: no host sync on the other steps)")
+    eval_batch_size: int = _f(64, range="[1, inf)", help="batch size for evaluation")
+    log_every: int = _f(10, range="[1, inf)", help="write a metrics.jsonl line every N steps (the loss is read from "
+                                                   "the device only then: no host sync on the other steps)")
     wandb_project: str = _f("halsift", help="wandb project")
     wandb_run: str = _f("", help="wandb run name ('' = the run folder's name)")
     wandb_mode: WandbMode = _f("offline", help="wandb mode: offline | online | disabled")
-    seed: int = _f(0, help="seed for init, shard order and sample shuffling")
+    seed: int = _f(0, range="[0, inf)", help="seed for init, shard order and sample shuffling")
     resume: bool = _f(False, help="continue from the newest complete checkpoint in out/checkpoints")
 
     def validate(self) -> None:
@@ -64,24 +65,13 @@ class ClipTrainConfig(ClipOptimizer):
             raise ValueError("data: at least one shard spec is required")
         if self.data_weights and len(self.data_weights) != len(self.data):
             raise ValueError(f"data_weights: {len(self.data_weights)} weights for {len(self.data)} data specs")
-        if any(w <= 0 for w in self.data_weights):
-            raise ValueError("data_weights: weights must be > 0")
         if not self.out:
             raise ValueError("out: a run folder is required")
         if self.loss not in ("clip", "siglip"):
             raise ValueError(f"loss: expected clip or siglip, got {self.loss!r}")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision: expected auto, bf16 or fp32, got {self.precision!r}")
-        for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        self.check_optimizer()
-        for name in ("workers", "shuffle_buffer", "checkpoint_every", "eval_every", "keep_checkpoints",
-                     "lock_text_unlocked"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
-        if self.grad_clip < 0:
-            raise ValueError(f"grad_clip: must be >= 0, got {self.grad_clip}")
+        self.check_optimizer()  # and every declared range (steps, batch sizes, intervals, grad_clip ...)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -41,28 +41,31 @@ class DetectorTrainConfig(DetectorOptimizer):
                                         "q/k/v/o/gate/up/down_proj for vlm)")
     modules_to_save: list[str] = _f(default_factory=list,
                                     help="modules trained in full next to LoRA (vlm: e.g. multi_modal_projector)")
-    lora_r: int = _f(8, help="LoRA rank")
-    lora_alpha: float = _f(16.0, help="LoRA alpha (scale = alpha / r)")
-    lora_dropout: float = _f(0.0, help="dropout on the LoRA input")
-    head_hidden: int = _f(64, help="clip: hidden width of the head on [cosine, image*text] (0 = linear head)")
-    head_lr: float = _f(0.0, help="clip: learning rate of the head (0 = same as lr)")
-    steps: int = _f(200, help="optimizer steps (at most)")
-    batch_size: int = _f(32, help="sentences per batch per process")
-    grad_clip: float = _f(1.0, help="max gradient norm (0 = off)")
+    lora_r: int = _f(8, range="[1, inf)", help="LoRA rank")
+    lora_alpha: float = _f(16.0, range="[0, inf)", help="LoRA alpha (scale = alpha / r)")
+    lora_dropout: float = _f(0.0, range="[0, 1)", help="dropout on the LoRA input")
+    head_hidden: int = _f(64, range="[0, inf)",
+                          help="clip: hidden width of the head on [cosine, image*text] (0 = linear head)")
+    head_lr: float = _f(0.0, range="[0, inf)", help="clip: learning rate of the head (0 = same as lr)")
+    steps: int = _f(200, range="[1, inf)", help="optimizer steps (at most)")
+    batch_size: int = _f(32, range="[1, inf)", help="sentences per batch per process")
+    grad_clip: float = _f(1.0, range="[0, inf)", help="max gradient norm (0 = off)")
     balance: str = _f("loss", help="class balance: loss (weight each class by half its inverse frequency) | "
                                    "sample (class-balanced sampling) | none")
     train_split: str = _f("train", help="bench split used for training")
     val_split: str = _f("val", help="bench split used for early stopping ('' = no validation, keep the last step)")
-    max_val_rows: int = _f(0, help="evaluate on at most this many val rows (0 = all)")
-    eval_every: int = _f(50, help="evaluate val AUROC every N steps (and at the end)")
-    patience: int = _f(3, help="stop after this many evaluations without a better val AUROC (0 = never stop early)")
-    checkpoint_every: int = _f(0, help="save a resumable checkpoint every N steps (0 = only with evaluations)")
-    keep_checkpoints: int = _f(2, help="keep the newest K step checkpoints (0 = all)")
+    max_val_rows: int = _f(0, range="[0, inf)", help="evaluate on at most this many val rows (0 = all)")
+    eval_every: int = _f(50, range="[1, inf)", help="evaluate val AUROC every N steps (and at the end)")
+    patience: int = _f(3, range="[0, inf)",
+                       help="stop after this many evaluations without a better val AUROC (0 = never stop early)")
+    checkpoint_every: int = _f(0, range="[0, inf)",
+                               help="save a resumable checkpoint every N steps (0 = only with evaluations)")
+    keep_checkpoints: int = _f(2, range="[0, inf)", help="keep the newest K step checkpoints (0 = all)")
     merge: bool = _f(False, help="also write merged/: the adapter merged into the base weights")
     mode: str = _f("", help="vlm: judge mode trained and scored (yes_prob | logits; '' = the base spec's, else yes_prob)")
-    eval_batch_size: int = _f(64, help="batch size for validation scoring")
-    workers: int = _f(0, help="dataloader workers per process")
-    log_every: int = _f(10, help="write a metrics.jsonl line every N steps")
+    eval_batch_size: int = _f(64, range="[1, inf)", help="batch size for validation scoring")
+    workers: int = _f(0, range="[0, inf)", help="dataloader workers per process")
+    log_every: int = _f(10, range="[1, inf)", help="write a metrics.jsonl line every N steps")
     wandb_project: str = _f("halsift", help="wandb project")
     wandb_run: str = _f("", help="wandb run name ('' = the run folder's name)")
     wandb_mode: WandbMode = _f("offline", help="wandb mode: offline | online | disabled")
@@ -70,9 +73,10 @@ class DetectorTrainConfig(DetectorOptimizer):
                                "a cascade's _stages/sample, whose unsampled units hold placeholder scores) whose "
                                "scores a student head on --embeddings learns; no bench, no base, no labels")
     embeddings: str = _f("", help="with --teacher: a `halsift embed` folder of the shards the teacher scored")
-    teacher_sample: int = _f(0, help="with --teacher: train on at most this many of its units, drawn uniformly "
-                                     "(0 = all)")
-    seed: int = _f(0, help="seed for LoRA/head init and batch order")
+    teacher_sample: int = _f(0, range="[0, inf)",
+                             help="with --teacher: train on at most this many of its units, drawn uniformly "
+                                  "(0 = all)")
+    seed: int = _f(0, range="[0, inf)", help="seed for LoRA/head init and batch order")
     resume: bool = _f(False, help="continue from the newest complete checkpoint in out/checkpoints")
 
     def validate(self) -> None:
@@ -80,8 +84,6 @@ class DetectorTrainConfig(DetectorOptimizer):
         for name in ("embeddings", "out") if self.teacher else ("base", "bench", "out"):
             if not getattr(self, name):
                 raise ValueError(f"{name}: required" + (" with --teacher" if self.teacher else ""))
-        if self.teacher_sample < 0:
-            raise ValueError(f"teacher_sample: must be >= 0, got {self.teacher_sample}")
         if self.kind not in KINDS:
             raise ValueError(f"kind: expected one of {KINDS}, got {self.kind!r}")
         if self.balance not in BALANCE:
@@ -90,16 +92,7 @@ class DetectorTrainConfig(DetectorOptimizer):
             raise ValueError(f"mode: expected yes_prob or logits (or '' for the base spec's), got {self.mode!r}")
         if self.train_split == self.val_split:
             raise ValueError(f"val_split: must differ from train_split ({self.train_split!r})")
-        for name in ("steps", "batch_size", "lora_r", "eval_every", "eval_batch_size", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        self.check_optimizer()
-        for name in ("head_hidden", "max_val_rows", "patience", "checkpoint_every", "keep_checkpoints",
-                     "workers", "head_lr", "grad_clip", "lora_alpha"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.lora_dropout < 1:
-            raise ValueError(f"lora_dropout: expected 0 <= p < 1, got {self.lora_dropout}")
+        self.check_optimizer()  # and every declared range (lora_r, steps, batch sizes, dropout, intervals ...)
 
     def resolved_kind(self) -> str:
         """``clip`` or ``vlm``: ``kind``, or the base spec's family when ``kind=auto``."""

@@ -7,7 +7,8 @@ its units' image and sentence vectors come from a ``halsift embed`` folder of th
 (:func:`halsift.filtering.detectors.student.head` on ``[image, text, image * text, cosine]``) is fitted to the
 teacher's score / 100 with a soft-target logistic loss; a tenth of the units (by hash) is held out, and the step
 with the lowest held-out loss is kept. Writes ``DIR/student/`` (``model.safetensors``, ``config.json``), the detector
-``student:path=DIR/student,embeddings=EMB``.
+``student:path=DIR/student,embeddings=EMB``, and ``DIR/distill.json``, the run record (teacher, embeddings and
+settings: the same command finds its student, another run into the folder is refused).
 """
 
 from __future__ import annotations
@@ -49,9 +50,59 @@ def teacher_units(teacher: str | os.PathLike, embeddings: str | os.PathLike, sam
     return x, score[rows] / 100.0, held, model
 
 
+RECORD = "distill.json"  # the run record of a distillation's --out (halsift.execution.run_folder): what taught it
+
+
+class DistillError(InputError):
+    """A distillation that cannot run as asked (one line naming the flag or folder)."""
+
+
+def identity(teacher: str | os.PathLike, embeddings: str | os.PathLike, settings: dict) -> dict:
+    """What a student is made from: the teacher's and the embeddings' manifests by content (a copied folder is the
+    same teacher; their paths are recorded, not compared) and the training settings."""
+    from halsift.execution.run_folder import content
+
+    def fingerprint(folder) -> str | None:
+        manifest = Path(folder) / "_manifest.json"
+        return content(manifest)["hash"] if manifest.is_file() else None
+
+    return {"stage": "distill", "teacher": str(Path(teacher).resolve()), "teacher_fp": fingerprint(teacher),
+            "embeddings": str(Path(embeddings).resolve()), "embeddings_fp": fingerprint(embeddings),
+            "settings": settings}
+
+
 def distill(teacher: str | os.PathLike, embeddings: str | os.PathLike, out: str | os.PathLike, steps: int = 500,
             batch_size: int = 256, lr: float = 1e-3, hidden: int = 64, sample: int = 0, seed: int = 0) -> dict:
-    """Train the student (module docstring); returns its ``config.json`` (with ``spec`` and held-out metrics)."""
+    """Train the student (module docstring) into ``out``, keeping the run record :data:`RECORD` like every stage:
+    the same command again finds its student (returned, ``trained_already``), another teacher, embeddings or
+    settings is refused in one line, and so is an ``out`` holding anything else (another student made before the
+    record). Returns the student's ``config.json`` (with ``spec`` and held-out metrics)."""
+    from halsift.execution.run_folder import check_or_start, failing
+    from halsift.corpus.shards import write_json_atomic
+
+    out = Path(out)
+    settings = {"steps": steps, "batch_size": batch_size, "lr": lr, "hidden": hidden, "sample": sample, "seed": seed}
+    ident = identity(teacher, embeddings, settings)
+    hint = "choose a new --out folder"
+    old = check_or_start(out, ident, keys=("stage", "teacher_fp", "embeddings_fp"), what="another student",
+                         manifest=RECORD, error=DistillError, parts_glob="", start=False, hint=hint, prefix="--out: ")
+    if old is None and out.is_dir() and any(not p.name.startswith(".") for p in out.iterdir()):
+        raise DistillError(f"--out: {out} is not empty and holds no {RECORD} (another student, or another run's "
+                           f"folder); {hint}")
+    student = out / "student" / "config.json"
+    if old is not None and old.get("status") == "complete" and student.is_file():
+        return {**json.loads(student.read_text()), "trained_already": True}
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / RECORD, {**ident, "status": "running"})
+    with failing(out, RECORD):
+        cfg = _train_student(teacher, embeddings, out, **settings)
+    write_json_atomic(out / RECORD, {**ident, "status": "complete", "spec": cfg["spec"]})
+    return cfg
+
+
+def _train_student(teacher: str | os.PathLike, embeddings: str | os.PathLike, out: str | os.PathLike, steps: int,
+                   batch_size: int, lr: float, hidden: int, sample: int, seed: int) -> dict:
+    """The training itself: ``out/student/`` (``model.safetensors``, ``config.json``); returns the config."""
     import torch
     from safetensors.torch import save_file
     from scipy.stats import spearmanr

@@ -13,7 +13,9 @@ Run folder (``cfg.out``)::
     metrics.jsonl                one JSON line per log step ("train/loss", "train/lr", ...) and per evaluation
     checkpoints/step_NNNNNN/     model.safetensors (the task's weights: the full model or only the trainable
                                  ones), optimizer.bin, scheduler.bin, random_states_<rank>.pkl (accelerate's
-                                 save_state; read back with torch.load(weights_only=True)), state.json (written last)
+                                 save_state; read back with torch.load(weights_only=True)), state.json (written last:
+                                 the step, the task's fields and the settings that decide what is trained, so that
+                                 ``--resume`` can check them without config.json)
 
 Checkpoints are written into ``checkpoints/.step_NNNNNN.tmp`` and renamed; only ``step_NNNNNN`` folders with a
 ``state.json`` count as complete, so a run killed mid-save never resumes from a half-written checkpoint. The loss
@@ -331,27 +333,48 @@ class ResumeMismatch(InputError):
 
 
 def check_resume(out: Path, cfg: RunConfig) -> None:
-    """A resumed run continues the run its folder's ``config.json`` records
-    (:mod:`halsift.execution.run_folder`'s rule: a setting absent from an older record compares equal only to its
-    default): a setting that decides what is trained (model, data, loss, optimizer ...) is refused in one line."""
+    """A resumed run continues the run its folder's ``config.json`` and its newest checkpoint's ``state.json``
+    record (:mod:`halsift.execution.run_folder`'s rule: a setting absent from an older record compares equal only to
+    its default): a setting that decides what is trained (model, data, loss, optimizer ...) is refused in one line,
+    and so are checkpoints that neither record ties to their settings, and ``--steps`` below the newest
+    checkpoint's step."""
     import dataclasses
 
     from halsift.corpus.config import field_default
     from halsift.execution.run_folder import read_record, refusal, settings_diff
 
     hint = "give it the recorded value, or drop --resume and choose another --out"
-    old = read_record(out / "config.json", ResumeMismatch, "--resume: ", hint)
-    if old is None:
-        return
-    new = {k: v for k, v in cfg.to_dict().items() if k not in RESUME_MAY_CHANGE}
+    newest = complete_checkpoints(out)[-1]
+    saved = read_record(newest / "state.json", ResumeMismatch, "--resume: ", hint) or {}
+    records = [r for r in (read_record(out / "config.json", ResumeMismatch, "--resume: ", hint),
+                           saved.get("settings")) if isinstance(r, dict)]
+    if not records:  # nothing ties the checkpoints to the settings that made them: a resume could mix two runs
+        raise ResumeMismatch(f"--resume: {out} holds checkpoints (newest {newest.name}) but no record of the "
+                             f"settings that made them (no config.json, and {newest.name}/state.json records none); "
+                             "restore config.json, or drop --resume and choose another --out")
+    step = int(saved.get("step", 0))
+    if step > cfg.steps:
+        raise ResumeMismatch(f"--resume: {newest} is at step {step}, past --steps {cfg.steps}: a resumed run cannot "
+                             f"train fewer steps than it has; give --steps {step} or more (or drop --resume and "
+                             "choose another --out)")
+    new = resume_settings(cfg)
     fields = dataclasses.fields(cfg) if dataclasses.is_dataclass(cfg) else ()
     defaults = {f.name: field_default(f) for f in fields  # a field without a default compares equal to nothing
                 if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
     defaults = json.loads(json.dumps(defaults, default=str))  # as config.json holds them (lists, not tuples)
-    key = settings_diff(old, json.loads(json.dumps(new, default=str)), defaults)
-    if key is not None:
-        raise ResumeMismatch("--resume: " + refusal(out, f"settings.{key}", {"settings": old}, {"settings": new},
-                                                    "a training run", defaults, hint))
+    for old in records:  # config.json, then the checkpoint's own record
+        key = settings_diff(old, new, defaults)
+        if key is not None:
+            raise ResumeMismatch("--resume: " + refusal(out, f"settings.{key}", {"settings": old},
+                                                        {"settings": new}, "a training run", defaults, hint))
+
+
+def resume_settings(cfg: RunConfig) -> dict:
+    """The settings of ``cfg`` that decide what is trained (all but :data:`RESUME_MAY_CHANGE`), as JSON holds them:
+    what every checkpoint's ``state.json`` records (``settings``) and ``--resume`` compares, so that checkpoints
+    stay tied to their run without ``config.json``."""
+    return json.loads(json.dumps({k: v for k, v in cfg.to_dict().items() if k not in RESUME_MAY_CHANGE},
+                                 default=str))
 
 
 def run(task: Task) -> dict:
@@ -380,7 +403,9 @@ def run(task: Task) -> dict:
         saved = load_checkpoint(accelerator, ckpts[-1])
         start = int(saved["step"])
         task.resume(saved)
-        accelerator.print(f"resuming from {ckpts[-1]} (step {start})")
+        accelerator.print(f"resuming from {ckpts[-1]} (step {start})" if start < cfg.steps else
+                          f"resume: {ckpts[-1]} is at step {start} = --steps: nothing left to train; the run ends "
+                          "from it")
     elif cfg.resume:
         accelerator.print(f"resume: no complete checkpoint in {out / 'checkpoints'}; starting from step 0")
     loop = _Loop(task, accelerator, model, optimizer, scheduler, start,
@@ -470,7 +495,8 @@ class _Loop:
         return stop
 
     def checkpoint(self) -> None:
-        save_checkpoint(self.acc, self.out, self.step, self.task.state(self.step), keep=self.cfg.keep_checkpoints)
+        state = {**self.task.state(self.step), "settings": resume_settings(self.cfg)}  # ties it to its settings
+        save_checkpoint(self.acc, self.out, self.step, state, keep=self.cfg.keep_checkpoints)
 
     def stop_if_nonfinite(self) -> None:
         """Raise :class:`NonFiniteLossError` on every rank once any rank saw a non-finite loss."""
@@ -491,5 +517,5 @@ class _Loop:
 
 
 __all__ = ["FAULT_KILL_ENV", "MetricsLog", "NonFiniteLossError", "NonFiniteWatch", "RunConfig", "Task",
-           "complete_checkpoints", "cosine_with_warmup", "cpu_state_dict", "load_checkpoint", "make_accelerator", "run",
-           "save_checkpoint", "save_state_dict_safetensors"]
+           "complete_checkpoints", "cosine_with_warmup", "cpu_state_dict", "load_checkpoint", "make_accelerator",
+           "resume_settings", "run", "save_checkpoint", "save_state_dict_safetensors"]

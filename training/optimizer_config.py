@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from halsift.corpus.config import field
+from halsift.corpus.config import check_ranges, field
 
 SCHEDULES = ("cosine", "linear_floor")
 FIELDS: dict[str, tuple[type, str]] = {  # name -> (type, help)
@@ -25,6 +25,8 @@ FIELDS: dict[str, tuple[type, str]] = {  # name -> (type, help)
     "schedule": (str, "after warmup: cosine (decay to 0) | linear_floor (linear decay to 5% of the peak at the "
                       "last step)"),
 }
+RANGES = {"lr": "[0, inf)", "wd": "[0, inf)", "beta1": "[0, 1)", "beta2": "[0, 1)", "eps": "(0, inf)",
+          "warmup": "[0, inf)"}  # each field's declared range (corpus/ranges.py): NaN and inf are refused
 ADAMW = {"lr": 1e-3, "wd": 0.0, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "warmup": 0, "schedule": "cosine"}
 
 
@@ -44,16 +46,10 @@ class OptimizerSettings:
         return out
 
     def check_optimizer(self) -> None:
-        """Raise ValueError naming the field on a bad value."""
+        """Raise ValueError naming the field on a bad value: the declared ranges (:data:`RANGES`, also for settings
+        built in Python rather than by :func:`~halsift.corpus.config.from_dict`), then the schedule."""
+        check_ranges(self)
         o = self.optimizer()
-        for name in ("lr", "wd", "warmup"):
-            if o[name] < 0:
-                raise ValueError(f"{self.PREFIX}{name}: must be >= 0, got {o[name]}")
-        for name in ("beta1", "beta2"):
-            if not 0 <= o[name] < 1:
-                raise ValueError(f"{self.PREFIX}{name}: expected 0 <= beta < 1, got {o[name]}")
-        if o["eps"] <= 0:
-            raise ValueError(f"{self.PREFIX}eps: must be > 0, got {o['eps']}")
         if o["schedule"] not in SCHEDULES:
             raise ValueError(f"{self.PREFIX}schedule: expected one of {SCHEDULES}, got {o['schedule']!r}")
 
@@ -85,7 +81,7 @@ def lr_schedule(optimizer, schedule: str, warmup: int, steps: int):
 def optimizer_field(name: str, default: Any, help: str = "") -> Any:
     """The dataclass field of optimizer setting ``name`` (a key of :data:`FIELDS`) with ``default``; ``help``
     replaces the common help text (e.g. to say which trainer a prefixed field feeds)."""
-    return field(default, help=help or FIELDS[name][1])
+    return field(default, help=help or FIELDS[name][1], range=RANGES.get(name))
 
 
 def optimizer_section(name: str, *, prefix: str = "", help: dict[str, str] | None = None,
@@ -101,4 +97,4 @@ def optimizer_section(name: str, *, prefix: str = "", help: dict[str, str] | Non
     return dataclasses.make_dataclass(name, fields, bases=(OptimizerSettings,), namespace=ns)
 
 
-__all__ = ["ADAMW", "FIELDS", "OptimizerSettings", "SCHEDULES", "lr_schedule", "optimizer_field", "optimizer_section"]
+__all__ = ["ADAMW", "FIELDS", "RANGES", "OptimizerSettings", "SCHEDULES", "lr_schedule", "optimizer_field", "optimizer_section"]

@@ -23,7 +23,7 @@ class BenchEvalConfig:
     detector: list[str] = field(default_factory=list,
                                 help="detector spec(s) to score the bench with first (scores go to OUT/scores/<name>)")
     out: str = field("", help="output folder for metrics.json, report.md and plots/")
-    keep: float = field(0.2, help="share kept for precision@keep (HalDec Fig. 8)")
+    keep: float = field(0.2, range="(0, 1]", help="share kept for precision@keep (HalDec Fig. 8)")
     self_preference: list[str] = field(default_factory=list,
                                        help="DET=GEN pairs: the generator that is the detector's own model (Fig. 8)")
     ensemble: list[str] = field(default_factory=list,
@@ -33,10 +33,11 @@ class BenchEvalConfig:
                                      "sentence's log-likelihood given its own vs a random image, by position and "
                                      "label (likelihood/... metrics, a report table, plots/likelihood.png, "
                                      "likelihood.csv)")
-    likelihood_images: int = field(0, help="likelihood: only the rows of N images (a sample seeded by seed; "
-                                           "0 = all)")
-    n_boot: int = field(1000, help="bootstrap replicates for the 95-percent CIs")
-    seed: int = field(0, help="bootstrap seed")
+    likelihood_images: int = field(0, range="[0, inf)",
+                                   help="likelihood: only the rows of N images (a sample seeded by seed; "
+                                        "0 = all)")
+    n_boot: int = field(1000, range="[10, inf)", help="bootstrap replicates for the 95-percent CIs")
+    seed: int = field(0, range="[0, inf)", help="bootstrap seed")
     plots: bool = field(True, help="write the PNG plots")
     html: bool = field(True, help="write index.html (the report with a browser of the bench's captions, opened "
                                   "from disk)")
@@ -46,10 +47,6 @@ class BenchEvalConfig:
             raise ValueError("bench: required")
         if not self.scores and not self.detector:
             raise ValueError("scores/detector: give score folders (scores) or detector specs (detector) to evaluate")
-        if not 0 < self.keep <= 1:
-            raise ValueError(f"keep: {self.keep} is not a share in (0, 1]")
-        if self.n_boot < 10:
-            raise ValueError(f"n_boot: {self.n_boot}, expected at least 10")
         self.self_preference_map()
         if self.likelihood_images < 0 or 0 < self.likelihood_images < 2:
             raise ValueError(f"likelihood_images: {self.likelihood_images}, expected at least 2 (a random image "

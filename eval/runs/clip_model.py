@@ -31,7 +31,7 @@ class ClipEvalSettings:
     model: str = field("", help="open_clip architecture (or halsift-tiny)")
     pretrained: str = field("", help="pretrained tag, weights file (e.g. RUN/final/open_clip_model.safetensors) or "
                                      "random (a seeded random init, asked for by name)")
-    batch_size: int = field(64, help="encoding batch size")
+    batch_size: int = field(64, range="[1, inf)", help="encoding batch size")
     device: str = field("auto", help="auto | cpu | cuda[:N]")
     precision: Literal["auto", "bf16", "fp32"] = field("auto", help="auto: bf16 autocast on a GPU, fp32 on a CPU "
                                                                       "(the same rule as training's in-loop eval)")

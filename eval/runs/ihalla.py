@@ -27,8 +27,8 @@ class IhallaEvalConfig:
                                    "the scene oracle; it sees the rendered images")
     answer_mode: str = field("logits", help="answerer: 'logits' picks the most likely letter A-E in one forward pass "
                                             "(never fails); 'generate' parses a greedy reply")
-    prompts: int = field(40, help="synthetic: number of prompts")
-    seed: int = field(0, help="synthetic: seed")
+    prompts: int = field(40, range="[1, inf)", help="synthetic: number of prompts")
+    seed: int = field(0, range="[0, inf)", help="synthetic: seed")
     qa: str = field("", help="QA sets, official layout (index, CoI, question, choices, answer), CSV or XLSX")
     predictions: str = field("", help="VQA answers (CSV): generator, index, question_no (1-based), prediction "
                                       "(letter or reply)")

@@ -24,14 +24,15 @@ class VigilEvalConfig:
     out: str = field("", help="output folder: metrics.json, report.md, findings.jsonl and plots/")
     synthetic: bool = field(False, help="synthetic composites in 5 product categories (with the synthetic world's "
                                         "vocabulary, segmenter and encoder)")
-    per_category: int = field(30, help="synthetic: records per category")
-    seed: int = field(0, help="synthetic: seed")
+    per_category: int = field(30, range="[1, inf)", help="synthetic: records per category")
+    seed: int = field(0, range="[0, inf)", help="synthetic: seed")
     annotations: str = field("", help="VIGIL annotation file (JSON list of {generated_photo, hallucination})")
     root: str = field("", help="folder the annotation's image paths are relative to ('' = the file's folder)")
     vocab: str = field("", help="object names the prompts are searched for: a JSON list, or {object: [synonyms]} "
                                 "(its keys) ('' = every prompt word that is not a stop word)")
-    min_saturation: float = field(0.35, help="segmenter: pixels more saturated than this are object pixels")
-    min_area: int = field(20, help="segmenter: smallest object (connected pixels)")
+    min_saturation: float = field(0.35, range="[0, 1)",
+                                  help="segmenter: pixels more saturated than this are object pixels")
+    min_area: int = field(20, range="[1, inf)", help="segmenter: smallest object (connected pixels)")
     encoder: str = field("colour-shape", help="object crop embedding: colour-shape (colour histogram + silhouette) "
                                               "| open_clip (the image tower of clip_arch / clip_pretrained)")
     clip_arch: str = field("", help="encoder open_clip: architecture (e.g. ViT-B-32)")
@@ -43,10 +44,6 @@ class VigilEvalConfig:
             raise ValueError(f"encoder: expected one of {ENCODERS}, got {self.encoder!r}")
         if self.encoder == "open_clip" and not self.clip_arch:
             raise ValueError("clip_arch: required with encoder open_clip")
-        if self.min_area < 1:
-            raise ValueError(f"min_area: must be >= 1, got {self.min_area}")
-        if not 0 <= self.min_saturation < 1:
-            raise ValueError(f"min_saturation: expected a value in [0, 1), got {self.min_saturation}")
         check_source(self.synthetic, {"annotations": self.annotations}, "per_category", self.per_category)
 
 

@@ -23,8 +23,8 @@ _NO_PUNCT = r"^\s*no\s*[.!,;:]"  # "No." / "No, ...": the official code reads th
 class VopeEvalConfig:
     out: str = field("", help="output folder: metrics.json, report.md and plots/")
     synthetic: bool = field(False, help="simulated responders on synthetic scenes")
-    images: int = field(100, help="synthetic: images per task")
-    seed: int = field(0, help="synthetic: seed")
+    images: int = field(100, range="[1, inf)", help="synthetic: images per task")
+    seed: int = field(0, range="[0, inf)", help="synthetic: seed")
     responses: str = field("", help="recorded responses (JSONL): model, task, image_id, response, present, "
                                     "presence[, objects, relevance]")
     unparsed: str = field("yes", help="responses: a re-check reply that is neither yes nor no counts as yes (as the "

@@ -31,27 +31,21 @@ class DedupConfig(EngineFlags):
     exact_on: Literal["image", "pair", "caption"] = field(
         "image", help="exact duplicates share the image bytes (image), image bytes and normalized caption (pair), "
                       "or the normalized caption (caption)")
-    phash_distance: int = field(4, help="near duplicates: phash Hamming distance at most this (of 64 bits) ...",
+    phash_distance: int = field(4, range="[0, 32]",
+                                help="near duplicates: phash Hamming distance at most this (of 64 bits) ...",
                                 cli=_T)
-    near_thumbnail: float = field(0.97, help="... and thumbnail cosine at least this", cli=_T)
-    eval_thumbnail: float = field(0.92, help="leaks: thumbnail cosine to a crop variant of an --against image at "
-                                             "least this", cli=_T)
-    cosine: float = field(0.95, help="with embeddings: near duplicates and leaks at cosine at least this", cli=_T)
-    nprobe: int = field(8, help="with embeddings: k-means cells searched per vector (more: higher recall, slower)",
+    near_thumbnail: float = field(0.97, range="[-1, 1]", help="... and thumbnail cosine at least this", cli=_T)
+    eval_thumbnail: float = field(0.92, range="[-1, 1]",
+                                  help="leaks: thumbnail cosine to a crop variant of an --against image at "
+                                       "least this", cli=_T)
+    cosine: float = field(0.95, range="[-1, 1]",
+                          help="with embeddings: near duplicates and leaks at cosine at least this", cli=_T)
+    nprobe: int = field(8, range="[1, inf)",
+                        help="with embeddings: k-means cells searched per vector (more: higher recall, slower)",
                         cli=_T)
     allow_implausible: bool = field(False, help="write the result even when more than half of the corpus is "
                                                 "listed as leaks or as duplicates (refused otherwise)")
     no_progress: bool = field(False, help="no progress bars")
-
-    def validate(self) -> None:
-        if not 0 <= self.phash_distance <= 32:
-            raise ValueError(f"phash_distance: expected 0-32, got {self.phash_distance}")
-        for name in ("near_thumbnail", "eval_thumbnail", "cosine"):
-            v = getattr(self, name)
-            if not -1 <= v <= 1:
-                raise ValueError(f"{name}: expected a cosine in [-1, 1], got {v}")
-        if self.nprobe < 1:
-            raise ValueError(f"nprobe: expected >= 1, got {self.nprobe}")
 
 
 __all__ = ["DedupConfig"]

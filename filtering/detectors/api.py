@@ -127,6 +127,10 @@ class ApiDetector(Detector):
         "per_caption": "mode=prompt: one request per caption asking for every sentence's score as a JSON list",
     }
 
+    # the options' ranges, declared once: the dry run (check_spec), --describe and the build check them
+    OPTION_RANGES = {"concurrency": "[1, inf)", "max_retries": "[0, inf)", "timeout": "(0, inf)",
+                     "backoff": "[0, inf)", "top_logprobs": "[1, inf)", "max_tokens": "[1, inf)"}
+
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", mode: str = "logprobs",
                  concurrency: int = 8, max_retries: int = 5, timeout: float = 60, backoff: float = 1.0,
                  top_logprobs: int = 20, max_tokens: int | None = None, cot: bool = False,

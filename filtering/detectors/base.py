@@ -12,6 +12,8 @@ Beyond ``score_batch``, what a detector can do is declared, never probed (:data:
 * ``localization`` (:attr:`Detector.localizes`): its results carry ``spans``.
 * ``vlm-judge`` (:attr:`Detector.judge`): it lends a loaded VLM (:class:`~halsift.filtering.detectors.vlm_judge.VlmJudge`)
   for multiple-choice QA (I-HallA) and sentence likelihoods (``eval bench --likelihood``).
+* ``staged`` (:attr:`Detector.staged`, a class constant): it is fitted on the whole corpus and runs as a staged job
+  (``halsift score``), so a spec may hold it only at its top (:func:`~halsift.filtering.detectors.spec.check_tree`).
 
 A caller that needs one asks :meth:`Detector.require`, which raises :class:`MissingCapability` (a one-line
 input error naming the detector and the capability) when it is absent.
@@ -40,12 +42,14 @@ class DetectorError(ValueError):
     """A detector cannot score the given items (e.g. ``oracle`` without ground-truth labels)."""
 
 
-SET_LEVEL, LOCALIZATION, VLM_JUDGE = "set-level", "localization", "vlm-judge"
+SET_LEVEL, LOCALIZATION, VLM_JUDGE, STAGED = "set-level", "localization", "vlm-judge", "staged"
 CAPABILITIES = {
     SET_LEVEL: "scores over the whole set (members + combine_scores)",
     LOCALIZATION: "marks hallucinated spans",
     VLM_JUDGE: "a vision-language model judge for multiple-choice QA and likelihoods (vlm:... or a lora: vlm "
                "adapter)",
+    STAGED: "fitted on the whole corpus and run by halsift score as a staged job: only the whole of a spec, never "
+            "a part of one (spec.check_tree)",
 }
 
 
@@ -123,6 +127,8 @@ class Detector:
     needs_image: ClassVar[bool] = True
     localizes: bool = False  # localization: results carry ``spans``
     set_level: bool = False  # set-level: scores depend on the whole set (``members`` + :meth:`combine_scores`)
+    staged: ClassVar[bool] = False  # staged: run as a staged job over the corpus; only at a spec's top (read from
+    # the class's source by spec.family_staged, like OPTION_RANGES: declare it on the family's own class)
     judge: Any = None  # vlm-judge: the loaded VLM it lends (a vlm_judge.VlmJudge; not imported: it imports this)
     decode_size: int | None = None  # JPEGs may decode at a reduced scale down to this side (None: in full)
     image_arrays: bool | str = False  # items' images may come as uint8 [H, W, 3] RGB arrays instead of PIL images;
@@ -160,7 +166,8 @@ class Detector:
 
     def capabilities(self) -> frozenset[str]:
         """The :data:`CAPABILITIES` this detector has."""
-        have = {SET_LEVEL: self.set_level, LOCALIZATION: self.localizes, VLM_JUDGE: self.judge is not None}
+        have = {SET_LEVEL: self.set_level, LOCALIZATION: self.localizes, VLM_JUDGE: self.judge is not None,
+                STAGED: self.staged}
         return frozenset(c for c, on in have.items() if on)
 
     def require(self, capability: str, purpose: str = "") -> None:

@@ -27,6 +27,9 @@ class RandomDetector(Detector):
         "delay": "seconds to sleep per batch (interruption tests only)",
     }
 
+    # the options' ranges, declared once: the dry run (check_spec), --describe and the build check them
+    OPTION_RANGES = {"seed": "[0, inf)", "delay": "[0, inf)"}
+
     def __init__(self, seed: int = 0, delay: float = 0.0) -> None:
         super().__init__()
         if not isinstance(seed, int) or isinstance(seed, bool):

@@ -41,6 +41,7 @@ class CascadeDetector(Detector):
 
     family = "cascade"
     set_level = True  # depends on the whole corpus: run by halsift score as a staged job, never per batch
+    staged = True  # capability staged: only the whole of a spec (spec.check_tree), never a member, cheap or judge
 
     # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
     OPTION_HELP = {
@@ -59,6 +60,9 @@ class CascadeDetector(Detector):
                 "(score calibration units through the corpus's cascade)",
     }
 
+    # the options' ranges, declared once: the dry run (check_spec), --describe and the build check them
+    OPTION_RANGES = {"seed": "[0, inf)", "budget": "(0, 1]", "keep": "(0, 1]", "sample": "(0, 1]"}
+
     def __init__(self, cheap: str | dict = "", judge: str | dict = "", budget: float = 0.25, keep: float = 0.2,
                  sample: float = 0.3, seed: int = 0, agg: str = "sentence", learn: str = "",
                  plan: str | None = None) -> None:
@@ -69,9 +73,6 @@ class CascadeDetector(Detector):
             if not v or not isinstance(v, (str, dict)):
                 raise ValueError(f"{name}={v!r}: expected a detector spec")
             check_spec(v)
-        for name, v, lo_open in (("budget", budget, True), ("keep", keep, True), ("sample", sample, True)):
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0 < v <= 1):
-                raise ValueError(f"{name}={v!r}: expected a fraction in (0, 1]")
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ValueError(f"seed={seed!r}: expected an integer")
         if agg not in AGGS:

@@ -67,6 +67,9 @@ class ClipDetector(Detector):
                   "on the host)",
     }
 
+    # the options' ranges, declared once: the dry run (check_spec), --describe and the build check them
+    OPTION_RANGES = {"seed": "[0, inf)", "center": "[-1, 1]", "delay": "[0, inf)"}
+
     def __init__(self, arch: str = "ViT-B-32", pretrained: str | None = None, checkpoint: str | None = None,
                  seed: int = 0, device: str = "cpu", precision: str = "auto", map: str = "linear",
                  center: float = 0.25, delay: float = 0.0, fast_decode: bool = False,

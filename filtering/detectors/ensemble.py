@@ -63,6 +63,9 @@ class EnsembleDetector(Detector):
         "norm": "none (weighted mean of scores) | rank | zscore (normalised over the whole scored set first)",
     }
 
+    # the options' ranges, declared once: the dry run (check_spec), --describe and the build check them
+    OPTION_RANGES = {"weights": "[0, inf)"}  # each weight; not all 0 (checked in __init__)
+
     def __init__(self, members: Sequence = (), weights: Sequence[float] | None = None, norm: str = "none") -> None:
         super().__init__()
         from halsift.filtering.detectors.spec import load_detector

@@ -184,6 +184,9 @@ class LoraDetector(Detector):
         "batch_size": "former name of forward_batch (accepted with a warning)",
     }
 
+    # the options' ranges, declared once: the dry run (check_spec), --describe and the build check them
+    OPTION_RANGES = {"forward_batch": "[1, inf)", "batch_size": "[1, inf)"}
+
     def __init__(self, path: str, merge: bool = False, device: str = "cpu", forward_batch: int | None = None,
                  trust_remote_code: bool = False, fast_decode: bool = False, decode: str = "auto",
                  batch_size: int | None = None) -> None:

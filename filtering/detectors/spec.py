@@ -28,7 +28,9 @@ Every detector's options pass :func:`_options` (normalized, checked, then :mod:`
 from __future__ import annotations
 
 import ast
+import contextvars
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -40,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from halsift.corpus.ranges import in_interval  # noqa: F401 (re-exported: the one interval parser lives in corpus)
 from halsift.corpus.safe_yaml import safe_load_yaml, short_repr
 from halsift.filtering.detectors import trust
 from halsift.filtering.detectors.base import Detector
@@ -281,9 +284,11 @@ def family_config(family: str) -> type:
     sig = _source_signature(where)  # the same reading whether or not the class was imported
     if sig is None:
         sig = _class_signature(_family_class(family, family))
-    required = [(n, _option_type(a), dataclasses.field(metadata={"help": h}))
+    ranges = option_ranges(family)
+    meta = {n: {"help": h, **({"range": ranges[n]} if n in ranges else {})} for n, _, _, h in sig}
+    required = [(n, _option_type(a), dataclasses.field(metadata=meta[n]))
                 for n, a, d, h in sig if d is inspect.Parameter.empty]
-    optional = [(n, _option_type(a), dataclasses.field(default=d, metadata={"help": h}))
+    optional = [(n, _option_type(a), dataclasses.field(default=d, metadata=meta[n]))
                 for n, a, d, h in sig if d is not inspect.Parameter.empty]
     name = "".join(w.capitalize() for w in re.split(r"[^A-Za-z0-9]+", family)) + "Options"
     _CONFIGS[key] = dataclasses.make_dataclass(name, [*required, *optional])
@@ -307,30 +312,43 @@ def _check_types(family: str, opts: dict[str, Any], where: str) -> None:
     if missing:
         raise SpecError(f"detector spec {where!r}: missing option {missing[0]!r} for family {family!r}")
     try:
-        from_dict(cfg, values)
+        from_dict(cfg, values)  # types, then the ranges declared in OPTION_RANGES (the fields' ``range``)
     except ConfigError as e:
         raise SpecError(f"detector spec {where!r}: {e}") from None
-    for k, interval in option_ranges(family).items():
-        v = values.get(k)
-        if v is not None and not isinstance(v, bool) and isinstance(v, (int, float)) and not in_interval(v, interval):
-            raise SpecError(f"detector spec {where!r}: {k}={v!r}: expected a value in {interval}")
 
 
-def family_constant(family: str, name: str, default: Any = None) -> Any:
-    """A constant the family's class declares (``OPTION_RANGES``, ``CALLS_JUDGE`` ...), read from its source without
-    importing it (like the options), so that the dry run and the build read the same declaration."""
-    target = _REGISTRY[family]
-    if not isinstance(target, str):
-        return getattr(target, name, default)
+@functools.lru_cache(maxsize=None)
+def _source_constants(target: str) -> dict[str, Any] | None:
+    """The literal class-level constants of ``"module:Class"`` read from its source (parsed once); None without one."""
     mod, cls = target.split(":")
     found = importlib.util.find_spec(mod)
     if found is None or not (found.origin or "").endswith(".py"):
-        return default
+        return None
+    out: dict[str, Any] = {}
     for node in ast.parse(Path(found.origin).read_text()).body:
         if isinstance(node, ast.ClassDef) and node.name == cls:
-            return next((ast.literal_eval(s.value) for s in node.body if isinstance(s, ast.Assign)
-                         and [getattr(x, "id", "") for x in s.targets] == [name]), default)
-    return default
+            for s in node.body:
+                targets = [s.target] if isinstance(s, ast.AnnAssign) else getattr(s, "targets", [])
+                names = [getattr(x, "id", "") for x in targets]
+                if len(names) == 1 and getattr(s, "value", None) is not None:
+                    try:
+                        out[names[0]] = ast.literal_eval(s.value)
+                    except (ValueError, TypeError, SyntaxError):
+                        continue  # not a literal (a call, a name): not a declaration this module reads
+    return out
+
+
+def family_constant(family: str, name: str, default: Any = None) -> Any:
+    """A constant the family's class declares (``OPTION_RANGES = {...}``, ``staged = True``, ``CALLS_JUDGE = True``),
+    read from its source without importing it (like the options), else from the class once it is imported;
+    ``default`` when absent. Inherited values are seen only on an imported class."""
+    target = _REGISTRY[family]
+    if not isinstance(target, str):
+        return getattr(target, name, default)
+    constants = _source_constants(target)
+    if constants is None:  # no Python source to read
+        return getattr(_family_class(family, family), name, default)
+    return constants.get(name, default)
 
 
 def option_ranges(family: str) -> dict[str, str]:
@@ -339,15 +357,10 @@ def option_ranges(family: str) -> dict[str, str]:
     return dict(family_constant(family, "OPTION_RANGES", {}))
 
 
-def in_interval(value: float, interval: str) -> bool:
-    """``value`` lies in ``interval``: ``[lo, hi]`` with ``(``/``)`` open ends and ``inf``; NaN lies in none."""
-    m = re.fullmatch(r"\s*([\[(])\s*(-?[\w.]+)\s*,\s*(-?[\w.]+)\s*([\])])\s*", interval)
-    if m is None:
-        raise ValueError(f"not an interval: {interval!r}")
-    lo, hi = float(m.group(2)), float(m.group(3))
-    above = value >= lo if m.group(1) == "[" else value > lo
-    below = value <= hi if m.group(4) == "]" else value < hi
-    return bool(above and below)
+def family_staged(family: str) -> bool:
+    """Whether the family's detectors run as a staged job over the whole corpus (capability ``staged``: its class
+    declares ``staged = True``; the cascade), so that a spec may hold one only at its top."""
+    return bool(family_constant(family, "staged", False))
 
 
 def _family_options(family: str, where: str) -> list[str]:
@@ -407,12 +420,18 @@ def iter_specs(spec: str | os.PathLike | dict) -> list[tuple[str, str, dict[str,
     """``(where, family, options)`` of a spec and, depth first, of every ensemble member, with the options a build
     would pass (:func:`_options`: normalized, checked, the trust rule applied). YAML spec files, the spec's or a
     member's, are read as files a detector loads; adapter folders (``lora:DIR``) are not opened."""
-    out: list[tuple[str, str, dict[str, Any]]] = []
-    _walk(spec, out)
+    return [node[1:] for node in spec_tree(spec)]
+
+
+def spec_tree(spec: str | os.PathLike | dict) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """:func:`iter_specs`' nodes with their place in the tree first: ``""`` for the spec itself, then e.g.
+    ``members[1]``, ``cheap``, ``judge.members[0]``."""
+    out: list[tuple[str, str, str, dict[str, Any]]] = []
+    _walk(spec, out, "")
     return out
 
 
-def _walk(spec: str | os.PathLike | dict, out: list) -> None:
+def _walk(spec: str | os.PathLike | dict, out: list, path: str) -> None:
     if isinstance(spec, dict):
         family, opts, where = _split_family(spec)
     else:
@@ -420,39 +439,69 @@ def _walk(spec: str | os.PathLike | dict, out: list) -> None:
         if _is_spec_file(text):
             data = _read_spec_file(Path(text))
             with trust.from_file(text):
-                _walk(data, out)
+                _walk(data, out, path)
             return
         (family, opts), where = parse_spec(text), text
     opts = _options(family, opts, where)
-    out.append((where, family, opts))
+    out.append((path, where, family, opts))
+    below = f"{path}." if path else ""
     members = opts.get("members")
-    for member in members if isinstance(members, list) else []:
-        _walk(member, out)
+    for i, member in enumerate(members if isinstance(members, list) else []):
+        _walk(member, out, f"{below}members[{i}]")
     for key in _NESTED.get(family, ()):
         if isinstance(opts.get(key), (str, dict)) and opts[key]:
-            _walk(opts[key], out)
+            _walk(opts[key], out, below + key)
+
+
+def check_tree(nodes: list[tuple[str, str, str, dict[str, Any]]]) -> None:
+    """The rules a spec obeys as a tree (:func:`spec_tree`'s nodes): a family that runs as a staged job
+    (:func:`family_staged`: the cascade) only at the top, never as an ensemble member, a cascade's cheap stage or
+    judge, or below any of them. One line naming the spec and the place."""
+    top = nodes[0][1] if nodes else ""
+    for path, _, family, _ in nodes:
+        if path and family_staged(family):
+            raise _staged_inside(top, path, family)
+
+
+def _staged_inside(top: str, place: str, family: str) -> SpecError:
+    return SpecError(f"detector spec {top!r}: {place} is a {family} spec, which runs as a staged job over the whole "
+                     f"corpus (halsift score --detector {family}:...): it can only be the whole spec, not a part of "
+                     "one")
+
+
+# the spec whose detector is being built (its members, adapter base, subset inner are built inside it): a staged
+# family built there is refused whatever the path (an adapter's detector.yaml base is not walked by spec_tree)
+_BUILDING: contextvars.ContextVar[str] = contextvars.ContextVar("halsift_spec_building", default="")
 
 
 def check_spec(spec: str | os.PathLike | dict) -> list[tuple[str, str, dict[str, Any]]]:
     """Validate a spec without building the detector or importing heavy libraries: the family exists, every option
     (ensemble members' and spec files' too) is one its class takes, with a value of its type, no required option is
-    missing, and the trust rule holds. Raises :class:`SpecError`; returns :func:`iter_specs`'s list."""
-    nodes = iter_specs(spec)
-    for where, family, opts in nodes:
+    missing, the trust rule holds, and the tree's rules (:func:`check_tree`: a staged family only at the top).
+    Raises :class:`SpecError`; returns :func:`iter_specs`'s list."""
+    tree = spec_tree(spec)
+    check_tree(tree)
+    for _, where, family, opts in tree:
         _check_types(family, opts, where)
-    return nodes
+    return [node[1:] for node in tree]
 
 
 def _build(family: str, opts: dict[str, Any], where: str) -> Detector:
     cls = _family_class(family, where)
+    outer = _BUILDING.get()
+    if outer and family_staged(family):
+        raise _staged_inside(outer, repr(where), family)
     opts = _options(family, opts, where)
     _check_types(family, opts, where)  # the same typed options the dry run checks (family_config)
+    token = _BUILDING.set(where)
     try:
         det = cls(**opts)
     except SpecError:
         raise
     except (TypeError, ValueError) as e:
         raise SpecError(f"detector spec {where!r}: {e}") from e
+    finally:
+        _BUILDING.reset(token)
     canon = dict(opts)
     if "members" in canon and hasattr(det, "members"):  # members by their canonical specs, ';'-separated
         canon["members"] = "[" + ";".join(m.spec for m in det.members) + "]"
@@ -462,9 +511,19 @@ def _build(family: str, opts: dict[str, Any], where: str) -> Detector:
 
 def load_detector(spec: str | os.PathLike | dict | Detector) -> Detector:
     """Build a detector from a spec string, a YAML file path, a dict with ``family``, or return a detector as is.
-    A YAML file's options are a file's, not the user's (:mod:`~halsift.filtering.detectors.trust`)."""
+    A YAML file's options are a file's, not the user's (:mod:`~halsift.filtering.detectors.trust`). The spec's
+    tree rules (:func:`check_tree`) are checked before anything is built."""
     if isinstance(spec, Detector):
         return spec
+    import warnings
+
+    with warnings.catch_warnings():  # the build below warns about what a file may not set, once
+        warnings.simplefilter("ignore")
+        check_tree(spec_tree(spec))
+    return _load(spec)
+
+
+def _load(spec: str | os.PathLike | dict) -> Detector:
     if isinstance(spec, dict):
         family, opts, where = _split_family(spec)
         return _build(family, opts, where)
@@ -472,6 +531,6 @@ def load_detector(spec: str | os.PathLike | dict | Detector) -> Detector:
     if _is_spec_file(text):
         data = _read_spec_file(Path(text))
         with trust.from_file(text):
-            return load_detector(data)
+            return _load(data)
     family, opts = parse_spec(text)
     return _build(family, opts, text)

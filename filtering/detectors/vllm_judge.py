@@ -194,8 +194,9 @@ class VllmDetector(PreparedDetector):
     }
 
     # the options' ranges, declared once: the dry run (check_spec) and the build check them (spec._check_types)
-    OPTION_RANGES = {"max_pixels": "[0, inf)", "top_logprobs": "[2, inf)", "max_new_tokens": "[1, inf)",
-                     "gpu_memory_utilization": "(0, 1]", "max_model_len": "[1, inf)", "tensor_parallel_size": "[1, inf)"}
+    OPTION_RANGES = {"seed": "[0, inf)", "max_pixels": "[0, inf)", "top_logprobs": "[2, inf)",
+                     "max_new_tokens": "[1, inf)", "gpu_memory_utilization": "(0, 1]", "max_model_len": "[1, inf)",
+                     "tensor_parallel_size": "[1, inf)"}
 
     def __init__(self, model: str, mode: str = "yes_prob", context: bool = False, dtype: str = "auto",
                  max_pixels: int = DEFAULT_MAX_PIXELS, top_logprobs: int = 20, max_new_tokens: int = 12,

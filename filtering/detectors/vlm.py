@@ -194,6 +194,11 @@ class VlmDetector(PreparedDetector):
         "batch_size": "former name of forward_batch (accepted with a warning)",
     }
 
+    # the options' ranges, declared once: the dry run (check_spec), --describe and the build check them
+    OPTION_RANGES = {"seed": "[0, inf)", "self_ensemble": "[0, inf)", "forward_batch": "[1, inf)",
+                     "batch_size": "[1, inf)", "max_new_tokens": "[1, inf)", "n_references": "[1, inf)",
+                     "temperature": "(0, inf)", "max_pixels": "[0, inf)"}
+
     def __init__(self, model: str, mode: str = "logits", cot: bool = False, self_ensemble: int = 0,
                  context: bool = False, reuse_prefix: bool = True, pack: bool | None = None,
                  preprocess: str = "auto", forward_batch: int = 16, dtype: str = "auto", device: str = "auto",

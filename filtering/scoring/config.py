@@ -30,7 +30,7 @@ class ScoreConfig(EngineFlags):
     out: str = field("", help="output folder: parquet parts + _manifest.json", cli={"required": True})
     unit: Unit = field("sentence", help="score each sentence against its image (default) "
                                                                   "or the whole caption")
-    batch_size: int = field(64, help="items per detector call")
+    batch_size: int = field(64, range="[1, inf)", help="items per detector call")
     device: str | None = field(None, help="cpu, cuda, cuda:1 ... (default: the process's accelerate device)")
     no_progress: bool = field(False, help="no progress bar")
     embeddings: str | None = field(None, help="a folder written by `halsift embed`: every CLIP-family detector of "
@@ -39,9 +39,10 @@ class ScoreConfig(EngineFlags):
     full_hash: bool = field(False, help="fingerprint input shards by their whole content (default: sampled blocks, "
                                         "cheap for multi-GB shards): a rescore then also sees a change outside the "
                                         "sampled blocks that kept size and mtime")
-    max_parse_failures: float = field(0.2, help="stop (exit 2) when more than this share of the scored items got no "
-                                                "parsable answer (a judge's reply, scored 50): checked after 200 "
-                                                "items and at the end; 1 turns the check off",
+    max_parse_failures: float = field(0.2, range="[0, 1]",
+                                      help="stop (exit 2) when more than this share of the scored items got no "
+                                           "parsable answer (a judge's reply, scored 50): checked after 200 "
+                                           "items and at the end; 1 turns the check off",
                                       cli={"metavar": "FRACTION"})
     # logging: once the folder is complete (launch/run_wandb.py)
     wandb: WandbFlag | None = wandb_mode_field()

@@ -51,13 +51,10 @@ class EmbedConfig(EngineFlags):
                        cli={"required": True, "metavar": "SPEC"})
     data: str = field("", help="shard folder / glob / brace pattern", cli={"required": True})
     out: str = field("", help="output folder: one parquet part per shard + _manifest.json", cli={"required": True})
-    batch_size: int = field(64, help="texts per model call (a sample's image, caption and sentences stay together)")
+    batch_size: int = field(64, range="[1, inf)",
+                            help="texts per model call (a sample's image, caption and sentences stay together)")
     device: str | None = field(None, help="cpu, cuda, cuda:1 ... (default: the process's accelerate device)")
     no_progress: bool = field(False, help="no progress bar")
-
-    def validate(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size: expected >= 1, got {self.batch_size}")
 
 
 _Fields = fields_of(EmbedConfig, "_EmbedJobFields", ("engine", "no_progress"), "EmbedConfig's fields a job carries",
@@ -184,7 +181,7 @@ def _made_from(meta: dict) -> dict:
 
 def _reusable(path: Path, meta: dict) -> bool:
     """A written part is reused only when made from the same shard content by the same model, with vectors of the
-    model's width, and unaltered since (:func:`~halsift.corpus.run_folder.part_reusable`); a part of an older
+    model's width, and unaltered since (:func:`~halsift.execution.run_folder.part_reusable`); a part of an older
     folder, without a record, when its footer and its vectors' width say so."""
 
     def legacy(p: Path) -> bool:

@@ -41,10 +41,13 @@ class SelectConfig:
     data: str = field("", help="the shards that were scored (folder / glob / brace pattern)", cli={"required": True})
     out: str = field("", help="new folder: shards + sizes.json + manifest.json + kept.parquet (rerun the same "
                               "command into it to finish a killed select)", cli={"required": True})
-    keep: float | None = field(None, help="fraction of units to keep (default 0.2: the seeds' top 20%); --top-k or "
-                                          "--threshold replaces it", cli={"exclusive": "amount"})
-    top_k: int | None = field(None, help="number of units to keep instead of a fraction", cli={"exclusive": "amount"})
-    threshold: float | None = field(None, help="keep units scoring at least this (0-100) instead of a fraction",
+    keep: float | None = field(None, range="(0, 1]",
+                               help="fraction of units to keep (default 0.2: the seeds' top 20%); --top-k or "
+                                    "--threshold replaces it", cli={"exclusive": "amount"})
+    top_k: int | None = field(None, range="[0, inf)",
+                              help="number of units to keep instead of a fraction", cli={"exclusive": "amount"})
+    threshold: float | None = field(None, range="[0, 100]",
+                                    help="keep units scoring at least this (0-100) instead of a fraction",
                                     cli={"exclusive": "amount"})
     unit: Unit = field("sentence", help="select image-sentence pairs (default) or whole "
                                                                   "captions")
@@ -54,7 +57,7 @@ class SelectConfig:
                     "loses only its flagged words)")
     per_captioner: bool = field(False, help="apply --keep/--top-k within each captioner (in memory only)")
     random: bool = field(False, help="baseline: keep the same number of units at random (in memory only)")
-    seed: int = field(0, help="seed of --random")
+    seed: int = field(0, range="[0, inf)", help="seed of --random")
     captioner: str = captioner_field()
     source: Literal["i2t", "t2i"] = source_field()
     export_keys: str | None = field(None, help="also write the kept source samples as a subset file: PATH.npy = "
@@ -65,8 +68,9 @@ class SelectConfig:
                                             "is refused)")
     allow_partial: bool = field(False, help="select from a score folder whose _manifest.json is not complete "
                                             "(recorded in the manifest)")
-    maxcount: int | None = field(None, help="samples per output shard of the in-memory select (default 1000; the "
-                                            "resumable select writes one output shard per input shard and refuses it)")
+    maxcount: int | None = field(None, range="[1, inf)",
+                                 help="samples per output shard of the in-memory select (default 1000; the "
+                                      "resumable select writes one output shard per input shard and refuses it)")
     no_progress: bool = field(False, help="no progress bar")
     html: bool = field(False, help="also write OUT/index.html: a browser of the selected shards' captions, each "
                                    "sentence coloured by its score and marked kept or dropped (thumbnails in "
@@ -75,11 +79,15 @@ class SelectConfig:
                                         "written once, shared by tasks (implied by the flags below)", cli=_SCALE)
     keys_only: bool = field(False, help="write only kept.parquet (the kept key, sentence_index, score) and the "
                                         "manifest: no shards", cli=_SCALE)
-    num_tasks: int | None = field(None, help="reshard as one of N processes sharing --out (default: "
-                                             "$SLURM_ARRAY_TASK_COUNT in an array)", cli={**_SCALE, "metavar": "N"})
-    task_index: int | None = field(None, help="this process's index, 0..N-1", cli={**_SCALE, "metavar": "I"})
-    memory_limit: str | None = field(None, help="DuckDB's memory limit for the keys (it spills beyond it), e.g. 1GB; "
-                                                "default 128MB", cli=_SCALE)
+    num_tasks: int | None = field(None, range="[1, inf)",
+                                  help="reshard as one of N processes sharing --out (default: $SLURM_ARRAY_TASK_COUNT "
+                                       "in an array)", cli={**_SCALE, "metavar": "N"})
+    task_index: int | None = field(None, range="[0, inf)",
+                                   help="this process's index, 0..N-1", cli={**_SCALE, "metavar": "I"})
+    memory_limit: str | None = field(None, range="[16MB, RAM]",
+                                     help="DuckDB's memory limit for the keys (it spills beyond it): a size DuckDB "
+                                          "reads, e.g. 512MB or 2GiB (KB..TB: 1000^i, KiB..TiB: 1024^i), from 16MB "
+                                          "to this machine's memory; default 128MB", cli=_SCALE)
     wandb: WandbFlag | None = wandb_mode_field()
     wandb_project: str = wandb_project_field()
     # composed selection (halsift.filtering.selection.compose); --scores NAME=DIR may repeat
@@ -99,11 +107,12 @@ class SelectConfig:
 
     # selection with a guarantee (issue 32: halsift.filtering.selection.guaranteed)
     max_hallucination: float | None = field(
-        None, help="keep as much as possible while the kept units' hallucination rate is at most this fraction "
-                   "(0-1) with --confidence, certified on --calibration (Learn-then-Test); not with --keep, --top-k or "
-                   "--threshold",
+        None, range="(0, 1)",
+        help="keep as much as possible while the kept units' hallucination rate is at most this fraction "
+             "(0-1) with --confidence, certified on --calibration (Learn-then-Test); not with --keep, --top-k or "
+             "--threshold",
         cli={"group": _GUARANTEE, "metavar": "A", "exclusive": "amount"})  # --keep/--top-k/--threshold: refused
-    confidence: float = field(0.9, help="confidence (0-1) of the --max-hallucination bound",
+    confidence: float = field(0.9, range="(0, 1)", help="confidence (0-1) of the --max-hallucination bound",
                               cli={"group": _GUARANTEE, "metavar": "C"})
     calibration: str | None = field(None, help="labelled units scored by the same detector: the score folder of "
                                                "a bench, or the labels .jsonl `halsift annotate` exports",
@@ -124,9 +133,7 @@ class SelectConfig:
     def validate(self) -> None:
         if not self.scores:
             raise ValueError("scores: give at least one score folder")
-        check_selection("", self.keep, self.unit, self.agg, self.top_k, self.threshold)
-        if self.maxcount is not None and self.maxcount < 1:
-            raise ValueError(f"maxcount: expected >= 1, got {self.maxcount}")
+        check_selection("", self.unit, self.agg, self.top_k, self.threshold)
         if self.agg != "min" and self.unit != "caption":
             raise ValueError(f"--agg {self.agg}: only used with --unit caption")
         if self.keys_only and (self.html or self.export_keys):
@@ -137,21 +144,16 @@ class SelectConfig:
                         keep=self.keep)
 
 
-def check_selection(where: str, keep: float | None, unit: str, agg: str, top_k: int | None = None,
-                    threshold: float | None = None) -> None:
-    """Raise ValueError naming ``where.KEY`` (or ``KEY`` when ``where`` is '') on a bad selection setting."""
+def check_selection(where: str, unit: str, agg: str, top_k: int | None = None, threshold: float | None = None
+                    ) -> None:
+    """Raise ValueError naming ``where.KEY`` (or ``KEY`` when ``where`` is '') on a bad selection setting (the
+    amounts' ranges are declared on the fields: ``keep``, ``top_k``, ``threshold``)."""
     def key(name: str) -> str:
         return f"{where}.{name}" if where else name
 
-    if keep is not None and not 0 < keep <= 1:
-        raise ValueError(f"{key('keep')}: expected a fraction in (0, 1], got {keep}")
     check_unit(unit, key("unit"))
     if agg not in AGGS:
         raise ValueError(f"{key('agg')}: expected one of {', '.join(AGGS)}, got {agg!r}")
-    if top_k is not None and top_k < 0:
-        raise ValueError(f"{key('top_k')}: expected >= 0, got {top_k}")
-    if threshold is not None and not 0 <= threshold <= 100:  # also refuses nan
-        raise ValueError(f"{key('threshold')}: expected a score in [0, 100], got {threshold}")
     if top_k and threshold is not None:
         raise ValueError(f"{key('threshold')}: set top_k or threshold, not both")
 
@@ -166,12 +168,8 @@ def check_guarantee(where: str, max_hallucination: float | None, confidence: flo
     def key(name: str) -> str:
         return f"{where}.{name}" if where else name
 
-    if not 0 < confidence < 1:
-        raise ValueError(f"{key('confidence')}: expected a fraction in (0, 1), got {confidence}")
-    if max_hallucination is None:
+    if max_hallucination is None:  # its range and confidence's are declared on the fields
         return
-    if not 0 < max_hallucination < 1:
-        raise ValueError(f"{key('max_hallucination')}: expected a fraction in (0, 1), got {max_hallucination}")
     if not calibration and not calibration_default:
         raise ValueError(f"{key('max_hallucination')}: needs {key('calibration')} (labelled units scored by the "
                          "same detector)")

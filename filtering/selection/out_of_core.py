@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -73,29 +74,46 @@ def score_files(scores_dir: str | os.PathLike) -> list[Path]:
 
 
 def connect(spill_dir: Path, memory_limit: str = MEMORY_LIMIT, threads: int | None = None):
-    """A DuckDB connection that spills to ``spill_dir`` beyond ``memory_limit``."""
+    """A DuckDB connection that spills to ``spill_dir`` beyond ``memory_limit`` (a size such as ``512MB``, read once
+    into bytes by :func:`halsift.corpus.ranges.byte_size`: DuckDB is given a byte count, never the user's text)."""
     import duckdb
+
+    from halsift.corpus.ranges import byte_size
 
     con = duckdb.connect()
     spill_dir.mkdir(parents=True, exist_ok=True)
-    con.execute(f"SET memory_limit={_q(memory_limit)}")
+    con.execute(f"SET memory_limit='{byte_size(memory_limit)}B'")
     con.execute(f"SET temp_directory={_q(spill_dir)}")
     con.execute("SET preserve_insertion_order=false")
     con.execute(f"SET threads={int(threads or os.cpu_count() or 1)}")
     return con
 
 
-def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep: float | None = None,
-             top_k: int | None = None, threshold: float | None = None, unit: str = "sentence", agg: str = "min",
-             seed: int = 0, memory_limit: str = MEMORY_LIMIT, threads: int | None = None,
-             detector: str | None = None, compose=None) -> dict:
+def top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, memory_limit: str = MEMORY_LIMIT,
+             **how: Any) -> dict:
     """Write ``out_dir/kept.parquet`` (``key``, ``sentence_index``, ``score``; sorted) and
-    ``out_dir/_kept_by_part.parquet``; with ``detector``, only that detector's rows count.
+    ``out_dir/_kept_by_part.parquet``; ``how``: ``keep`` / ``top_k`` / ``threshold``, ``unit``, ``agg``, ``seed``,
+    ``threads``, ``detector`` (only that detector's rows count) and ``compose``.
     Returns the info :func:`select_keys` returns (``score_rows``, ``candidates``, ``selected``,
     ``threshold_used``). Files are written under temporary names and renamed when complete. The folder is not
     checked here: callers run :func:`halsift.filtering.selection.score_folder.check_score_folder` first. With
     ``compose`` (a :class:`halsift.filtering.selection.compose.Composition`), the units are its candidates and the
-    info holds its accounting (``composition``)."""
+    info holds its accounting (``composition``). DuckDB running out of memory under ``memory_limit`` (its need
+    grows with its threads) is one line asking for a larger limit."""
+    import duckdb
+
+    try:
+        return _top_keys(scores_dir, out_dir, memory_limit=memory_limit, **how)
+    except duckdb.OutOfMemoryException as e:
+        why = (str(e).splitlines() or [""])[0]
+        raise SelectError(f"--memory-limit {memory_limit}: DuckDB ran out of memory selecting from {scores_dir} "
+                          f"({why}); give a larger --memory-limit") from None
+
+
+def _top_keys(scores_dir: str | os.PathLike, out_dir: str | os.PathLike, *, keep: float | None = None,
+              top_k: int | None = None, threshold: float | None = None, unit: str = "sentence", agg: str = "min",
+              seed: int = 0, memory_limit: str = MEMORY_LIMIT, threads: int | None = None,
+              detector: str | None = None, compose=None) -> dict:
     if sum(x is not None for x in (keep, top_k, threshold)) != 1:
         raise SelectError("give exactly one of keep (fraction), top_k (count) or threshold (score)")
     if keep is not None and not 0 < keep <= 1:

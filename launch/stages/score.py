@@ -128,18 +128,49 @@ def _score_cascade(r: Recipe, p: Paths, name: str, spec: str, bench: str | Path,
 
 
 def check_cascade_aim(r: Recipe, name: str, spec) -> None:
-    """A cascade judges around the cut its ``agg`` names: refused in one line when that is not the recipe's own
-    selection (a sentence band under a selection of whole captions by their mean spends the judge off the cut).
-    Called when the recipe is checked (:func:`halsift.launch.recipe.check`), before any stage runs."""
-    from halsift.filtering.detectors.spec import iter_specs
+    """A cascade judges around one cut: its ``keep`` (the share kept) of its units (``agg``: sentences, or whole
+    captions by their mean/min). Every selection the recipe makes from its scores (select's own, and each
+    ``select.variants`` entry whose filter is this detector) must keep that share of those units: one line naming
+    the key otherwise (its judge budget would be spent around another cut). Not checked: the amount of a guaranteed
+    selection (``select.max_hallucination`` certifies its own threshold; ``keep`` is then the user's estimate of
+    it); refused: a ``top_k`` or ``threshold`` selection (a cut the cascade cannot aim at before the corpus is
+    scored). With ``score.unit: caption`` the units are whole captions already, so any ``agg`` aims at them. Called
+    when the recipe is checked (:func:`halsift.launch.recipe.check`), before any stage runs."""
+    import dataclasses
 
-    unit, agg = r.select.unit, r.select.agg
-    want = "sentence" if unit == "sentence" or agg in ("prune", "repair") else agg if agg in ("mean", "min") else None
-    aim = str(iter_specs(spec)[0][2].get("agg", "sentence"))
-    if want is not None and aim != want:
-        raise ConfigError(f"score.detectors.{name}: the cascade is aimed at agg={aim}, but select keeps "
-                          + ("sentences" if want == "sentence" else f"whole captions by their {want} sentence score")
-                          + f" (select.unit={unit}, select.agg={agg}): give it agg={want}")
+    from halsift.filtering.detectors.spec import family_config, iter_specs
+
+    defaults = {f.name: f.default for f in dataclasses.fields(family_config("cascade"))}
+    opts = {**defaults, **iter_specs(spec)[0][2]}
+    aim_agg, aim_keep = str(opts["agg"]), float(opts["keep"])
+    selections = {"select": r.select.resolved(name)[1]}
+    selections.update({f"select.variants.{v}": r.select.resolved(v)[1] for v, cfg in r.select.variants.items()
+                       if cfg.filter == name})
+    for key, how in selections.items():
+        unit, agg = how["unit"], how["agg"]
+        where = f"score.detectors.{name}" if key == "select" else key
+        whose = "select keeps" if key == "select" else f"{key} keeps, from score.detectors.{name},"
+        settings = f"select.unit={unit}, select.agg={agg}" if key == "select" else f"{key}: unit {unit}, agg {agg}"
+        want = None if r.score.unit == "caption" else "sentence" if unit == "sentence" or agg in ("prune", "repair") \
+            else agg if agg in ("mean", "min") else None
+        if want is not None and aim_agg != want:
+            raise ConfigError(f"{where}: the cascade is aimed at agg={aim_agg}, but {whose} "
+                              + ("sentences" if want == "sentence" else f"whole captions by their {want} sentence score")
+                              + f" ({settings}): give it agg={want}"
+                              + ("" if key == "select" else " (a cascade aims at one cut: score another cascade for "
+                                                            "this selection)"))
+        if r.select.max_hallucination is not None and agg != "repair":
+            continue  # the guarantee certifies its own cut
+        if how["top_k"] or how["threshold"] is not None:
+            given = "top_k" if how["top_k"] else "threshold"
+            raise ConfigError(f"{where}: the cascade judges around a kept share (keep={aim_keep:g}), but "
+                              f"{key if key != 'select' else 'select'}.{given} keeps a count or a score: give "
+                              f"{'select' if key == 'select' else key}.keep={aim_keep:g} instead")
+        if abs(how["keep"] - aim_keep) > 1e-9:
+            fix = f"give it keep={how['keep']:g}" if key == "select" else \
+                f"a cascade aims at one cut: score another cascade with keep={how['keep']:g} for this selection"
+            raise ConfigError(f"{where}: the cascade judges around keep={aim_keep:g}, but {whose} {how['keep']:g} "
+                              f"of the units: {fix}")
 
 
 def write_ensemble(name: str, member_dirs: list[Path], out: Path) -> None:

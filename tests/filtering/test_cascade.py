@@ -243,7 +243,7 @@ def test_calibration_units_pass_through_the_frozen_cascade(cascade_run, tmp_path
 
 
 @pytest.mark.parametrize("spec, pattern", [
-    ("cascade:cheap=[oracle],judge=[oracle],budget=1.5", r"budget=1.5: expected a fraction in \(0, 1\]"),
+    ("cascade:cheap=[oracle],judge=[oracle],budget=1.5", r"budget: expected a value in \(0, 1\], got 1.5"),
     ("cascade:judge=[oracle]", r"cheap=''|missing option 'cheap'"),
     ("cascade:cheap=[nosuch:x=1],judge=[oracle]", r"unknown family 'nosuch'"),
 ])

@@ -126,8 +126,8 @@ def test_refusal_names_the_best_bound_and_the_labels_needed(world, tmp_path, cap
     ("other_detector", r"calibration: .*cal_other was scored by 'random:seed=2', the corpus by 'random:seed=1'"),
     ("no_labels", r"calibration: .*scores holds no labels"),
     ("bench_unscored", r"calibration: .*bench.jsonl is a bench without scores"),
-    ("a_too_big", r"--max-hallucination: expected a fraction in \(0, 1\), got 1.5"),
-    ("a_zero", r"--max-hallucination: expected a fraction in \(0, 1\), got 0.0"),
+    ("a_too_big", r"--max-hallucination: expected a value in \(0, 1\), got 1.5"),
+    ("a_zero", r"--max-hallucination: expected a value in \(0, 1\), got 0.0"),
     ("no_calibration", r"--max-hallucination: needs calibration"),
 ])
 def test_bad_guarantee_input_is_one_line(world, tmp_path, capsys, case, pattern):

@@ -21,7 +21,7 @@ GOOD = ["gpu_memory_utilization=1", "gpu_memory_utilization=0.05", "tensor_paral
 @pytest.mark.parametrize("opt", BAD)
 def test_out_of_range_vllm_options_fail_the_dry_run_check(opt):
     name = opt.split("=")[0]
-    with pytest.raises(SpecError, match=rf"{name}=.*: expected a value in [\[(]"):
+    with pytest.raises(SpecError, match=rf"{name}: expected a value in [\[(].*, got "):
         check_spec(f"vllm:model=m,{opt}")
 
 
@@ -31,7 +31,7 @@ def test_in_range_vllm_options_pass(opt):
 
 
 def test_the_build_checks_the_same_ranges_before_loading_anything():
-    with pytest.raises(SpecError, match=r"gpu_memory_utilization=7: expected a value in \(0, 1\]"):
+    with pytest.raises(SpecError, match=r"gpu_memory_utilization: expected a value in \(0, 1\], got 7"):
         load_detector("vllm:model=/nonexistent,gpu_memory_utilization=7")
 
 

@@ -138,7 +138,7 @@ def test_one_early_failure_does_not_stop_a_run(tmp_path):
 def test_max_parse_failures_is_checked_as_a_flag(tmp_path, capsys):
     data = make_corpus(tmp_path / "c", shards=1, per_shard=2)
     assert _score(data, tmp_path / "s", "random:seed=0", "--max-parse-failures", "1.5") == 2
-    assert "--max-parse-failures: expected a fraction between 0 and 1" in _err_line(capsys)
+    assert "--max-parse-failures: expected a value in [0, 1], got 1.5" in _err_line(capsys)
     assert not (tmp_path / "s").exists()
 
 

@@ -34,8 +34,11 @@ def test_reference_lists_every_setting():
     for key in ("finetune.grad_accum", "select.top_k", "select.variants.NAME.threshold", "world.captioners",
                 "detectors.NAME.options.lora_r", "detectors.NAME.options.pmi_references"):
         assert f"| `{key}` |" in text, key
-    assert "### `clip:`" in text and "| `center` | `float` | `0.25` |" in text
-    assert "| `model` | `str` | `(required)` |" in text and "| `max_pixels` | `int` | `DEFAULT_MAX_PIXELS` |" in text
+    assert "### `clip:`" in text and "| `center` | `float` in `[-1, 1]` | `0.25` |" in text
+    # declared ranges: a command's setting, a recipe key (the same field), a detector option
+    assert "| `batch_size` | `int` in `[1, inf)` | `64` |" in text and "| `finetune.lr` | `float` in `[0, inf)` |" in text
+    assert "| `budget` | `float` in `(0, 1]` | `0.25` |" in text
+    assert "| `model` | `str` | `(required)` |" in text and "| `max_pixels` | `int` in `[0, inf)` | `DEFAULT_MAX_PIXELS` |" in text
 
 
 def test_docs_link_the_reference():
@@ -62,7 +65,9 @@ def test_describe_prints_the_settings_and_detector_options(capsys):
     out = capsys.readouterr().out
     assert "batch_size: 64  # items per detector call" in out and "decode_workers: 0" in out
     assert "clip: arch: str = 'ViT-B-32', pretrained: str | None = None, checkpoint" in out
-    assert "ensemble: members: list = (), weights: list[float] | None = None, norm: str = 'none'" in out
+    assert "ensemble: members: list = (), weights: list[float] | None in [0, inf) = None, norm: str = 'none'" in out
+    assert "budget: float in (0, 1] = 0.25" in out  # a family's declared ranges
+    assert "max_parse_failures: 0.2  # " in out and "(in [0, 1])" in out  # a setting's
     assert "vlm: model: str (required), mode: str = 'logits'" in out
     with pytest.raises(SystemExit, match="^0$"):
         main(["select", "--describe"])
@@ -75,9 +80,9 @@ def test_describe_prints_the_settings_and_detector_options(capsys):
 
 def test_command_errors_name_the_flag(tmp_path, capsys):
     assert main(["synth", "--out", str(tmp_path / "w"), "--image-size", "8"]) == 2
-    assert capsys.readouterr().err.strip() == "halsift synth: error: --image-size: got 8, expected an integer >= 32"
+    assert capsys.readouterr().err.strip() == "halsift synth: error: --image-size: expected a value in [32, inf), got 8"
     assert main(["convert", "coco", "src", "--out", str(tmp_path / "o"), "--maxcount", "0"]) == 2
-    assert "--maxcount: expected >= 1, got 0" in capsys.readouterr().err
+    assert "--maxcount: expected a value in [1, inf), got 0" in capsys.readouterr().err
     assert main(["select", "--scores", "s", "--data", "d", "--out", str(tmp_path / "o"), "--top-k", "-2"]) == 2
-    assert "--top-k: expected >= 0, got -2" in capsys.readouterr().err
+    assert "--top-k: expected a value in [0, inf), got -2" in capsys.readouterr().err
     assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()

@@ -61,5 +61,5 @@ def test_concurrent_training_writes_the_sequential_adapters(synth_world, tmp_pat
 
 
 def test_detector_jobs_must_not_be_negative(tmp_path):
-    with pytest.raises(ConfigError, match="detector_jobs: expected >= 0, got -1"):
+    with pytest.raises(ConfigError, match=r"detector_jobs: expected a value in \[0, inf\), got -1"):
         from_dict(Recipe, {"run_dir": str(tmp_path), "detector_jobs": -1})

@@ -21,8 +21,10 @@ def test_every_bench_setting_the_recipe_does_not_set_is_in_the_section_with_its_
 
 
 def test_the_same_check_refuses_a_bad_value():
-    with pytest.raises(ValueError, match=r"^n_boot: 5, expected at least 10"):
-        EvalCfg(n_boot=5).validate()
+    from halsift.corpus.config import from_dict
+
+    with pytest.raises(ValueError, match=r"^n_boot: expected a value in \[10, inf\), got 5"):  # its declared range
+        from_dict(EvalCfg, {"n_boot": 5})
     with pytest.raises(ValueError, match=r"^self_preference: 'judge' is not DETECTOR=GENERATOR"):
         EvalCfg(self_preference=["judge"]).validate()
 

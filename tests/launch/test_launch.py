@@ -115,3 +115,33 @@ def test_help_is_instant_and_lists_commands():
                            "print(sorted(m for m in ('torch','open_clip','transformers') if m in sys.modules))"],
                           capture_output=True, text=True, timeout=60)
     assert mods.stdout.strip() == "[]", mods.stdout + mods.stderr
+
+
+def _node_command(backend: str, node: str = "1") -> list[str]:
+    """What node ``node``'s task of a 2-node SLURM script runs, with SLURM's and the script's variables filled in."""
+    text = sbatch_script(SlurmSpec(nodes=2, gpus_per_node=4, backend=backend), ["score", "--out", "o"], python="py")
+    assert "c10d" not in text
+    inner = shlex.split(next(line for line in text.splitlines() if line.startswith("srun")))[-1]
+    for var, value in {"$SLURM_NODEID": node, "$MASTER_ADDR": "10.0.0.7", "$MASTER_PORT": "29555"}.items():
+        inner = inner.replace(var, value)
+    return shlex.split(inner)
+
+
+def test_slurm_accelerate_renders_the_same_static_rendezvous_as_torchrun():
+    """Issue 51: the accelerate backend still rendered c10d (whose agents fail a finished job when the store's host
+    exits first; fixed for torchrun in 1d09cf2). Through accelerate's own argument handling, its script hands
+    torch.distributed.run the torchrun backend's static rendezvous: node rank from $SLURM_NODEID, the store at the
+    first node's address."""
+    import torch.distributed.run as distrib_run
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    acc, tr = _node_command("accelerate"), _node_command("torchrun")
+    assert acc[2] == "accelerate.commands.launch" and tr[2] == "torch.distributed.run"
+    args = launch_command_parser().parse_args(acc[3:])
+    args.mixed_precision, args.dynamo_backend = "no", "no"  # what accelerate's config step fills in
+    prepare_multi_gpu_env(args)  # turns accelerate's flags into torch.distributed.run's
+    want = distrib_run.get_args_parser().parse_args(tr[3:])
+    for key in ("nnodes", "nproc_per_node", "node_rank", "master_addr", "master_port", "rdzv_backend"):
+        assert str(getattr(args, key)) == str(getattr(want, key)), key
+    assert want.rdzv_backend == "static" and not getattr(args, "rdzv_endpoint", "") and str(args.node_rank) == "1"

@@ -44,7 +44,7 @@ def test_sbatch_header_value_with_spaces_is_quoted_and_gpus_zero_refused(capsys)
     assert main(["launch", "--slurm", "--dry-run", "--job-name", "my run", "--", "stats", "--data", "d"]) == 0
     assert '#SBATCH --job-name="my run"\n' in capsys.readouterr().out
     assert main(["launch", "--gpus", "0", "--dry-run", "--", "stats", "--data", "d"]) == 2
-    assert "--gpus: expected >= 1, got 0" in _err_line(capsys)
+    assert "--gpus: expected a value in [1, inf), got 0" in _err_line(capsys)
 
 
 def test_yaml_alias_bomb_is_refused_in_one_short_line(tmp_path, capsys):

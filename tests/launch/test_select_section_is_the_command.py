@@ -39,7 +39,9 @@ def test_without_an_amount_the_command_keeps_the_seeds_top_20_percent_like_a_rec
 
 
 def test_the_same_check_names_the_flag_or_the_recipe_key():
-    with pytest.raises(ValueError, match=r"^keep: expected a fraction in \(0, 1\], got 1.5"):
-        cmd_select.SelectConfig(scores=["S"], data="D", out="O", keep=1.5).validate()
-    with pytest.raises(ValueError, match=r"^select.keep: expected a fraction in \(0, 1\], got 1.5"):
-        SelectCfg(keep=1.5).validate()
+    from halsift.corpus.config import from_dict
+
+    with pytest.raises(ValueError, match=r"^keep: expected a value in \(0, 1\], got 1.5"):
+        from_dict(cmd_select.SelectConfig, {"scores": ["S"], "data": "D", "out": "O", "keep": 1.5})
+    with pytest.raises(ValueError, match=r"^select.keep: expected a value in \(0, 1\], got 1.5"):
+        from_dict(SelectCfg, {"keep": 1.5}, "select")

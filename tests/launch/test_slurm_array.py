@@ -40,8 +40,8 @@ def test_cpu_array_asks_for_no_gpu(capsys):
 
 @pytest.mark.parametrize("args,msg", [
     (["--array", "4", "--gpus", "8"], "--array: each task is one process on one GPU (got --gpus 8)"),
-    (["--array", "0"], "--array: expected >= 1 tasks, got 0"),
-    (["--array", "4", "--max-parallel", "0"], "--max-parallel: expected >= 1, got 0"),
+    (["--array", "0"], "--array: expected a value in [1, inf), got 0"),
+    (["--array", "4", "--max-parallel", "0"], "--max-parallel: expected a value in [1, inf), got 0"),
     (["--array", "4", "--nodes", "2"], "--array: every task is one node"),
     (["--array", "4", "--sbatch-extra=--array=0-9"], "--sbatch-extra '--array=0-9': set by --array itself"),
     (["--array", "4", "--sbatch-extra=constraint"], "--sbatch-extra: expected one sbatch option starting with '--'"),

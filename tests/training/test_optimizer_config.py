@@ -60,11 +60,16 @@ def test_each_trainer_offers_its_fields_and_builds_what_they_say(cls, required, 
 
 @pytest.mark.parametrize("cls, required, offered, fixed, schedule", TRAINERS, ids=lambda x: getattr(x, "__name__", ""))
 def test_a_bad_optimizer_value_is_refused_naming_the_field(cls, required, offered, fixed, schedule):
-    with pytest.raises(ValueError, match=r"^lr: must be >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"^lr: expected a value in \[0, inf\), got -1"):
         cls(**required, lr=-1.0).validate()
+    with pytest.raises(ValueError, match=r"^lr: expected a finite value in \[0, inf\), got nan"):
+        cls(**required, lr=float("nan")).validate()
     if "beta2" in offered:
-        with pytest.raises(ValueError, match=r"^beta2: expected 0 <= beta < 1, got 1.0"):
+        with pytest.raises(ValueError, match=r"^beta2: expected a value in \[0, 1\), got 1.0"):
             cls(**required, beta2=1.0).validate()
+    if "eps" in offered:
+        with pytest.raises(ValueError, match=r"^eps: expected a finite value in \(0, inf\), got inf"):
+            cls(**required, eps=float("inf")).validate()
 
 
 def test_the_world_judge_lrs_are_optimizer_fields_with_their_defaults():

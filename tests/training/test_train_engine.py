@@ -139,6 +139,7 @@ def test_checkpoint_of_the_old_layout_is_refused_clearly(tmp_path):
     save_file({"weight": torch.zeros(1, 3), "bias": torch.zeros(1)}, str(old / "model.safetensors"))
     torch.save({}, old / "optimizer.pt")
     (old / "state.json").write_text(json.dumps({"step": 2}))
+    (old.parents[1] / "config.json").write_text(json.dumps(ToyConfig(out=str(tmp_path / "old")).to_dict()))
     with pytest.raises(FileNotFoundError, match="step_000002: no optimizer.bin .*new --out"):
         engine.run(ToyTask(ToyConfig(out=str(tmp_path / "old"), resume=True)))
 

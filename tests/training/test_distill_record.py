@@ -1,0 +1,107 @@
+"""Issue 51, rule 5: `train detector --teacher` keeps a run record like every other stage (``OUT/distill.json``:
+the teacher's and the embeddings' manifests by content, the settings, how the run ended). The same command finds its
+student; another teacher, embeddings or settings into the same --out, or an --out holding another student made
+before the record, is refused in one line (it was overwritten with exit 0)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from cli_cases import _err_line
+from filtering_data import make_corpus
+
+from halsift.launch.cli import main
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_distill import distilled  # noqa: E402, F401 (a fixture: a corpus, its embeddings, a teacher)
+
+
+@pytest.fixture(scope="module")
+def taught(distilled):
+    """``distilled``'s folder (corpus/, emb/, teacher/) with another teacher of the same corpus."""
+    corpus, root = distilled
+    if not (root / "other_teacher").exists():
+        assert main(["score", "--detector", "random:seed=2", "--data", str(corpus), "--out",
+                     str(root / "other_teacher"), "--no-progress"]) == 0
+    return root
+
+
+def _distill(root, out, *extra, teacher="teacher", emb="emb") -> list[str]:
+    return ["train", "detector", "--teacher", str(root / teacher), "--embeddings", str(root / emb), "--out",
+            str(out), "--steps", "20", *extra]
+
+
+@pytest.fixture()
+def student(taught, tmp_path, capsys):
+    out = tmp_path / "student"
+    assert main(_distill(taught, out)) == 0
+    capsys.readouterr()
+    return out
+
+
+def test_the_run_record_says_what_taught_the_student(taught, student):
+    rec = json.loads((student / "distill.json").read_text())
+    assert rec["status"] == "complete" and rec["stage"] == "distill"
+    assert rec["teacher"] == str((taught / "teacher").resolve()) and rec["teacher_fp"] and rec["embeddings_fp"]
+    assert rec["settings"]["steps"] == 20 and rec["spec"].startswith("student:path=")
+
+
+def test_the_same_command_again_finds_its_student(taught, student, capsys):
+    before = (student / "student" / "model.safetensors").stat().st_mtime_ns
+    assert main(_distill(taught, student)) == 0
+    assert "trained already" in capsys.readouterr().out
+    assert (student / "student" / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_a_copied_teacher_is_the_same_teacher(taught, student, tmp_path, capsys):
+    shutil.copytree(taught / "teacher", tmp_path / "teacher")
+    assert main(["train", "detector", "--teacher", str(tmp_path / "teacher"), "--embeddings", str(taught / "emb"),
+                 "--out", str(student), "--steps", "20"]) == 0
+    assert "trained already" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"teacher": "other_teacher"}, "teacher_fp"),  # the probe: another student overwrote this one with exit 0
+    ({"emb": "emb_edited"}, "embeddings_fp"),
+    ({"extra": ("--lr", "0.01")}, "lr"),
+    ({"extra": ("--teacher-sample", "12")}, "sample"),
+])
+def test_another_student_into_the_folder_is_refused(taught, student, capsys, change, key):
+    if change.get("emb") == "emb_edited" and not (taught / "emb_edited").exists():
+        shutil.copytree(taught / "emb", taught / "emb_edited")
+        manifest = taught / "emb_edited" / "_manifest.json"
+        manifest.write_text(manifest.read_text() + "\n")  # another embeddings folder's record
+    before = (student / "student" / "model.safetensors").read_bytes()
+    argv = _distill(taught, student, *change.get("extra", ()), teacher=change.get("teacher", "teacher"),
+                    emb=change.get("emb", "emb"))
+    assert main(argv) == 2
+    line = _err_line(capsys)
+    assert f"--out: {student}: holds another student with a different {key}" in line, line
+    assert (student / "student" / "model.safetensors").read_bytes() == before
+
+
+def test_a_folder_holding_a_student_without_a_record_is_refused(taught, tmp_path, capsys):
+    out = tmp_path / "old"
+    (out / "student").mkdir(parents=True)
+    (out / "student" / "config.json").write_text("{}")  # a student made before the record
+    assert main(_distill(taught, out)) == 2
+    assert "is not empty and holds no distill.json" in _err_line(capsys)
+    assert (out / "student" / "config.json").read_text() == "{}"
+
+
+def test_a_failed_run_is_left_failed_with_its_reason(taught, tmp_path, capsys):
+    other = make_corpus(tmp_path / "other", shards=1, per_shard=4, seed=9)  # keys the embeddings do not hold
+    assert main(["score", "--detector", "random:seed=1", "--data", str(other), "--out", str(tmp_path / "t"),
+                 "--no-progress"]) == 0
+    out = tmp_path / "s"
+    argv = ["train", "detector", "--teacher", str(tmp_path / "t"), "--embeddings", str(taught / "emb"), "--out",
+            str(out), "--steps", "20"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "have vectors in --embeddings" in _err_line(capsys)
+    rec = json.loads((out / "distill.json").read_text())
+    assert rec["status"] == "failed" and "have vectors" in rec["error"]
