@@ -22,18 +22,18 @@ class EngineFlags:
                                              "of --num-tasks independent tasks; ray: the parts on a Ray cluster, "
                                              "one actor per GPU (else per CPU), parts dealt as actors free up (pip "
                                              "install 'halsift[ray]')", cli=GROUP)
-    num_tasks: int | None = field(None, help="run as one of N independent tasks sharing --out (default: "
+    num_tasks: int | None = field(None, range="[1, inf)", help="run as one of N independent tasks sharing --out (default: "
                                              "$SLURM_ARRAY_TASK_COUNT in an array job); the last task to finish "
                                              "writes the complete manifest", cli={**GROUP, "metavar": "N"})
-    task_index: int | None = field(None, help="this task's index, 0..N-1 (default: $SLURM_ARRAY_TASK_ID - "
+    task_index: int | None = field(None, range="[0, inf)", help="this task's index, 0..N-1 (default: $SLURM_ARRAY_TASK_ID - "
                                               "$SLURM_ARRAY_TASK_MIN)", cli={**GROUP, "metavar": "I"})
-    claim_timeout: float | None = field(None, help="take over a part whose claim has had no heartbeat for S seconds "
+    claim_timeout: float | None = field(None, range="(0, inf)", help="take over a part whose claim has had no heartbeat for S seconds "
                                                    "(a dead node; default 600)", cli={**GROUP, "metavar": "S"})
     address: str | None = field(None, help="--engine ray: the cluster to join, e.g. auto or ray://head:10001 "
                                            "(default: a local one)", cli=GROUP)
-    workers: int | None = field(None, help="--engine ray: actors making parts (default: one per GPU of the "
+    workers: int | None = field(None, range="[1, inf)", help="--engine ray: actors making parts (default: one per GPU of the "
                                            "cluster, else per CPU)", cli=GROUP)
-    decode_workers: int = field(0, help="read, decode and preprocess (or make whole parts, for stages without a "
+    decode_workers: int = field(0, range="[0, inf)", help="read, decode and preprocess (or make whole parts, for stages without a "
                                         "model) in N processes per rank; 0: in this process (default). Use the cores "
                                         "per rank minus one: the model's process needs a core of its own",
                                 cli={**GROUP, "metavar": "N"})

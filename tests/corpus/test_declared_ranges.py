@@ -97,10 +97,6 @@ UNBOUNDED = {
     "corpus_sentences": "[lo, hi] pair, checked by check_corpus_sentences",
     "world.corpus_sentences": "the same",
     "vision_layer": "the world judge's LLaVA feature layer: an index, negative from the end",
-    # the engine flags of score/embed/basic/dedup: declared with the execution layer's flags (the lead's rewrite)
-    "num_tasks": "engine flag", "task_index": "engine flag", "claim_timeout": "engine flag", "workers": "engine flag",
-    "decode_workers": "engine flag", "score.decode_workers": "engine flag", "score.workers": "engine flag",
-    "dedup.workers": "engine flag", "dedup.decode_workers": "engine flag",
 }
 
 
