@@ -79,7 +79,7 @@ def test_a_run_stopped_by_an_error_is_left_failed_with_its_reason(tmp_path):
             raise KeyboardInterrupt
     assert (other / "_manifest.json").read_text() == before and json.loads(before)["status"] == "running"
     # a folder with no record is given none (a run stopped before it started leaves nothing to read)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^early$"):
         with failing(tmp_path / "empty"):
             raise ValueError("early")
     assert not (tmp_path / "empty" / "_manifest.json").exists()

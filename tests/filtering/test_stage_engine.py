@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from halsift.launch.cli import main
+from file_ids import file_ids
 from kill_mid_part import kill_mid_part
 from test_basic_filters import FAST, SAMPLES, _shards
 from test_dedup import _corpus
@@ -47,15 +48,6 @@ def _rows(folder: Path, pattern: str = "part-*.parquet") -> list[dict]:
     return sorted(t.to_pylist(), key=lambda r: r["key"])
 
 
-def _file_ids(folder: Path, pattern: str = "part-*.parquet") -> dict[str, tuple]:
-    """Per written part, what a rewrite changes: the part's and its ``_done`` record's inode and mtime."""
-    def ident(f: Path) -> tuple[int, int]:
-        st = f.stat()
-        return st.st_ino, st.st_mtime_ns
-
-    return {p.name: (ident(p), ident(folder / "_done" / f"{p.name}.json")) for p in sorted(folder.glob(pattern))}
-
-
 def _dups(folder: Path) -> list[dict]:
     return sorted(pq.read_table(folder / "duplicates.parquet").to_pylist(), key=lambda r: r["key"])
 
@@ -83,7 +75,7 @@ def test_basic_task_killed_mid_part_reruns_to_identical_output(tmp_path):
                                  "--task-index", "1", *FAST])
     kill_mid_part(cmd, ENV, out)
     assert json.loads((out / "manifest.json").read_text())["status"] == "running"
-    finished = _file_ids(out)
+    finished = file_ids(out)
     assert len(finished) == 1  # kill_mid_part: one part written, the next claimed and unwritten
     res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -91,7 +83,7 @@ def test_basic_task_killed_mid_part_reruns_to_identical_output(tmp_path):
     assert m["status"] == "complete" and m["parts_done_before"] == 1 and "(1 done before)" in res.stdout
     # the finished part is reused as it is (the same file and record, never rewritten); the killed part and those
     # not begun are made
-    after = _file_ids(out)
+    after = file_ids(out)
     assert {n: after[n] for n in finished} == finished and len(after) == len(m["parts"]) == 4
     assert main(["basic", "--data", str(data), "--out", str(tmp_path / "one"), *FAST]) == 0
     assert _rows(out) == _rows(tmp_path / "one")
