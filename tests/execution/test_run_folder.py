@@ -70,9 +70,19 @@ def test_a_run_stopped_by_an_error_is_left_failed_with_its_reason(tmp_path):
             raise ValueError("boom: the first line\nmore")
     m = json.loads((tmp_path / "_manifest.json").read_text())
     assert m["status"] == "failed" and m["error"] == "boom: the first line" and m["detector"] == "x"
-    with pytest.raises(KeyboardInterrupt, match="^$"):  # a killed run stays running, to be resumed
-        with failing(tmp_path / "other"):
+    # an interrupted run (a kill, Ctrl-C) stays running, to be resumed: its record is left as it was
+    other = tmp_path / "other"
+    check_or_start(other, {"detector": "x"}, keys=("detector",), what="scores")
+    before = (other / "_manifest.json").read_text()
+    with pytest.raises(KeyboardInterrupt, match="^$"):
+        with failing(other):
             raise KeyboardInterrupt
+    assert (other / "_manifest.json").read_text() == before and json.loads(before)["status"] == "running"
+    # a folder with no record is given none (a run stopped before it started leaves nothing to read)
+    with pytest.raises(ValueError, match="^early$"):
+        with failing(tmp_path / "empty"):
+            raise ValueError("early")
+    assert not (tmp_path / "empty" / "_manifest.json").exists()
 
 
 def test_full_hash_sees_a_change_the_sampled_blocks_miss(tmp_path):

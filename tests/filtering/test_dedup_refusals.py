@@ -10,6 +10,7 @@ import shutil
 
 import pyarrow.parquet as pq
 import pytest
+from file_ids import file_ids
 from test_dedup import M, _corpus, _png
 
 from halsift.corpus.shards import Sample, ShardWriter
@@ -111,8 +112,13 @@ def test_out_of_dedup_itself_is_reused(tmp_path):
     data = _corpus(tmp_path)
     assert _dedup(data, tmp_path / "d") == 0
     first = (tmp_path / "d" / "duplicates.parquet").read_bytes()
-    assert _dedup(data, tmp_path / "d") == 0  # its own folder: rerun (resume) as before
+    parts = file_ids(tmp_path / "d" / "_parts")
+    assert len(parts) == len(list(data.glob("*.tar"))) > 1
+    assert _dedup(data, tmp_path / "d") == 0  # its own folder: not refused, rerun (resume) as before
     assert (tmp_path / "d" / "duplicates.parquet").read_bytes() == first
+    # every per-shard part is reused as it is: counted, and the same files (and records), never rewritten
+    assert json.loads((tmp_path / "d" / "manifest.json").read_text())["shards_reused"] == len(parts)
+    assert file_ids(tmp_path / "d" / "_parts") == parts
 
 
 def test_unweighted_model_is_refused_unless_random_is_named(tmp_path, capsys):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from file_ids import file_ids
 from kill_mid_part import kill_mid_part
 from filtering_data import make_corpus
 
@@ -145,11 +146,14 @@ def test_task_killed_mid_part_reruns_to_identical_output(tmp_path):
     out = tmp_path / "killed"
     cmd = _task_cmd(corpus, out, 2, 1, 0.4)  # about 1 s per part: the kill lands inside the second part
     kill_mid_part(cmd, ENV, out, timeout=120)
-    assert len(list(out.glob("part-*.parquet"))) == 1
+    finished = file_ids(out)
+    assert len(finished) == 1
     assert _manifest(out)["status"] == "running"
     res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "scored 2 parts" in res.stdout and "1 taken over from dead tasks" in res.stdout, res.stdout
+    after = file_ids(out)  # the finished part reused as it is (file and record), the other two made
+    assert {n: after[n] for n in finished} == finished and len(after) == 3
     m = _manifest(out)
     assert m["status"] == "complete" and m["parts_taken_over"] == 1 and m["parts_resumed"] == 1
     score("random:seed=0", corpus, tmp_path / "one", batch_size=4, show_progress=False)
@@ -171,6 +175,20 @@ def test_live_claims_are_respected_and_stale_ones_taken_over(tmp_path):
     assert not list((tmp_path / CLAIMS).iterdir())
     with pytest.raises(TaskError, match="--claim-timeout"):
         ClaimBoard(tmp_path, "c", stale_after=0)
+
+
+def test_of_two_tasks_reaching_one_attempt_at_once_exactly_one_wins(tmp_path, monkeypatch):
+    """A claim is never held twice: ``b`` looked for claims before ``a``'s appeared (both saw none), so both try
+    attempt 0; the exclusive link lets only ``a`` have it, and ``a``'s claim is left as ``a`` wrote it."""
+    a = ClaimBoard(tmp_path, "a", stale_after=30)
+    b = ClaimBoard(tmp_path, "b", stale_after=30)
+    claim = a.try_claim("part-x.parquet")
+    held = claim.path.read_text()
+    monkeypatch.setattr(b, "_attempts", lambda part: [])  # what b saw an instant before a's claim
+    assert b.try_claim("part-x.parquet") is None
+    assert claim.path.read_text() == held and json.loads(held)["task"] == "a"
+    assert sorted(p.name for p in (tmp_path / CLAIMS).iterdir()) == ["part-x.parquet.0"]  # no temp file left
+    claim.release()
 
 
 def test_a_claim_always_names_its_process_so_a_killed_claimer_is_noticed_at_once(tmp_path):

@@ -16,18 +16,23 @@ import pyarrow.parquet as pq
 import pytest
 
 from halsift.launch.cli import main
+from file_ids import file_ids
 from kill_mid_part import kill_mid_part
 from test_basic_filters import FAST, SAMPLES, _shards
 from test_dedup import _corpus
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-# a child process running `halsift ARGS` with one part-making function slowed down (so that a kill lands mid-part)
+# a child process running `halsift ARGS` with one part-making function slowed down (so that a kill lands mid-part);
+# with SLOW_LOG set, each call appends a line to that file (how many parts all processes made)
 SLOW = """
-import sys, time, importlib
+import os, sys, time, importlib
 mod, name, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
 m = importlib.import_module(mod)
 orig = getattr(m, name)
 def slow(*a, **k):
+    if os.environ.get("SLOW_LOG"):
+        with open(os.environ["SLOW_LOG"], "a") as f:
+            f.write(f"{os.getpid()}\\n")
     time.sleep(delay)
     return orig(*a, **k)
 setattr(m, name, slow)
@@ -55,11 +60,14 @@ def _dups(folder: Path) -> list[dict]:
 def test_basic_as_two_overlapping_tasks_equals_one_process(tmp_path):
     data = _shards(tmp_path / "shards", per_shard=2)  # 4 parts
     out = tmp_path / "tasks"
+    log = tmp_path / "made.log"
     procs = [subprocess.Popen(_cmd(BASIC_SLOW, 0.3, ["basic", "--data", str(data), "--out", str(out),
                                                      "--num-tasks", "2", "--task-index", str(i), *FAST]),
-                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (0, 1)]
+                              env={**ENV, "SLOW_LOG": str(log)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in (0, 1)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
+    assert len(log.read_text().split()) == 4  # the claims split the 4 parts: none made twice
     assert main(["basic", "--data", str(data), "--out", str(tmp_path / "one"), *FAST]) == 0
     m, one = (json.loads((d / "manifest.json").read_text()) for d in (out, tmp_path / "one"))
     assert m["status"] == "complete" and m["presets"] == one["presets"] and m["parts"] == one["parts"]
@@ -74,10 +82,16 @@ def test_basic_task_killed_mid_part_reruns_to_identical_output(tmp_path):
                                  "--task-index", "1", *FAST])
     kill_mid_part(cmd, ENV, out)
     assert json.loads((out / "manifest.json").read_text())["status"] == "running"
+    finished = file_ids(out)
+    assert len(finished) == 1  # kill_mid_part: one part written, the next claimed and unwritten
     res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     m = json.loads((out / "manifest.json").read_text())
-    assert m["status"] == "complete" and m["parts_done_before"] == 1
+    assert m["status"] == "complete" and m["parts_done_before"] == 1 and "(1 done before)" in res.stdout
+    # the finished part is reused as it is (the same file and record, never rewritten); the killed part and those
+    # not begun are made
+    after = file_ids(out)
+    assert {n: after[n] for n in finished} == finished and len(after) == len(m["parts"]) == 4
     assert main(["basic", "--data", str(data), "--out", str(tmp_path / "one"), *FAST]) == 0
     assert _rows(out) == _rows(tmp_path / "one")
 

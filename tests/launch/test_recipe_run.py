@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from file_ids import file_id
 from PIL import Image
 
 from halsift.launch.cli import main
@@ -79,7 +80,8 @@ def _check_retrieval(run, names) -> None:
 def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["run", "quickstart", f"run_dir={run}", *TINY]) == 0
-    for stage in ("world", "pretrain", "detectors", "dedup", "score", "select", "finetune", "eval", "report"):
+    stages = ("world", "pretrain", "detectors", "dedup", "score", "select", "finetune", "eval", "report")
+    for stage in stages:
         assert (run / stage / "_done.json").exists(), stage
     # the planted leaks and copies are removed before scoring, and the report says so
     world = json.loads((run / "world" / "world.json").read_text())
@@ -140,10 +142,13 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     for extra in ("ihalla", "vope", "vigil"):
         assert (run / "eval" / extra / "metrics.json").exists() and f"{extra}: " in report
 
+    marks = {s: file_id(run / s / "_done.json") for s in stages}
     capsys.readouterr()
     assert main(["run", "quickstart", f"run_dir={run}", *TINY]) == 0
     out = capsys.readouterr().out
     assert out.count("already complete, skipped") == 9
+    assert ": running" not in out
+    assert {s: file_id(run / s / "_done.json") for s in stages} == marks  # no stage ran again
     assert (run / "report" / "report.md").read_text() == report
 
     # a changed option re-runs its stage and the stages after it; the ones before are kept, and so is, inside the
@@ -155,6 +160,7 @@ def test_quickstart_runs_end_to_end_and_resumes(tmp_path, capsys):
     assert main(["run", "quickstart", f"run_dir={run}", *TINY, "select.keep=0.5"]) == 0
     out = capsys.readouterr().out
     assert out.count("already complete, skipped") == 5  # world, pretrain, detectors, dedup, score
+    assert {s: file_id(run / s / "_done.json") for s in stages[:5]} == {s: marks[s] for s in stages[:5]}
     assert "select: select changed since it ran; re-running" in out
     assert "finetune: an earlier stage's inputs changed since it ran; re-running" in out  # neither is cleared
     for stage in ("finetune", "eval", "report"):
