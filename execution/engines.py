@@ -37,7 +37,7 @@ class Summary:
     """What an engine reports of one job: ``complete`` (the folder's record says complete), ``report`` (this process
     reports the result: rank 0 of a group), ``lines`` (the engine's own one-line notes, in order) and ``stats`` (the
     folder's complete record, or this task's run record while it is not complete) and ``run`` (what this process
-    did: parts made, found done, items)."""
+    did: parts made and their names, parts found done, items)."""
 
     engine: str
     out: Path
@@ -102,13 +102,15 @@ def _bar(job: Job, work: Work, desc: str):
 
 
 class _Tally:
-    """Parts made and their items, counted as each part is written (and shown on ``bar``, once there is one)."""
+    """Parts made (and their names) and items, counted as each part is written (and shown on ``bar``, once there is
+    one)."""
 
     def __init__(self, work: Work) -> None:
-        self.work, self.made, self.items, self.bar = work, 0, 0, None
+        self.work, self.made, self.items, self.bar, self.names = work, 0, 0, None, []
 
     def __call__(self, name: str, stats: dict) -> None:
         self.made += 1
+        self.names.append(name)
         self.items += int(self.work.count(stats))
         if self.bar is not None:
             self.bar.set_postfix(**{f"parts_{self.work.verb}": self.made, "parts": len(self.work.parts)})
@@ -171,7 +173,7 @@ class LocalEngine(Engine):
             if failed is not None:
                 raise failed
         return Summary(self.name, work.folder.path, True, place.is_main, [], record,
-                       {"parts_made": made, "parts_skipped_done": reused, "items": items})
+                       {"parts_made": made, "parts_skipped_done": reused, "items": items, "made": tally.names})
 
 
 # ------------------------------------------------------------------------------------------------ tasks
@@ -255,7 +257,7 @@ class TaskEngine(Engine):
                     bar.close()
                 if maker is not None:
                     maker.close()
-            run.update(end=time.time(), parts_made=tally.made, items=tally.items,
+            run.update(end=time.time(), parts_made=tally.made, items=tally.items, made=tally.names,
                        parts_taken_over=board.taken_over, making_time_s=round(making, 3), threads=threads)
             (work.folder.path / TASKS).mkdir(exist_ok=True)
             write_json_atomic(work.folder.path / TASKS / f"{name}.{HOST}.{os.getpid()}.json", run)
@@ -390,7 +392,7 @@ class RayEngine(Engine):
         return Summary(self.name, work.folder.path, True, True,
                        [f"ray: {n} workers, {redone} parts redone after a worker died"], record,
                        {"parts_made": tally.made, "parts_skipped_done": reused, "items": tally.items,
-                        "parts_redone": redone})
+                        "parts_redone": redone, "made": tally.names})
 
 
 # ------------------------------------------------------------------------------------------------ registry

@@ -13,6 +13,6 @@ def file_id(f: Path) -> tuple[int, int]:
 
 def file_ids(folder: Path, pattern: str = "part-*.parquet", records: bool = True) -> dict[str, tuple]:
     """Per file of ``folder`` matching ``pattern``, its :func:`file_id`, with its ``_done/<name>.json`` record's
-    (:mod:`halsift.corpus.run_folder`) when ``records``."""
+    (:mod:`halsift.execution.run_folder`) when ``records``."""
     return {p.name: (file_id(p), file_id(folder / "_done" / f"{p.name}.json")) if records else file_id(p)
             for p in sorted(folder.glob(pattern))}

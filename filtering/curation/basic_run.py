@@ -206,15 +206,15 @@ def run_basic(data: str, out: str | os.PathLike, *, presets: list[str], detector
         t0 = time.perf_counter()
         parts = _plan(kind, inputs, names, out, detector, presets, size_from)
         job = dataclasses.replace(job, parts=parts)
-        before = {p.name for p in parts if _part_done(p)}
-        summary = e.execute(job)
+        summary = e.execute(job)  # the engine says what was done before and what it made (never a second check)
+        made = set(summary.run.get("made", ()))
         if not summary.complete:
             return {"status": "running", "settings": settings, "lines": summary.lines, "parts": [p.name for p in parts],
-                    "parts_done_before": len(before)}
+                    "parts_done_before": summary.run["parts_skipped_done"]}
         wall = time.perf_counter() - t0
         infos = [json.loads(pq.read_schema(out / p.name).metadata[META_KEY]) for p in parts]
-        done_before = len(before)
-        rows_now = sum(i["rows"] for i, p in zip(infos, parts) if p.name not in before)
+        done_before = summary.run["parts_skipped_done"]
+        rows_now = sum(i["rows"] for i, p in zip(infos, parts) if p.name in made)
         manifest = _manifest(infos, settings, [p.name for p in parts])
         empty = nothing_read(manifest["samples"], manifest["skipped"], "read")
         if empty:  # the one empty-input rule (0-byte or empty inputs); the parts stay, the manifest is not written

@@ -80,7 +80,7 @@ def test_cli_engine_ray(cluster, tmp_path, capsys):
 
 
 def test_basic_dedup_and_embed_on_ray_equal_one_process(cluster, tmp_path):
-    """The per-shard corpus stages (filtering/scoring/stage.py) on Ray write the parts one process writes."""
+    """The per-shard corpus stages (execution/stage_job.py) on Ray write the parts one process writes."""
     import pyarrow.parquet as pq
 
     from halsift.filtering.scoring.embed import EmbedJob

@@ -1,4 +1,4 @@
-"""Per-shard corpus stages on the scoring engines: ``basic`` and dedup's per-shard part run as independent tasks
+"""Per-shard corpus stages on the execution layer's engines: ``basic`` and dedup's per-shard part run as independent tasks
 (``--num-tasks/--task-index``) give the rows of one process; a task SIGKILLed mid-part reruns to the same output; a
 plain dedup run after the tasks does the global part from their parts (and makes any part they missed); each flag a
 stage cannot honour is refused in one line naming it."""
