@@ -116,6 +116,15 @@ class _Tally:
             self.bar.set_postfix(**{f"parts_{self.work.verb}": self.made, "parts": len(self.work.parts)})
 
 
+def _same(kind: type, message: str) -> Exception:
+    """The main process's error, raised again on another rank (its type when it takes a message, else a
+    RuntimeError with the same line)."""
+    try:
+        return kind(message)
+    except Exception:  # noqa: BLE001 - an exception type whose constructor wants more than a message
+        return RuntimeError(message)
+
+
 # ------------------------------------------------------------------------------------------------ local
 class LocalEngine(Engine):
     """This process, or every rank of a launch (a ``ranked`` job's parts round-robin over the ranks)."""
@@ -169,9 +178,12 @@ class LocalEngine(Engine):
                                                  place.world, threads))
                 except Exception as e:  # raised after the barrier, so the other ranks are not left waiting
                     failed = e
-            place.barrier()
+            # every rank stops with the main process's line (none exits 0 beside a failed folder)
+            why = place.broadcast(None if failed is None else (type(failed), str(failed)))
             if failed is not None:
                 raise failed
+            if why is not None:
+                raise _same(*why)
         return Summary(self.name, work.folder.path, True, place.is_main, [], record,
                        {"parts_made": made, "parts_skipped_done": reused, "items": items, "made": tally.names})
 

@@ -48,6 +48,16 @@ class Place:
         if self.state is not None and self.world > 1:
             self.state.wait_for_everyone()
 
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank of the group (``obj`` itself alone)."""
+        if self.state is None or self.world == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def reduce(self, value: float, op: str = "sum") -> float:
         """Sum or max of ``value`` over the group."""
         if self.state is None or self.world == 1:

@@ -43,72 +43,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_engine(cfg: SelectConfig) -> dict | None:
-    """Run the selection ``cfg`` asks for and print its summary; returns the complete manifest, or ``None`` for a
-    task of several that left the manifest to the last one."""
-    from halsift.filtering.selection.select import SelectError, select
-    from halsift.filtering.selection.out_of_core import MEMORY_LIMIT
-    from halsift.filtering.selection.resumable import select_resumable
-    from halsift.execution.claims import TaskError, task_from_env
+    """Run the selection ``cfg`` asks for (:class:`~halsift.filtering.selection.job.SelectJob`, the library call) and
+    print its lines; returns the complete manifest, or ``None`` for a task of several that left the manifest to the
+    last one."""
+    from halsift.execution.claims import TaskError
+    from halsift.execution.engines import run_job
+    from halsift.filtering.selection.job import SelectJob
+    from halsift.filtering.selection.select import SelectError
     from halsift.launch.cli import UsageError
-    from halsift.launch.select_engines import MAXCOUNT, engine_of, refusal, summary_line
 
     try:
-        task = task_from_env(cfg.num_tasks, cfg.task_index)
-    except TaskError as e:
+        result = run_job(SelectJob(cfg))
+    except (SelectError, TaskError) as e:
         raise UsageError(str(e)) from None
-    engine = engine_of(cfg, task)
-    why = refusal(cfg, engine)
-    if why:
-        raise UsageError(why)
-    guarantee = _plan_guarantee(cfg)
-    how_much = amount(cfg.keep, cfg.top_k, guarantee[0].threshold if guarantee else cfg.threshold)
-    common = dict(**how_much, unit=cfg.unit, agg=cfg.agg, seed=cfg.seed,
-                  show_progress=not cfg.no_progress, meta_defaults={"captioner": cfg.captioner, "source": cfg.source},
-                  detector=cfg.detector, allow_partial=cfg.allow_partial)
-    n, i = task or (1, 0)
-    try:
-        from halsift.filtering.selection.compose import split_scores
-        from halsift.launch.select_compose import composition_of
-
-        named = split_scores(cfg.scores)  # [(NAME or None, DIR)], the first is ranked by default
-        common["compose"] = composition_of(cfg, named)
-        if engine == "memory":
-            m = select(named[0][1], cfg.data, cfg.out, per_captioner=cfg.per_captioner, random_baseline=cfg.random,
-                       maxcount=cfg.maxcount or MAXCOUNT, **common)
-        else:
-            res = select_resumable(named[0][1], cfg.data, cfg.out, keys_only=cfg.keys_only, num_tasks=n, task_index=i,
-                                   memory_limit=cfg.memory_limit or MEMORY_LIMIT, **common)
-            m = res.get("manifest")
-    except SelectError as e:
-        raise UsageError(str(e)) from None
-    if m is not None and guarantee:
-        from halsift.filtering.selection.guaranteed import guarantee_line, record_guarantee
-
-        m = record_guarantee(cfg.out, m, *guarantee)
-        print(guarantee_line(m), flush=True)
-    if m is None:
-        print(f"select task {i}/{n}: wrote {res['shards_written']} shards; {res['shards_missing']} not written "
-              f"yet (other tasks hold them); the last task to finish writes {cfg.out}/manifest.json", flush=True)
-    elif cfg.keys_only:
-        print(f"kept {m['kept_units']} of {m['candidates']} units (threshold {m['threshold_used']}) -> "
-              f"{cfg.out}/kept.parquet", flush=True)
-    else:
-        print(f"{summary_line(m)} -> {cfg.out}", flush=True)
-    if m is not None and m.get("composition"):
-        from halsift.launch.select_compose import composition_lines
-
-        print("\n".join(composition_lines(m["composition"])), flush=True)
-    return m
-
-
-def _plan_guarantee(cfg: SelectConfig) -> tuple | None:
-    """``(Guarantee, Calibration)`` when ``--max-hallucination`` is set (the certified threshold), else None."""
-    if cfg.max_hallucination is None:
-        return None
-    from halsift.filtering.selection.guaranteed import plan_guarantee
-
-    return plan_guarantee(cfg.primary_scores, cfg.calibration, cfg.max_hallucination, cfg.confidence, cfg.unit, cfg.agg,
-                          cfg.detector, cfg.calibration_captioners, cfg.calibration_splits)
+    print("\n".join(result.lines), flush=True)
+    return result.stats if result.complete else None
 
 
 def _after(cfg: SelectConfig, m: dict) -> None:

@@ -221,8 +221,7 @@ class SelectVariantCfg:
 # SelectConfig fields a recipe sets itself (inputs and outputs per filter) or that only the command has (its engines,
 # baseline, page and wandb flags): the rest is the recipe's select section, with the command's names and defaults
 SELECT_SET = ("scores", "data", "out", "random", "seed", "export_keys", "detector", "allow_partial", "maxcount",
-              "no_progress", "html", "resumable", "keys_only", "num_tasks", "task_index", "memory_limit", "wandb",
-              "wandb_project")
+              "no_progress", "html", "keys_only", "num_tasks", "task_index", "wandb", "wandb_project")
 SelectSection = fields_of(SelectConfig, "SelectSection", SELECT_SET,
                           "`halsift select`'s settings a recipe's select section takes (same names and defaults)")
 
@@ -245,6 +244,15 @@ class SelectCfg(SelectSection):
                         composed=bool(self.where or self.rank), keep=self.keep)
         for name in self.variants:
             check_name("select.variants", name)
+        if self.resumable or self.memory_limit:  # out of core: what the command's resumable engine cannot honour
+            from halsift.filtering.selection.out_of_core import supported
+
+            for where, agg in (("select", self.agg), *((f"select.variants.{n}", v.agg) for n, v in
+                                                       self.variants.items())):
+                why = supported(self.unit, agg or self.agg, self.per_captioner)
+                if why:
+                    raise ValueError(f"{where}: select.resumable (out of core) is not for {why}; drop "
+                                     "select.resumable/memory_limit")
         for name, v in self.variants.items():
             check_selection(f"select.variants.{name}", v.unit or self.unit, v.agg or self.agg, v.top_k, v.threshold)
             if not v.filter:

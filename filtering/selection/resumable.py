@@ -5,11 +5,13 @@ killed anywhere reruns to the identical result (and N processes can share the wo
 
 1. **keys** -- :func:`halsift.filtering.selection.out_of_core.top_keys` writes ``kept.parquet`` (the key list: usable as it
    is, e.g. as a DataComp-style subset file, with ``keys_only``) and the kept units grouped by score part;
-   marker ``_select/keys.json``. One process computes it (a claim); the others wait for the marker.
+   marker ``_select/keys.json``: a one-part job of the execution layer (:class:`~halsift.execution.stage_job.StageJob`)
+   that one process makes while the others (tasks) wait for it.
 2. **reshard** -- one output shard per input shard, ``NNNNNN.tar`` numbered like the input's position in the
    sorted shard list (an input shard that keeps nothing has none), written from that shard's kept units only;
-   marker ``_select/shards/NNNNNN.json`` with its counts. Shards are claimed like score parts
-   (:class:`halsift.execution.claims.ClaimBoard`), so a dead process's shard is redone by the next one to look.
+   marker ``_select/shards/NNNNNN.json`` with its counts: the parts of a job of the execution layer, run by the local
+   or the tasks engine, so they are claimed like score parts and a dead process's shard is redone by the next one
+   to look.
 3. **manifest** -- whoever finds every marker merges them into ``manifest.json`` (``status: complete``) and
    ``sizes.json``: the same fields as :func:`halsift.filtering.selection.select.select`'s manifest. A rerun that finds it
    complete returns it as it is.
@@ -30,33 +32,36 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from halsift.corpus.images import SkipCounter
-from halsift.corpus.progress import progress
 from halsift.corpus.scores import part_name
 from halsift.corpus.shards import META_DEFAULTS, ShardFormatError, ShardWriter, iter_shard, write_json_atomic
 from halsift.filtering.selection.select import KeptCounts, SelectError, _labels, check_amount, kept_by_key, unit_outputs
 from halsift.filtering.selection.guard import STATE, prepare, remove_selection, write_outputs
 from halsift.filtering.selection.out_of_core import MEMORY_LIMIT, supported, top_keys, kept_for_part
-from halsift.execution.claims import HOST, STALE_AFTER_S, ClaimBoard, task_order
+from halsift.execution.claims import STALE_AFTER_S
 from halsift.corpus.safe_paths import remove_tree
 
 EXAMPLES = 20
 
 
-def _keys(out: Path, board: ClaimBoard, scores_dir, args: dict, memory_limit: str, poll: float = 1.0) -> dict:
-    """Step 1: the kept key list, computed by one process; the others wait for its marker."""
-    marker = out / STATE / "keys.json"
-    while not marker.exists():
-        claim = board.try_claim("keys")
-        if claim is None:
-            time.sleep(poll)  # another process is computing it; its claim goes stale if it dies
-            continue
-        try:
-            if not marker.exists():
-                info = top_keys(scores_dir, out, memory_limit=memory_limit, **args)
-                write_json_atomic(marker, info)
-        finally:
-            board.finish("keys", claim)
-    return json.loads(marker.read_text())
+def _make_keys(part) -> None:
+    """Step 1's one part: the kept key list and the kept units by part, then its marker."""
+    out, scores_dir, args, memory_limit = part.args
+    info = top_keys(scores_dir, out, memory_limit=memory_limit, **args)
+    write_json_atomic(out / STATE / "keys.json", info)
+
+
+def _keys_done(part) -> bool:
+    return (part.args[0] / STATE / "keys.json").exists()
+
+
+def _make_shard(part) -> None:
+    """Step 2's part for one input shard: its output shard (:func:`reshard_one`), then its marker."""
+    i, shard, out, scores_dir, unit, agg, defaults = part.args
+    write_json_atomic(out / STATE / "shards" / part.name, reshard_one(i, shard, out, scores_dir, unit, agg, defaults))
+
+
+def _shard_done(part) -> bool:
+    return (part.args[2] / STATE / "shards" / part.name).exists()
 
 
 def reshard_one(index: int, shard: Path, out: Path, scores_dir: Path, unit: str, agg: str,
@@ -136,40 +141,33 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
                    detector=detector, allow_partial=allow_partial, meta_defaults=defaults)
     scores_dir, out, shards, filt, folder = Path(scores_dir), prep.out, prep.shards, prep.filt, prep.folder
     (out / STATE / "shards").mkdir(parents=True, exist_ok=True)
-    board = ClaimBoard(out / STATE, f"select-{task_index}@{HOST}:{os.getpid()}", stale_after)
-    try:
-        info = _keys(out, board, scores_dir, {**args, "detector": detector if folder.other_detectors else None,
-                                              "compose": compose}, memory_limit)
+    from halsift.execution.engines import ENGINES
+    from halsift.execution.stage_job import StageJob, StagePart
+
+    tasks = {"num_tasks": num_tasks, "task_index": task_index, "claim_timeout": stale_after} if num_tasks > 1 else {}
+    engine = ENGINES["tasks" if tasks else "local"]
+    keys_args = {**args, "detector": detector if folder.other_detectors else None, "compose": compose}
+    keys = StageJob("select", out / STATE, [StagePart("keys.json", (out, scores_dir, keys_args, memory_limit))],
+                    _make_keys, _keys_done, show_progress=False, **tasks)
+    try:  # one task computes the keys; the others wait for its marker (a dead one's claim is taken over)
+        engine.run(keys, wait=True) if tasks else engine.run(keys)
     except SelectError:  # e.g. caption-level scores for unit=sentence: refused like the in-memory select, nothing left
         remove_selection(out, prep.created)
         raise
+    info = json.loads((out / STATE / "keys.json").read_text())
     run = {"task_index": task_index, "num_tasks": num_tasks, "shards_written": 0, "shards_done_before": 0,
            "samples_written": 0}
-    marks = out / STATE / "shards"
-    bar = progress(desc=f"select task {task_index}/{num_tasks}", unit="shard", total=len(shards),
-                   disable=keys_only or not show_progress)
+    missing = []
     if not keys_only:
-        for i in task_order(range(len(shards)), num_tasks, task_index):
-            marker = marks / f"{i:06d}.json"
-            if marker.exists():
-                run["shards_done_before"] += 1
-                bar.update(1)
-                continue
-            claim = board.try_claim(f"shard-{i:06d}")
-            if claim is None:
-                continue
-            try:
-                if not marker.exists():
-                    stats = reshard_one(i, shards[i], out, scores_dir, unit, agg, defaults)
-                    write_json_atomic(marker, stats)
-                    run["shards_written"] += 1
-                    run["samples_written"] += stats["samples_written"]
-                    bar.update(1)
-                    bar.set_postfix(samples_written=run["samples_written"])
-            finally:
-                board.finish(f"shard-{i:06d}", claim)
-    bar.close()
-    missing = [] if keys_only else [i for i in range(len(shards)) if not (marks / f"{i:06d}.json").exists()]
+        parts = [StagePart(f"{i:06d}.json", (i, shard, out, scores_dir, unit, agg, defaults))
+                 for i, shard in enumerate(shards)]
+        reshard = StageJob("select", out / STATE / "shards", parts, _make_shard, _shard_done,
+                           show_progress=show_progress, **tasks)
+        summary = engine.run(reshard)
+        run.update(shards_written=summary.run["parts_made"], shards_done_before=summary.run["parts_skipped_done"],
+                   samples_written=sum(json.loads((out / STATE / "shards" / n).read_text())["samples_written"]
+                                       for n in summary.run.get("made", ())))
+        missing = [p.name for p in parts if not _shard_done(p)]
     run["shards_missing"] = len(missing)
     if not missing:
         run["manifest"] = _finish(out, filt, info, shards, scores_dir, keys_only, t0, prep.checks)

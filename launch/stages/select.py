@@ -89,10 +89,10 @@ def stage_select(r: Recipe, p: Paths) -> dict:
     selection is returned as it is, an unfinished one resumes, and one made from other scores or arguments is the
     recipe's to replace (emptied, then made again), the other filters' untouched."""
     from halsift.corpus.safe_paths import remove_tree
+    from halsift.execution.engines import run_job
+    from halsift.filtering.selection.config import SelectConfig
+    from halsift.filtering.selection.job import SelectJob, recipe_composition
     from halsift.filtering.selection.score_folder import SelectionMismatch
-    from halsift.filtering.selection.select import select
-
-    from halsift.launch.select_compose import recipe_composition
 
     info = {}
     folders = {n: str(scores_dir(p, n, "corpus")) for n in scored_names(r)}
@@ -102,11 +102,16 @@ def stage_select(r: Recipe, p: Paths) -> dict:
         how, guarantee = plan_guarantee(r, p, scored, how)  # select.max_hallucination: the certified threshold
         dest = p.named("select", name)
 
-        def run():
-            return select(scores_dir(p, scored, "corpus"), p.corpus, dest, **how,
-                          per_captioner=r.select.per_captioner, seed=r.seed,
-                          meta_defaults={"captioner": r.select.captioner, "source": r.select.source},
-                          compose=compose)
+        cfg = SelectConfig(scores=str(scores_dir(p, scored, "corpus")), data=p.corpus, out=str(dest),
+                           **{k: v for k, v in how.items() if k != "random_baseline"},
+                           per_captioner=r.select.per_captioner, seed=r.seed, captioner=r.select.captioner,
+                           source=r.select.source, resumable=r.select.resumable,
+                           memory_limit=r.select.memory_limit)
+
+        def run():  # the command's library call (its engine chosen by the same flags: resumable, memory_limit)
+            result = run_job(SelectJob(cfg, compose=compose, composed=True))
+            print("\n".join(f"[halsift run] select.{name}: {line}" for line in result.lines), flush=True)
+            return result.stats
 
         try:
             manifest = run()

@@ -136,6 +136,15 @@ def test_the_recipe_select_section_uses_the_command_names(tmp_path, monkeypatch,
     r = from_dict(Recipe, {"run_dir": str(tmp_path), "score": {"detectors": {"r": "random:seed=0"}},
                            "select": {"captioner": "cap9", "source": "t2i"}, "wandb": {"mode": "disabled"}})
     seen = {}
-    monkeypatch.setattr(select_mod, "select", lambda *a, **kw: seen.update(kw) or {"status": "complete"})
-    stage_select(r, resolve_paths(r))
+
+    class Reached(Exception):
+        pass
+
+    def record(*a, **kw):
+        seen.update(kw)
+        raise Reached
+
+    monkeypatch.setattr(select_mod, "select", record)
+    with pytest.raises(Reached):  # the stage reaches the command's select with the section's values
+        stage_select(r, resolve_paths(r))
     assert seen["meta_defaults"] == {"captioner": "cap9", "source": "t2i"}
