@@ -16,12 +16,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from halsift.execution.run_folder import RunFolder
-
-if TYPE_CHECKING:
-    from halsift.execution.engines import Engine, Summary
 
 # how a job runs, not what it makes: the engine flags every per-part job may take (each job says which it honours)
 ENGINE_FLAGS = ("decode_workers", "num_tasks", "task_index", "claim_timeout", "address", "workers")
@@ -62,9 +59,13 @@ class Place:
         """Sum or max of ``value`` over the group."""
         if self.state is None or self.world == 1:
             return value
-        from halsift.execution.ranks import reduce
+        import torch
+        import torch.distributed as dist
 
-        return reduce(self.state, value, op)
+        t = torch.tensor([float(value)], dtype=torch.float64,
+                         device=self.state.device if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return float(t.item())
 
     # the accelerate-state surface older code reads (``is_main_process``, ``wait_for_everyone``)
     @property
@@ -185,8 +186,9 @@ class Pipeline(Job):
         raise TypeError(f"{self.kind}: a pipeline runs through run_on, not open")
 
     @abstractmethod
-    def run_on(self, engine: "Engine") -> "Summary":
-        """Run every step on ``engine``; returns the summary of the whole."""
+    def run_on(self, engine: Any) -> Any:
+        """Run every step on ``engine`` (an :class:`~halsift.execution.engines.Engine`); returns the
+        :class:`~halsift.execution.engines.Summary` of the whole."""
 
 
 def given(job: Any) -> set[str]:

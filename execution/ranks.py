@@ -1,6 +1,6 @@
 """Processes and devices: a launch's ranks as a :class:`~halsift.execution.job.Place` (accelerate's
-``PartialState``: ``torchrun``/``accelerate launch``, any number of nodes; gloo on CPU), their reductions, and the
-device a lone task or Ray actor uses. torch and accelerate are imported only here, when a job runs."""
+``PartialState``: ``torchrun``/``accelerate launch``, any number of nodes; gloo on CPU), and the device a lone task or
+Ray actor uses. torch and accelerate are imported only here, when a job runs."""
 
 from __future__ import annotations
 
@@ -27,19 +27,6 @@ def rank_place(device: str | None) -> Place:
     return Place(state.process_index, state.num_processes, device or str(state.device), state)
 
 
-def reduce(state, value: float, op: str) -> float:
-    """Sum or max of a number over all processes of ``state``."""
-    if state.num_processes == 1:
-        return value
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([float(value)], dtype=torch.float64,
-                     device=state.device if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 def task_device() -> str:
     """A task's (or Ray actor's) device: its first visible GPU, or the CPU when there is none or HALSIFT_FORCE_CPU is
     set."""
@@ -48,4 +35,4 @@ def task_device() -> str:
     return "cuda" if torch.cuda.is_available() and not os.environ.get("HALSIFT_FORCE_CPU") else "cpu"
 
 
-__all__ = ["accelerate_state", "rank_place", "reduce", "task_device"]
+__all__ = ["accelerate_state", "rank_place", "task_device"]

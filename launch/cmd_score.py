@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 
 from halsift.corpus.config import add_dataclass_arguments, config_from_args
-from halsift.filtering.scoring.config import ScoreConfig, job_of  # noqa: F401 (the command's settings and job)
+from halsift.filtering.scoring.config import ScoreConfig
+from halsift.filtering.scoring.job import job_of  # noqa: F401 (the command's settings and job)
 from halsift.launch.describe import add_describe_argument
 
 HELP = "score shards or a bench.jsonl with a detector spec (sharded over ranks, resumable)"

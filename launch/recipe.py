@@ -23,7 +23,7 @@ from halsift.corpus.config import ConfigError, to_dict
 from halsift.corpus.safe_paths import confined_to, remove_tree
 from halsift.launch.recipe_config import Recipe
 from halsift.launch.stages import REGISTRY, Paths, resolve_paths
-from halsift.launch.stages.base import mark_stage_done, stage_record
+from halsift.launch.stage_marker import mark_stage_done, stage_record
 from halsift.launch.stages.detectors import trained_configs
 from halsift.launch.stages.score import check_cascade_aim, detector_specs
 

@@ -182,7 +182,7 @@ def read_plan(run: Path, ranks: Ranks, timeout: float, poll: float = POLL_S) -> 
 def wait_for_stage(run: Path, stage_dir: Path, ranks: Ranks, fingerprint: str, timeout: float,
                    poll: float = POLL_S) -> dict:
     """Rank > 0: block until rank 0 has completed ``stage_dir`` in this launch (its ``_done.json``)."""
-    from halsift.launch.stages.base import stage_record
+    from halsift.launch.stage_marker import stage_record
 
     def ready() -> dict | None:
         done = stage_record(stage_dir)

@@ -28,7 +28,7 @@ import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -37,8 +37,7 @@ from halsift.execution.engines import Engine, Summary
 from halsift.execution.job import Pipeline, Place
 from halsift.filtering.scoring.cascade_plan import Plan, caption_groups, fit_plan, sample_judge, unit_sample
 
-if TYPE_CHECKING:
-    from halsift.filtering.scoring.job import ScoreJob
+ScoreJob = Any  # a :class:`~halsift.filtering.scoring.job.ScoreJob` (which makes a cascade spec this pipeline)
 
 STAGES, PLAN_DIR, PLAN_FILE = "_stages", "_cascade", "plan.json"
 
@@ -64,7 +63,7 @@ def is_cascade(spec: Any) -> bool:
         return False
 
 
-def _place(engine: Engine, job: "ScoreJob") -> Place:
+def _place(engine: Engine, job: ScoreJob) -> Place:
     """Where the cascade's own steps run: the launch's ranks on the local engine, a lone process on the others."""
     if engine.name == "local":
         from halsift.execution.ranks import rank_place
@@ -73,7 +72,7 @@ def _place(engine: Engine, job: "ScoreJob") -> Place:
     return Place(device=job.device)
 
 
-def _stage(job: "ScoreJob", detector: Any, out: Path, engine: Engine, embeddings: str | None = None) -> Summary:
+def _stage(job: ScoreJob, detector: Any, out: Path, engine: Engine, embeddings: str | None = None) -> Summary:
     """Run one stage as an ordinary score job on ``engine``; a task waits until the stage's folder is complete
     (keeping its model loaded)."""
     stage = dataclasses.replace(job, detector=detector, out=str(out), embeddings=embeddings)
@@ -129,7 +128,7 @@ def judge_members(judge: Any) -> tuple[list, list[float] | None, str]:
     return [judge], None, "none"
 
 
-def _judge_stage(job: "ScoreJob", judge: Any, keys_file: Path, folder: Path, engine: Engine, loaded: dict
+def _judge_stage(job: ScoreJob, judge: Any, keys_file: Path, folder: Path, engine: Engine, loaded: dict
                  ) -> dict[tuple[str, int], tuple[np.ndarray, bool]]:
     """The judge on the units of ``keys_file`` (one subset stage per member of a set-level judge): per unit its
     member scores and whether every member parsed. ``loaded``: the judge members this process has loaded (by
@@ -179,7 +178,7 @@ def load_plan_dir(where: str | Path) -> Path:
     return p / PLAN_DIR if p.is_dir() else p.parent
 
 
-def _refine(job: "ScoreJob", engine: Engine, plan_dir: Path, learned: dict, embeddings: str | None, stages: Path,
+def _refine(job: ScoreJob, engine: Engine, plan_dir: Path, learned: dict, embeddings: str | None, stages: Path,
             keys: list[str], idx: np.ndarray, cheap: np.ndarray) -> np.ndarray:
     """Stage ``learned``: the plan's head on every unit (from ``embeddings``, else encoded); the refined scores in
     the cheap stage's order."""
@@ -197,14 +196,14 @@ def _refine(job: "ScoreJob", engine: Engine, plan_dir: Path, learned: dict, embe
 class CascadeJob(Pipeline):
     """A cascade spec's score job as the staged pipeline of the module docstring."""
 
-    job: "ScoreJob"
+    job: ScoreJob
     kind = "score"
 
     def run_on(self, engine: Engine) -> Summary:
         return run_cascade(self.job, engine)
 
 
-def run_cascade(job: "ScoreJob", engine: Engine) -> Summary:
+def run_cascade(job: ScoreJob, engine: Engine) -> Summary:
     """Run the cascade of ``job.detector`` on ``engine`` as the staged job of the module docstring."""
     from halsift.corpus.shards import write_json_atomic
     from halsift.filtering.detectors.spec import load_detector
@@ -282,7 +281,7 @@ def run_cascade(job: "ScoreJob", engine: Engine) -> Summary:
                    manifest or {})
 
 
-def _combine(job: "ScoreJob", spec: str, plan: Plan, cheap_dir: Path, judged: dict, sample_units: int,
+def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict, sample_units: int,
              band_units: int, frozen_from: str | None, state, caption_of: dict | None = None,
              learned_dir: Path | None = None) -> dict | None:
     """Write the cascade's own parts (one per cheap part) and manifest; returns the manifest (main process)."""

@@ -1,5 +1,6 @@
 """``halsift score``'s settings (:class:`ScoreConfig`): the command's flags, the recipe's ``score:`` section and the
-:class:`~halsift.filtering.scoring.job.ScoreJob` an engine runs (its fields are this class's, :func:`job_of`) all come
+:class:`~halsift.filtering.scoring.job.ScoreJob` an engine runs (its fields are this class's,
+:func:`~halsift.filtering.scoring.job.job_of`) all come
 from this one class; its engine flags are :class:`~halsift.execution.flags.EngineFlags`, declared once for every
 command whose work is a job."""
 
@@ -53,18 +54,4 @@ class ScoreConfig(EngineFlags):
                        decode_workers=self.decode_workers, max_parse_failures=self.max_parse_failures)
 
 
-def job_of(cfg, **given):
-    """The engine's job (:class:`~halsift.filtering.scoring.job.ScoreJob`) from ``cfg`` (a :class:`ScoreConfig`, or a
-    recipe's ``score:`` section: the same names), with ``given`` (what a recipe sets itself: detector, data, out)
-    over it; library code never sees argv."""
-    import dataclasses
-
-    from halsift.filtering.scoring.job import ScoreJob
-
-    names = {f.name for f in dataclasses.fields(ScoreJob)}
-    values = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
-    values["show_progress"] = not getattr(cfg, "no_progress", False)
-    return ScoreJob(**{**values, **given})
-
-
-__all__ = ["CLI_ONLY", "RUN_ONLY", "ScoreConfig", "job_of"]
+__all__ = ["CLI_ONLY", "RUN_ONLY", "ScoreConfig"]

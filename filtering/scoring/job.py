@@ -190,4 +190,13 @@ def _finish(job: ScoreJob, run, use_workers: bool, o: Outcome) -> dict:
                            job.max_parse_failures, extra=extra)
 
 
-__all__ = ["ScoreJob", "ScoreMaker", "actor_spec", "given"]
+def job_of(cfg, **given) -> ScoreJob:
+    """The engine's job from ``cfg`` (a :class:`ScoreConfig`, or a recipe's ``score:`` section: the same names),
+    with ``given`` (what a recipe sets itself: detector, data, out) over it; library code never sees argv."""
+    names = {f.name for f in dataclasses.fields(ScoreJob)}
+    values = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
+    values["show_progress"] = not getattr(cfg, "no_progress", False)
+    return ScoreJob(**{**values, **given})
+
+
+__all__ = ["ScoreJob", "ScoreMaker", "actor_spec", "given", "job_of"]

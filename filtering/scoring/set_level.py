@@ -9,14 +9,12 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from halsift.execution.engines import EngineError, Summary
+from halsift.execution.engines import Engine, EngineError, Summary
 from halsift.execution.job import Pipeline
 
-if TYPE_CHECKING:
-    from halsift.execution.engines import Engine
-    from halsift.filtering.scoring.job import ScoreJob
+ScoreJob = Any  # a :class:`~halsift.filtering.scoring.job.ScoreJob` (which makes a set-level spec this pipeline)
 
 
 def is_set_level(spec: Any) -> bool:
@@ -37,10 +35,10 @@ def is_set_level(spec: Any) -> bool:
 class SetLevelJob(Pipeline):
     """The members, then their combination (module docstring)."""
 
-    job: "ScoreJob"
+    job: ScoreJob
     kind = "score"
 
-    def run_on(self, engine: "Engine") -> Summary:
+    def run_on(self, engine: Engine) -> Summary:
         from halsift.execution.ranks import rank_place
         from halsift.execution.run_folder import failing
         from halsift.filtering.scoring.parts import start_run
@@ -65,7 +63,7 @@ class SetLevelJob(Pipeline):
         return Summary(engine.name, run.out, True, place.is_main, [], m)
 
 
-def _combine(job: "ScoreJob", run, member_dirs: list[Path], place, t0: float) -> dict:
+def _combine(job: ScoreJob, run, member_dirs: list[Path], place, t0: float) -> dict:
     """The members' scores combined (:meth:`Detector.combine_scores`) into one part per input part, then the
     manifest."""
     import numpy as np

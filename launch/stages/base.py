@@ -52,26 +52,6 @@ class Stage:
         return self.run(r, p, ranks) if self.every_rank else self.run(r, p)
 
 
-DONE = "_done.json"  # a stage's coarse marker: complete, from these inputs (it may only skip, never decide reuse)
-
-
-def stage_record(stage_dir: Path) -> dict | None:
-    """The stage's marker (``_done.json``), or ``None`` when it has not completed (or the marker is unreadable)."""
-    try:
-        value = json.loads((stage_dir / DONE).read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def mark_stage_done(stage_dir: Path, info: dict, wall_s: float, inputs: dict) -> None:
-    """Write the stage's marker last, atomically: what it returned, its inputs' fingerprint, its wall time."""
-    from halsift.corpus.shards import write_json_atomic
-
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(stage_dir / DONE, {**info, "inputs": inputs, "wall_s": round(wall_s, 2)})
-
-
 def fingerprinted(key: str, section):
     """What of a recipe section a fingerprint hashes: without the settings that change only how a stage runs
     (``recipe_config.FINGERPRINT_OMITS``), and without settings added later while at their default

@@ -86,13 +86,13 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
 
 def run_score(r: Recipe, detector, data, out: Path, **given) -> None:
     """One score job of the recipe: ``halsift score``'s settings from its ``score:`` section
-    (:func:`~halsift.filtering.scoring.config.job_of`), through the same door as the command
+    (:func:`~halsift.filtering.scoring.job.job_of`), through the same door as the command
     (:func:`~halsift.execution.engines.run_job`), on the engine it names. The folder is the recipe's own: when it holds another detector's scores (the name now
     has another spec, or its inputs changed), it is emptied and scored again; the other folders are untouched."""
     from halsift.corpus.safe_paths import remove_tree
     from halsift.execution.engines import run_job
     from halsift.filtering.scoring.cascade import CascadeMismatch
-    from halsift.filtering.scoring.config import job_of
+    from halsift.filtering.scoring.job import job_of
     from halsift.filtering.scoring.parts import RunMismatch
 
     def run():

@@ -15,7 +15,8 @@ from halsift.corpus.scores import read_scores_df
 from halsift.execution.engines import ENGINES, Engine, EngineError, Summary, get_engine, resolve_engine, run_job
 from halsift.execution.flags import EngineName
 from halsift.filtering.scoring.job import ScoreJob
-from halsift.launch.cmd_score import ScoreConfig, job_of
+from halsift.filtering.scoring.job import job_of
+from halsift.launch.cmd_score import ScoreConfig
 
 
 def test_registry_names_are_the_engine_flag_choices():

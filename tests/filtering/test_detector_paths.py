@@ -13,8 +13,9 @@ ROOT = Path(__file__).parents[2]
 
 
 def test_every_registered_family_lives_where_design_says():
-    for family, target in spec._REGISTRY.items():
-        assert isinstance(target, str), family
+    own = {f: t for f, t in spec._REGISTRY.items() if not (isinstance(t, type) or not t.startswith("halsift."))}
+    assert {"clip", "vlm", "lora", "cascade", "ensemble", "random", "oracle"} <= set(own)  # (tests register more)
+    for family, target in own.items():
         module, cls = target.split(":")
         assert re.fullmatch(r"halsift\.filtering\.detectors\.\w+", module), (family, target)
         path = ROOT / "filtering" / "detectors" / f"{module.rsplit('.', 1)[1]}.py"

@@ -209,7 +209,7 @@ def test_a_vlm_checkpoint_missing_weights_is_refused(tmp_path):
 @pytest.mark.parametrize("override, needles", [
     ("score.detectors.c=clip:arch={arch}", ("score.detectors.c", "no pretrained= or checkpoint= given")),
     ("score.detectors.e=ensemble:members=[random:seed=1;clip:arch={arch}]", ("score.detectors.e", "pretrained=random")),
-    ("score.max_parse_failures=1.5", ("score.max_parse_failures", "between 0 and 1")),
+    ("score.max_parse_failures=1.5", ("score.max_parse_failures", "expected a value in [0, 1], got 1.5")),
 ])
 def test_a_recipe_dry_run_refuses_them_before_any_stage_runs(override, needles, capsys):
     """Variants: the recipe path (`halsift run --dry-run`), before hours of world/pretrain stages."""

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / ".ci" / "lint_imports.py"
-FOLDERS = ("api", "corpus", "filtering", "eval", "training", "synth", "launch", "recipes")
+FOLDERS = ("api", "corpus", "execution", "filtering", "eval", "training", "synth", "launch", "recipes")
 
 pytestmark = pytest.mark.skipif(shutil.which("lint-imports") is None,
                                 reason="import-linter is a test dependency: pip install -e '.[test]'")

@@ -140,12 +140,12 @@ def test_a_detector_option_outside_its_range_is_refused_by_score_and_the_dry_run
 
 
 def test_describe_shows_the_ranges(capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="^0$"):
         main(["score", "--describe"])
     out = capsys.readouterr().out
     assert "budget: float in (0, 1] = 0.25" in out and "keep: float in (0, 1] = 0.2" in out
     assert "batch_size: 64  # items per detector call (in [1, inf))" in out
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="^0$"):
         main(["select", "--describe"])
     assert "memory_limit: null  # " in (out := capsys.readouterr().out) and "(in [16MB, RAM])" in out
 

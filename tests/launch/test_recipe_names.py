@@ -182,6 +182,7 @@ def test_a_helper_under_a_run_folder_refuses_to_clear_it(tmp_path):
 
     run = tmp_path / "run"
     (run / "score").mkdir(parents=True)
+    (run / "select").mkdir()
     (run / "score" / "part.parquet").write_bytes(b"x")
     with confined_to(run), pytest.raises(UnsafePathError, match="not inside the run folder"):
         clear_unless(run / "select" / "..", {"keep": 0.2})

@@ -26,8 +26,10 @@ OLD_STAGE_INPUTS = {"world": ("seed", "world"), "pretrain": ("data", "model", "p
                     "detectors": ("detectors",), "dedup": ("dedup",), "score": ("score", "eval.bench_split"),
                     "select": ("select",), "finetune": ("finetune",), "eval": ("eval", "evals"), "report": ("name",)}
 # the score section's fields at that commit: the fields it gained since (the rest of `halsift score`'s settings)
-# either change only how scoring runs or are at their default here, so the fingerprints may not change
-OLD_SECTION_FIELDS = {"score": ("unit", "batch_size", "max_parse_failures", "detectors", "ensembles"),
+# either change only how scoring runs or are at their default here, so the fingerprints may not change. Issue 50 made
+# batch_size and max_parse_failures run-only for recipes too (one list with `halsift score`, execution/flags.RUN_ONLY):
+# on purpose, an existing run folder re-runs its score stage once after that upgrade, reusing every part
+OLD_SECTION_FIELDS = {"score": ("unit", "detectors", "ensembles"),
                       # issue 42: dedup gained its engine flags (engine, address, workers, decode_workers): run-only
                       "dedup": ("against", "model", "exact_on", "phash_distance", "near_thumbnail", "eval_thumbnail",
                                 "cosine", "nprobe", "enabled", "allow_implausible")}
@@ -60,7 +62,7 @@ RERUNS = [
     ("seed=1", "world"), ("world.images=100", "world"), ("data.pretrain=x", "pretrain"),
     ("model.arch=ViT-B-32", "pretrain"), ("pretrain.steps=5", "pretrain"), ("pretrain.lr=0.5", "pretrain"),
     ("detectors.clip-lora.options.steps=3", "detectors"), ("dedup.enabled=false", "dedup"), ("dedup.allow_implausible=true", "dedup"),
-    ("score.batch_size=7", "score"), ("eval.bench_split=val", "score"), ("select.keep=0.5", "select"),
+    ("score.unit=caption", "score"), ("eval.bench_split=val", "score"), ("select.keep=0.5", "select"),
     ("finetune.seeds=[0,1]", "finetune"), ("finetune.warmup=3", "finetune"), ("eval.keep=0.5", "eval"),
     ("evals.ihalla.prompts=10", "eval"), ("name=other", "report"), ("run_dir={tmp}/elsewhere", None),
 ]
@@ -160,10 +162,11 @@ def test_a_stage_added_to_the_registry_runs_skips_and_reruns(tmp_path, monkeypat
 
     (run / "extra" / "stale.txt").write_text("made with the old settings")
     assert main([*args, "eval.keep=0.5"]) == 0
-    assert "extra: eval.keep changed since it ran; clearing" in capsys.readouterr().out and calls == [0.2, 0.5]
-    assert not (run / "extra" / "stale.txt").exists() and (run / "extra" / "made.txt").read_text() == "0.5"
+    assert "extra: eval.keep changed since it ran; re-running" in capsys.readouterr().out and calls == [0.2, 0.5]
+    # re-run over its folder (a stage without a finer identity says clears=True), which --force empties
+    assert (run / "extra" / "stale.txt").exists() and (run / "extra" / "made.txt").read_text() == "0.5"
 
     assert main([*args, "eval.keep=0.5", "--force", "extra"]) == 0
-    assert calls == [0.2, 0.5, 0.5] and not (run / "never").exists()
+    assert calls == [0.2, 0.5, 0.5] and not (run / "never").exists() and not (run / "extra" / "stale.txt").exists()
     assert main([*args, "--force", "nosuch"]) == 2
     assert "--force: unknown stage 'nosuch'" in capsys.readouterr().err

@@ -22,7 +22,7 @@ from test_train_engine import ToyConfig, ToyTask, _killed_after_checkpoint  # no
 def killed(tmp_path, monkeypatch) -> Path:
     """A toy run killed right after its step-4 checkpoint (of 6 steps)."""
     out = tmp_path / "r"
-    with _killed_after_checkpoint(monkeypatch, 4), pytest.raises(KeyboardInterrupt):
+    with _killed_after_checkpoint(monkeypatch, 4), pytest.raises(KeyboardInterrupt, match="simulated kill"):
         engine.run(ToyTask(ToyConfig(out=str(out))))
     return out
 
