@@ -54,6 +54,20 @@ def identity(cfg: AnnotateConfig) -> dict:
             "settings": {"n": cfg.n, "seed": cfg.seed, "detector": cfg.detector}}
 
 
+def check_provenance(cfg: AnnotateConfig) -> None:
+    """The scores are a finished score folder of the corpus (not a pipeline's stage) made from ``cfg.data``'s shards
+    (each shard's content against the fingerprint its part records, as select checks it), refused in one line
+    naming both before anything is drawn."""
+    from halsift.corpus.shards import expand_shards
+    from halsift.filtering.selection.score_folder import check_score_folder, check_sources
+
+    folder = check_score_folder(cfg.scores, cfg.detector)
+    seen = check_sources(folder, expand_shards(cfg.data))
+    if not seen["shards_checked"] and not seen["shards_unrecorded"]:
+        raise AnnotateError(f"--scores {cfg.scores}: none of its parts was scored from the shards of --data "
+                            f"{cfg.data}; give the shards that were scored")
+
+
 @dataclass(frozen=True)
 class AnnotateJob(Job):
     """The draw as one job: one part (the page), done when the folder's record says this draw is complete."""
@@ -67,6 +81,7 @@ class AnnotateJob(Job):
     def open(self, place: Place) -> Work:
         cfg = self.config
         out = Path(cfg.out)
+        check_provenance(cfg)
         folder = RunFolder(out, RECORD)
         ident = identity(cfg)
         old = folder.check_or_start(ident, keys=("stage", "scores", "scores_fp", "inputs"),

@@ -87,13 +87,10 @@ def _note_privileges(key: str, nodes: list) -> None:
               "a model's own code or send that environment variable to its server)")
 
 
-# detector options that name a local file or folder: it must exist unless a stage of this run makes it
-_FILE_OPTIONS = {"clip": ("checkpoint",), "lora": ("path",)}
-
-
 def _check_spec_files(key: str, nodes: list, run: Path) -> None:
     """Each local file option of a spec's ``(where, family, options)`` nodes (:func:`check_spec`) exists or is made
     by this run; a clip spec names its weights (:func:`~halsift.filtering.models.clip_models.check_weights`)."""
+    from halsift.filtering.detectors.spec import family_constant
     from halsift.filtering.models.clip_models import check_weights
 
     for _, family, opts in nodes:
@@ -102,7 +99,7 @@ def _check_spec_files(key: str, nodes: list, run: Path) -> None:
                 check_weights(opts.get("arch", "ViT-B-32"), opts.get("pretrained"), opts.get("checkpoint"))
             except ValueError as e:
                 raise ConfigError(f"{key}: {e}") from None
-        for opt in _FILE_OPTIONS.get(family, ()):
+        for opt in family_constant(family, "FILE_OPTIONS", ()):  # a file option must exist unless this run makes it
             value = opts.get(opt)
             if value and not Path(str(value)).resolve().is_relative_to(run.resolve()) and not Path(str(value)).exists():
                 raise ConfigError(f"{key}: {family} option {opt}={value} does not exist")

@@ -71,6 +71,30 @@ def identity(teacher: str | os.PathLike, embeddings: str | os.PathLike, settings
             "settings": settings}
 
 
+def check_teacher(teacher: str | os.PathLike, embeddings: str | os.PathLike) -> None:
+    """Refuse, in one line naming both, a teacher that is not a finished score folder of a corpus (a cascade's stage
+    folder, placeholders included, or an unfinished one: the reader's own check,
+    :func:`~halsift.filtering.selection.score_folder.check_score_folder`) or whose shards are not the shards the
+    embeddings were made from (each shard's content, as both folders record it, compared part by part: the same key
+    in another corpus names another sample)."""
+    from halsift.corpus.embedding_store import part_meta
+    from halsift.filtering.selection.score_folder import SelectError, check_score_folder, part_stats_of
+
+    try:
+        folder = check_score_folder(teacher)
+    except (SelectError, FileNotFoundError) as e:
+        raise DistillError(f"--teacher: {str(e).removeprefix('scores: ')}") from None
+    for part in folder.parts:
+        vectors = Path(embeddings) / part.name
+        if not vectors.is_file():
+            continue
+        a, b = part_stats_of(part).get("source_fp") or {}, part_meta(vectors).get("source_fp") or {}
+        if "hash" in a and "hash" in b and (a.get("size"), a["hash"]) != (b.get("size"), b["hash"]):
+            raise DistillError(f"--embeddings: {vectors} was made from another shard than --teacher {part} was scored "
+                               f"from ({a.get('source') or part.name}: their content differs); embed the shards the "
+                               "teacher scored")
+
+
 def distill(teacher: str | os.PathLike, embeddings: str | os.PathLike, out: str | os.PathLike, steps: int = 500,
             batch_size: int = 256, lr: float = 1e-3, hidden: int = 64, sample: int = 0, seed: int = 0) -> dict:
     """Train the student (module docstring) into ``out``, keeping the run record :data:`RECORD` like every stage:
@@ -81,6 +105,7 @@ def distill(teacher: str | os.PathLike, embeddings: str | os.PathLike, out: str 
     from halsift.corpus.shards import write_json_atomic
 
     out = Path(out)
+    check_teacher(teacher, embeddings)  # who made the inputs, and from what: before anything is written
     settings = {"steps": steps, "batch_size": batch_size, "lr": lr, "hidden": hidden, "sample": sample, "seed": seed}
     ident = identity(teacher, embeddings, settings)
     hint = "choose a new --out folder"

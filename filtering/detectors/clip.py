@@ -44,6 +44,7 @@ class ClipDetector(Detector):
     """
 
     family = "clip"
+    FILE_OPTIONS = ("checkpoint",)  # options naming a local file or folder: checked to exist before any work
     image_arrays = True  # PixelBatcher takes decoded arrays as they are
 
     # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__

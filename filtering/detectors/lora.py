@@ -168,6 +168,7 @@ class LoraDetector(Detector):
     """
 
     family = "lora"
+    FILE_OPTIONS = ("path",)  # options naming a local file or folder: checked to exist before any work
 
     # one line of help per spec option (docs/config.md, --describe); a test keeps it in step with __init__
     OPTION_HELP = {

@@ -351,6 +351,18 @@ def family_constant(family: str, name: str, default: Any = None) -> Any:
     return constants.get(name, default)
 
 
+def missing_files(spec: Any) -> list[tuple[str, str, str]]:
+    """``(where, option, path)`` of every local file or folder a spec names (its families' ``FILE_OPTIONS``, at any
+    depth of the tree) that does not exist: what a stage refuses before any work, rather than after a pass."""
+    gone = []
+    for where, family, opts in iter_specs(spec):
+        for opt in family_constant(family, "FILE_OPTIONS", ()):
+            value = opts.get(opt)
+            if value and not Path(str(value)).exists():
+                gone.append((where, opt, str(value)))
+    return gone
+
+
 def option_ranges(family: str) -> dict[str, str]:
     """The family's ``OPTION_RANGES`` (option -> interval such as ``"(0, 1]"`` or ``"[1, inf)"``), declared once
     on its class beside ``OPTION_HELP`` (:func:`family_constant`): the dry run and the build check the same ranges."""

@@ -45,6 +45,7 @@ class StudentDetector(Detector):
     it, the units are encoded by the student's CLIP)."""
 
     family = "student"
+    FILE_OPTIONS = ("path",)  # options naming a local file or folder: checked to exist before any work
     needs_image = False
 
     OPTION_HELP = {

@@ -75,7 +75,8 @@ def _place(engine: Engine, job: ScoreJob) -> Place:
 def _stage(job: ScoreJob, detector: Any, out: Path, engine: Engine, embeddings: str | None = None) -> Summary:
     """Run one stage as an ordinary score job on ``engine``; a task waits until the stage's folder is complete
     (keeping its model loaded)."""
-    stage = dataclasses.replace(job, detector=detector, out=str(out), embeddings=embeddings)
+    stage = dataclasses.replace(job, detector=detector, out=str(out), embeddings=embeddings, role="cascade stage",
+                                root=str(Path(job.out).resolve()))
     engine.check(stage)
     return engine.run(stage, wait=True) if engine.name == "tasks" else engine.run(stage)
 
@@ -162,14 +163,58 @@ def caption_labels(data: Any, keys: list[str], agg: str) -> list[str]:
     return [caption_of.get(k, k) for k in keys]
 
 
-def load_plan(where: str | Path) -> Plan:
-    """The frozen plan of a cascade score folder (or its ``plan.json``)."""
+def load_plan(where: str | Path, verify: bool = True) -> Plan:
+    """The frozen plan of a cascade score folder (or its ``plan.json``), refused in one line naming the file when it
+    is not the plan its folder recorded (:func:`plan_record`: altered, replaced or without a record) or not a plan
+    at all; ``verify=False`` skips the record (the folder's own run, which refits a plan that fails it)."""
     p = Path(where)
     p = p / PLAN_DIR / PLAN_FILE if p.is_dir() else p
     if not p.is_file():
         raise CascadeError(f"plan={where}: no frozen cascade plan there (expected a cascade score folder, "
                            f"holding {PLAN_DIR}/{PLAN_FILE})")
-    return Plan.from_json(json.loads(p.read_text()))
+    if verify and not plan_holds(p):
+        raise CascadeError(f"{p}: not the plan its cascade folder recorded (altered since it was fitted, or no "
+                           "record); rerun that cascade to refit it, or give another plan")
+    try:
+        return Plan.from_json(json.loads(p.read_text()))
+    except (ValueError, KeyError, TypeError) as e:
+        raise CascadeError(f"{p}: not a readable cascade plan ({type(e).__name__}: {str(e)[:200]}); rerun that "
+                           "cascade to refit it") from None
+
+
+def plan_holds(path: Path) -> bool:
+    """Whether ``plan.json`` still has the content its folder recorded when it was fitted (:func:`plan_record`), and
+    so has the student a ``learn=`` plan names."""
+    from halsift.execution.run_folder import part_record, part_reusable
+
+    rec = part_record(path.parent, path.name)
+    if rec is None or not part_reusable(path.parent, path.name, {}):
+        return False
+    student = rec.get("student")
+    return student is None or student == _student_content(path.parent)
+
+
+def plan_record(pdir: Path) -> None:
+    """Record the frozen plan (and a ``learn=`` plan's student) by content: what :func:`load_plan` verifies."""
+    from halsift.execution.run_folder import part_done
+
+    student = _student_content(pdir)
+    part_done(pdir, PLAN_FILE, {"student": student} if student is not None else {})
+
+
+def _student_content(pdir: Path) -> str | None:
+    """One hash over the content of a ``learn=`` plan's student files (``None`` when there is none)."""
+    import hashlib
+
+    from halsift.execution.run_folder import content
+
+    folder = pdir / "student"
+    if not folder.is_dir():
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    for f in sorted(x for x in folder.rglob("*") if x.is_file()):
+        h.update(f"{f.relative_to(folder).as_posix()}:{content(f)['hash']}".encode())
+    return h.hexdigest()
 
 
 def load_plan_dir(where: str | Path) -> Path:
@@ -203,6 +248,50 @@ class CascadeJob(Pipeline):
         return run_cascade(self.job, engine)
 
 
+def before_spending(job: ScoreJob, det: Any, spec: str, out: Path, state: Place) -> None:
+    """Everything that can refuse a cascade, checked before its first stage (no cheap pass, no judge call, nothing
+    written but the folder's ``running`` record): the folder's identity (another cascade's folder, e.g. another
+    ``seed``, is refused in one line), every file its specs name, the ``learn=`` vectors against the data, and the
+    sample the budget gives (counted on the data's units without decoding an image: at most the units the cheap pass
+    scores, so a sample too small here is too small there)."""
+    from halsift.filtering.detectors.spec import missing_files
+    from halsift.filtering.scoring.parts import check_or_start, plan_parts
+
+    parts, inputs = plan_parts(job.data)
+    check_or_start(out, {"detector": spec, "detector_name": spec, "unit": job.unit, "inputs": inputs}, state)
+    for what, member in (("judge", det.judge_spec), ("cheap", det.cheap)):
+        gone = missing_files(member)
+        if gone:
+            where, opt, path = gone[0]
+            raise CascadeError(f"cascade {what}: {where or what} option {opt}={path} does not exist")
+    shards = [Path(p.source) for p in parts if p.captions is None]
+    if det.learn:
+        from halsift.corpus.embedding_store import check_embedded_from
+
+        if not (Path(det.learn) / "_manifest.json").is_file():
+            raise CascadeError(f"cascade: learn={det.learn} is not a `halsift embed` folder (no _manifest.json); "
+                               "embed the shards the cascade scores: halsift embed --data SHARDS --out EMB")
+        check_embedded_from(det.learn, shards)
+    if det.plan or (out / PLAN_DIR / PLAN_FILE).is_file():
+        return  # a frozen plan draws no sample
+    from halsift.corpus.images import SkipCounter
+    from halsift.filtering.scoring.cascade_learn import MIN_UNITS
+    from halsift.filtering.scoring.parts import iter_caption_groups
+
+    keys, idx = [], []
+    for p in parts:
+        for items in iter_caption_groups(p, job.unit, SkipCounter(), decode=False):
+            keys += [it.key for it in items]
+            idx += [it.sentence_index for it in items]
+    caps = caption_labels(job.data, keys, det.agg)
+    drawn = int(unit_sample(caps, np.asarray(idx, np.int64), det.seed, det.sample * det.budget, det.agg).sum())
+    need = MIN_UNITS if det.learn else 1
+    if drawn < need:
+        raise CascadeError(f"cascade: budget={det.budget:g} x sample={det.sample:g} draws {drawn} of the at most "
+                           f"{len(keys)} units for the judge's sample ({need} needed"
+                           + (" to fit learn='s head" if det.learn else "") + "): raise budget or sample")
+
+
 def run_cascade(job: ScoreJob, engine: Engine) -> Summary:
     """Run the cascade of ``job.detector`` on ``engine`` as the staged job of the module docstring."""
     from halsift.corpus.shards import write_json_atomic
@@ -215,6 +304,7 @@ def run_cascade(job: ScoreJob, engine: Engine) -> Summary:
     state = _place(engine, job)
     _, weights, norm = judge_members(det.judge_spec)
     loaded: dict = {}  # the judge's members, loaded once in this process for every judged stage
+    before_spending(job, det, spec, out, state)  # identity, files, sample size: refused before any stage runs
 
     _stage(job, det.cheap, stages / "cheap", engine, job.embeddings)
     keys, idx, cheap, _ = _units(stages / "cheap")
@@ -237,14 +327,18 @@ def run_cascade(job: ScoreJob, engine: Engine) -> Summary:
         _write_keys(pdir / "sample.parquet", [k for k, m in zip(keys, sampled) if m], idx[sampled], state)
         raw = _judge_stage(job, det.judge_spec, pdir / "sample.parquet", stages / "sample", engine, loaded)
         plan_path = pdir / PLAN_FILE
-        if plan_path.is_file():  # frozen: a rerun never refits
-            plan = load_plan(plan_path)
+        plan = None
+        if plan_path.is_file() and plan_holds(plan_path):  # frozen: a rerun never refits a plan it recorded
+            plan = load_plan(plan_path, verify=False)
             if plan.spec != spec or plan.units != len(keys):
                 raise CascadeMismatch(f"{out}: holds a cascade fitted for {plan.spec!r} on {plan.units} units; this "
                                       f"run is {spec!r} on {len(keys)}: use a new --out")
             if plan.learned:
                 cheap = _refine(job, engine, pdir, plan.learned, det.learn, stages, keys, idx, cheap)
-        else:
+        elif plan_path.is_file():  # altered, unreadable or unrecorded: fitted again from the stored sample
+            print(f"cascade: {plan_path} is not the plan this folder fitted (altered since, unreadable or without a "
+                  "record); fitting it again from the judged sample (no judge call)", flush=True)
+        if plan is None:
             js = np.stack([raw[(k, int(i))][0] for k, i, m in zip(keys, idx, sampled) if m]) if sampled.any() \
                 else np.empty((0, 1))
             fit_on, learned = cheap, None
@@ -267,6 +361,7 @@ def run_cascade(job: ScoreJob, engine: Engine) -> Summary:
             if state.is_main_process:
                 pdir.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(plan_path, plan.to_json())
+                plan_record(pdir)
             state.wait_for_everyone()
         band_mask = plan.in_band(plan.band_values(caps, cheap)) & ~sampled
         _write_keys(pdir / "band.parquet", [k for k, m in zip(keys, band_mask) if m], idx[band_mask], state)
@@ -291,6 +386,7 @@ def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict
     from halsift.corpus.percent import percent
     from halsift.corpus.scores import scores_table, write_part_atomic
     from halsift.filtering.scoring.part_records import PART_META_KEY
+    from halsift.execution.run_folder import part_done
     from halsift.filtering.scoring.parts import MANIFEST, check_or_start, finish_manifest, part_footer
 
     out = Path(job.out)
@@ -330,7 +426,10 @@ def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict
                                                                "scored_by": who})
         stats = {**part_footer(cheap_dir / p.name), "parse_failures": parsed.count(False),
                  "detector_fp": spec_fingerprint(spec)}
-        write_part_atomic(table.replace_schema_metadata({PART_META_KEY: json.dumps(stats).encode()}), out / p.name)
+        table = table.replace_schema_metadata({PART_META_KEY: json.dumps(stats).encode()})
+        if not _same_part(out / p.name, table):  # a rerun with nothing changed rewrites nothing
+            write_part_atomic(table, out / p.name)
+            part_done(out, p.name, {})
     units = by["judge"] + by["cheap"]
     calls = sample_units + band_units
     block = {"plan": str(out / PLAN_DIR / PLAN_FILE) if not frozen_from else str(frozen_from),
@@ -344,6 +443,24 @@ def _combine(job: ScoreJob, spec: str, plan: Plan, cheap_dir: Path, judged: dict
                         max_parse_failures=job.max_parse_failures, extra={"cascade": block})
     state.wait_for_everyone()
     return m
+
+
+def _same_part(path: Path, table) -> bool:
+    """Whether the part at ``path`` is the part ``table`` would be written as (its record's content hash equals the
+    hash of the bytes the writer would give), so that it need not be written again."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from halsift.execution.run_folder import part_record, part_reusable
+
+    rec = part_record(path.parent, path.name)
+    if rec is None or not part_reusable(path.parent, path.name, {}):
+        return False
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return hashlib.blake2b(sink.getvalue().to_pybytes(), digest_size=16).hexdigest() == rec.get("hash")
 
 
 def cascade_line(m: dict) -> str:

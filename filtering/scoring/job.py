@@ -36,6 +36,12 @@ class ScoreJob(_Fields, Job):
     file's path, a mapping or a loaded detector."""
 
     show_progress: bool = True
+    # a pipeline's own stage (``"cascade stage"``): recorded in the folder's manifest, so that no reader takes the
+    # folder for a score folder of the corpus (:func:`halsift.filtering.selection.score_folder.check_score_folder`)
+    role: str = ""
+    # the folder a pipeline's stage lies in (a cascade's --out): its path is written ``{root}`` in this folder's
+    # identity, so that the whole pipeline folder can be moved or copied and still be the same run
+    root: str = ""
 
     kind = "score"
     ranked = True

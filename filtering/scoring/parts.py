@@ -296,11 +296,20 @@ def start_run(job, state) -> Run:
     shards = [Path(p.source) for p in parts if p.captions is None]
     for folder in stored_embeddings(detector):
         check_embedded_from(folder, shards)
-    ident = {"detector": detector.spec, "detector_name": detector.name, "unit": job.unit, "inputs": inputs,
-             "detector_fp": spec_fingerprint(detector.fingerprint_spec()), "settings": job.settings(),
-             "run_settings": job.run_settings()}
+    ident = {"detector": movable(detector.spec, job), "detector_name": movable(detector.name, job), "unit": job.unit,
+             "inputs": inputs, "detector_fp": spec_fingerprint(detector.fingerprint_spec()),
+             "settings": job.settings(), "run_settings": job.run_settings(),
+             **({"role": job.role} if getattr(job, "role", "") else {})}
     check_or_start(out, ident, state)
     return Run(detector, out, parts, ident, job.full_hash)
+
+
+def movable(spec: str, job) -> str:
+    """``spec`` as an identity records it: the path of the pipeline folder the job's folder lies in (``job.root``, a
+    cascade's --out) written ``{root}``, so that no absolute path of that folder enters its identity (a copied or
+    moved cascade folder is the same run)."""
+    root = getattr(job, "root", "")
+    return spec.replace(str(Path(root).resolve()), "{root}") if root else spec
 
 
 IDENTITY = ("detector", "inputs")  # compared as they are; ``settings`` (the unit) by run_folder.settings_diff

@@ -79,6 +79,9 @@ def load_calibration(path: str | os.PathLike, corpus_detector: dict, unit: str =
     p = Path(path)
     if p.is_dir():
         m = _manifest(p / SCORE_MANIFEST)
+        if m.get("role"):  # a pipeline's own stage (a cascade's): placeholders beside the judged units
+            raise GuaranteeError(f"calibration: {p} is a {m['role']} folder, not a score folder of the calibration "
+                                 f"set; give the folder that holds it ({p.parent.parent})")
         inputs = m.get("inputs") or {}
         if not inputs and m.get("members"):  # an ensemble's folder: its members' inputs
             inputs = _manifest(Path(m["members"][0]) / SCORE_MANIFEST).get("inputs") or {}

@@ -187,6 +187,10 @@ def check_score_folder(scores: str | os.PathLike, detector: str | None = None,
     else:
         raise FileNotFoundError(f"scores: {path} does not exist")
     manifest = _read_manifest(folder / SCORE_MANIFEST) if path.is_dir() else None
+    if manifest is not None and manifest.get("role"):  # a pipeline's own stage: placeholders beside real scores
+        raise SelectError(f"scores: {folder} is a {manifest['role']} folder (its scores are the pipeline's "
+                          f"internals, placeholders included), not a score folder of the corpus; give the folder "
+                          f"that holds it ({folder.parent.parent})")
     if parts or manifest is not None:  # a folder with neither is no score folder: say so below
         status = _status(folder, manifest, path, allow_partial)
     if path.is_dir():
