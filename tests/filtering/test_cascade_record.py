@@ -46,11 +46,17 @@ SPEC = f"cascade:cheap=[{CHEAP}],judge=[recordoracle],budget=0.3,keep=0.2"
 
 
 def _score(spec, data, out, capsys=None) -> tuple[int, str]:
+    """Exit code and stderr of one score command (stdout stays in ``capsys`` for the caller)."""
     RecordOracle.calls.clear()
+    if capsys is not None:
+        capsys.readouterr()
     rc = main(["score", "--detector", spec, "--data", str(data), "--out", str(out), "--batch-size", "16",
                "--no-progress"])
-    err = capsys.readouterr().err if capsys is not None else ""
-    return rc, err
+    if capsys is None:
+        return rc, ""
+    got = capsys.readouterr()
+    print(got.out, end="")  # back to capsys, for the caller's readouterr().out
+    return rc, got.err
 
 
 def _parts(folder: Path) -> dict[str, bytes]:
@@ -108,7 +114,7 @@ def test_calibration_through_a_changed_plan_is_refused_naming_the_file(finished,
         plan_path.write_text(json.dumps({**json.loads(plan_path.read_text()), "band": [-1000, 1000]}))
     else:
         plan_path.write_text("nope")
-    bench = make_bench(tmp_path / "bench", n_images=4)
+    bench = make_bench(tmp_path / "bench", captions=6)
     rc, err = _score(f"{SPEC},plan={out}", bench, tmp_path / "cal", capsys)
     assert rc == 2 and str(plan_path) in err and "not the plan its cascade folder recorded" in err
     assert RecordOracle.calls == [] and len(err.strip().splitlines()) == 1
@@ -127,9 +133,9 @@ def test_another_seed_is_refused_before_any_stage_and_rewrites_nothing(finished,
 
 
 @pytest.mark.parametrize("spec, needle", [
-    (f"cascade:cheap=[{CHEAP}],judge=[lora:/nonexistent/adapter],budget=0.3", "judge option path=/nonexistent"),
+    (f"cascade:cheap=[{CHEAP}],judge=[lora:/nonexistent/adapter],budget=0.3", "judge: lora:/nonexistent/adapter option path=/nonexistent/adapter does not exist"),
     ("cascade:cheap=[clip:arch=halsift-tiny,checkpoint=/nonexistent/w.safetensors],judge=[recordoracle]",
-     "cheap option checkpoint=/nonexistent/w.safetensors does not exist"),
+     "option checkpoint=/nonexistent/w.safetensors does not exist"),
     (f"cascade:cheap=[{CHEAP}],judge=[recordoracle],budget=0.01,sample=0.01", "draws 0 of the at most"),
     (f"cascade:cheap=[{CHEAP}],judge=[recordoracle],budget=0.3,learn=/nonexistent/emb", "learn=/nonexistent/emb is "
                                                                                         "not a `halsift embed`"),
