@@ -258,6 +258,7 @@ def before_spending(job: ScoreJob, det: Any, spec: str, out: Path, state: Place)
     from halsift.filtering.scoring.parts import check_or_start, plan_parts
 
     parts, inputs = plan_parts(job.data)
+    out.mkdir(parents=True, exist_ok=True)
     check_or_start(out, {"detector": spec, "detector_name": spec, "unit": job.unit, "inputs": inputs}, state)
     for what, member in (("judge", det.judge_spec), ("cheap", det.cheap)):
         gone = missing_files(member)
@@ -288,8 +289,9 @@ def before_spending(job: ScoreJob, det: Any, spec: str, out: Path, state: Place)
     need = MIN_UNITS if det.learn else 1
     if drawn < need:
         raise CascadeError(f"cascade: budget={det.budget:g} x sample={det.sample:g} draws {drawn} of the at most "
-                           f"{len(keys)} units for the judge's sample ({need} needed"
-                           + (" to fit learn='s head" if det.learn else "") + "): raise budget or sample")
+                           f"{len(keys)} units for the judge's sample (at least {need} needed"
+                           + (" to fit learn='s head" if det.learn else "") + "): raise budget or sample"
+                           + (", or drop learn=" if det.learn else ""))
 
 
 def run_cascade(job: ScoreJob, engine: Engine) -> Summary:

@@ -148,9 +148,30 @@ def test_the_folder_keeps_its_draw_and_refuses_another(annotated, capsys):
     (other / "notes.txt").write_text("mine")
     assert main([*args, "--out", str(other)]) == 2
     assert "holds no annotate.json" in capsys.readouterr().err
-    elsewhere = make_corpus(root / "other-corpus", shards=1, per_shard=3, seed=99)  # none of the drawn keys
+    elsewhere = make_corpus(root / "other-corpus", shards=1, per_shard=3, seed=99)  # not the shards scored
     bad = ["annotate", "--scores", str(root / "scores"), "--data", str(elsewhere), "--n", "5", "--out",
-           str(root / "failed")]
-    assert main(bad) == 2
+           str(root / "refused")]
+    assert main(bad) == 2  # who made the scores, and from what: refused before anything is written
+    assert "is not the shard" in capsys.readouterr().err and not (root / "refused").exists()
+
+
+def test_a_draw_stopped_by_an_error_says_why_in_its_record(annotated, monkeypatch, capsys):
+    """The record exists from the first moment; an error while drawing leaves it ``failed`` with the one line, and the
+    same command then draws again."""
+    import halsift.eval.annotate as annotate_mod
+    from halsift.corpus.errors import InputError
+
+    corpus, root = annotated
+    args = ["annotate", "--scores", str(root / "scores"), "--data", str(corpus), "--n", "5", "--out",
+            str(root / "failed")]
+
+    def broken(cfg):
+        raise InputError("--data: the shard went away mid-draw")
+
+    with monkeypatch.context() as m:
+        m.setattr(annotate_mod, "build_sample", broken)
+        assert main(args) == 2
     failed = json.loads((root / "failed" / "annotate.json").read_text())
-    assert failed["status"] == "failed" and "none of the drawn keys" in failed["error"]
+    assert failed["status"] == "failed" and "went away mid-draw" in failed["error"]
+    capsys.readouterr()
+    assert main(args) == 0 and json.loads((root / "failed" / "annotate.json").read_text())["status"] == "complete"

@@ -154,7 +154,7 @@ def test_a_learn_sample_under_its_minimum_is_refused_before_the_cheap_pass(finis
                  str(emb), "--no-progress"]) == 0
     rc, err = _score(f"cascade:cheap=[{CHEAP}],judge=[recordoracle],budget=0.3,sample=0.2,learn={emb}", data,
                      tmp_path / "out", capsys)
-    assert rc == 2 and "needed to fit learn='s head" in err and not (tmp_path / "out" / "_stages").exists()
+    assert rc == 2 and "at least 50 needed to fit learn='s head" in err and not (tmp_path / "out" / "_stages").exists()
 
 
 @pytest.mark.parametrize("command", ["select", "annotate", "teacher"])
