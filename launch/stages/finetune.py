@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,8 +33,9 @@ def run_identity(cfg, data: Path) -> dict:
     from halsift.execution.run_folder import read_record
     from halsift.filtering.selection.guard import VOLATILE
 
-    settings = {k: v for k, v in to_dict(cfg).items()
-                if k not in ("out", "resume", "wandb_mode", "wandb_project", "wandb_run", "workers", "data")}
+    settings = {k: v for k, v in to_dict(cfg).items()  # not what only evaluates it or says where it runs
+                if k not in ("out", "resume", "wandb_mode", "wandb_project", "wandb_run", "workers", "data", "retrieval",
+                             "bench", "eval_every", "eval_batch_size")}
     selection = (read_record(data / "manifest.json") or {}).get("filter")
     made_from = ({k: v for k, v in selection.items() if k not in VOLATILE} if selection is not None
                  else {"corpus": path_fingerprint(data)})
@@ -53,6 +55,8 @@ def stage_finetune(r: Recipe, p: Paths) -> dict:
         data = [p.corpus] if name == "unfiltered" else [str(p.named("select", name))]
         for run_dir, seed in zip(runs, r.finetune.seeds):
             cfg = train_cfg(r, r.finetune, data, run_dir, p.base, seed)
+            if "eval" in r.stages and not cfg.eval_every:  # the eval stage evaluates every run's final model: the
+                cfg = dataclasses.replace(cfg, retrieval="", bench="")  # run's own final evaluation would repeat it
             ident = run_identity(cfg, Path(data[0]))
             if not (clear_unless(run_dir, ident) and (run_dir / "final" / "open_clip_model.safetensors").exists()):
                 todo[f"{name}/seed{seed}"], idents[f"{name}/seed{seed}"] = cfg, (run_dir, ident)

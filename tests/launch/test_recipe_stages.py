@@ -63,7 +63,7 @@ RERUNS = [
     ("model.arch=ViT-B-32", "pretrain"), ("pretrain.steps=5", "pretrain"), ("pretrain.lr=0.5", "pretrain"),
     ("detectors.clip-lora.options.steps=3", "detectors"), ("dedup.enabled=false", "dedup"), ("dedup.allow_implausible=true", "dedup"),
     ("score.unit=caption", "score"), ("eval.bench_split=val", "score"), ("select.keep=0.5", "select"),
-    ("finetune.seeds=[0,1]", "finetune"), ("finetune.warmup=3", "finetune"), ("eval.keep=0.5", "eval"),
+    ("finetune.seeds=[0,1,2]", "finetune"), ("finetune.warmup=3", "finetune"), ("eval.keep=0.5", "eval"),
     ("evals.ihalla.prompts=10", "eval"), ("name=other", "report"), ("run_dir={tmp}/elsewhere", None),
 ]
 
