@@ -11,35 +11,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 from filtering_data import make_bench, make_corpus
+from registered import counting_oracle, registered
 
-from halsift.filtering.detectors.baselines import OracleDetector
-from halsift.filtering.detectors.spec import register_family
 from halsift.filtering.scoring.cascade_plan import aggregate, caption_groups, fit_plan, in_sample, unit_sample
 from halsift.launch.cli import main
 
 
-class CountingOracle(OracleDetector):
-    """The oracle, recording every unit it is asked to score."""
-
-    family = "countoracle"
-    calls: list[tuple[str, int]] = []
-
-    def score_batch(self, items):
-        CountingOracle.calls.extend((it.key, it.sentence_index) for it in items)
-        return super().score_batch(items)
+CountingOracle = counting_oracle("countoracle")  # the oracle, recording every unit it is asked to score
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _counting_oracle():
-    """The family, registered for this module's tests only: a family left in the registry would reach every later
-    test of the session (docs/config.md's reference lists every registered family)."""
-    from halsift.filtering.detectors import spec as spec_module
-
-    register_family("countoracle", CountingOracle)
-    yield
-    spec_module._REGISTRY.pop("countoracle", None)
-    for key in [k for k in spec_module._CONFIGS if k[0] == "countoracle"]:
-        del spec_module._CONFIGS[key]
+    with registered("countoracle", CountingOracle):  # for this module's tests only
+        yield
 
 CHEAP = "ensemble:members=[oracle;random:seed=0],weights=[0.1,0.9]"  # a noisy oracle: it misorders many units
 SPEC = f"cascade:cheap=[{CHEAP}],judge=[countoracle],budget=0.3,keep=0.2"

@@ -5,12 +5,10 @@ local and the tasks engines, and a task that waits for another's share of a judg
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from filtering_data import make_corpus
+from gated import run_gated
 
 import halsift
 from halsift.launch.cli import main
@@ -41,18 +39,8 @@ def test_library_and_command_write_the_same_cascade_parts_on_every_engine(tmp_pa
 
 # two task processes released together (both import first): the judged stages are shared between them, so one
 # finishes its share of the sample (and of the band) while the other still holds parts, and waits for them
-GATED = """
-import pathlib, sys, time
-from halsift.filtering.detectors.spec import register_family
-register_family("counting", "counting_judge:CountingJudge")
-import halsift.filtering.scoring.job, halsift.execution.engines
-from halsift.launch.cli import main
-ready, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-ready.touch()
-while not go.exists():
-    time.sleep(0.01)
-sys.exit(main(sys.argv[3:]))
-"""
+PRELUDE = """from halsift.filtering.detectors.spec import register_family
+register_family("counting", "counting_judge:CountingJudge")"""
 
 
 def test_a_task_waiting_on_another_loads_the_judge_once(tmp_path):
@@ -63,17 +51,10 @@ def test_a_task_waiting_on_another_loads_the_judge_once(tmp_path):
            "PYTHONPATH": str(TESTS), "COUNTING_JUDGE_LOG": str(log)}
     for k in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN"):
         env.pop(k, None)
-    go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", GATED, str(tmp_path / f"ready{i}"), str(go), "score",
-                               "--detector", spec, "--data", str(data), "--out", str(tmp_path / "out"),
-                               "--batch-size", "4", "--num-tasks", "2", "--task-index", str(i), "--no-progress"],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    deadline = time.time() + 120
-    while not all((tmp_path / f"ready{i}").exists() for i in range(2)) and time.time() < deadline:
-        time.sleep(0.02)
-    go.touch()
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
+    runs = run_gated([["score", "--detector", spec, "--data", str(data), "--out", str(tmp_path / "out"),
+                       "--batch-size", "4", "--num-tasks", "2", "--task-index", str(i), "--no-progress"]
+                      for i in range(2)], tmp_path, env, prelude=PRELUDE)
+    assert [rc for rc, _, _ in runs] == [0, 0], runs
     import json
 
     # both tasks made parts of the sample: the first to finish its share waited for the other's before the plan

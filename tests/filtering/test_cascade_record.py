@@ -13,32 +13,18 @@ from pathlib import Path
 import pytest
 from file_ids import file_id
 from filtering_data import make_bench, make_corpus
+from registered import counting_oracle, registered
 
-from halsift.filtering.detectors.baselines import OracleDetector
-from halsift.filtering.detectors.spec import register_family
 from halsift.launch.cli import main
 
 
-class RecordOracle(OracleDetector):
-    """The oracle, counting the units it is asked to score."""
-
-    family = "recordoracle"
-    calls: list[tuple[str, int]] = []
-
-    def score_batch(self, items):
-        RecordOracle.calls.extend((it.key, it.sentence_index) for it in items)
-        return super().score_batch(items)
+RecordOracle = counting_oracle("recordoracle")  # the oracle, counting the units it is asked to score
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _family():
-    from halsift.filtering.detectors import spec as spec_module
-
-    register_family("recordoracle", RecordOracle)
-    yield
-    spec_module._REGISTRY.pop("recordoracle", None)
-    for key in [k for k in spec_module._CONFIGS if k[0] == "recordoracle"]:
-        del spec_module._CONFIGS[key]
+    with registered("recordoracle", RecordOracle):
+        yield
 
 
 CHEAP = "ensemble:members=[oracle;random:seed=0],weights=[0.1,0.9]"

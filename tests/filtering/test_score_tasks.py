@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from file_ids import file_ids
+from gated import run_gated
 from kill_mid_part import kill_mid_part
 from filtering_data import make_corpus
 
@@ -105,34 +106,12 @@ def test_one_task_steals_what_no_one_holds(corpus, tmp_path):
     assert run["parts_made"] == 6 and run["complete"]
 
 
-# a task that imports what scoring needs, says it is ready, and starts only once the test says go: two start-ups
-# (seconds apart on a loaded machine) cannot let one task finish every part before the other claims one
-GATED = """
-import pathlib, sys, time
-import torch, halsift.execution.engines, halsift.filtering.scoring.job, halsift.filtering.scoring.runner
-from halsift.launch.cli import main
-ready, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-ready.touch()
-while not go.exists():
-    time.sleep(0.01)
-sys.exit(main(sys.argv[3:]))
-"""
-
-
 def test_two_overlapping_tasks_split_the_parts_without_duplicates(corpus, tmp_path):
     out = tmp_path / "o"
     # both think they are task 0 of 1 (a requeued task running beside its old copy): claims keep them apart.
     # 0.6 s per batch (~8 s of work), both released at once after their start-ups (GATED)
-    go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", GATED, str(tmp_path / f"ready{i}"), str(go),
-                               *_task_cmd(corpus, out, 1, 0, 0.6)[3:]], env=ENV, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
-    deadline = time.time() + 120
-    while not all((tmp_path / f"ready{i}").exists() for i in range(2)) and time.time() < deadline:
-        time.sleep(0.02)
-    go.touch()
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
+    runs = run_gated([_task_cmd(corpus, out, 1, 0, 0.6)[3:]] * 2, tmp_path, ENV)
+    assert [rc for rc, _, _ in runs] == [0, 0], runs
     m = _manifest(out)
     assert m["status"] == "complete" and m["task_runs"] == 2
     assert sum(t["parts_scored"] for t in m["tasks"].values()) == 6  # no part scored twice

@@ -10,8 +10,7 @@ from cli_cases import _err_line
 from filtering_data import make_bench, make_corpus
 
 from halsift.filtering.detectors.base import STAGED, Detector, Result
-from halsift.filtering.detectors.spec import (SpecError, check_spec, family_staged, load_detector, register_family,
-                                              spec_tree)
+from halsift.filtering.detectors.spec import SpecError, check_spec, family_staged, load_detector, spec_tree
 from halsift.launch.cli import main
 
 CAS = "cascade:cheap=[random:seed=0],judge=[oracle]"
@@ -66,13 +65,10 @@ class _Staged(Detector):
 
 @pytest.fixture()
 def staged_family():
-    from halsift.filtering.detectors import spec as spec_module
+    from registered import registered
 
-    register_family("mystaged", _Staged)
-    yield
-    spec_module._REGISTRY.pop("mystaged", None)
-    for key in [k for k in spec_module._CONFIGS if k[0] == "mystaged"]:
-        del spec_module._CONFIGS[key]
+    with registered("mystaged", _Staged):
+        yield
 
 
 def test_staged_is_a_declared_property_of_the_family_class(staged_family):
