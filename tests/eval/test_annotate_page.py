@@ -175,3 +175,18 @@ def test_a_draw_stopped_by_an_error_says_why_in_its_record(annotated, monkeypatc
     assert failed["status"] == "failed" and "went away mid-draw" in failed["error"]
     capsys.readouterr()
     assert main(args) == 0 and json.loads((root / "failed" / "annotate.json").read_text())["status"] == "complete"
+
+
+def test_an_identical_rescore_keeps_the_draw(annotated, capsys):
+    """Scoring the corpus again the same way rewrites the score manifest (its timings), not its parts: the draw is the
+    same draw and the page is kept."""
+    from halsift.filtering.scoring.runner import score
+
+    corpus, root = annotated
+    before = (root / "scores" / "_manifest.json").read_bytes()
+    score("oracle", corpus, root / "scores", batch_size=8, show_progress=False)
+    assert (root / "scores" / "_manifest.json").read_bytes() != before
+    capsys.readouterr()
+    assert main(["annotate", "--scores", str(root / "scores"), "--data", str(corpus), "--n", "40", "--out",
+                 str(root / "ann")]) == 0
+    assert "drawn already (40 sentences" in capsys.readouterr().out
