@@ -113,3 +113,37 @@ def test_local_and_task_engines_write_the_same_scores(tmp_path, monkeypatch):
     n = sum(len(sample_items(s)) 
             for shard in sorted(data.glob("*.tar")) for s in read_shard(shard, skipped))
     assert len(want) == n > 0 and want.equals(got)
+
+
+def test_a_changed_input_remakes_exactly_its_part_on_every_engine(tmp_path, monkeypatch):
+    """One shard's content changes: the rerun (local, or two tasks) makes that shard's part again and leaves every
+    other part as it is (same inode and mtime, counted as found done). (The per-shard stages:
+    tests/filtering/test_stage_engine.py.)"""
+    import io
+    import tarfile
+
+    from file_ids import file_id
+
+    for k in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN"):
+        monkeypatch.delenv(k, raising=False)
+    data = make_corpus(tmp_path / "c", shards=4, per_shard=4, seed=3)
+    local = ScoreJob("random:seed=0", data, tmp_path / "local", batch_size=4, show_progress=False)
+    tasks = [dataclasses.replace(local, out=tmp_path / "tasks", num_tasks=2, task_index=i) for i in (0, 1)]
+    for job in (local, *tasks):
+        run_job(job)
+    ids = {d: {p.name: file_id(p) for p in (tmp_path / d).glob("part-*.parquet")} for d in ("local", "tasks")}
+    shard = sorted(data.glob("*.tar"))[2]
+    with tarfile.open(shard) as tar:  # one sample fewer: the shard's content changed
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(shard, "w") as tar:
+        for m, payload in members[:-3]:
+            tar.addfile(m, io.BytesIO(payload))
+    again = run_job(local)
+    runs = [run_job(job) for job in tasks]
+    changed = f"part-{shard.name.removesuffix('.tar')}.parquet"
+    assert again.run["made"] == [changed] and again.run["parts_skipped_done"] == 3
+    assert sorted(n for r in runs for n in r.run["made"]) == [changed]
+    for d in ("local", "tasks"):
+        now = {p.name: file_id(p) for p in (tmp_path / d).glob("part-*.parquet")}
+        assert [n for n in now if now[n] != ids[d][n]] == [changed], d
+    assert len(read_scores_df(tmp_path / "local")) == len(read_scores_df(tmp_path / "tasks")) > 0
