@@ -283,11 +283,16 @@ class TaskEngine(Engine):
                              "held by running tasks); the last task to finish completes "
                              f"{work.folder.path / work.folder.manifest}")
                 return Summary(self.name, work.folder.path, False, True, lines, run, run)
-            runs = [json.loads(p.read_text()) for p in sorted((work.folder.path / TASKS).glob("task-*.json"))]
-            span = (max(r["end"] for r in runs) - min(r["start"] for r in runs)) if runs else making
-            record = work.finish(Outcome(self.name, sum(r.get("parts_made", 0) for r in runs), reused,
-                                         sum(r.get("items", 0) for r in runs), time.perf_counter() - t0, span, n,
-                                         threads, runs))
+            # tasks that end together may each finish the folder; each finishes again while the task records
+            # change under it, so the last record written counts every task (no lock: SLURM's shared filesystems)
+            seen_runs: list[str] = []
+            while (names := sorted(p.name for p in (work.folder.path / TASKS).glob("task-*.json"))) != seen_runs:
+                seen_runs = names
+                runs = [json.loads((work.folder.path / TASKS / r).read_text()) for r in names]
+                span = (max(r["end"] for r in runs) - min(r["start"] for r in runs)) if runs else making
+                record = work.finish(Outcome(self.name, sum(r.get("parts_made", 0) for r in runs), reused,
+                                             sum(r.get("items", 0) for r in runs), time.perf_counter() - t0, span,
+                                             n, threads, runs))
         return Summary(self.name, work.folder.path, True, True, lines, record, run)
 
 

@@ -29,17 +29,20 @@ def test_registry_names_are_the_engine_flag_choices():
 
 def test_job_carries_every_scoring_setting_of_score_config():
     """Every ScoreConfig field reaches the job (under its name; ``no_progress`` as ``show_progress``), except the
-    engine choice itself and the wandb logging, which stay in launch."""
+    engine choice itself and the wandb logging, which stay in launch; the job's own extra fields are the two a
+    pipeline sets on its stages (``role``, ``root``), never set from ``halsift score``."""
     cfg = ScoreConfig(detector="random:seed=0", data="d", out="o", unit="caption", batch_size=7, device="cpu",
                       no_progress=True, decode_workers=3, max_parse_failures=0.5, num_tasks=4, task_index=2,
                       claim_timeout=9.0, address="auto", workers=5, embeddings="emb", full_hash=True)
     job = job_of(cfg)
     cfg_names = {f.name for f in dataclasses.fields(ScoreConfig)} - {"engine", "wandb", "wandb_project",
                                                                       "no_progress"}
-    assert cfg_names | {"show_progress"} == {f.name for f in dataclasses.fields(ScoreJob)}
+    pipeline_only = {"role", "root"}
+    assert cfg_names | {"show_progress"} | pipeline_only == {f.name for f in dataclasses.fields(ScoreJob)}
     assert all(getattr(job, n) == getattr(cfg, n) for n in cfg_names) and job.show_progress is False
+    assert job.role == "" and job.root == ""
     assert ScoreJob("s", "d", "o").given() == {"detector", "data", "out"}
-    assert job.given() == {f.name for f in dataclasses.fields(ScoreJob)}
+    assert job.given() == {f.name for f in dataclasses.fields(ScoreJob)} - pipeline_only
 
 
 @pytest.mark.parametrize("engine,setting,value,message", [

@@ -120,6 +120,27 @@ def test_two_overlapping_tasks_split_the_parts_without_duplicates(corpus, tmp_pa
     pd.testing.assert_frame_equal(_rows(out), _rows(tmp_path / "one"))
 
 
+def test_a_task_that_ends_while_another_finishes_the_folder_is_counted(corpus, tmp_path, monkeypatch):
+    """Two tasks that end together both finish the folder; the one that read the task records before the other's
+    was written must finish again, or the manifest (written last by it) forgets a task (seen in CI: task_runs 1)."""
+    import halsift.filtering.scoring.parts as parts
+
+    out, real, late = tmp_path / "o", parts.finish_manifest, []
+
+    def finish_while_another_task_ends(*a, **kw):
+        if not late:  # the other task's record lands just after this one read the records
+            late.append({"task_index": 0, "num_tasks": 1, "host": "elsewhere", "pid": 1, "start": time.time(),
+                         "end": time.time(), "parts_made": 0, "items": 0, "parts_taken_over": 0,
+                         "making_time_s": 0.0})
+            (out / "_tasks" / "task-00000.elsewhere.1.json").write_text(json.dumps(late[0]))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(parts, "finish_manifest", finish_while_another_task_ends)
+    assert score_task(_job(corpus, out), 1, 0)["complete"]
+    m = _manifest(out)
+    assert m["status"] == "complete" and m["task_runs"] == 2 and "0@elsewhere:1" in m["tasks"]
+
+
 def test_task_killed_mid_part_reruns_to_identical_output(tmp_path):
     corpus = make_corpus(tmp_path / "c", shards=3, per_shard=3, seed=2)
     out = tmp_path / "killed"

@@ -93,8 +93,8 @@ def test_a_folder_holding_a_student_without_a_record_is_refused(taught, tmp_path
     assert (out / "student" / "config.json").read_text() == "{}"
 
 
-def test_a_failed_run_is_left_failed_with_its_reason(taught, tmp_path, capsys):
-    other = make_corpus(tmp_path / "other", shards=1, per_shard=4, seed=9)  # keys the embeddings do not hold
+def test_a_teacher_of_other_data_is_refused_before_anything_is_written(taught, tmp_path, capsys):
+    other = make_corpus(tmp_path / "other", shards=1, per_shard=4, seed=9)  # data the embeddings were not made of
     assert main(["score", "--detector", "random:seed=1", "--data", str(other), "--out", str(tmp_path / "t"),
                  "--no-progress"]) == 0
     out = tmp_path / "s"
@@ -102,6 +102,14 @@ def test_a_failed_run_is_left_failed_with_its_reason(taught, tmp_path, capsys):
             str(out), "--steps", "20"]
     capsys.readouterr()
     assert main(argv) == 2
-    assert "have vectors in --embeddings" in _err_line(capsys)
+    assert "their content differs); embed the shards the teacher scored" in _err_line(capsys)
+    assert not out.exists()
+
+
+def test_a_failed_run_is_left_failed_with_its_reason(taught, tmp_path, capsys):
+    out = tmp_path / "s"  # a sample of 5 units: too few to train on, found once the run has started
+    capsys.readouterr()
+    assert main(_distill(taught, out, "--teacher-sample", "5")) == 2
+    assert "5 of its 5 units have vectors in --embeddings" in _err_line(capsys)
     rec = json.loads((out / "distill.json").read_text())
     assert rec["status"] == "failed" and "have vectors" in rec["error"]
