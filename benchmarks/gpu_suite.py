@@ -69,7 +69,7 @@ QUICK = {  # the most wanted figures first: a part that does not fit the budget 
 SMOKE_CLIP = ["score_throughput.py", "--samples", "12", "--per-shard", "6", "--batch-sizes", "16", "--procs", "1",
               "--no-memory", "--decode-workers", "1", "--decode", "cpu,gpu", "--image-size", "96"]
 SMOKE = {
-    "clip": (SMOKE_CLIP + ["--images", "photo,noise", "--profile-main"], 900),
+    "clip": (SMOKE_CLIP + ["--images", "photo", "--profile-main"], 900),
     "judge": (["judge_throughput.py", "--size", "tiny", "--captions", "2", "--sentences", "1", "3", "--repeats", "1",
                "--cot-tokens", "8", "--threads", "1"], 600),
     "product": (["product_path.py", "--size", "tiny", "--captions", "4", "--sentences", "2"], 600),

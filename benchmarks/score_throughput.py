@@ -79,7 +79,7 @@ def make_corpus(out: Path, samples: int, per_shard: int, image_size: int, seed: 
 _RUN = """
 import json, resource
 import open_clip
-from halsift.filtering.scoring import runner, workers
+from halsift.filtering.scoring import parts, runner, workers
 
 def cpu():
     return [sum(resource.getrusage(w)[:2]) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
@@ -96,7 +96,7 @@ def measured(fn):  # the scoring loop alone: not the imports, the model load nor
     return run
 
 workers.score_parts_in_workers = measured(workers.score_parts_in_workers)
-runner.score_part = measured(runner.score_part)
+parts.score_part = measured(parts.score_part)  # the one loop every engine runs (ScoreMaker)
 c0 = cpu()
 if WARM:  # one shard first, in this process: CUDA's, cuBLAS's and nvJPEG's start-up are not the steady state
     runner.score(SPEC, WARM, OUT + "-warmup", batch_size=BATCH, device=DEVICE, show_progress=False, workers=WORKERS)
@@ -128,7 +128,7 @@ def run_one(spec: str, data: Path, out: Path, batch: int, device: str, workers: 
 _PROFILE = """
 import cProfile, json, pstats
 import open_clip
-from halsift.filtering.scoring import runner, workers
+from halsift.filtering.scoring import parts, runner, workers
 prof = cProfile.Profile()
 
 def profiled(fn):  # only the scoring loop: not the imports nor the model load
@@ -141,7 +141,7 @@ def profiled(fn):  # only the scoring loop: not the imports nor the model load
     return run
 
 workers.score_parts_in_workers = profiled(workers.score_parts_in_workers)
-runner.score_part = profiled(runner.score_part)
+parts.score_part = profiled(parts.score_part)
 runner.score(SPEC, DATA, OUT, batch_size=BATCH, device=DEVICE, show_progress=False, workers=WORKERS)
 st = pstats.Stats(prof).stats
 tot = sum(v[2] for v in st.values()) or 1.0
