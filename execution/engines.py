@@ -81,18 +81,20 @@ class Engine(ABC):
         if workers is not None and workers < 1:
             raise EngineError(f"--workers: expected >= 1, got {workers}")
 
-    def execute(self, job: Job) -> Summary:
-        """Check ``job`` and run it (a :class:`~halsift.execution.job.Pipeline` runs its steps here)."""
+    def execute(self, job: Job, wait: bool = False) -> Summary:
+        """Check ``job`` and run it (a :class:`~halsift.execution.job.Pipeline` runs its steps here). ``wait``: return
+        only once the folder is complete (a pipeline's step that the next step reads)."""
         job.check()
         job = job.staged()
         if isinstance(job, Pipeline):
             return job.run_on(self)
         self.check(job)
-        return self.run(job)
+        return self.run(job, wait=wait)
 
     @abstractmethod
-    def run(self, job: Job) -> Summary:
-        """Make the job's parts that are not done, then (where this process completes the folder) finish it."""
+    def run(self, job: Job, wait: bool = False) -> Summary:
+        """Make the job's parts that are not done, then (where this process completes the folder) finish it.
+        ``wait``: also wait for the parts other processes hold (the tasks engine; the others make every part)."""
 
 
 def _bar(job: Job, work: Work, desc: str):
@@ -138,7 +140,7 @@ class LocalEngine(Engine):
             return "--claim-timeout: only with --num-tasks (or in a SLURM array task)"
         return super().refusal(flag)
 
-    def run(self, job: Job) -> Summary:
+    def run(self, job: Job, wait: bool = False) -> Summary:
         t0 = time.perf_counter()
         if job.ranked:
             from halsift.execution.ranks import rank_place
@@ -340,7 +342,7 @@ class RayEngine(Engine):
         super().check(job)
         ray_module()  # not installed: one line, before any work
 
-    def run(self, job: Job, on_start=None) -> Summary:
+    def run(self, job: Job, wait: bool = False, on_start=None) -> Summary:
         """``on_start(actors)`` is called once the actors exist (tests use it to kill one)."""
         ray = ray_module()
         t0 = time.perf_counter()

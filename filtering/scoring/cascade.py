@@ -73,12 +73,12 @@ def _place(engine: Engine, job: ScoreJob) -> Place:
 
 
 def _stage(job: ScoreJob, detector: Any, out: Path, engine: Engine, embeddings: str | None = None) -> Summary:
-    """Run one stage as an ordinary score job on ``engine``; a task waits until the stage's folder is complete
-    (keeping its model loaded)."""
+    """Run one stage as an ordinary score job on ``engine`` (through its door: a set-level cheap detector runs as
+    its members then their combination); a task waits until the stage's folder is complete (keeping its model
+    loaded)."""
     stage = dataclasses.replace(job, detector=detector, out=str(out), embeddings=embeddings, role="cascade stage",
                                 root=str(Path(job.out).resolve()))
-    engine.check(stage)
-    return engine.run(stage, wait=True) if engine.name == "tasks" else engine.run(stage)
+    return engine.execute(stage, wait=True)
 
 
 def _units(folder: Path):

@@ -150,7 +150,7 @@ def select_resumable(scores_dir: str | os.PathLike, data, out_dir: str | os.Path
     keys = StageJob("select", out / STATE, [StagePart("keys.json", (out, scores_dir, keys_args, memory_limit))],
                     _make_keys, _keys_done, show_progress=False, **tasks)
     try:  # one task computes the keys; the others wait for its marker (a dead one's claim is taken over)
-        engine.run(keys, wait=True) if tasks else engine.run(keys)
+        engine.run(keys, wait=True)
     except SelectError:  # e.g. caption-level scores for unit=sentence: refused like the in-memory select, nothing left
         remove_selection(out, prep.created)
         raise

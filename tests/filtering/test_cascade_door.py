@@ -63,3 +63,30 @@ def test_a_task_waiting_on_another_loads_the_judge_once(tmp_path):
     pids = log.read_text().split()
     assert len(set(pids)) == 2, pids  # both tasks judged (they shared the sample and the band) ...
     assert sorted(pids.count(p) for p in set(pids)) == [1, 1], pids  # ... each with the one judge it loaded
+
+
+def test_a_set_level_cheap_stage_runs_through_the_door(tmp_path):
+    """A cascade's stages go through the engine's door like any score job: a cheap ensemble that normalises over
+    the whole set (norm=zscore) is scored as its members then their combination, not batch by batch (where each
+    batch would be normalised on its own, silently); on the tasks engine it is refused in one line as for score."""
+    import pandas as pd
+    import pytest
+
+    from halsift.corpus.scores import read_scores_df
+    from halsift.execution.engines import EngineError
+
+    data = make_corpus(tmp_path / "c", shards=3, per_shard=8, seed=3)
+    cheap = "ensemble:members=[random:seed=0;random:seed=1],norm=zscore"
+    out = tmp_path / "out"
+    assert halsift.score(f"cascade:cheap=[{cheap}],judge=[oracle],budget=0.5", data, out,
+                         show_progress=False)["status"] == "complete"
+    stage = out / "_stages" / "cheap"
+    assert (stage / "_members" / "0").is_dir() and (stage / "_members" / "1").is_dir()
+    whole = halsift.score(cheap, data, tmp_path / "whole", show_progress=False)
+    assert whole["status"] == "complete"
+    got = read_scores_df(stage).sort_values(["key", "sentence_index"]).reset_index(drop=True)
+    want = read_scores_df(tmp_path / "whole").sort_values(["key", "sentence_index"]).reset_index(drop=True)
+    pd.testing.assert_series_equal(got["score"], want["score"])
+    with pytest.raises(EngineError, match="scores at set level"):
+        halsift.score(f"cascade:cheap=[{cheap}],judge=[oracle],budget=0.5", data, tmp_path / "t", engine="tasks",
+                      num_tasks=2, task_index=0, show_progress=False)
