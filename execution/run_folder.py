@@ -108,12 +108,15 @@ def check_or_start(folder: str | os.PathLike, ident: dict, *, keys: Iterable[str
 
 
 # ------------------------------------------------------------------------------------------------ parts
-def part_done(folder: str | os.PathLike, name: str, made_from: Mapping, run: Mapping | None = None) -> dict:
+def part_done(folder: str | os.PathLike, name: str, made_from: Mapping, run: Mapping | None = None,
+              empty: bool = False) -> dict:
     """Record part ``name`` of ``folder`` as finished: its whole-content hash and ``made_from`` (what it was made
     from, e.g. ``{"source_fp": ..., "detector_fp": ...}``), and ``run`` (how this run made it: rank, timings; kept
     out of the part itself, whose bytes then depend only on what it was made from). Call it right after the part is
-    written."""
-    record = {**content(Path(folder) / name), **made_from, **({"run": dict(run)} if run else {})}
+    written. ``empty``: the part rightly has no file (e.g. a shard whose every sample was dropped); its record says
+    so and it is done like any other."""
+    what = {"empty": True} if empty else content(Path(folder) / name)
+    record = {**what, **made_from, **({"run": dict(run)} if run else {})}
     (Path(folder) / DONE).mkdir(exist_ok=True)
     write_json_atomic(record_path(folder, name), record)
     return record
@@ -125,9 +128,9 @@ def part_reusable(folder: str | os.PathLike, name: str, made_from: Mapping,
     recorded content (altered, swapped or rewritten parts are made again). A part without a record is judged by
     ``legacy(path)`` (the stage's rule for folders written before records), else made again."""
     path = Path(folder) / name
-    if not path.exists():
-        return False
     rec = part_record(folder, name)
+    if not path.exists():  # done only as a part recorded empty (:func:`part_done`)
+        return bool(rec and rec.get("empty")) and all(rec.get(k) == v for k, v in made_from.items())
     if rec is None:
         return bool(legacy is not None and legacy(path))
     return all(rec.get(k) == v for k, v in made_from.items()) and has_content(path, rec)

@@ -56,8 +56,8 @@ def _copy(part) -> None:
         for s in iter_shard(Path(shard)):
             if s.key not in drop:
                 w.write(s)
-    if (out / part.name).is_file():  # a shard whose every sample is dropped has no output (copied again each run)
-        part_done(out, part.name, made_from)
+    # a shard whose every sample is dropped has no output: recorded empty, done like the others
+    part_done(out, part.name, made_from, empty=not (out / part.name).is_file())
 
 
 def _copied(part) -> bool:
