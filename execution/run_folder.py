@@ -187,19 +187,22 @@ def holds(folder: str | os.PathLike, ident: Mapping, record: str = OWNED) -> boo
 def made(folder: str | os.PathLike, ident: Mapping, record: str = OWNED) -> None:
     """Record what made an owned folder (after its output is complete)."""
     Path(folder).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(Path(folder) / record, dict(ident))
+    write_json_atomic(Path(folder) / record, {**ident, "status": "complete"})
 
 
 def clear_unless(folder: str | os.PathLike, ident: Mapping, record: str = OWNED) -> bool:
-    """``True`` when an owned folder holds what ``ident`` makes (:func:`holds`); otherwise whatever it holds came
-    from something else: it is removed (inside the removal guard of :mod:`halsift.corpus.safe_paths`) and ``False``
-    returned, so the caller makes it again."""
+    """``True`` when an owned folder holds what ``ident`` makes (:func:`holds`: finished, or stopped on the way, so
+    that the caller's run resumes from its checkpoints); otherwise whatever it holds came from something else: it is
+    removed (inside the removal guard of :mod:`halsift.corpus.safe_paths`), its record started (``running``, so a
+    run stopped on the way keeps what it made) and ``False`` returned, so the caller makes it again."""
     from halsift.corpus.safe_paths import remove_tree
 
     if holds(folder, ident, record):
         return True
     if Path(folder).exists():
         remove_tree(folder)
+    Path(folder).mkdir(parents=True)
+    write_json_atomic(Path(folder) / record, {**ident, "status": "running"})
     return False
 
 

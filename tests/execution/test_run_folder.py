@@ -100,3 +100,21 @@ def test_full_hash_sees_a_change_the_sampled_blocks_miss(tmp_path):
     small = tmp_path / "small.tar"
     small.write_bytes(b"abc")
     assert file_fingerprint(small, full=True) == file_fingerprint(small)  # small files: hashed whole either way
+
+
+def test_an_owned_folder_stopped_on_the_way_keeps_its_checkpoints(tmp_path):
+    """A recipe's fine-tuning run or trained detector (a folder owned whole): its record is started before the
+    training, so a run killed mid-training keeps its checkpoints for the rerun's resume; a folder made from
+    something else (or holding no record) is emptied."""
+    from halsift.execution.run_folder import clear_unless, made
+
+    run, ident = tmp_path / "run", {"settings": {"lr": 1e-4}, "data": "sel-1"}
+    (run / "checkpoints").mkdir(parents=True)  # a folder with no record: made by something else
+    (run / "checkpoints" / "stale.pt").write_bytes(b"x")
+    assert not clear_unless(run, ident) and not (run / "checkpoints").exists()
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "step-100.pt").write_bytes(b"x")  # ... killed here, before `made`
+    assert clear_unless(run, ident) and (run / "checkpoints" / "step-100.pt").is_file()  # resumed, not wiped
+    made(run, ident)
+    assert clear_unless(run, ident)
+    assert not clear_unless(run, {**ident, "data": "sel-2"}) and not (run / "checkpoints").exists()
