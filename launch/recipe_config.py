@@ -247,9 +247,10 @@ class SelectCfg(SelectSection):
         if self.resumable or self.memory_limit:  # out of core: what the command's resumable engine cannot honour
             from halsift.filtering.selection.out_of_core import supported
 
-            for where, agg in (("select", self.agg), *((f"select.variants.{n}", v.agg) for n, v in
-                                                       self.variants.items())):
-                why = supported(self.unit, agg or self.agg, self.per_captioner)
+            for where, unit, agg in (("select", self.unit, self.agg),
+                                     *((f"select.variants.{n}", v.unit or self.unit, v.agg or self.agg)
+                                       for n, v in self.variants.items())):  # as resolved() runs them
+                why = supported(unit, agg, self.per_captioner)
                 if why:
                     raise ValueError(f"{where}: select.resumable (out of core) is not for {why}; drop "
                                      "select.resumable/memory_limit")

@@ -147,3 +147,17 @@ def test_a_variant_amount_under_max_hallucination_is_refused_naming_it(variant, 
     with pytest.raises(ConfigError, match=rf"select\.variants\.v\.{refused}: select\.max_hallucination chooses"):
         from_dict(SelectCfg, data, "select")
     assert from_dict(SelectCfg, {"variants": data["variants"]}, "select").variants["v"].sets_amount()
+
+
+def test_an_out_of_core_recipe_checks_each_variant_as_it_will_run():
+    """select.resumable: a variant is checked with the unit and agg it runs with (its own, else the section's), so
+    a caption-mean variant under a sentence-level section is refused when the recipe loads, not after scoring."""
+    from halsift.corpus.config import ConfigError, from_dict
+    from halsift.launch.recipe_config import SelectCfg
+
+    ok = {"resumable": True, "unit": "sentence", "variants": {"v": {"filter": "clip", "unit": "caption", "agg": "min"}}}
+    assert from_dict(SelectCfg, ok, "select").variants["v"].unit == "caption"
+    bad = {**ok, "variants": {"v": {"filter": "clip", "unit": "caption", "agg": "mean"}}}
+    with pytest.raises(ConfigError, match=r"select\.variants\.v: select\.resumable \(out of core\) is not for caption "
+                                          r"agg=mean"):
+        from_dict(SelectCfg, bad, "select")
