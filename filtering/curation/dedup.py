@@ -372,10 +372,10 @@ def run_dedup(data: str, out: str | Path, against: list[str] = (), embeddings: s
 
         encoder, model_name, emb_folder = None, None, None
         if model:
-            from halsift.filtering.curation.encode import ImageEncoder, encode_corpus
+            from halsift.filtering.curation.encode import cached_encoder, encode_corpus
 
             t = time.time()
-            encoder = ImageEncoder(model)
+            encoder = cached_encoder(model)  # the one the shard parts were just encoded with (loaded once)
             emb_folder = out / "embeddings"
             with progress(total=len(shards), desc="dedup: encode", unit="shard", disable=not show_progress) as bar:
                 encode_corpus(shards, emb_folder, encoder, bar)

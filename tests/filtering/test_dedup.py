@@ -165,11 +165,23 @@ def test_against_that_is_not_an_image_set_is_one_line(tmp_path, capsys):
     assert len(err) == 1 and "not an image set" in err[0] and "notes.txt" in err[0]
 
 
-def test_embeddings_and_model_paths_agree(tmp_path):
+def test_embeddings_and_model_paths_agree(tmp_path, monkeypatch):
+    from halsift.filtering.curation import encode
+
+    loads = []
+    real = encode.ImageEncoder.__init__
+
+    def counted(self, spec):
+        loads.append(spec)
+        real(self, spec)
+
+    monkeypatch.setattr(encode.ImageEncoder, "__init__", counted)
+    monkeypatch.setattr(encode, "_ENCODERS", {})  # no model another test of this process loaded
     data = _corpus(tmp_path)
     spec = "clip:arch=halsift-tiny,pretrained=random,seed=1"
     assert main(["dedup", "--data", str(data), "--out", str(tmp_path / "m"), "--model", spec, "--cosine", "0.999",
                  "--no-progress"]) == 0
+    assert loads == [spec]  # the shard parts and the global step share one model
     assert main(["dedup", "--data", str(data), "--out", str(tmp_path / "e"), "--embeddings",
                  str(tmp_path / "m" / "embeddings"), "--cosine", "0.999", "--no-progress"]) == 0
     a = pq.read_table(tmp_path / "m" / "duplicates.parquet").to_pylist()
