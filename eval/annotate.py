@@ -45,16 +45,10 @@ def identity(cfg: AnnotateConfig) -> dict:
     """What the sample is drawn from: the score folder (the content of the parts its manifest records, not the
     manifest's own bytes: an identical rescore, whose timings differ, is the same scores), the shards, and the draw's
     settings."""
-    import hashlib
-
     from halsift.corpus.shards import expand_shards
-    from halsift.execution.run_folder import read_record
+    from halsift.execution.run_folder import content_digest
 
-    manifest = read_record(Path(cfg.scores) / "_manifest.json") or {}
-    parts = manifest.get("part_records")
-    return {"stage": "annotate", "scores": str(Path(cfg.scores).resolve()),
-            "scores_fp": hashlib.blake2b(json.dumps(parts, sort_keys=True).encode(), digest_size=16).hexdigest()
-            if parts else None,
+    return {"stage": "annotate", "scores": str(Path(cfg.scores).resolve()), "scores_fp": content_digest(cfg.scores),
             "inputs": [str(Path(x).resolve()) for x in expand_shards(cfg.data)],
             "settings": {"n": cfg.n, "seed": cfg.seed, "detector": cfg.detector}}
 

@@ -136,6 +136,28 @@ def part_reusable(folder: str | os.PathLike, name: str, made_from: Mapping,
     return all(rec.get(k) == v for k, v in made_from.items()) and has_content(path, rec)
 
 
+def content_digest(folder: str | os.PathLike, manifest: str = MANIFEST) -> str | None:
+    """A finished folder's identity by content: the size and hash recorded for each of its parts (a score
+    manifest's ``part_records``, else each part's record in ``_done/``), not the manifest's own bytes, which an
+    identical rerun rewrites with new timings, nor its path (a copy is the same folder). ``None`` when it records
+    no part."""
+    import hashlib
+    import json
+
+    folder = Path(folder)
+    try:
+        recs = (read_record(folder / manifest) or {}).get("part_records")
+    except RunFolderError:
+        recs = None
+    if not recs:
+        recs = {f.name.removesuffix(".json"): part_record(folder, f.name.removesuffix(".json")) or {}
+                for f in (folder / DONE).glob("*.json")}
+    if not recs:
+        return None
+    sizes_and_hashes = {name: [r.get("size"), r.get("hash")] for name, r in sorted(recs.items())}
+    return hashlib.blake2b(json.dumps(sizes_and_hashes).encode(), digest_size=16).hexdigest()
+
+
 def forget_part(folder: str | os.PathLike, name: str) -> None:
     """Remove part ``name``'s record (before the part is written again)."""
     record_path(folder, name).unlink(missing_ok=True)
@@ -261,5 +283,6 @@ class RunFolder:
 
 
 __all__ = ["DONE", "MANIFEST", "OWNED", "RunFolder", "RunFolderError", "check_or_start", "clear_unless", "content",
+           "content_digest",
            "failing", "forget_part", "has_content", "holds", "identity_diff", "made", "mark_failed", "part_done",
            "part_record", "part_reusable", "read_record", "refusal", "settings_diff"]

@@ -58,16 +58,13 @@ class DistillError(InputError):
 
 
 def identity(teacher: str | os.PathLike, embeddings: str | os.PathLike, settings: dict) -> dict:
-    """What a student is made from: the teacher's and the embeddings' manifests by content (a copied folder is the
-    same teacher; their paths are recorded, not compared) and the training settings."""
-    from halsift.execution.run_folder import content
+    """What a student is made from: the teacher's and the embeddings' parts by content (a copied folder, or one
+    scored or embedded again to the same parts, is the same teacher; their paths are recorded, not compared) and
+    the training settings."""
+    from halsift.execution.run_folder import content_digest
 
-    def fingerprint(folder) -> str | None:
-        manifest = Path(folder) / "_manifest.json"
-        return content(manifest)["hash"] if manifest.is_file() else None
-
-    return {"stage": "distill", "teacher": str(Path(teacher).resolve()), "teacher_fp": fingerprint(teacher),
-            "embeddings": str(Path(embeddings).resolve()), "embeddings_fp": fingerprint(embeddings),
+    return {"stage": "distill", "teacher": str(Path(teacher).resolve()), "teacher_fp": content_digest(teacher),
+            "embeddings": str(Path(embeddings).resolve()), "embeddings_fp": content_digest(embeddings),
             "settings": settings}
 
 

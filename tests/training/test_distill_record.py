@@ -17,7 +17,7 @@ from filtering_data import make_corpus
 from halsift.launch.cli import main
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_distill import distilled  # noqa: E402, F401 (a fixture: a corpus, its embeddings, a teacher)
+from test_distill import CLIP, distilled  # noqa: E402, F401 (a fixture: a corpus, its embeddings, a teacher)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,23 @@ def test_a_copied_teacher_is_the_same_teacher(taught, student, tmp_path, capsys)
     assert "trained already" in capsys.readouterr().out
 
 
+def test_a_teacher_scored_again_to_the_same_parts_is_the_same_teacher(taught, student, tmp_path, capsys):
+    """The record holds the teacher's and the embeddings' parts by content: an identical rescore (or re-embed),
+    which rewrites the folder's manifest with new timings, still finds the student (it was refused as another)."""
+    shutil.copytree(taught / "teacher", tmp_path / "teacher")
+    shutil.copytree(taught / "emb", tmp_path / "emb")
+    manifest = json.loads((tmp_path / "teacher" / "_manifest.json").read_text())
+    assert main(["score", "--detector", manifest["detector"], "--data", str(taught / "corpus"), "--out",
+                 str(tmp_path / "teacher"), "--no-progress"]) == 0
+    assert main(["embed", "--model", CLIP, "--data", str(taught / "corpus"), "--out", str(tmp_path / "emb"),
+                 "--no-progress"]) == 0
+    assert json.loads((tmp_path / "teacher" / "_manifest.json").read_text()) != manifest  # rewritten (timings)
+    capsys.readouterr()
+    assert main(["train", "detector", "--teacher", str(tmp_path / "teacher"), "--embeddings", str(tmp_path / "emb"),
+                 "--out", str(student), "--steps", "20"]) == 0
+    assert "trained already" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("change, key", [
     ({"teacher": "other_teacher"}, "teacher_fp"),  # the probe: another student overwrote this one with exit 0
     ({"emb": "emb_edited"}, "embeddings_fp"),
@@ -72,9 +89,9 @@ def test_a_copied_teacher_is_the_same_teacher(taught, student, tmp_path, capsys)
 ])
 def test_another_student_into_the_folder_is_refused(taught, student, capsys, change, key):
     if change.get("emb") == "emb_edited" and not (taught / "emb_edited").exists():
-        shutil.copytree(taught / "emb", taught / "emb_edited")
-        manifest = taught / "emb_edited" / "_manifest.json"
-        manifest.write_text(manifest.read_text() + "\n")  # another embeddings folder's record
+        # another embeddings folder of the same shards: other vectors (a model of another seed)
+        assert main(["embed", "--model", f"{CLIP},seed=5", "--data", str(taught / "corpus"), "--out",
+                     str(taught / "emb_edited"), "--no-progress"]) == 0
     before = (student / "student" / "model.safetensors").read_bytes()
     argv = _distill(taught, student, *change.get("extra", ()), teacher=change.get("teacher", "teacher"),
                     emb=change.get("emb", "emb"))
