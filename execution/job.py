@@ -15,7 +15,6 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 from halsift.execution.run_folder import RunFolder
@@ -196,9 +195,4 @@ def given(job: Any) -> set[str]:
     return {f.name for f in dataclasses.fields(job) if getattr(job, f.name) != f.default}
 
 
-def out_of(job: Any) -> Path:
-    """A job's output folder."""
-    return Path(job.out)
-
-
-__all__ = ["ENGINE_FLAGS", "Job", "Maker", "Outcome", "Pipeline", "Place", "Work", "given", "out_of"]
+__all__ = ["ENGINE_FLAGS", "Job", "Maker", "Outcome", "Pipeline", "Place", "Work", "given"]

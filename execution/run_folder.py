@@ -256,30 +256,15 @@ class RunFolder:
         """:func:`check_or_start` on this folder and its record."""
         return check_or_start(self.path, ident, manifest=self.manifest, **kw)
 
-    def done(self, name: str, made_from: Mapping) -> dict:
-        """Record part ``name`` as finished (:func:`part_done`)."""
-        return part_done(self.path, name, made_from)
-
-    def reusable(self, name: str, made_from: Mapping, legacy: Callable[[Path], bool] | None = None) -> bool:
-        """Whether part ``name`` may be reused (:func:`part_reusable`)."""
-        return part_reusable(self.path, name, made_from, legacy)
-
-    def forget(self, name: str) -> None:
-        """Remove part ``name``'s record (:func:`forget_part`)."""
-        forget_part(self.path, name)
-
-    def claims(self, task: str, stale_after: float, where: str = ""):
-        """The folder's claim board (:class:`~halsift.execution.claims.ClaimBoard`), ``where``: a subfolder."""
+    def claims(self, task: str, stale_after: float):
+        """The folder's claim board (:class:`~halsift.execution.claims.ClaimBoard`)."""
         from halsift.execution.claims import ClaimBoard
 
-        return ClaimBoard(self.path / where if where else self.path, task, stale_after)
+        return ClaimBoard(self.path, task, stale_after)
 
     def failing(self):
         """:func:`failing` for this folder."""
         return failing(self.path, self.manifest)
-
-    def mark_failed(self, reason: str) -> None:
-        mark_failed(self.path, reason, self.manifest)
 
 
 __all__ = ["DONE", "MANIFEST", "OWNED", "RunFolder", "RunFolderError", "check_or_start", "clear_unless", "content",

@@ -62,10 +62,10 @@ def evaluate_models(models: Mapping[str, Sequence[str]], arch: str, evals: Mappi
     loaded = {name: pm.read(sets.get(name, {})) for name, pm in evals.items()} if models else {}
     results: dict[str, dict[str, list[dict]]] = {pm.metrics_file: {} for pm in evals.values()}
     arrays: dict[str, dict[str, np.ndarray]] = {pm.arrays_file: {} for pm in evals.values()}
+    tokenizer = get_tokenizer(arch) if models else None  # one architecture: one tokenizer for every checkpoint
     for model_name, weights in models.items():
         for i, w in enumerate(weights):
             model, _, preprocess = load_open_clip(arch, pretrained=w, device=device)
-            tokenizer = get_tokenizer(arch)
             model.eval()
             metrics: dict[str, dict] = {}
             for name, pm in evals.items():
