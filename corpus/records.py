@@ -38,9 +38,17 @@ def read_record(path: str | os.PathLike, error: type[Exception] = RunFolderError
 
 def content(path: str | os.PathLike) -> dict:
     """``{"size", "hash"}`` of a file hashed whole (a part as written; the mtime is not part of it: a copy is the
-    same part)."""
+    same part). The hash is remembered for this version of the file (:func:`has_content` does not hash a part this
+    process just recorded a second time)."""
+    before = os.stat(path)
     fp = file_fingerprint(path, full=True)
+    if _version(path, os.stat(path)) == _version(path, before):
+        _verified[(*_version(path, before), fp["hash"])] = True
     return {"size": fp["size"], "hash": fp["hash"]}
+
+
+def _version(path: str | os.PathLike, st: os.stat_result) -> tuple:
+    return os.fspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
 # (path, size, mtime_ns, ctime_ns, inode, hash) -> matches: one hash per file version and process (any write changes
@@ -56,7 +64,7 @@ def has_content(path: str | os.PathLike, record: Mapping) -> bool:
         return False
     if st.st_size != record.get("size"):
         return False
-    key = (os.fspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, record.get("hash"))
+    key = (*_version(path, st), record.get("hash"))
     if key not in _verified:
         _verified[key] = content(path)["hash"] == record.get("hash")
     return _verified[key]

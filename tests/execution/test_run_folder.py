@@ -118,3 +118,19 @@ def test_an_owned_folder_stopped_on_the_way_keeps_its_checkpoints(tmp_path):
     made(run, ident)
     assert clear_unless(run, ident)
     assert not clear_unless(run, {**ident, "data": "sel-2"}) and not (run / "checkpoints").exists()
+
+
+def test_a_part_just_recorded_is_not_hashed_again_to_be_found_done(tmp_path, monkeypatch):
+    """Every engine checks that each part is done before it finishes the folder: the part this process has just
+    hashed for its record is not read again (a corpus copy's shards are whole tar files), until it changes."""
+    from halsift.corpus import records
+
+    hashed = []
+    real = records.file_fingerprint
+    monkeypatch.setattr(records, "file_fingerprint", lambda p, full=False: hashed.append(p) or real(p, full))
+    part = tmp_path / "part-0.parquet"
+    part.write_bytes(b"rows")
+    part_done(tmp_path, part.name, {"source_fp": "s"})
+    assert part_reusable(tmp_path, part.name, {"source_fp": "s"}) and len(hashed) == 1
+    part.write_bytes(b"rowz")  # same size, other content: hashed again, and refused
+    assert not part_reusable(tmp_path, part.name, {"source_fp": "s"}) and len(hashed) == 2
