@@ -147,7 +147,8 @@ ScoreSection = fields_of(ScoreConfig, "ScoreSection", SCORE_SET,
                          "`halsift score`'s settings a recipe's score section takes (same names, defaults, help)")
 # what a stage's fingerprint leaves out of its sections: settings that change how a stage runs, not what it makes
 FINGERPRINT_OMITS = {"score": tuple(n for n in SCORE_RUN_ONLY if n not in SCORE_SET),
-                     "dedup": ("engine", "address", "workers", "decode_workers")}
+                     "dedup": ("engine", "address", "workers", "decode_workers"),
+                     "pretrain": ("cache_mb",), "finetune": ("cache_mb",)}
 # settings added to a section after recipes were fingerprinted: left out of the fingerprint while at their default
 # (a field absent from an old record compares equal only to its default), so existing run folders are not re-run
 FINGERPRINT_SINCE = {"score": {"embeddings": None}}

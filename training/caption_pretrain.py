@@ -83,6 +83,7 @@ class CaptionTask(Task):
         self.judge = VlmJudge(model, self.processor)  # its max_pixels cap and left-padded batch builder
         self.pairs = self._pairs()
         self.describe: dict[int, dict] = {}  # image index -> processor features: each image is processed once
+        self.conts: dict[int, list[int]] = {}  # pair index -> its caption's token ids: each caption tokenized once
         if cfg.freeze_vision:  # LLaVA stage 1: the (pre-trained) vision tower stays as it is
             model.model.vision_tower.requires_grad_(False)
         optimizer, scheduler = cfg.build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.steps)
@@ -115,7 +116,9 @@ class CaptionTask(Task):
             for i in idx:
                 if i not in self.describe:
                     self.describe[i] = describe_features(self.judge, self.pairs[i][0])
-            conts = [tok(self.pairs[i][1], add_special_tokens=False)["input_ids"] for i in idx]
+                if i not in self.conts:
+                    self.conts[i] = tok(self.pairs[i][1], add_special_tokens=False)["input_ids"]
+            conts = [self.conts[i] for i in idx]
             yield self.judge.full_batch([self.describe[i] for i in idx], conts), [len(c) for c in conts]
 
     def loss(self, model, batch) -> torch.Tensor:

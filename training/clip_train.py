@@ -178,7 +178,8 @@ class ContrastiveTask(Task):
         self.loss_fn = build_loss(cfg, acc.process_index, acc.num_processes)
         loader = make_loader(cfg.data, self.preprocess_train if cfg.augment else self.preprocess_eval,
                              self.tokenizer, cfg.batch_size, weights=cfg.data_weights or None, seed=self.data_seed,
-                             workers=self.workers, shuffle_buffer=cfg.shuffle_buffer, skip_batches=self.skip)
+                             workers=self.workers, shuffle_buffer=cfg.shuffle_buffer, skip_batches=self.skip,
+                             cache_bytes=0 if cfg.augment else cfg.cache_mb << 20)  # augment draws: never cached
         yield from loader
 
     def loss(self, model, batch) -> torch.Tensor:

@@ -27,6 +27,7 @@ from halsift.filtering.detectors.base import Item
 from halsift.training.detector_config import VLM_TARGETS, DetectorTrainConfig
 
 _EPS = 1e-4
+PREFIX_CACHE_BYTES = 1 << 30  # per process: a bench's processed train images (the quickstart's: ~3 MB)
 
 
 def judge_scores(det, logits: torch.Tensor) -> torch.Tensor:
@@ -118,6 +119,8 @@ class VlmTask:
         self.targets = targets
         self.peft = get_peft_model(det.model, lcfg)
         self.module = JudgeModule(self.peft.base_model.model, det)
+        self._prefixes: dict[tuple, dict] = {}  # a train image's processor features: made once, not every step
+        self._prefix_bytes = 0
 
     def param_groups(self, cfg: DetectorTrainConfig) -> list[dict]:
         return [{"params": [p for p in self.module.parameters() if p.requires_grad]}]
@@ -125,11 +128,23 @@ class VlmTask:
     def collate(self, examples: Sequence[tuple[Item, int]]) -> dict:
         """The detector's own full-sequence inputs (left-padded prefix + continuation) and the labels."""
         det = self.det
-        prefixes = [det.prefix_inputs(it.image) for it, _ in examples]
+        prefixes = [self._prefix(it) for it, _ in examples]
         conts = [det.continuation_ids(it) for it, _ in examples]
         batch = det.judge.full_batch(prefixes, conts)
         batch["labels"] = torch.tensor([y for _, y in examples], dtype=torch.float32)
         return batch
+
+    def _prefix(self, it: Item) -> dict:
+        """``det.prefix_inputs`` of the item's image, kept while the kept features fit :data:`PREFIX_CACHE_BYTES`
+        (the processor is deterministic and ``full_batch`` only reads them)."""
+        key = (it.image_id or it.key, it.meta.get("image_path"))
+        feats = self._prefixes.get(key)
+        if feats is None:
+            feats = self.det.prefix_inputs(it.image)
+            size = sum(v.numel() * v.element_size() for v in feats.values() if torch.is_tensor(v))
+            if self._prefix_bytes + size <= PREFIX_CACHE_BYTES:
+                self._prefixes[key], self._prefix_bytes = feats, self._prefix_bytes + size
+        return feats
 
     def forward(self, model: nn.Module, batch: dict, device) -> torch.Tensor:
         return model(**{k: v.to(device) for k, v in batch.items()})

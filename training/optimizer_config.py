@@ -59,7 +59,8 @@ class OptimizerSettings:
         import torch
 
         o = self.optimizer()
-        kw = {"fused": True} if fused else {}
+        kw = {"fused": True} if fused else {"foreach": True}  # torch's CPU default is the per-tensor loop: the
+        # same arithmetic per element (weights bit-equal, tested), one kernel per step for all tensors
         optimizer = torch.optim.AdamW(params, lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
                                       weight_decay=o["wd"], **kw)
         return optimizer, lr_schedule(optimizer, o["schedule"], o["warmup"], steps)

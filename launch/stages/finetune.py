@@ -34,7 +34,7 @@ def run_identity(cfg, data: Path) -> dict:
     from halsift.filtering.selection.guard import VOLATILE
 
     settings = {k: v for k, v in to_dict(cfg).items()  # not what only evaluates it or says where it runs
-                if k not in ("out", "resume", "wandb_mode", "wandb_project", "wandb_run", "workers", "data", "retrieval",
+                if k not in ("out", "resume", "wandb_mode", "wandb_project", "wandb_run", "workers", "cache_mb", "data", "retrieval",
                              "bench", "eval_every", "eval_batch_size")}
     selection = (read_record(data / "manifest.json") or {}).get("filter")
     made_from = ({k: v for k, v in selection.items() if k not in VOLATILE} if selection is not None

@@ -3,20 +3,19 @@ same reasons, and turn bench rows into the same items."""
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import re
-import tarfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
+
+from messy_shards import BROKEN_JPG, messy_shard
 
 from halsift.corpus.images import ImageDecodeError, SkipCounter, decode_image
-from halsift.filtering.scoring.parts import Part, iter_caption_groups, plan_parts
+from halsift.filtering.scoring.parts import iter_caption_groups, plan_parts
 
 KEY = re.compile(r"\b[km]\d\d\b")
 
@@ -25,56 +24,6 @@ def _key(caption: str) -> str:
     """The key a caption names (the caption itself where it names none)."""
     m = KEY.search(caption)
     return m.group() if m else caption
-
-
-def _image(fmt: str, mode: str = "RGB") -> bytes:
-    img = Image.new(mode, (24, 24), (200, 40, 40, 128) if mode == "RGBA" else (200, 40, 40))
-    buf = io.BytesIO()
-    img.save(buf, fmt)
-    return buf.getvalue()
-
-
-JPG = _image("JPEG")
-BROKEN_JPG = JPG[:len(JPG) // 2]
-META = b'{"captioner": "c", "source": "i2t"}'
-
-
-def _messy_members(p: str) -> list[tuple[str, bytes]]:
-    """One sample per way a shard goes wrong; ``p`` prefixes the keys (the caption names its key)."""
-    def sample(i: str, image: bytes | None = JPG, ext: str = "jpg", txt: bytes | None | str = "default",
-               meta: bytes | None = META) -> list[tuple[str, bytes]]:
-        txt = f"A red square {p}{i} on grey.".encode() if txt == "default" else txt
-        parts = [(f"{p}{i}.{ext}", image), (f"{p}{i}.txt", txt), (f"{p}{i}.json", meta)]
-        return [(name, blob) for name, blob in parts if blob is not None]  # None: no such member
-
-    return [*sample("00"),  # valid, first (the training stream's epochs start here)
-            *sample("01", image=BROKEN_JPG),  # corrupt JPEG
-            *sample("02", image=_image("PNG", "RGBA"), ext="png"),  # valid PNG with alpha
-            *sample("03", txt=b"   "),  # blank caption
-            *sample("04", txt=None),  # no .txt member
-            *sample("05", meta=b"{not json"),  # bad .json
-            *sample("06", image=None),  # no image member
-            *sample("07", txt=b"..."),  # a caption without a sentence
-            *sample("08", txt=f"A blue \xff circle {p}08.".encode("latin-1")),  # not UTF-8: skipped, bad_caption
-            *sample("09", meta=None),  # no .json: allowed
-            *sample("00", txt=f"A second copy of {p}00.".encode()),  # the key again
-            *sample("10", meta=b"[1, 2]"),  # .json not an object
-            *sample("11"),  # valid
-            *sample("12")]  # cut short by the truncated tail
-
-
-def _messy_shard(path: Path, p: str = "k") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as t:
-        for name, blob in _messy_members(p):
-            info = tarfile.TarInfo(name)
-            info.size = len(blob)
-            t.addfile(info, io.BytesIO(blob))
-    with tarfile.open(path) as t:
-        cut = next(m for m in t.getmembers() if m.name == f"{p}12.jpg").offset_data + 100
-    with open(path, "r+b") as f:
-        f.truncate(cut)
-    return path
 
 
 def _expected(p: str = "k") -> tuple[list[str], dict[str, int]]:
@@ -128,7 +77,7 @@ def _one_process(monkeypatch):
 
 
 def test_training_and_scoring_keep_and_skip_the_same_samples(tmp_path):
-    _messy_shard(tmp_path / "d" / "000000.tar")
+    messy_shard(tmp_path / "d" / "000000.tar")
     want_keys, want_kinds = _expected()
     train_keys, train_kinds, train_total = _train_epoch(tmp_path / "d")
     score_keys, score_kinds = _score_read(tmp_path / "d")
@@ -138,7 +87,7 @@ def test_training_and_scoring_keep_and_skip_the_same_samples(tmp_path):
 
 
 def test_validity_does_not_depend_on_the_scoring_unit(tmp_path):
-    _messy_shard(tmp_path / "d" / "000000.tar")
+    messy_shard(tmp_path / "d" / "000000.tar")
     assert _score_read(tmp_path / "d", "caption") == _score_read(tmp_path / "d", "sentence") == _expected()
 
 
@@ -147,7 +96,7 @@ def test_dataloader_workers_split_shards_and_keep_the_valid_samples(tmp_path):
     from halsift.training.clip_data import make_loader
 
     for i, p in enumerate("km"):
-        _messy_shard(tmp_path / "d" / f"{i:06d}.tar", p)
+        messy_shard(tmp_path / "d" / f"{i:06d}.tar", p)
     loader = make_loader([str(tmp_path / "d")], _zeros, _texts, batch_size=1, seed=0, workers=2, shuffle_buffer=0)
     seen, kinds = [], Counter()
     for _, batch in zip(range(40), loader):  # 20 per worker: 4 epochs of a 5-sample shard
@@ -161,7 +110,7 @@ def test_dataloader_workers_split_shards_and_keep_the_valid_samples(tmp_path):
 def test_read_samples_counts_by_kind_with_keys(tmp_path):
     from halsift.corpus.sample import read_samples
 
-    _messy_shard(tmp_path / "000000.tar")
+    messy_shard(tmp_path / "000000.tar")
     skipped = SkipCounter()
     got = list(read_samples(tmp_path, skipped))
     assert sorted(s.key for s in got) == _expected()[0]
@@ -176,7 +125,7 @@ def test_read_samples_counts_by_kind_with_keys(tmp_path):
 def test_read_shard_without_decoding_applies_every_other_rule(tmp_path):
     from halsift.corpus.sample import read_shard
 
-    _messy_shard(tmp_path / "000000.tar")
+    messy_shard(tmp_path / "000000.tar")
     skipped = SkipCounter()
     keys = sorted(s.key for s in read_shard(tmp_path / "000000.tar", skipped, decode=False))
     assert keys == sorted(_expected()[0] + ["k01"])  # only the undecodable image is let through

@@ -77,3 +77,29 @@ def test_the_world_judge_lrs_are_optimizer_fields_with_their_defaults():
     assert (s.pretrain_lr, s.judge_lr) == (2e-3, 5e-4)
     types = {f.name: f.type for f in dataclasses.fields(WorldJudgeSettings)}
     assert types["pretrain_lr"] in (float, "float") and types["judge_lr"] in (float, "float")
+
+
+def test_cpu_training_steps_all_tensors_at_once_with_the_per_tensor_loops_weights():
+    """On CPU every trainer's AdamW takes its multi-tensor (foreach) path, which torch leaves off there by default:
+    after 20 steps of the tiny CLIP's parameter shapes with weight decay, the weights equal the per-tensor loop's
+    bit for bit (so switching changed no trained model)."""
+    cfg = ClipTrainConfig(data=["x"], out="o", lr=1e-3)
+
+    def trained(foreach: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(s)) for s in ((64, 32), (32,), (128, 64), (1,), (16, 3, 4, 4))]
+        groups = [{"params": params[1::2], "weight_decay": 0.0}, {"params": params[0::2], "weight_decay": 0.1}]
+        opt, sched = cfg.build_optimizer(groups, 20)
+        assert all(group["foreach"] is True for group in opt.param_groups)
+        for group in opt.param_groups:  # torch's CPU default
+            group["foreach"] = foreach
+        g = torch.Generator().manual_seed(1)
+        for _ in range(20):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+            sched.step()
+        return [p.detach() for p in params]
+
+    built, loop = trained(True), trained(False)
+    assert all(torch.equal(a, b) for a, b in zip(built, loop))

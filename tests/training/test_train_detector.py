@@ -162,6 +162,27 @@ def test_vlm_judge_target_equals_its_score_and_loads(data, tiny_llava, tmp_path)
     _same_scores(scores, det, _shard_items(data["shards"]))
 
 
+def test_vlm_training_processes_each_image_once_and_batches_as_before(data, tiny_llava, monkeypatch):
+    """The judge's training batches reuse each image's processor features: every distinct image is processed once
+    over many batches, and each batch equals the one built from freshly processed features."""
+    from halsift.training.detector_train import bench_examples, row_items, with_image
+    from halsift.training.lora_vlm import VlmTask
+
+    rows = bench_examples(data["bench"], "train")[:12]
+    items = [with_image(it) for it in row_items(data["bench"], [r for r, _ in rows])]
+    examples = [(it, y) for it, (_, y) in zip(items, rows)]
+    task = VlmTask(_cfg(base=f"vlm:model={tiny_llava},mode=yes_prob", bench=str(data["bench"]), out="x"))
+    calls = []
+    real = task.det.prefix_inputs
+    monkeypatch.setattr(task.det, "prefix_inputs", lambda image: calls.append(image) or real(image))
+    batches = [task.collate(examples[i:i + 5]) for i in (0, 3, 6, 0, 7)]
+    assert len(calls) == len({it.image_id for it in items[:12]})
+    fresh = task.det.judge.full_batch([real(it.image) for it, _ in examples[0:5]],
+                                      [task.det.continuation_ids(it) for it, _ in examples[0:5]])
+    for b in (batches[0], batches[3]):
+        assert all(torch.equal(b[k], fresh[k]) for k in fresh)
+
+
 def test_two_process_cpu_training(data, tmp_path):
     out = tmp_path / "ddp"
     env = dict(os.environ, HALSIFT_QUIET="1", WANDB_MODE="disabled", OMP_NUM_THREADS="1")
