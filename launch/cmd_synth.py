@@ -32,12 +32,13 @@ def run(args: argparse.Namespace) -> int:
     from halsift.launch.cli import UsageError
 
     cfg = config_from_args(SynthConfig, args)
-    from halsift.synth.world import generate_world
+    from halsift.synth.world import default_workers, generate_world
 
     t0 = time.perf_counter()
     try:
+        kw = cfg.generator_kwargs()
         world = generate_world(cfg.out, seed=cfg.seed, overwrite=cfg.overwrite, show_progress=True,
-                               **cfg.generator_kwargs())
+                               workers=default_workers(kw["images"], kw["pretrain_images"]), **kw)
     except FileExistsError as e:
         raise UsageError(f"--out: {str(e).split(' (')[0]}; add --overwrite to replace it") from e
     except ValueError as e:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from functools import partial
 from pathlib import Path
 
 from halsift.corpus.bench import BenchRow, write_bench
@@ -209,7 +210,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
                    overwrite: bool = False, show_progress: bool = False,
                    captioners: tuple[str, ...] | list[str] = (), retrieval_style: str = "captioners",
                    corpus_sentences: tuple[int, int] | list[int] = (), zeroshot_images: int | None = None,
-                   compositional_images: int | None = None, leaks: float = 0.0, exact_copies: int = 0) -> dict:
+                   compositional_images: int | None = None, leaks: float = 0.0, exact_copies: int = 0,
+                   workers: int = 1) -> dict:
     """Write a synthetic world under ``out`` and return what ``world.json`` holds.
 
     ``images`` corpus pairs, captioned by ``captioners`` (profile names; empty = all six: HalDec Table F's corpus
@@ -222,7 +224,9 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     ``world.json``); ``zeroshot_images`` per zero-shot task and ``compositional_images`` (each default
     ``max(12, images // 30)``; 0 = not written). Those two sets come from their own random streams, after
     everything else, and are not in ``world.json``: the other parts are the same bytes with or without
-    them. Raises ``FileExistsError`` when ``out`` already holds a world and not ``overwrite``.
+    them. ``workers``: processes making the corpus and pretrain samples (spawned: the caller's main module must be
+    import-safe; :func:`default_workers` is what ``halsift run`` uses; the bytes are the same for any number). Raises ``FileExistsError`` when ``out`` already holds a world and not
+    ``overwrite``.
     """
     if images < 1:
         raise ValueError(f"images must be >= 1, got {images}")
@@ -268,7 +272,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
     bar = progress(total=total, desc="synth", unit="img", disable=not show_progress)
     try:
         n_rows = _write_parts(tmp, bar, seed, image_size, shard_size, images, captioners, bench_images,
-                              t2i_prompts, retrieval_images, retrieval_style, held_out, pretrain_images, window, extras)
+                              t2i_prompts, retrieval_images, retrieval_style, held_out, pretrain_images, window, extras,
+                              workers)
         if zeroshot_images:
             write_zeroshot_tasks(tmp / "zeroshot", seed, zeroshot_images, image_size, bar)
         if compositional_images:
@@ -311,7 +316,8 @@ def generate_world(out: str | os.PathLike, images: int = 2000, seed: int = 0, im
 def _write_parts(tmp: Path, bar, seed: int, image_size: int, shard_size: int, images: int,
                  captioners: tuple[str, ...], bench_images: int, t2i_prompts: int, retrieval_images: int,
                  retrieval_style: str, held_out: tuple[str, ...], pretrain_images: int,
-                 window: tuple[int, int] | None = None, extras: dict[int, list] | None = None) -> int:
+                 window: tuple[int, int] | None = None, extras: dict[int, list] | None = None,
+                 workers: int = 1) -> int:
     """Write retrieval, corpus (with the planted ``extras``: :func:`.leaks.plan`), bench and pretrain under ``tmp``
     (every item has its own random stream: the order changes no byte); returns the bench rows."""
     retrieval = []
@@ -319,9 +325,12 @@ def _write_parts(tmp: Path, bar, seed: int, image_size: int, shard_size: int, im
         retrieval.append(retrieval_item(seed, i, image_size, tmp / "retrieval" / "images", retrieval_style, held_out))
         bar.update()
     _write_jsonl(tmp / "retrieval" / "retrieval.jsonl", retrieval)
+    pool = _SamplePool(workers)
     with ShardWriter(tmp / "corpus", maxcount=shard_size) as w:
-        for i in range(images):
-            w.write(corpus_sample(seed, i, image_size, captioners, window))
+        made = pool.in_order(partial(corpus_sample, seed, image_size=image_size, captioners=captioners,
+                                     sentences=window), images)
+        for i, sample in enumerate(made):
+            w.write(sample)
             for kind, j, arg in (extras or {}).get(i, ()):
                 if kind == "leak":
                     png = (tmp / "retrieval" / "images" / f"r{arg:06d}.png").read_bytes()
@@ -338,10 +347,54 @@ def _write_parts(tmp: Path, bar, seed: int, image_size: int, shard_size: int, im
         bar.update()
     n_rows = write_bench(tmp / "bench" / "bench.jsonl", rows)
     with ShardWriter(tmp / "pretrain", maxcount=shard_size) as w:
-        for i in range(pretrain_images):
-            w.write(pretrain_sample(seed, i, image_size))
+        for sample in pool.in_order(partial(pretrain_sample, seed, image_size=image_size), pretrain_images):
+            w.write(sample)
             bar.update()
     return n_rows
+
+
+PARALLEL_FROM = 2000  # corpus + pretrain samples from which worker processes pay for their start (~1 s each)
+
+
+def default_workers(images: int, pretrain_images: int | None = None) -> int:
+    """Processes making a world's corpus and pretrain samples (``pretrain_images`` None: as many as ``images``):
+    one per core (at most 8) from :data:`PARALLEL_FROM` samples, else 1 (this process)."""
+    samples = images + (images if pretrain_images is None else pretrain_images)
+    return min(8, os.cpu_count() or 1) if samples >= PARALLEL_FROM else 1
+
+
+class _SamplePool:
+    """``fn(0..n-1)`` in order, made in this process or across ``workers`` processes; every sample has its own random
+    stream (:func:`_rng`), so which process makes it changes no byte. Samples are made in windows, so memory stays
+    bounded by the window whatever the world's size."""
+
+    WINDOW = 1024
+
+    def __init__(self, workers: int) -> None:
+        self.workers = max(1, int(workers))
+
+    def in_order(self, fn, n: int):
+        if self.workers == 1 or n < 2:
+            yield from map(fn, range(n))
+            return
+        import multiprocessing
+        import warnings
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        done = 0
+        try:
+            with ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                for start in range(0, n, self.WINDOW):
+                    window = range(start, min(n, start + self.WINDOW))
+                    for sample in pool.map(fn, window, chunksize=max(1, len(window) // (4 * self.workers))):
+                        yield sample
+                        done += 1
+        except BrokenProcessPool as e:  # e.g. a parent read from stdin, which spawned processes cannot re-import
+            warnings.warn(f"synth: worker processes stopped ({e}); making the other samples in this process",
+                          stacklevel=2)
+            self.workers = 1
+            yield from map(fn, range(done, n))
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:

@@ -12,9 +12,11 @@ if TYPE_CHECKING:
 
 def stage_world(r: Recipe, p: Paths) -> dict:
     """Generate the synthetic world (corpus, bench, retrieval and pretrain data) from the recipe's seed."""
-    from halsift.synth.world import generate_world
+    from halsift.synth.world import default_workers, generate_world
 
-    info = generate_world(p.stage("world"), seed=r.seed, overwrite=True, **r.world.generator_kwargs())
+    kw = r.world.generator_kwargs()
+    workers = default_workers(kw["images"], kw["pretrain_images"])  # the CLI's process: spawned workers may start
+    info = generate_world(p.stage("world"), seed=r.seed, overwrite=True, workers=workers, **kw)
     return {"world": info if isinstance(info, dict) else {}}
 
 

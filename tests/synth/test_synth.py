@@ -50,6 +50,20 @@ def test_same_seed_identical_other_seed_differs(tmp_path, synth_world):
     assert sum(ha[k] != hb[k] for k in ha) > 0.9 * len(ha)
 
 
+def test_worker_processes_write_the_same_bytes(tmp_path, synth_world, monkeypatch):
+    """The corpus and pretrain samples made across worker processes (windows smaller than the world, so several)
+    are the bytes of the world made in this process, planted copies and cut captions included."""
+    import halsift.synth.world as world
+
+    monkeypatch.setattr(world._SamplePool, "WINDOW", 64)
+    kw = dict(images=160, seed=0, leaks=0.2, exact_copies=3, corpus_sentences=[2, 3], pretrain_images=150)
+    generate_world(tmp_path / "one", workers=1, **kw)
+    generate_world(tmp_path / "two", workers=2, **kw)
+    one, two = _hashes(tmp_path / "one"), _hashes(tmp_path / "two")
+    assert one == two and sum(k.startswith(("corpus/", "pretrain/")) for k in one) >= 2
+    assert world.default_workers(world.PARALLEL_FROM // 2 - 1) == 1  # and pretrain as many
+
+
 def test_corpus_shards_read_back(synth_world):
     samples = list(iter_samples(synth_world / "corpus"))
     assert len(samples) == 160 == sum(read_sizes(synth_world / "corpus").values())
