@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -169,6 +170,7 @@ def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.Pat
     import torch
 
     from halsift.corpus.images import ImageDecodeError, load_image_file
+    from halsift.eval.preprocess_memo import preprocessed
     from halsift.corpus.retrieval import RetrievalFormatError
     from halsift.filtering.models.clip_models import encode_text
 
@@ -184,7 +186,7 @@ def evaluate_retrieval(model, preprocess, tokenizer, retrieval_set: str | os.Pat
                 ims = []
                 for p in rs.images[lo:lo + batch_size]:
                     try:
-                        ims.append(preprocess(load_image_file(p)))
+                        ims.append(preprocessed(preprocess, p, partial(load_image_file, p)))
                     except ImageDecodeError as e:
                         raise RetrievalFormatError(f"retrieval set: cannot read image {p} ({e.reason})") from e
                 x = torch.stack(ims).to(device)

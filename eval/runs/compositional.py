@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from halsift.corpus.config import ConfigError, field
@@ -35,6 +36,7 @@ def evaluate_compositional(model, preprocess, tokenizer, pairs: dict, device="cp
     from halsift.corpus.images import ImageDecodeError, load_image_file
     from halsift.corpus.sugarcrepe import SugarCrepeFormatError
     from halsift.eval.metrics.compositional import compositional_metrics, cosine_scores, pair_correct
+    from halsift.eval.preprocess_memo import preprocessed
     from halsift.eval.runs.clip_model import encode_images, encode_texts, eval_mode
 
     paths = sorted({p.image for ps in pairs.values() for p in ps})
@@ -43,7 +45,7 @@ def evaluate_compositional(model, preprocess, tokenizer, pairs: dict, device="cp
     def images():
         for p in paths:
             try:
-                yield preprocess(load_image_file(p))
+                yield preprocessed(preprocess, p, partial(load_image_file, p))
             except ImageDecodeError as e:
                 raise SugarCrepeFormatError(f"{p}: cannot read image ({e.reason})") from None
 

@@ -56,6 +56,7 @@ def evaluate_models(models: Mapping[str, Sequence[str]], arch: str, evals: Mappi
 
     from halsift.corpus.shards import write_json_atomic
     from halsift.eval.metrics.retrieval import write_ranks
+    from halsift.eval.preprocess_memo import PreprocessMemo
     from halsift.filtering.models.clip_models import load_open_clip
     from halsift.filtering.models.clip_tokenizer import get_tokenizer
 
@@ -63,10 +64,14 @@ def evaluate_models(models: Mapping[str, Sequence[str]], arch: str, evals: Mappi
     results: dict[str, dict[str, list[dict]]] = {pm.metrics_file: {} for pm in evals.values()}
     arrays: dict[str, dict[str, np.ndarray]] = {pm.arrays_file: {} for pm in evals.values()}
     tokenizer = get_tokenizer(arch) if models else None  # one architecture: one tokenizer for every checkpoint
+    memo = None  # and one image transform: each set's images read and transformed once (PreprocessMemo)
     for model_name, weights in models.items():
         for i, w in enumerate(weights):
-            model, _, preprocess = load_open_clip(arch, pretrained=w, device=device)
+            model, _, transform = load_open_clip(arch, pretrained=w, device=device)
             model.eval()
+            if memo is None or not memo.same_transform(transform):
+                memo = PreprocessMemo(transform)
+            preprocess = memo
             metrics: dict[str, dict] = {}
             for name, pm in evals.items():
                 if not loaded[name]:

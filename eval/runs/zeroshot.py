@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,7 @@ def evaluate_zeroshot(model, preprocess, tokenizer, cset, device="cpu", batch_si
     ``(logits, target)``."""
     from halsift.corpus.classification import open_image
     from halsift.eval.metrics.zeroshot import class_embedding, zeroshot_logits, zeroshot_metrics
+    from halsift.eval.preprocess_memo import preprocessed
     from halsift.eval.runs.clip_model import encode_images, encode_texts, eval_mode
 
     target: list[int] = []
@@ -49,7 +51,7 @@ def evaluate_zeroshot(model, preprocess, tokenizer, cset, device="cpu", batch_si
     def images():
         for name, item, label in cset.iter_items():
             target.append(label)
-            yield preprocess(open_image(item, name))
+            yield preprocessed(preprocess, (cset.root, name), partial(open_image, item, name))
 
     with eval_mode(model):
         weights = [class_embedding(encode_texts(model, tokenizer, cset.prompts(c), device, batch_size, precision))

@@ -58,3 +58,43 @@ def test_the_recipe_and_the_commands_give_the_same_numbers(world_and_weights, tm
     assert {k: v for k, v in beyond.items() if k.startswith("compositional/")} == \
         {k: v for k, v in cli.items() if k != "compositional/pairs"}
     assert len([k for k in beyond if k.startswith("compositional/")]) == 8  # seven categories and the mean
+
+
+def test_each_image_is_read_and_transformed_once_for_every_model(world_and_weights, tmp_path, monkeypatch):
+    """Two checkpoints (one twice) evaluated together: every set's images are decoded once, not once per checkpoint,
+    and each checkpoint's numbers are those it gets evaluated alone."""
+    import torch
+    from safetensors.torch import save_model
+
+    import halsift.corpus.classification as classification
+    import halsift.corpus.images as images
+    from halsift.eval.registry import per_model_evals
+    from halsift.eval.runs.per_model import evaluate_models
+    from halsift.filtering.models.clip_models import load_open_clip
+
+    world, weights = world_and_weights
+    torch.manual_seed(1)
+    other = str(tmp_path / "other.safetensors")
+    save_model(load_open_clip("halsift-tiny", None)[0], other)
+    tasks = sorted(d.name for d in (world / "zeroshot").iterdir() if d.is_dir())
+    sets = {"retrieval": {"synthetic": str(world / "retrieval")},
+            "zeroshot": {t: str(world / "zeroshot" / t) for t in tasks},
+            "compositional": {"compositional": str(world / "compositional")}}
+    def out(name: str):
+        (tmp_path / name).mkdir()
+        return tmp_path / name
+
+    alone = {w: evaluate_models({"m": [w]}, "halsift-tiny", per_model_evals(), sets, out(f"alone{i}"), "cpu", 16,
+                                "fp32") for i, w in enumerate((weights, other))}
+    reads = []
+    real_file, real_open = images.load_image_file, classification.open_image
+    monkeypatch.setattr(images, "load_image_file", lambda p, *a, **k: reads.append(p) or real_file(p, *a, **k))
+    monkeypatch.setattr(classification, "open_image", lambda *a, **k: reads.append(a) or real_open(*a, **k))
+    together = evaluate_models({"a": [weights, other], "b": [weights]}, "halsift-tiny", per_model_evals(), sets,
+                               out("together"), "cpu", 16, "fp32")
+    once = len(reads)
+    assert once and len({str(r) for r in reads}) == once  # no image read twice over three checkpoints
+    same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # noqa: E731 (NaN == NaN)
+    for file in ("retrieval.json", "beyond.json"):
+        assert same(together[file]["a"], [alone[weights][file]["m"][0], alone[other][file]["m"][0]])
+        assert same(together[file]["b"], alone[weights][file]["m"])
