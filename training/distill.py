@@ -85,11 +85,28 @@ def check_teacher(teacher: str | os.PathLike, embeddings: str | os.PathLike) -> 
         vectors = Path(embeddings) / part.name
         if not vectors.is_file():
             continue
-        a, b = part_stats_of(part).get("source_fp") or {}, part_meta(vectors).get("source_fp") or {}
-        if "hash" in a and "hash" in b and (a.get("size"), a["hash"]) != (b.get("size"), b["hash"]):
+        meta = part_meta(vectors)
+        a, b = part_stats_of(part).get("source_fp") or {}, meta.get("source_fp") or {}
+        if "hash" in a and "hash" in b and not _same_shard(a, b, meta.get("source")):
             raise DistillError(f"--embeddings: {vectors} was made from another shard than --teacher {part} was scored "
                                f"from ({a.get('source') or part.name}: their content differs); embed the shards the "
                                "teacher scored")
+
+
+def _same_shard(a: dict, b: dict, shard: str | None) -> bool:
+    """Whether two recorded fingerprints of a shard say the same content. Made the same way (sampled blocks, or the
+    whole file with ``score --full-hash``), they are compared; made two ways, each is checked against the shard as it
+    is now, made its own way (:func:`~halsift.corpus.fingerprint.refingerprint`), and with the shard gone only the
+    sizes can be compared (no refusal on what cannot be seen)."""
+    from halsift.corpus.fingerprint import refingerprint
+
+    if a.get("size") != b.get("size"):
+        return False
+    if bool(a.get("full")) == bool(b.get("full")):
+        return a["hash"] == b["hash"]
+    if not shard or not Path(shard).is_file():
+        return True
+    return all(refingerprint(shard, fp)["hash"] == fp["hash"] for fp in (a, b))
 
 
 def distill(teacher: str | os.PathLike, embeddings: str | os.PathLike, out: str | os.PathLike, steps: int = 500,

@@ -130,3 +130,28 @@ def test_a_failed_run_is_left_failed_with_its_reason(taught, tmp_path, capsys):
     assert "5 of its 5 units have vectors in --embeddings" in _err_line(capsys)
     rec = json.loads((out / "distill.json").read_text())
     assert rec["status"] == "failed" and "have vectors" in rec["error"]
+
+
+def _padded(corpus: Path, to: int) -> Path:
+    """Each shard of ``corpus`` grown past 1 MiB with zero blocks after its end (still the same samples), so that a
+    sampled fingerprint and a whole-file one (``score --full-hash``) differ."""
+    for shard in sorted(corpus.glob("*.tar")):
+        with open(shard, "ab") as f:
+            f.write(b"\0" * (to - shard.stat().st_size))
+    return corpus
+
+
+def test_a_teacher_scored_with_full_hash_is_the_embeddings_teacher(tmp_path, capsys):
+    """Issue 51's provenance check compared a whole-file fingerprint (`--full-hash`) with the embeddings' sampled one:
+    shards over 1 MiB were refused as other data. Compared each its own way, the same shards pass and other shards of
+    the same size are still refused."""
+    corpus = _padded(make_corpus(tmp_path / "corpus", shards=1, per_shard=40, seed=7), 3 << 20)
+    other = _padded(make_corpus(tmp_path / "other", shards=1, per_shard=40, seed=8), 3 << 20)
+    assert main(["embed", "--model", CLIP, "--data", str(corpus), "--out", str(tmp_path / "emb"), "--no-progress"]) == 0
+    for data, teacher in ((corpus, "t"), (other, "t_other")):
+        assert main(["score", "--detector", "random:seed=1", "--data", str(data), "--out", str(tmp_path / teacher),
+                     "--full-hash", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(_distill(tmp_path, tmp_path / "s", teacher="t")) == 0
+    assert main(_distill(tmp_path, tmp_path / "s_other", teacher="t_other")) == 2
+    assert "their content differs); embed the shards the teacher scored" in _err_line(capsys)
