@@ -47,7 +47,8 @@ class ClipTrainConfig(ClipOptimizer):
     shuffle_buffer: int = _f(256, range="[0, inf)", help="sample shuffle buffer per worker (0 = off)")
     cache_mb: int = _f(1024, range="[0, inf)",
                        help="keep decoded, preprocessed samples of whole shards in memory for later epochs, up to this "
-                            "many MB per data reader (0 = off; not with augment). Changes speed only, never the batches")
+                            "many MB per data reader (0 = off; not with augment, nor when the run reads its data at most "
+                            "once). Changes speed only, never the batches")
     checkpoint_every: int = _f(0, range="[0, inf)", help="save a checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = _f(0, range="[0, inf)", help="keep only the newest K step checkpoints (0 = keep all)")
     eval_every: int = _f(0, range="[0, inf)", help="evaluate every N steps (0 = only at the end)")

@@ -179,8 +179,26 @@ class ContrastiveTask(Task):
         loader = make_loader(cfg.data, self.preprocess_train if cfg.augment else self.preprocess_eval,
                              self.tokenizer, cfg.batch_size, weights=cfg.data_weights or None, seed=self.data_seed,
                              workers=self.workers, shuffle_buffer=cfg.shuffle_buffer, skip_batches=self.skip,
-                             cache_bytes=0 if cfg.augment else cfg.cache_mb << 20)  # augment draws: never cached
+                             cache_bytes=self.cache_bytes(acc.num_processes))
         yield from loader
+
+    def cache_bytes(self, world: int) -> int:
+        """The decoded-sample cache per data reader (:mod:`~halsift.training.clip_data`): ``cache_mb``, but none with
+        ``augment`` (random crops are drawn anew) or when the run reads its data at most once (``sizes.json`` of
+        every spec counted: samples per step times steps), where a cache would only hold memory."""
+        cfg = self.cfg
+        if cfg.augment or not cfg.cache_mb:
+            return 0
+        from halsift.corpus.shards import read_sizes
+
+        try:
+            samples = sum(n for spec in cfg.data for folder in {p.parent for p in expand_shards(spec)}
+                          for n in read_sizes(folder).values())
+        except ShardFormatError:  # no sizes.json: the count is unknown, the cache kept
+            samples = 0
+        if samples and cfg.steps * cfg.batch_size * cfg.grad_accum * world <= samples:
+            return 0
+        return cfg.cache_mb << 20
 
     def loss(self, model, batch) -> torch.Tensor:
         device = self.accelerator.device

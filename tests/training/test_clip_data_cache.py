@@ -90,11 +90,15 @@ def test_mixture_of_specs_is_unchanged_by_the_cache(tmp_path, monkeypatch):
     assert reads == 2
 
 
-def test_train_clip_caches_only_without_augment(monkeypatch, tmp_path):
-    """The trainer passes its budget for the eval transform and 0 for augment's random crops."""
+def test_train_clip_caches_only_where_data_is_read_again(monkeypatch, tmp_path):
+    """The trainer passes its budget for the eval transform over several epochs, and 0 for augment's random crops or
+    a run that reads its data at most once (24 samples here)."""
+    from filtering_data import make_corpus
+
     from halsift.training.clip_config import ClipTrainConfig
     from halsift.training.clip_train import ContrastiveTask
 
+    data = make_corpus(tmp_path / "d", shards=2, per_shard=12)
     seen = []
 
     def fake_loader(*a, **kw):
@@ -102,10 +106,10 @@ def test_train_clip_caches_only_without_augment(monkeypatch, tmp_path):
         return iter(())
 
     monkeypatch.setattr(clip_data, "make_loader", fake_loader)
-    for augment in (False, True):
-        task = ContrastiveTask(ClipTrainConfig(data=[str(tmp_path)], out=str(tmp_path / "o"), model="halsift-tiny",
-                                               augment=augment, cache_mb=3))
+    for augment, steps in ((False, 4), (True, 4), (False, 3)):  # 4 x 8 samples: read again; 3 x 8: once
+        task = ContrastiveTask(ClipTrainConfig(data=[str(data)], out=str(tmp_path / "o"), model="halsift-tiny",
+                                               augment=augment, cache_mb=3, steps=steps, batch_size=8))
         task.accelerator = type("A", (), {"process_index": 0, "num_processes": 1})()
         task.preprocess_train = task.preprocess_eval = task.tokenizer = None
         list(task.batches(0))
-    assert seen == [3 << 20, 0]
+    assert seen == [3 << 20, 0, 0]
