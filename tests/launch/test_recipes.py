@@ -219,7 +219,7 @@ def test_train_sections_are_train_clip_configs(tmp_path, monkeypatch):
     monkeypatch.setattr(shared, "bench_subset", lambda bench, split, out: f"{bench}@{split}")
     fine = shared.train_cfg(r, r.finetune, ["sel"], tmp_path / "f" / "seed0", "base.safetensors", 3)
     pre = shared.train_cfg(r, r.pretrain, ["pre"], tmp_path / "p", "", 0)
-    assert (fine.grad_accum, fine.precision, fine.lr, fine.steps, fine.workers, fine.seed) == (2, "fp32", 1e-3, 150, 0, 3)
+    assert (fine.grad_accum, fine.precision, fine.lr, fine.steps, fine.workers, fine.seed) == (2, "fp32", 1e-3, 300, 0, 3)
     assert (pre.lock_image, pre.steps, pre.warmup, pre.model, pre.pretrained) == (True, 800, 40, "halsift-tiny", "")
     assert fine.bench.endswith("@test") and fine.resume and fine.wandb_run == "quickstart-f-seed0"
 
