@@ -127,15 +127,26 @@ class ShardStream(IterableDataset):
                     yield item
                 skipped.counts.update(tail)
                 continue
-            items, shard, mark = [], _ShardSkips(skipped), Counter()  # this shard's skips (other specs' too add
-            for sample in read_shard(url, shard):                         # to `skipped` in a mixture)
+            if not cache.enabled:
+                for sample in read_shard(url, skipped):
+                    reads_since_good = 0
+                    yield _Item(sample.image, sample.caption.strip())
+                continue
+            # kept while the shard fits what is left of the budget; its own skips (a mixture's other specs add to
+            # `skipped` meanwhile) recorded where they happen
+            items, shard, mark = [], _ShardSkips(skipped), Counter()
+            for sample in read_shard(url, shard):
                 reads_since_good = 0
                 item = _Item(sample.image, sample.caption.strip())
-                if shard.counts != mark:
-                    item.skips, mark = shard.counts - mark, Counter(shard.counts)
-                items.append(item)
+                if items is not None:
+                    if shard.counts != mark:
+                        item.skips, mark = shard.counts - mark, Counter(shard.counts)
+                    items.append(item)
+                    if not cache.fits(len(items), item, self.preprocess):
+                        items = None  # too big to keep: read again next epoch
                 yield item
-            cache.offer(url, items, shard.counts - mark, self.preprocess)
+            if items is not None:
+                cache.keep(url, items, shard.counts - mark)
 
     def __iter__(self) -> Iterator[dict]:
         import webdataset as wds
@@ -199,8 +210,8 @@ class _ShardSkips(SkipCounter):
 
 
 class _ShardCache:
-    """Whole shards' items and the skips after their last item, kept while their estimated size fits ``budget``
-    bytes (0: off)."""
+    """Whole shards' items and the skips after their last item, kept while they fit ``budget`` bytes (0: off); one
+    transformed image tells the size of every kept sample."""
 
     def __init__(self, budget: int) -> None:
         self.budget, self.used, self.item_bytes = budget, 0, 0
@@ -213,16 +224,15 @@ class _ShardCache:
     def get(self, url: str) -> tuple[list[_Item], Counter] | None:
         return self.shards.get(url)
 
-    def offer(self, url: str, items: list[_Item], tail: Counter, preprocess: Callable) -> None:
-        """Keep a shard read whole (its items as the stream yielded them) if it fits."""
-        if not self.enabled or url in self.shards:
-            return
-        if items and not self.item_bytes:  # one preprocessed image tells the size of every cached sample
-            t = items[0].pixels(preprocess, keep=True)
+    def fits(self, n: int, item: _Item, preprocess: Callable) -> bool:
+        """Whether ``n`` samples of a shard being read still fit what is left."""
+        if not self.item_bytes:
+            t = item.pixels(preprocess, keep=True)
             self.item_bytes = t.numel() * t.element_size()
-        size = len(items) * self.item_bytes
-        if self.used + size <= self.budget:
-            self.shards[url], self.used = (items, Counter(tail)), self.used + size
+        return self.used + n * self.item_bytes <= self.budget
+
+    def keep(self, url: str, items: list[_Item], tail: Counter) -> None:
+        self.shards[url], self.used = (items, Counter(tail)), self.used + len(items) * self.item_bytes
 
 
 def _shuffle(stream: Iterator, bufsize: int, rng: random.Random) -> Iterator:
