@@ -114,7 +114,8 @@ def _recording(monkeypatch, seen: dict) -> None:
     monkeypatch.setattr(clip_tokenizer, "get_tokenizer", lambda arch: arch)
     for name, pm in per_model_evals().items():
         def evaluate(model, weights, arch, sets, device, batch_size, precision, name=name):
-            seen.setdefault(name, []).append((weights, arch, sets))
+            # the stand-in transform is the weights' path, handed on inside the stage's PreprocessMemo
+            seen.setdefault(name, []).append((weights.preprocess, arch, sets))
             return ModelScores({f"{name}/seen": 1.0}, {name: np.arange(3)})
 
         monkeypatch.setitem(EVALS, name, dataclasses.replace(

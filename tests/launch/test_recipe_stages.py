@@ -49,6 +49,8 @@ def old_stage_fingerprints(r) -> dict[str, dict]:
     d, chain, out = to_dict(r), "", {}
     for key, names in OLD_SECTION_FIELDS.items():
         d[key] = {n: d[key][n] for n in names}
+    for key in ("pretrain", "finetune"):  # issue 52: cache_mb (run-only) added to train clip's settings
+        d[key].pop("cache_mb")
     for stage, keys in OLD_STAGE_INPUTS.items():
         sections = {k: sha(lookup(d, k)) for k in keys}
         chain = sha([chain, sections])
