@@ -239,6 +239,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return interrupted(args, "SIGINT")
     finally:
         _set_sigterm(previous)
+        _leave_group()
+
+
+def _leave_group() -> None:
+    """End the process group a ranked command joined (torchrun/srun), before the interpreter exits: a gloo group left
+    open aborts a rank at exit now and then (``terminate called without an active exception``, exit -6), which fails
+    a job whose work is all done. Nothing to do where torch.distributed was never imported."""
+    if "torch.distributed" not in sys.modules:
+        return
+    from halsift.launch.recipe_ranks import leave_group
+
+    leave_group()
 
 
 def _set_sigterm(handler):

@@ -53,3 +53,21 @@ def test_train_clip_through_launch_runs_ddp(world4, tmp_path):
     info = json.loads((out / "run_info.json").read_text())
     assert info["world_size"] == 2
     assert (out / "final" / "open_clip_model.safetensors").exists()
+
+
+@pytest.mark.parametrize("command", [["stats", "{tmp}/missing"], ["synth", "--out", "{tmp}/w", "--images", "4"]])
+def test_the_cli_ends_the_process_group_its_command_ran_in(tmp_path, command):
+    # a gloo group left open at exit aborts a rank now and then (`terminate called without an active exception`,
+    # exit -6) after all its work is done: the CLI ends it whether its command succeeded or failed
+    script = f"""
+import os, sys
+import torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{free_port()}", RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo")
+from halsift.launch.cli import main
+code = main({[c.format(tmp=tmp_path) for c in command]!r})
+print("GROUP", dist.is_initialized(), "CODE", code)
+"""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "WANDB_MODE": "disabled"})
+    assert "GROUP False" in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
