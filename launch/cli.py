@@ -246,7 +246,8 @@ def _leave_group() -> None:
     """End the process group a ranked command joined (torchrun/srun), before the interpreter exits: a gloo group left
     open aborts a rank at exit now and then (``terminate called without an active exception``, exit -6), which fails
     a job whose work is all done. Nothing to do where torch.distributed was never imported."""
-    if "torch.distributed" not in sys.modules:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
         return
     from halsift.launch.recipe_ranks import leave_group
 

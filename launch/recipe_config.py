@@ -146,7 +146,7 @@ SCORE_SET = ("detector", "data", "out", "num_tasks", "task_index", "claim_timeou
 ScoreSection = fields_of(ScoreConfig, "ScoreSection", SCORE_SET,
                          "`halsift score`'s settings a recipe's score section takes (same names, defaults, help)")
 # what a stage's fingerprint leaves out of its sections: settings that change how a stage runs, not what it makes
-FINGERPRINT_OMITS = {"score": tuple(n for n in SCORE_RUN_ONLY if n not in SCORE_SET),
+FINGERPRINT_OMITS = {"score": (*(n for n in SCORE_RUN_ONLY if n not in SCORE_SET), "jobs"),
                      "dedup": ("engine", "address", "workers", "decode_workers"),
                      "pretrain": ("cache_mb",), "finetune": ("cache_mb",)}
 # settings added to a section after recipes were fingerprinted: left out of the fingerprint while at their default
@@ -163,6 +163,10 @@ class ScoreCfg(ScoreSection):
              "ensembles, variants and detectors) becomes a folder: ASCII letters, digits, . _ - + @ =")
     ensembles: dict[str, list[str]] = field(default_factory=dict,
                                             help="ensemble name -> member detector names (mean of scores)")
+    jobs: int = field(0, range="[0, inf)",
+                      help="detectors (and members of a set-level ensemble) scored at once on a CPU device, each in "
+                           "its own process with one thread (0: one per core; 1: one after another). One at a time "
+                           "on a GPU, under `halsift launch`, on ray or with decode_workers")
 
     def validate(self) -> None:
         for where, names in (("score.detectors", self.detectors), ("score.ensembles", self.ensembles)):

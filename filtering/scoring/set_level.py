@@ -36,7 +36,20 @@ class SetLevelJob(Pipeline):
     """The members, then their combination (module docstring)."""
 
     job: ScoreJob
+    # member folders other processes have just completed (the recipe's score stage scores members at once): not run
+    # again here, where a second run would only find them done and replace the record of the run that made them
+    made: frozenset[str] = frozenset()
     kind = "score"
+
+    @property
+    def out(self) -> Any:
+        return self.job.out
+
+    def member_job(self, i: int, detector: Any) -> ScoreJob:
+        """Member ``i``'s score job (``detector``: the member, or a spec that stands for it): the whole input into
+        ``OUT/_members/<i>``, without decode workers or stored embeddings."""
+        return dataclasses.replace(self.job, detector=detector, out=Path(self.job.out) / "_members" / f"{i}",
+                                   embeddings=None, decode_workers=0)
 
     def run_on(self, engine: Engine) -> Summary:
         from halsift.execution.ranks import rank_place
@@ -55,9 +68,10 @@ class SetLevelJob(Pipeline):
         with failing(run.out):
             member_dirs = []
             for i, m in enumerate(run.detector.members):
-                d = run.out / "_members" / f"{i}"
-                engine.execute(dataclasses.replace(job, detector=m, out=d, embeddings=None, decode_workers=0))
-                member_dirs.append(d)
+                member = self.member_job(i, m)
+                if str(member.out) not in self.made:
+                    engine.execute(member)
+                member_dirs.append(Path(member.out))
             m = _combine(job, run, member_dirs, place, t0) if place.is_main else {}
             place.barrier()
         return Summary(engine.name, run.out, True, place.is_main, [], m)

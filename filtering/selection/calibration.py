@@ -119,23 +119,12 @@ def load_calibration(path: str | os.PathLike, corpus_detector: dict, unit: str =
 
 
 def _rows(path: str | os.PathLike) -> list[BenchRow]:
-    """The calibration set's rows, read (and every image path checked) once per file version and process: a report
-    plans every filter's guarantee at every bound on the same set (36 reads of it in the quickstart's report)."""
+    """The calibration set's rows (read and checked once per file version and process, :func:`read_bench`: a report
+    plans every filter's guarantee at every bound on the same set, 36 reads of it in the quickstart's report)."""
     try:
-        st = os.stat(path)
-    except OSError:
-        st = None
-    key = (os.fspath(Path(path).absolute()), st and (st.st_size, st.st_mtime_ns, st.st_ino))
-    if key not in _READ:
-        try:
-            _READ.clear()  # one set at a time: the rows of the last one read
-            _READ[key] = read_bench(path)
-        except (BenchFormatError, FileNotFoundError) as e:
-            raise GuaranteeError(f"calibration: {e}") from None
-    return _READ[key]
-
-
-_READ: dict[tuple, list[BenchRow]] = {}
+        return read_bench(path)
+    except (BenchFormatError, FileNotFoundError) as e:
+        raise GuaranteeError(f"calibration: {e}") from None
 
 
 def _units(rows: list[BenchRow], score_of: dict[str, float], source: str, unit: str, agg: str,

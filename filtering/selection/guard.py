@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,8 +111,17 @@ def open_selection(out: Path, filt: dict) -> dict | None:
     if out.exists() and (any(out.glob("*.tar")) or (out / "manifest.json").exists() or (out / "kept.parquet").exists()
                          or (out / STATE).exists()):
         raise SelectionMismatch(f"out: {out} already holds shards or a manifest; choose a new folder")
-    (out / STATE).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(state, filt)  # first: a task starting meanwhile finds it before it finds the manifest
+    # OUT/_select appears with its filter.json in it (a folder renamed into place), never empty: a task starting
+    # meanwhile finds either no _select (and starts the same way; its rename then loses and it reads the winner's
+    # filter) or this selection's filter, never a bare _select it would take for another selection's leftovers
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{STATE}-", dir=out))
+    write_json_atomic(staging / FILTER, filt)
+    try:
+        os.rename(staging, out / STATE)
+    except OSError:  # another task's _select is in place: its filter decides
+        remove_tree(staging, ignore_errors=True)
+        return open_selection(out, filt)
     write_json_atomic(out / "manifest.json", {"status": "running", "filter": filt})
     return None
 

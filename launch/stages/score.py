@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -9,7 +10,8 @@ from halsift.corpus.config import ConfigError
 from halsift.corpus.shards import write_json_atomic
 from halsift.launch.stages.base import Paths, Stage
 from halsift.launch.stages.detectors import substitute, trained_spec
-from halsift.launch.stages.shared import bench_subset, log_stage
+from halsift.launch.score_processes import run_score_job, score_at_once, score_processes
+from halsift.launch.stages.shared import bench_subset, log_stage, run_device
 
 if TYPE_CHECKING:
     from halsift.launch.recipe_config import Recipe
@@ -47,29 +49,36 @@ def scores_dir(p: Paths, name: str, what: str) -> Path:
 def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
     """Score the corpus and the bench with every detector; under ``halsift launch`` on every rank (``ranks``: see
     :mod:`halsift.launch.recipe_ranks`), each scoring its share of the parts; the ensembles on rank 0."""
-    from halsift.filtering.scoring.cascade import is_cascade
-    from halsift.filtering.detectors.embeddings_spec import reads_embeddings
     from halsift.filtering.detectors.spec import load_detector
+    from halsift.filtering.scoring.cascade import is_cascade
+    from halsift.filtering.scoring.set_level import SetLevelJob
     from halsift.launch.recipe_ranks import main_process_first
 
     info = {}
     with main_process_first(ranks):  # rank 0 cuts the bench subset, the others then read it
         bench = bench_subset(p.bench, r.eval.bench_split, p.run)  # only the rows the eval stage reads
         calibration = bench_subset(p.bench, calibration_splits(r), p.run) if needs_calibration(r, p) else ""
-    for name, spec in detector_specs(r, p).items():
+    specs = detector_specs(r, p)
+    made: set[str] = set()  # score folders the stage's processes completed (none outside score_processes)
+    processes = score_processes(r, ranks, run_device(r))
+    if processes > 1:  # the detectors (an ensemble's members) at once, each in its own process; the pass below
+        # scores what they left (random, oracle, cascades) and combines the set-level ensembles
+        made = score_at_once({n: score_jobs(r, p, n, s, bench, calibration) for n, s in specs.items()
+                              if not is_cascade(s)}, processes, p.run)
+    for name, spec in specs.items():
         if is_cascade(spec):  # staged: the cheap pass, the judged sample and band, then bench/calibration through its plan
             info[name] = _score_cascade(r, p, name, spec, bench, calibration)
             continue
-        detector = load_detector(spec)  # loaded once for its corpus, bench and calibration jobs
-        if p.corpus and "select" in r.stages:  # embeddings (of the corpus's shards) apply to the corpus alone,
-            # and only to the detectors with a CLIP-family member (a judge scores as it would without them)
-            stored = bool(r.score.embeddings) and reads_embeddings(spec)
-            run_score(r, spec if stored else detector, p.corpus, scores_dir(p, name, "corpus"),
-                      **({} if stored else {"embeddings": None}))
-        # the bench and the calibration set (guaranteed selection, stages/select.py): scored per sentence, its rows
-        for what, data in (("bench", bench), ("calibration", calibration)):
-            if data:
-                run_score(r, detector, data, scores_dir(p, name, what), unit="sentence", embeddings=None)
+        detector = None  # loaded once for its corpus, bench and calibration jobs, when one is left to run
+        for job in score_jobs(r, p, name, spec, bench, calibration):
+            if str(job.out) in made:
+                continue
+            if not job.embeddings:
+                detector = detector or load_detector(spec)
+                job = dataclasses.replace(job, detector=detector)
+            staged = job.staged()
+            run_score_job(dataclasses.replace(staged, made=frozenset(made)) if isinstance(staged, SetLevelJob)
+                          else job, r.score.engine)
         info[name] = spec
         del detector
     if ranks is not None and not ranks.is_main:
@@ -84,28 +93,33 @@ def stage_score(r: Recipe, p: Paths, ranks=None) -> dict:
     return {"detectors": info}
 
 
+def score_jobs(r: Recipe, p: Paths, name: str, spec: str, bench: str | Path, calibration: str | Path) -> list:
+    """Detector NAME's score jobs (:class:`~halsift.filtering.scoring.job.ScoreJob`, ``detector``: its spec): the
+    corpus (when the recipe selects from it), the bench and the calibration set (guaranteed selection,
+    stages/select.py), these two per sentence, their rows. Stored embeddings (of the corpus's shards) apply to the
+    corpus alone, and only to a detector with a CLIP-family member (a judge scores as it would without them): such
+    a job keeps ``embeddings`` set, the others have none."""
+    from halsift.filtering.detectors.embeddings_spec import reads_embeddings
+    from halsift.filtering.scoring.job import job_of
+
+    jobs = []
+    if p.corpus and "select" in r.stages:
+        stored = bool(r.score.embeddings) and reads_embeddings(spec)
+        jobs.append(job_of(r.score, detector=spec, data=p.corpus, out=scores_dir(p, name, "corpus"),
+                           **({} if stored else {"embeddings": None})))
+    for what, data in (("bench", bench), ("calibration", calibration)):
+        if data:
+            jobs.append(job_of(r.score, detector=spec, data=data, out=scores_dir(p, name, what), unit="sentence",
+                               embeddings=None))
+    return jobs
+
+
 def run_score(r: Recipe, detector, data, out: Path, **given) -> None:
     """One score job of the recipe: ``halsift score``'s settings from its ``score:`` section
-    (:func:`~halsift.filtering.scoring.job.job_of`), through the same door as the command
-    (:func:`~halsift.execution.engines.run_job`), on the engine it names. The folder is the recipe's own: when it holds another detector's scores (the name now
-    has another spec, or its inputs changed), it is emptied and scored again; the other folders are untouched."""
-    from halsift.corpus.safe_paths import remove_tree
-    from halsift.execution.engines import run_job
-    from halsift.filtering.scoring.cascade import CascadeMismatch
+    (:func:`~halsift.filtering.scoring.job.job_of`) with ``given`` over them (:func:`run_score_job`)."""
     from halsift.filtering.scoring.job import job_of
-    from halsift.filtering.scoring.parts import RunMismatch
 
-    def run():
-        return run_job(job_of(r.score, detector=detector, data=data, out=out, **given), r.score.engine)
-
-    try:
-        result = run()
-    except (RunMismatch, CascadeMismatch) as e:
-        print(f"[halsift run] {out}: {e}; emptying it and scoring again", flush=True)
-        remove_tree(out)
-        result = run()
-    if not result.complete:
-        raise RuntimeError(f"{out}: the score run did not complete ({'; '.join(result.lines)}); rerun the recipe")
+    run_score_job(job_of(r.score, detector=detector, data=data, out=out, **given), r.score.engine)
 
 
 def _score_cascade(r: Recipe, p: Paths, name: str, spec: str, bench: str | Path, calibration: str | Path) -> str:

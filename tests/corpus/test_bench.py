@@ -134,3 +134,27 @@ def test_with_shuffled_images_is_a_seeded_derangement():
     assert with_shuffled_images(rows, seed=3) == got and with_shuffled_images(rows, seed=4) != got
     with pytest.raises(ValueError, match="at least two distinct images"):
         with_shuffled_images(rows[:2])
+
+
+def test_read_bench_reads_each_version_of_a_file_once_and_hands_each_caller_its_own_rows(tmp_path, monkeypatch):
+    import halsift.corpus.bench as bench
+
+    p = tmp_path / "b" / "bench.jsonl"
+    write_bench(p, [_row(0), _row(1)])
+    reads = []
+    real = bench.iter_bench
+    monkeypatch.setattr(bench, "iter_bench", lambda path: reads.append(path) or real(path))
+    first = read_bench(p)
+    first[0].label = "correct"  # a caller's change stays its own
+    first.pop()
+    again = read_bench(p)
+    assert len(reads) == 1 and [r.label for r in again] == ["incorrect", "incorrect"]
+    write_bench(p, [_row(0), _row(1), _row(2)])  # a new version of the file: read again
+    assert len(read_bench(p)) == 3 and len(reads) == 2
+    # an image outside the bench folder is valid while image_roots.json lists its folder: read again without it
+    (p.parent / "image_roots.json").write_text(json.dumps([str(tmp_path / "elsewhere")]))
+    p.write_text(json.dumps(_row(0, image="../elsewhere/a.png")) + "\n")
+    assert [r.image for r in read_bench(p)] == ["../elsewhere/a.png"]
+    (p.parent / "image_roots.json").unlink()
+    with pytest.raises(BenchFormatError, match="outside the bench folder"):
+        read_bench(p)

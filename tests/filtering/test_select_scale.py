@@ -164,3 +164,30 @@ def test_two_concurrent_select_tasks_equal_one(tmp_path):
     assert _digest(out) == _digest(tmp_path / "one")
     m = json.loads((out / "manifest.json").read_text())
     assert m["status"] == "complete" and {k: m[k] for k in SAME} == {k: one["manifest"][k] for k in SAME}
+
+
+def test_a_task_that_loses_the_race_to_start_the_folder_reads_the_winners_filter(tmp_path, monkeypatch):
+    # two tasks start one selection at once: the one whose _select lands second takes the other's (the same
+    # selection: it goes on; another selection: refused by name), never "already holds shards" for a folder that a
+    # running task of the same selection is starting
+    import halsift.filtering.selection.guard as guard
+    from halsift.filtering.selection.score_folder import SelectionMismatch
+
+    real = os.rename
+
+    def other_task_first(filt):
+        def rename(src, dst):
+            if Path(dst).name == guard.STATE and not Path(dst).exists():
+                Path(dst).mkdir()
+                (Path(dst) / guard.FILTER).write_text(json.dumps(filt))
+            return real(src, dst)
+        return rename
+
+    filt = {"scores": "s", "data": ["d"], "keep": 0.4}
+    monkeypatch.setattr(guard.os, "rename", other_task_first(filt))
+    assert guard.open_selection(tmp_path / "same", filt) is None
+    assert json.loads((tmp_path / "same" / guard.STATE / guard.FILTER).read_text()) == filt
+    assert not list((tmp_path / "same").glob(f".{guard.STATE}-*"))  # the loser's staging folder is gone
+    monkeypatch.setattr(guard.os, "rename", other_task_first({**filt, "keep": 0.2}))
+    with pytest.raises(SelectionMismatch, match="keep"):
+        guard.open_selection(tmp_path / "other", filt)
