@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from halsift.corpus.memo import BudgetedMemo
+
 
 class PreprocessMemo:
     """An image transform that also keeps each image's result by key (its file): the models of one eval stage share
@@ -13,20 +15,13 @@ class PreprocessMemo:
     ``budget`` bytes (then transforms anew)."""
 
     def __init__(self, preprocess: Callable, budget: int = 1 << 30) -> None:
-        self.preprocess, self.budget, self.used = preprocess, budget, 0
-        self.kept: dict[Any, Any] = {}
+        self.preprocess, self.memo = preprocess, BudgetedMemo(budget)
 
     def __call__(self, image):
         return self.preprocess(image)
 
     def of(self, key: Any, load: Callable[[], Any]):
-        x = self.kept.get(key)
-        if x is None:
-            x = self.preprocess(load())
-            size = x.numel() * x.element_size()
-            if self.used + size <= self.budget:
-                self.kept[key], self.used = x, self.used + size
-        return x
+        return self.memo.get(key, lambda: self.preprocess(load()))
 
     def same_transform(self, preprocess: Callable) -> bool:
         """Whether ``preprocess`` (another checkpoint's) is this memo's transform (torchvision's ``repr`` lists each

@@ -137,6 +137,7 @@ class ContrastiveTask(Task):
             self.workers = n_shards[0] // world
             warnings.warn(f"data {cfg.data[0]}: {n_shards[0]} shard(s) for {world} process(es): using {self.workers} "
                           f"dataloader worker(s) per process instead of {cfg.workers}", stacklevel=3)
+        self.reader_cache = self.cache_bytes(world)
         return {}
 
     def build(self, accelerator):
@@ -179,7 +180,7 @@ class ContrastiveTask(Task):
         loader = make_loader(cfg.data, self.preprocess_train if cfg.augment else self.preprocess_eval,
                              self.tokenizer, cfg.batch_size, weights=cfg.data_weights or None, seed=self.data_seed,
                              workers=self.workers, shuffle_buffer=cfg.shuffle_buffer, skip_batches=self.skip,
-                             cache_bytes=self.cache_bytes(acc.num_processes))
+                             cache_bytes=self.reader_cache)
         yield from loader
 
     def cache_bytes(self, world: int) -> int:

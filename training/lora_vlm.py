@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from halsift.corpus.memo import BudgetedMemo
 from halsift.filtering.detectors.base import Item
 from halsift.training.detector_config import VLM_TARGETS, DetectorTrainConfig
 
@@ -119,8 +120,7 @@ class VlmTask:
         self.targets = targets
         self.peft = get_peft_model(det.model, lcfg)
         self.module = JudgeModule(self.peft.base_model.model, det)
-        self._prefixes: dict[tuple, dict] = {}  # a train image's processor features: made once, not every step
-        self._prefix_bytes = 0
+        self._prefixes = BudgetedMemo(PREFIX_CACHE_BYTES)  # a train image's processor features: made once
 
     def param_groups(self, cfg: DetectorTrainConfig) -> list[dict]:
         return [{"params": [p for p in self.module.parameters() if p.requires_grad]}]
@@ -137,14 +137,8 @@ class VlmTask:
     def _prefix(self, it: Item) -> dict:
         """``det.prefix_inputs`` of the item's image, kept while the kept features fit :data:`PREFIX_CACHE_BYTES`
         (the processor is deterministic and ``full_batch`` only reads them)."""
-        key = (it.image_id or it.key, it.meta.get("image_path"))
-        feats = self._prefixes.get(key)
-        if feats is None:
-            feats = self.det.prefix_inputs(it.image)
-            size = sum(v.numel() * v.element_size() for v in feats.values() if torch.is_tensor(v))
-            if self._prefix_bytes + size <= PREFIX_CACHE_BYTES:
-                self._prefixes[key], self._prefix_bytes = feats, self._prefix_bytes + size
-        return feats
+        return self._prefixes.get((it.image_id or it.key, it.meta.get("image_path")),
+                                  lambda: self.det.prefix_inputs(it.image))
 
     def forward(self, model: nn.Module, batch: dict, device) -> torch.Tensor:
         return model(**{k: v.to(device) for k, v in batch.items()})

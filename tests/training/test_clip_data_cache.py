@@ -109,7 +109,7 @@ def test_train_clip_caches_only_where_data_is_read_again(monkeypatch, tmp_path):
     for augment, steps in ((False, 4), (True, 4), (False, 3)):  # 4 x 8 samples: read again; 3 x 8: once
         task = ContrastiveTask(ClipTrainConfig(data=[str(data)], out=str(tmp_path / "o"), model="halsift-tiny",
                                                augment=augment, cache_mb=3, steps=steps, batch_size=8))
-        task.accelerator = type("A", (), {"process_index": 0, "num_processes": 1})()
+        task.setup(type("A", (), {"process_index": 0, "num_processes": 1})())  # counts the samples once, here
         task.preprocess_train = task.preprocess_eval = task.tokenizer = None
         list(task.batches(0))
     assert seen == [3 << 20, 0, 0]
