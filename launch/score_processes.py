@@ -84,6 +84,7 @@ def _start_set_level(spec: str, staged: list) -> int:
     from halsift.execution.job import Place
     from halsift.filtering.detectors.spec import load_detector
     from halsift.filtering.scoring.parts import start_run
+
     detector = load_detector(spec)  # once, for all its folders
     for s in staged:
         job = dataclasses.replace(s.job, detector=detector)

@@ -86,7 +86,10 @@ def plan_jobs(detectors: int, cores: int, gpus: int, jobs: int = 0) -> int:
 
 
 def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The cores this process may use (its affinity, a SLURM allocation's included)."""
+    from halsift.filtering.scoring.threads import process_cores
+
+    return process_cores()
 
 
 def trained_identity(cfg) -> dict:

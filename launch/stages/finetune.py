@@ -87,7 +87,9 @@ def _finetune_jobs(r: Recipe, runs: int) -> int:
     else 1."""
     if runs < 2 or run_device(r) != "cpu" or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return 1
-    return max(1, min(r.finetune.jobs or os.cpu_count() or 1, runs))
+    from halsift.filtering.scoring.threads import process_cores
+
+    return max(1, min(r.finetune.jobs or process_cores(), runs))
 
 
 def _train_single_threaded(cfg, run: Path) -> dict:
