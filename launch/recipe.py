@@ -23,7 +23,7 @@ from halsift.corpus.config import ConfigError, to_dict
 from halsift.corpus.safe_paths import confined_to, remove_tree
 from halsift.launch.recipe_config import Recipe
 from halsift.launch.stages import REGISTRY, Paths, resolve_paths
-from halsift.launch.stage_marker import mark_stage_done, stage_record
+from halsift.launch.stage_marker import made_from_holds, mark_stage_done, outputs_hold, stage_record
 from halsift.launch.stages.detectors import trained_configs
 from halsift.launch.stages.score import check_cascade_aim, detector_specs
 
@@ -126,11 +126,46 @@ def stage_fingerprints(r: Recipe) -> dict[str, dict]:
 
 
 def _changed(saved: dict, now: dict) -> str:
-    """Why a completed stage is stale, in words."""
+    """Why a completed stage whose fingerprint differs is stale, in words."""
     if "inputs" not in saved:
         return "it was completed by an older halsift that did not record its inputs"
     mine = [k for k, v in now["sections"].items() if saved["inputs"].get("sections", {}).get(k) != v]
-    return f"{', '.join(mine)} changed" if mine else "an earlier stage's inputs changed"
+    return f"{', '.join(mine)} changed since it ran" if mine else "an earlier stage's inputs changed since it ran"
+
+
+def _current(p: Paths, stages: list[str], saved: dict, inputs: dict, force: tuple[str, ...]
+             ) -> tuple[list[str], dict[str, str]]:
+    """The stages the runner may skip, and why each other completed stage runs again: a stage is complete when its
+    marker's fingerprint matches, its folder holds what it left there, it was made from what the stage before it
+    holds now (:mod:`~halsift.launch.stage_marker`) and every stage before it is complete too (a stage that runs again
+    may change what the next reads: they run again and reuse what holds by their own identities)."""
+    current, why, earlier, previous = [], {}, None, None
+    for s in stages:
+        rec = saved[s]
+        if rec is not None and s not in force:
+            if rec.get("inputs", {}).get("fingerprint") != inputs[s]["fingerprint"]:
+                why[s] = _changed(rec, inputs[s])
+            elif earlier is not None:
+                why[s] = f"{earlier} runs again"
+            elif not made_from_holds(rec, previous):
+                why[s] = f"what {stages[stages.index(s) - 1]} holds changed since it ran"
+            elif not outputs_hold(p.stage(s), rec):
+                why[s] = f"{p.stage(s)} changed since it completed"
+            else:
+                current.append(s)
+        if s not in current:
+            earlier = earlier or s
+        previous = rec
+    return current, why
+
+
+def _made_from(p: Paths, stages: list[str], stage: str) -> str | None:
+    """The content digest the marker of the stage before ``stage`` records (``None`` for the first, or an older
+    marker)."""
+    i = stages.index(stage)
+    rec = stage_record(p.stage(stages[i - 1])) if i else None
+    outputs = (rec or {}).get("outputs")
+    return outputs.get("content") if isinstance(outputs, dict) else None
 
 
 def run_recipe(r: Recipe, dry_run: bool = False, force: tuple[str, ...] = ()) -> Path:
@@ -161,8 +196,7 @@ def _run_stages(r: Recipe, p: Paths, force: tuple[str, ...]) -> Path:
 
     (p.run / "recipe.resolved.yaml").write_text(yaml.safe_dump(to_dict(r), sort_keys=False))
     saved = {s: stage_record(p.stage(s)) for s in stages}
-    current = [s for s in stages if saved[s] is not None and s not in force
-               and saved[s].get("inputs", {}).get("fingerprint") == inputs[s]["fingerprint"]]
+    current, why = _current(p, stages, saved, inputs, force)
     if ranks is not None:  # the stages the other ranks need not wait for
         recipe_ranks.write_plan(p.run, ranks, current)
     for stage in stages:
@@ -175,12 +209,10 @@ def _run_stages(r: Recipe, p: Paths, force: tuple[str, ...]) -> Path:
             print(f"[halsift run] {stage}: forced; clearing {d} and re-running")
             remove_tree(d)
         elif saved[stage] is not None and REGISTRY[stage].clears:
-            print(f"[halsift run] {stage}: {_changed(saved[stage], inputs[stage])} since it ran; clearing {d} and "
-                  "re-running")
+            print(f"[halsift run] {stage}: {why[stage]}; clearing {d} and re-running")
             remove_tree(d)
         elif saved[stage] is not None:
-            print(f"[halsift run] {stage}: {_changed(saved[stage], inputs[stage])} since it ran; re-running (what "
-                  "still holds by its own identity is reused)")
+            print(f"[halsift run] {stage}: {why[stage]}; re-running (what still holds by its own identity is reused)")
         print(f"[halsift run] {stage}: running")
         started = time.time()
         try:
@@ -191,6 +223,6 @@ def _run_stages(r: Recipe, p: Paths, force: tuple[str, ...]) -> Path:
                 recipe_ranks.write_failure(p.run, ranks, stage, e)
             raise
         mark_stage_done(d, {**info, **({"launch": ranks.launch} if ranks else {})}, time.time() - started,
-                        inputs[stage])
+                        inputs[stage], made_from=_made_from(p, stages, stage))
         print(f"[halsift run] {stage}: done in {time.time() - started:.1f}s")
     return p.stage("report")

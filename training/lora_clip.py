@@ -96,7 +96,9 @@ class ClipTask:
 
     def export(self, folder: Path) -> dict:
         """Adapter (peft ``save_pretrained``: safetensors) + head; returns the ``detector.yaml`` fields."""
-        self.peft.save_pretrained(str(folder))
+        from halsift.filtering.models.lora_adapters import save_adapter
+
+        save_adapter(self.peft, folder)
         save_head(self.module.head, folder / "head.safetensors")
         return {"kind": "clip", "base": self.base_spec, "adapter": True, "head": "head.safetensors",
                 "target_modules": self.targets}

@@ -149,7 +149,9 @@ class VlmTask:
         return self.det
 
     def export(self, folder: Path) -> dict:
-        self.peft.save_pretrained(str(folder))
+        from halsift.filtering.models.lora_adapters import save_adapter
+
+        save_adapter(self.peft, folder)
         return {"kind": "vlm", "base": self.base_spec, "adapter": True, "mode": self.det.mode,
                 "target_modules": self.targets}
 

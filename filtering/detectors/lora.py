@@ -23,6 +23,7 @@ Both kinds have a CPU half (``prepare``) for ``score --decode-workers``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -124,8 +125,10 @@ class LoraClipDetector(PreparedDetector):
 def save_head(head: ClipHead, path: Path) -> None:
     from safetensors.torch import save_file
 
+    # one metadata key: safetensors writes several in a per-process random order, and a file that differs byte for
+    # byte between two identical trainings changes the fingerprint of every score made with it
     save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, str(path),
-              metadata={"dim": str(head.dim), "hidden": str(head.hidden)})
+              metadata={"head": json.dumps({"dim": head.dim, "hidden": head.hidden}, sort_keys=True)})
 
 
 def load_head(path: Path) -> ClipHead:
@@ -136,6 +139,7 @@ def load_head(path: Path) -> ClipHead:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             state = {k: f.get_tensor(k) for k in f.keys()}
+        meta = json.loads(meta["head"]) if "head" in meta else meta  # earlier files: "dim" and "hidden" keys
         head = ClipHead(int(meta["dim"]), int(meta["hidden"]))
         head.load_state_dict(state)
     except FileNotFoundError:

@@ -23,6 +23,23 @@ KINDS = ("clip", "vlm")
 DESCRIPTION = "detector.yaml"  # an adapter (or merged) folder's description, read by read_description
 
 
+def save_adapter(peft_model: Any, folder: Path) -> None:
+    """peft's ``save_pretrained`` of ``peft_model`` into ``folder``, with ``adapter_config.json``'s
+    ``target_modules`` (a set to peft) in sorted order: peft writes a set in the order of this process's string
+    hashes, so two identical trainings would write different files and every score made with the adapter would
+    count as made by another detector (:func:`~halsift.corpus.fingerprint.spec_fingerprint` hashes the folder)."""
+    import json
+
+    from halsift.corpus.atomic import write_text_atomic
+
+    peft_model.save_pretrained(str(folder))
+    path = Path(folder) / "adapter_config.json"
+    config = json.loads(path.read_text())
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+        write_text_atomic(path, json.dumps(config, indent=2, sort_keys=True))
+
+
 def write_description(folder: Path, fields: dict) -> Path:
     """Write ``folder/detector.yaml``: the format tag first, then ``fields`` (kind, base, adapter, ...), in order."""
     import yaml

@@ -415,3 +415,41 @@ def test_prefix_reuse_passes_the_cache_by_the_models_own_name(tiny_vlms, arch):
         scores = det.score_batch(_items())
     assert all(r.parsed for r in scores)
     assert not [w for w in seen if "past_key_values" in str(w.message)], [str(w.message) for w in seen]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_features_after_the_first_image_of_a_size_are_the_whole_processors(tiny_vlms, arch):
+    """The judge keeps each (prompt, image size)'s text half and runs only the image half for the next images of
+    that size: every feature equal to the whole processor's, for two sizes and colours; the split is used (for the
+    processors whose image half stands alone) and never shares a tensor between two calls."""
+    from halsift.filtering.detectors.vlm_judge import chat_text, text_features
+
+    judge = _det(tiny_vlms[arch], mode="yes_prob").judge
+    text = chat_text(judge.processor, "Is the caption correct?")
+    images = [Image.new("RGB", size, colour) for colour in ((200, 10, 10), (10, 200, 90), (30, 30, 220))
+              for size in ((56, 56), (84, 70))]
+    for image in images:
+        got, want = judge.features(text, image), text_features(judge.processor, text, judge.fit_image(image))
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) for k in want), arch
+    halves = {size: judge._halves[(text, size)] for size in ((56, 56), (84, 70))}
+    if arch in ("llava", "qwen2-vl"):
+        assert all(h is not False for h in halves.values())  # the fast path ran (4 of the 6 calls)
+    a, b = judge.features(text, images[0]), judge.features(text, images[2])
+    assert a["input_ids"] is not b["input_ids"]
+
+
+def test_features_of_a_processor_whose_image_half_differs_stay_whole(tiny_vlms, monkeypatch):
+    """When the image half alone does not give what the whole processor gave (here: a half that adds 1), the split
+    is refused for that size and every call runs the whole processor."""
+    from halsift.filtering.detectors.vlm_judge import VlmJudge, chat_text, text_features
+
+    judge = _det(tiny_vlms["llava"], mode="yes_prob").judge
+    real = VlmJudge._image_half
+    monkeypatch.setattr(VlmJudge, "_image_half", lambda self, image: {k: v + 1 for k, v in real(self, image).items()})
+    text = chat_text(judge.processor, "Is the caption correct?")
+    for colour in ((200, 10, 10), (10, 200, 90)):
+        image = Image.new("RGB", (56, 56), colour)
+        got, want = judge.features(text, image), text_features(judge.processor, text, image)
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    assert judge._halves[(text, (56, 56))] is False

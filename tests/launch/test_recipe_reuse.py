@@ -99,3 +99,60 @@ def test_a_recipe_change_costs_only_what_it_changes(tmp_path, capsys):
     assert _state(run) == after_more
     assert all(_manifest(run / "score" / d / "corpus")["sentences_scored_this_run"] == 0
                for d in ("clip", "random", "oracle", "random1"))
+
+
+def _scores(folder) -> list:
+    import pyarrow.parquet as pq
+
+    rows = []
+    for f in sorted(folder.glob("part-*.parquet")):
+        rows += zip(*pq.read_table(f, columns=["key", "sentence_index", "score"]).to_pydict().values())
+    return sorted(rows)
+
+
+def test_a_stage_is_complete_while_its_folder_and_what_it_was_made_from_hold(tmp_path, capsys):
+    """The runner skips a stage only while its fingerprint matches, its folder holds what it left there and it was
+    made from what the stage before it holds now: a ``touch`` (times, not contents) skips everything; scores remade by
+    hand with another detector are mended by the score stage (its records decide), and select, finetune, eval and
+    report run again, reusing what holds (the same selections and fine-tuned weights, file for file)."""
+    import os
+    import shutil
+
+    run = tmp_path / "run"
+    common = ["run", _recipe(tmp_path), f"run_dir={run}", *BASE]
+    assert main(common) == 0
+    stages = ["world", "pretrain", "dedup", "score", "select", "finetune", "eval", "report"]
+    corpus = run / "score" / "random" / "corpus"
+    scores, before = _scores(corpus), _state(run)
+
+    part = sorted(corpus.glob("part-*.parquet"))[0]  # a touch: times change, contents do not
+    st = part.stat()
+    os.utime(part, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    marker = json.loads((run / "score" / "_done.json").read_text())["outputs"]
+    capsys.readouterr()
+    assert main(common) == 0
+    out = capsys.readouterr().out
+    assert all(f"{s}: already complete, skipped" in out for s in stages), out
+    now = json.loads((run / "score" / "_done.json").read_text())["outputs"]
+    assert now["content"] == marker["content"] and now["stat"] != marker["stat"]  # the next check is cheap again
+
+    shutil.rmtree(corpus)  # remade by hand with another detector (what a stage marker alone never saw)
+    assert main(["score", "--detector", "random:seed=5", "--data", str(run / "dedup" / "corpus"), "--out",
+                 str(corpus), "--no-progress"]) == 0
+    assert _scores(corpus) != scores
+    capsys.readouterr()
+    assert main(common) == 0
+    out = capsys.readouterr().out
+    assert "world: already complete" in out and "dedup: already complete" in out
+    assert f"score: {run / 'score'} changed since it completed; re-running" in out
+    for s in ("select", "finetune"):
+        assert f"{s}: score runs again; re-running (what still holds by its own identity is reused)" in out
+    for s in ("eval", "report"):
+        assert f"{s}: score runs again; clearing" in out
+    assert _scores(corpus) == scores  # the recipe's own detector's scores again
+    after = _state(run)
+    assert after.pop("score/random/corpus") != before.pop("score/random/corpus")  # scored again, the same numbers
+    assert after == before  # every selection and fine-tuned weight reused
+    capsys.readouterr()
+    assert main(common) == 0
+    assert capsys.readouterr().out.count("already complete, skipped") == len(stages)

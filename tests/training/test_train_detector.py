@@ -481,3 +481,40 @@ def test_nonfinite_loss_stops_before_the_next_save(data, tmp_path, monkeypatch):
                                log_every=10))
     assert not (tmp_path / "nan" / "adapter").exists()
     assert sorted(p.name for p in (tmp_path / "nan" / "checkpoints").iterdir()) == ["step_000002"]
+
+
+
+def test_two_identical_trainings_write_the_same_adapter_files(data, tmp_path):
+    """Two processes with different string hashes train the same LoRA CLIP detector into the same folder: every
+    adapter file is the same byte for byte (peft's ``target_modules`` set sorted, the head's size in one metadata
+    key), so the detector's fingerprint, and with it every score made with it, is the same; an earlier head file
+    (two metadata keys) still loads."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from halsift.corpus.fingerprint import spec_fingerprint
+    from halsift.filtering.detectors.lora import load_head
+
+    out, files, prints = tmp_path / "run", [], []
+    for seed in ("1", "2"):
+        subprocess.run([sys.executable, "-m", "halsift.launch.cli", "train", "detector", "--base", CLIP, "--bench",
+                        str(data["bench"]), "--out", str(out), "--steps", "2", "--batch-size", "8", "--eval-every",
+                        "2", "--lr", "0.05", "--warmup", "0", "--wandb-mode", "disabled"], check=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True)
+        files.append({p.name: p.read_bytes() for p in (out / "adapter").iterdir()})
+        prints.append(spec_fingerprint(f"lora:{out / 'adapter'}"))
+        os.rename(out, tmp_path / f"run{seed}")
+    assert {"adapter_config.json", "adapter_model.safetensors", "head.safetensors", "detector.yaml"} <= files[0].keys()
+    assert files[0] == files[1] and prints[0] == prints[1]
+    targets = json.loads(files[0]["adapter_config.json"])["target_modules"]
+    assert len(targets) > 1 and targets == sorted(targets)
+    head, old = tmp_path / "run1" / "adapter" / "head.safetensors", tmp_path / "old_head.safetensors"
+    with safe_open(str(head), "pt") as f:
+        dims = json.loads(f.metadata()["head"])
+    save_file(load_file(str(head)), str(old), metadata={"dim": str(dims["dim"]), "hidden": str(dims["hidden"])})
+    assert all(torch.equal(a, b) for a, b in zip(load_head(old).state_dict().values(),
+                                                  load_head(head).state_dict().values()))
