@@ -133,38 +133,47 @@ def _changed(saved: dict, now: dict) -> str:
     return f"{', '.join(mine)} changed since it ran" if mine else "an earlier stage's inputs changed since it ran"
 
 
-def _current(p: Paths, stages: list[str], saved: dict, inputs: dict, force: tuple[str, ...]
+def _current(r: Recipe, p: Paths, stages: list[str], saved: dict, inputs: dict, force: tuple[str, ...]
              ) -> tuple[list[str], dict[str, str]]:
     """The stages the runner may skip, and why each other completed stage runs again: a stage is complete when its
     marker's fingerprint matches, its folder holds what it left there, it was made from what the stage before it
-    holds now (:mod:`~halsift.launch.stage_marker`) and every stage before it is complete too (a stage that runs again
-    may change what the next reads: they run again and reuse what holds by their own identities)."""
-    current, why, earlier, previous = [], {}, None, None
+    (:func:`_before`) holds now (:mod:`~halsift.launch.stage_marker`) and every stage of this run before it is
+    complete too (a stage that runs again may change what the next reads: they run again and reuse what holds by
+    their own identities)."""
+    current, why, earlier = [], {}, None
     for s in stages:
-        rec = saved[s]
+        rec, before = saved[s], _before(r, p, s)
         if rec is not None and s not in force:
             if rec.get("inputs", {}).get("fingerprint") != inputs[s]["fingerprint"]:
                 why[s] = _changed(rec, inputs[s])
             elif earlier is not None:
                 why[s] = f"{earlier} runs again"
-            elif not made_from_holds(rec, previous):
-                why[s] = f"what {stages[stages.index(s) - 1]} holds changed since it ran"
+            elif before is not None and not made_from_holds(rec, stage_record(p.stage(before))):
+                why[s] = f"what {before} holds changed since it ran"
             elif not outputs_hold(p.stage(s), rec):
                 why[s] = f"{p.stage(s)} changed since it completed"
             else:
                 current.append(s)
         if s not in current:
             earlier = earlier or s
-        previous = rec
     return current, why
 
 
-def _made_from(p: Paths, stages: list[str], stage: str) -> str | None:
-    """The content digest the marker of the stage before ``stage`` records (``None`` for the first, or an older
-    marker)."""
-    i = stages.index(stage)
-    rec = stage_record(p.stage(stages[i - 1])) if i else None
-    outputs = (rec or {}).get("outputs")
+def _before(r: Recipe, p: Paths, stage: str) -> str | None:
+    """The stage whose folder ``stage`` was made after: the nearest earlier stage the recipe enables that this run
+    lists or that has run (a stage run alone still reads what the one before it made; one never run is no link)."""
+    chain = [s for s in REGISTRY if REGISTRY[s].enabled(r)]
+    for s in reversed(chain[:chain.index(stage)]):
+        if s in r.stages or stage_record(p.stage(s)) is not None:
+            return s
+    return None
+
+
+def _made_from(r: Recipe, p: Paths, stage: str) -> str | None:
+    """The content digest the marker of the stage before ``stage`` records (``None``: none before it, not run, or an
+    older marker)."""
+    before = _before(r, p, stage)
+    outputs = (stage_record(p.stage(before)) or {}).get("outputs") if before else None
     return outputs.get("content") if isinstance(outputs, dict) else None
 
 
@@ -196,7 +205,7 @@ def _run_stages(r: Recipe, p: Paths, force: tuple[str, ...]) -> Path:
 
     (p.run / "recipe.resolved.yaml").write_text(yaml.safe_dump(to_dict(r), sort_keys=False))
     saved = {s: stage_record(p.stage(s)) for s in stages}
-    current, why = _current(p, stages, saved, inputs, force)
+    current, why = _current(r, p, stages, saved, inputs, force)
     if ranks is not None:  # the stages the other ranks need not wait for
         recipe_ranks.write_plan(p.run, ranks, current)
     for stage in stages:
@@ -223,6 +232,6 @@ def _run_stages(r: Recipe, p: Paths, force: tuple[str, ...]) -> Path:
                 recipe_ranks.write_failure(p.run, ranks, stage, e)
             raise
         mark_stage_done(d, {**info, **({"launch": ranks.launch} if ranks else {})}, time.time() - started,
-                        inputs[stage], made_from=_made_from(p, stages, stage))
+                        inputs[stage], made_from=_made_from(r, p, stage))
         print(f"[halsift run] {stage}: done in {time.time() - started:.1f}s")
     return p.stage("report")

@@ -156,3 +156,13 @@ def test_a_stage_is_complete_while_its_folder_and_what_it_was_made_from_hold(tmp
     capsys.readouterr()
     assert main(common) == 0
     assert capsys.readouterr().out.count("already complete, skipped") == len(stages)
+
+    # select made again in a run that leaves score out (`stages=[dedup, select]`) records what score holds (not what
+    # dedup holds); made again the same, byte for byte, it changes nothing the stages after it read: the next whole
+    # run skips every stage
+    assert main([*common, "stages=[dedup,select]", "--force", "select"]) == 0
+    assert json.loads((run / "select" / "_done.json").read_text())["made_from"] == \
+        json.loads((run / "score" / "_done.json").read_text())["outputs"]["content"]
+    capsys.readouterr()
+    assert main(common) == 0
+    assert capsys.readouterr().out.count("already complete, skipped") == len(stages)
