@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from halsift.corpus.safe_paths import safe_component
+from halsift.launch.stage_marker import DONE
 
 if TYPE_CHECKING:
     from halsift.launch.recipe_config import Recipe
@@ -105,6 +106,8 @@ def resolve_paths(r: Recipe) -> Paths:
     pretrain = r.data.pretrain or (str(world / "pretrain") if r.world.enabled else "")
     base = r.model.pretrained or str(run / "pretrain" / "final" / "open_clip_model.safetensors")
     source = corpus
-    if corpus and r.dedup.enabled and "dedup" in r.stages:  # the dedup stage's copy without leaks and duplicates
+    # the dedup stage's copy without leaks and duplicates, when this run makes it or an earlier run made it (a run
+    # listing only later stages reads what they were made from)
+    if corpus and r.dedup.enabled and ("dedup" in r.stages or (run / "dedup" / DONE).is_file()):
         corpus = str(run / "dedup" / "corpus")
     return Paths(run, corpus, bench, retrieval, pretrain, base, source)
