@@ -90,7 +90,14 @@ def test_mark_export_and_calibrate_end_to_end(annotated, tmp_path, capsys):
         keys.perform()
         marked = int(driver.find_element("id", "count").get_attribute("data-marked"))
         assert marked == sum(truth[r] in ("correct", "incorrect") for r in rows)
-        driver.refresh()  # localStorage keeps the labels
+        # localStorage keeps the labels over a reload. Chromium hands a page's storage writes to its browser process
+        # in batches; a reload at once may come first (seen in CI: 0 of 35 after the reload), so it reloads until
+        # they are there, for 10 s at most (labels never saved still fail)
+        for _ in range(20):
+            driver.refresh()
+            if int(driver.find_element("id", "count").get_attribute("data-marked") or 0) == marked:
+                break
+            time.sleep(0.5)
         assert int(driver.find_element("id", "count").get_attribute("data-marked")) == marked
         driver.find_element("id", "export").click()
         for _ in range(100):
