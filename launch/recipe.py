@@ -148,7 +148,8 @@ def _current(r: Recipe, p: Paths, stages: list[str], saved: dict, inputs: dict, 
                 why[s] = _changed(rec, inputs[s])
             elif earlier is not None:
                 why[s] = f"{earlier} runs again"
-            elif before is not None and not made_from_holds(rec, stage_record(p.stage(before))):
+            elif before is not None and not made_from_holds(rec, saved[before] if before in saved
+                                                            else stage_record(p.stage(before))):
                 why[s] = f"what {before} holds changed since it ran"
             elif not outputs_hold(p.stage(s), rec):
                 why[s] = f"{p.stage(s)} changed since it completed"

@@ -47,29 +47,30 @@ def _files(stage_dir: Path) -> list[tuple[str, os.stat_result]]:
     return sorted(found)
 
 
-def stat_digest(stage_dir: Path) -> str:
+def stat_digest(stage_dir: Path, files: list | None = None) -> str:
     """A digest of the folder's file names, sizes and modification times: cheap, changed by any write."""
-    rows = [[rel, st.st_size, st.st_mtime_ns] for rel, st in _files(stage_dir)]
+    rows = [[rel, st.st_size, st.st_mtime_ns] for rel, st in (_files(stage_dir) if files is None else files)]
     return hashlib.blake2b(json.dumps(rows).encode(), digest_size=16).hexdigest()
 
 
-def content_digest(stage_dir: Path) -> str:
-    """A digest of the folder's file names and contents (a link: its target); the same for a copy of the folder."""
+def folder_content_digest(stage_dir: Path, files: list | None = None) -> str:
+    """A digest of the folder's file names and whole contents (:func:`~halsift.corpus.fingerprint.file_fingerprint`
+    with ``full``; a link: its target); the same for a copy of the folder. Not
+    :func:`halsift.execution.run_folder.content_digest`, which reads a score folder's part records."""
+    from halsift.corpus.fingerprint import file_fingerprint
+
     h = hashlib.blake2b(digest_size=16)
-    for rel, st in _files(stage_dir):
+    for rel, st in _files(stage_dir) if files is None else files:
         path = stage_dir / rel
         h.update(json.dumps([rel, st.st_size]).encode())
-        if path.is_symlink():
-            h.update(os.readlink(path).encode())
-            continue
-        with open(path, "rb") as f:
-            h.update(hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).digest())
+        h.update((os.readlink(path) if path.is_symlink() else file_fingerprint(path, full=True)["hash"]).encode())
     return h.hexdigest()
 
 
 def outputs_state(stage_dir: Path) -> dict:
-    """What a marker records of its folder: ``{"stat": stat_digest, "content": content_digest}``."""
-    return {"stat": stat_digest(stage_dir), "content": content_digest(stage_dir)}
+    """What a marker records of its folder: ``{"stat": stat_digest, "content": folder_content_digest}`` (one walk)."""
+    files = _files(stage_dir)
+    return {"stat": stat_digest(stage_dir, files), "content": folder_content_digest(stage_dir, files)}
 
 
 def outputs_hold(stage_dir: Path, record: dict) -> bool:
@@ -79,10 +80,11 @@ def outputs_hold(stage_dir: Path, record: dict) -> bool:
     saved = record.get("outputs")
     if not isinstance(saved, dict):
         return True
-    now = stat_digest(stage_dir)
+    files = _files(stage_dir)
+    now = stat_digest(stage_dir, files)
     if saved.get("stat") == now:
         return True
-    if saved.get("content") != content_digest(stage_dir):
+    if saved.get("content") != folder_content_digest(stage_dir, files):
         return False
     from halsift.corpus.shards import write_json_atomic
 
@@ -98,5 +100,5 @@ def made_from_holds(record: dict, previous: dict | None) -> bool:
     return record["made_from"] == previous["outputs"].get("content")
 
 
-__all__ = ["DONE", "content_digest", "made_from_holds", "mark_stage_done", "outputs_hold", "outputs_state",
+__all__ = ["DONE", "folder_content_digest", "made_from_holds", "mark_stage_done", "outputs_hold", "outputs_state",
            "stage_record", "stat_digest"]
